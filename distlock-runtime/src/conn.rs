@@ -1,0 +1,141 @@
+//! Where the manager's Redis commands go: a `deadpool_redis::Pool`, used without a per-call
+//! health check, every call bounded by a timeout.
+//!
+//! deadpool-redis checks a connection out by sending `UNWATCH` + `PING` first, which would
+//! double the round trips of every lock operation. redis-rs's multiplexed connection is made to be
+//! shared by many tasks at once, so the manager keeps a clone of one connection it checked out
+//! (the pooled object goes straight back to the pool) and sends its commands on that clone. A
+//! connection that fails or stops answering is forgotten, and the next call checks a fresh one out
+//! of the pool, which health-checks or replaces it. No connection is ever reserved while a body
+//! runs.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use deadpool_redis::{Pool, PoolError};
+use redis::aio::MultiplexedConnection;
+use redis::{FromRedisValue, ScriptInvocation};
+
+use crate::LockError;
+
+/// The timeouts every Redis call is bounded by.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    pub(crate) connect: Duration,
+    pub(crate) response: Duration,
+    pub(crate) pool_wait: Duration,
+}
+
+/// The manager's way to Redis: the pool and the connection currently in use.
+pub(crate) struct Redis {
+    pool: Pool,
+    current: Mutex<Option<Current>>,
+    timeouts: Timeouts,
+}
+
+struct Current {
+    generation: u64,
+    conn: MultiplexedConnection,
+}
+
+impl Redis {
+    pub(crate) fn new(pool: Pool, timeouts: Timeouts) -> Self {
+        Self {
+            pool,
+            current: Mutex::new(None),
+            timeouts,
+        }
+    }
+
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Runs a script, bounded by the response timeout (and the pool's wait and connect timeouts
+    /// when a connection must be checked out first).
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        op: &'static str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, LockError> {
+        let (generation, mut conn) = self.connection(op).await?;
+        let after = self.timeouts.response;
+        match tokio::time::timeout(after, invocation.invoke_async(&mut conn)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(source)) => {
+                if is_connection_failure(&source) {
+                    self.forget(generation);
+                }
+                Err(LockError::Redis { op, source })
+            }
+            Err(_elapsed) => {
+                // The connection may be stuck behind a hung server: do not send more on it.
+                self.forget(generation);
+                Err(LockError::RedisTimeout { op, after })
+            }
+        }
+    }
+
+    async fn connection(&self, op: &'static str) -> Result<(u64, MultiplexedConnection), LockError> {
+        if let Some(current) = &*lock(&self.current) {
+            return Ok((current.generation, current.conn.clone()));
+        }
+        let after = self.timeouts.pool_wait + self.timeouts.connect;
+        let pooled = match tokio::time::timeout(after, self.pool.get()).await {
+            Ok(Ok(pooled)) => pooled,
+            Ok(Err(PoolError::Backend(source))) => return Err(LockError::Redis { op, source }),
+            Ok(Err(PoolError::Timeout(_))) | Err(_) => {
+                return Err(LockError::RedisTimeout { op, after })
+            }
+            Ok(Err(other)) => {
+                let source = redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "connection pool",
+                    other.to_string(),
+                ));
+                return Err(LockError::Redis { op, source });
+            }
+        };
+        let conn: MultiplexedConnection = (*pooled).clone();
+        drop(pooled);
+        let mut current = lock(&self.current);
+        let generation = match &*current {
+            // Another task connected meanwhile: share its connection, drop ours back to the pool.
+            Some(existing) => return Ok((existing.generation, existing.conn.clone())),
+            None => next_id(),
+        };
+        *current = Some(Current {
+            generation,
+            conn: conn.clone(),
+        });
+        Ok((generation, conn))
+    }
+
+    /// Stops using the connection of `generation`, unless it was already replaced.
+    fn forget(&self, generation: u64) {
+        let mut current = lock(&self.current);
+        if current.as_ref().is_some_and(|c| c.generation == generation) {
+            *current = None;
+        }
+    }
+}
+
+/// A process-wide unique number (connection generations, manager identities).
+pub(crate) fn next_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// True when the error says the connection itself is unusable, not that the command failed.
+fn is_connection_failure(err: &redis::RedisError) -> bool {
+    err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_timeout()
+        || err.is_unrecoverable_error()
+}
+
+/// Locks a std mutex, ignoring poisoning: every critical section here leaves the data valid.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,118 @@
+//! [`LockError`]: every way a lock operation can fail.
+
+use std::time::Duration;
+
+/// Why a lock operation failed.
+///
+/// Each variant's message says what happened and what to do about it. Match on the variant to
+/// react in code: [`LockError::NotAcquired`] and [`LockError::Timeout`] mean somebody else holds
+/// the lock (retry later or answer "busy"); [`LockError::LeaseLost`] means the body may have
+/// run without exclusion for part of its run; [`LockError::Redis`] and
+/// [`LockError::RedisTimeout`] mean Redis could not be asked.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// The lock was still held by another owner when the caller's `wait` ran out.
+    #[error(
+        "timed out after {waited:?} waiting for lock `{key}`: another owner still holds it; \
+         raise `wait`, or shorten the holder's critical section"
+    )]
+    Timeout {
+        /// The first key of the request that was still held.
+        key: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+
+    /// A try-lock (`wait = 0`) found the lock held and did not wait.
+    #[error(
+        "lock `{key}` is held by another owner and this call does not wait (wait = 0); \
+         try again later, or give the call a `wait`"
+    )]
+    NotAcquired {
+        /// The first key of the request that was held.
+        key: String,
+    },
+
+    /// The lease ended while the body was running: renewal found the lock gone or owned by
+    /// someone else, renewal kept failing until the lease expired, or a lease without renewal
+    /// reached its ttl. The body was stopped at its next await point.
+    #[error(
+        "lease on {keys:?} was lost while the body ran (deleted or taken over in Redis, \
+         or expired before it could be renewed); the body was stopped and its effects may be \
+         partial: use the fencing token to reject its late writes, and raise `ttl` or enable \
+         `renew` if bodies outlive their lease"
+    )]
+    LeaseLost {
+        /// The keys of the lost lease.
+        keys: Vec<String>,
+    },
+
+    /// Redis could not be reached, or answered with an error.
+    #[error("Redis {op} failed: {source}; check that Redis is up and reachable at the manager's URL")]
+    Redis {
+        /// What distlock was doing.
+        op: &'static str,
+        /// The error from the Redis client.
+        #[source]
+        source: redis::RedisError,
+    },
+
+    /// Redis (or the connection pool) did not answer within the configured timeout.
+    #[error(
+        "Redis {op} got no answer within {after:?}: the server is down, overloaded or \
+         unreachable; check it, or raise the manager's timeouts"
+    )]
+    RedisTimeout {
+        /// What distlock was doing.
+        op: &'static str,
+        /// The timeout that ran out.
+        after: Duration,
+    },
+
+    /// No [`LockManager`](crate::LockManager) was given and none was installed with
+    /// [`set_default_manager`](crate::set_default_manager).
+    #[error(
+        "no lock manager configured: call distlock_runtime::set_default_manager(manager) at \
+         startup, or pass one with `manager = ...`"
+    )]
+    NotConfigured,
+
+    /// A lock key is unusable (empty, for example).
+    #[error("invalid lock key {key:?}: {reason}")]
+    InvalidKey {
+        /// The key as given.
+        key: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
+    /// A duration or size given to a lock or to the builder is out of range.
+    #[error("invalid {what}: {reason}")]
+    InvalidConfig {
+        /// Which setting (`ttl`, `response_timeout`, ...).
+        what: &'static str,
+        /// What is wrong, and what range is accepted.
+        reason: String,
+    },
+
+    /// The Redis URL could not be used. The message never contains the URL's password.
+    #[error("invalid Redis URL: {reason}")]
+    InvalidUrl {
+        /// What is wrong with it (without the URL's credentials).
+        reason: String,
+    },
+}
+
+impl LockError {
+    /// True when the error says the lock is held by someone else (a try-lock that failed or a
+    /// wait that timed out): the caller may answer "busy" and try again later.
+    pub fn is_contention(&self) -> bool {
+        matches!(self, Self::Timeout { .. } | Self::NotAcquired { .. })
+    }
+
+    /// True when Redis could not be asked: unreachable, erroring or not answering in time.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Redis { .. } | Self::RedisTimeout { .. })
+    }
+}

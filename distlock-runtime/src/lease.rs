@@ -1,0 +1,234 @@
+//! A held lease: its keys, owner token and fencing token, how it ends, and how it learns it
+//! was lost.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::conn::lock;
+use crate::manager::LockManager;
+use crate::renew::{self, Registration};
+use crate::{scripts, LockError};
+
+/// A lock held in Redis on one or more keys, until it is released, dropped or lost.
+///
+/// Get one with [`LockRequest::acquire`](crate::LockRequest::acquire). Release it with
+/// [`Lease::release`]; dropping it releases in the background instead (a fallback for panics and
+/// cancellation, which needs a running Tokio runtime). If it was acquired with `renew(true)` (the
+/// default) a background driver extends it about every ttl/3 while it is held.
+///
+/// ```no_run
+/// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+/// let lease = locks.lock("invoice:7").acquire().await?;
+/// let token = lease.fencing_token(); // pass it to storage that can reject stale writers
+/// // ... critical section ...
+/// lease.release().await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "dropping a Lease releases the lock at once; keep it while the critical section runs"]
+pub struct Lease {
+    manager: LockManager,
+    keys: Arc<[String]>,
+    redis_keys: Arc<[String]>,
+    token: Arc<str>,
+    fencing_token: u64,
+    state: Arc<LeaseState>,
+    renewal: Option<Registration>,
+    released: bool,
+}
+
+impl Lease {
+    pub(crate) fn new(
+        manager: LockManager,
+        keys: Arc<[String]>,
+        redis_keys: Arc<[String]>,
+        token: Arc<str>,
+        fencing_token: u64,
+        state: Arc<LeaseState>,
+        renewal: Option<Registration>,
+    ) -> Self {
+        Self {
+            manager,
+            keys,
+            redis_keys,
+            token,
+            fencing_token,
+            state,
+            renewal,
+            released: false,
+        }
+    }
+
+    /// The lock keys this lease holds (without the manager's prefix), sorted and de-duplicated.
+    pub fn keys(&self) -> &[String] {
+        &self.keys
+    }
+
+    /// The fencing token drawn when this lease was acquired: one number for all its keys,
+    /// strictly greater than that of every earlier lease on any of them (from any client, also
+    /// after an expiry). Storage that remembers the highest token it accepted can reject a
+    /// holder that lost its lease.
+    pub fn fencing_token(&self) -> u64 {
+        self.fencing_token
+    }
+
+    /// True once the lease is known to be lost, or its validity has run out without renewal.
+    pub fn is_lost(&self) -> bool {
+        self.state.is_lost()
+    }
+
+    /// Resolves when the lease is lost: renewal found a key gone or owned by someone else,
+    /// renewal kept failing until the lease's validity ran out, or (without renewal) its ttl
+    /// passed. Never resolves while the lease stays valid.
+    pub async fn lost(&self) {
+        self.state.lost().await;
+    }
+
+    /// Extends the lease to `ttl` from now, if this owner still holds every key; later renewals
+    /// use `ttl` too.
+    ///
+    /// # Errors
+    /// [`LockError::LeaseLost`] when a key is gone or owned by someone else (nothing is
+    /// re-created; the lease is marked lost); [`LockError::InvalidConfig`] for a ttl under 10 ms;
+    /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked.
+    pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
+        crate::manager::check_ttl(ttl)?;
+        let mut invocation = scripts::EXTEND.prepare_invoke();
+        for key in self.redis_keys.iter() {
+            invocation.key(key.as_str());
+        }
+        invocation
+            .arg(&*self.token)
+            .arg(renew::millis(ttl))
+            .arg(self.redis_keys.len());
+        let sent = Instant::now();
+        let owned: Vec<i64> = self.manager.redis().invoke("extend", &invocation).await?;
+        if owned.first() == Some(&1) {
+            self.state.renewed(sent, ttl);
+            Ok(())
+        } else {
+            self.state.mark_lost();
+            Err(LockError::LeaseLost {
+                keys: self.keys.to_vec(),
+            })
+        }
+    }
+
+    /// Releases the lease: deletes each key this owner still holds, in one script call. Releasing
+    /// a lease that already expired is not an error.
+    ///
+    /// # Errors
+    /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked; the keys
+    /// then expire after their ttl.
+    pub async fn release(mut self) -> Result<(), LockError> {
+        self.released = true;
+        self.renewal = None;
+        let deleted = self
+            .manager
+            .release_keys(&self.redis_keys, &self.token)
+            .await?;
+        if deleted < self.redis_keys.len() {
+            tracing::debug!(keys = ?self.keys, deleted, "distlock lease had already expired in part");
+        }
+        Ok(())
+    }
+
+    pub(crate) fn shared_keys(&self) -> &Arc<[String]> {
+        &self.keys
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if !self.released {
+            self.renewal = None;
+            self.manager
+                .release_in_background(Arc::clone(&self.redis_keys), Arc::clone(&self.token));
+        }
+    }
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The owner token is what lets anyone release the lock: keep it out of logs.
+        f.debug_struct("Lease")
+            .field("keys", &self.keys)
+            .field("fencing_token", &self.fencing_token)
+            .field("lost", &self.is_lost())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a lease and its renewal share: until when it is valid, its ttl, and whether it was lost.
+pub(crate) struct LeaseState {
+    lost: CancellationToken,
+    validity: Mutex<Validity>,
+}
+
+#[derive(Clone, Copy)]
+struct Validity {
+    until: Instant,
+    ttl: Duration,
+}
+
+impl LeaseState {
+    /// A lease being requested with `ttl`; valid from when [`LeaseState::renewed`] is first called.
+    pub(crate) fn new(ttl: Duration) -> Self {
+        Self {
+            lost: CancellationToken::new(),
+            validity: Mutex::new(Validity {
+                until: Instant::now(),
+                ttl,
+            }),
+        }
+    }
+
+    pub(crate) fn ttl(&self) -> Duration {
+        lock(&self.validity).ttl
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        lock(&self.validity).until
+    }
+
+    /// Redis set the keys' expiry to `ttl` by a request sent at `sent`.
+    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
+        *lock(&self.validity) = Validity {
+            until: sent + validity(ttl),
+            ttl,
+        };
+    }
+
+    pub(crate) fn mark_lost(&self) {
+        self.lost.cancel();
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.is_cancelled() || self.valid_until() <= Instant::now()
+    }
+
+    pub(crate) async fn lost(&self) {
+        loop {
+            let until = self.valid_until();
+            tokio::select! {
+                () = self.lost.cancelled() => return,
+                () = tokio::time::sleep_until(until) => {
+                    // A renewal may have moved the deadline while we slept.
+                    if self.valid_until() <= Instant::now() {
+                        self.mark_lost();
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How long a lease of `ttl` is trusted, counted from when its request was sent: the ttl less a
+/// margin for the drift between this host's clock and Redis's (1% + 2 ms, as in Redlock).
+pub(crate) fn validity(ttl: Duration) -> Duration {
+    ttl.saturating_sub(ttl / 100 + Duration::from_millis(2))
+}

@@ -1,0 +1,65 @@
+//! Distributed locks on Redis for async Rust.
+//!
+//! A [`LockManager`] hands out leases on keys in one Redis server: taken atomically (one Lua
+//! script, one round trip when free), released only by their owner, extended in the background
+//! while held, each with a fencing token that increases on every acquisition.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use distlock_runtime::{LockError, LockManager};
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), LockError> {
+//!     let locks = LockManager::from_url("redis://127.0.0.1:6379")?;
+//!
+//!     // Run a future under the lock: released whatever happens, body stopped if the lease is lost.
+//!     let charged = locks
+//!         .lock("order:42")
+//!         .ttl(Duration::from_secs(30))
+//!         .wait(Duration::from_secs(5))
+//!         .run(async { /* charge the order once, fleet-wide */ 1999 })
+//!         .await?;
+//!
+//!     // Or hold a lease by hand, and lock several keys as one unit.
+//!     let lease = locks.lock_all(["stock:sku-1", "wallet:7"]).acquire().await?;
+//!     println!("fencing token {}", lease.fencing_token());
+//!     lease.release().await?;
+//!     # let _ = charged;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! # Guarantees
+//! - Mutual exclusion per key while leases are valid. A lease's validity is counted from before
+//!   its request was sent, less a clock-drift margin, so this process gives up a lease before
+//!   Redis expires it.
+//! - A lock is only released or extended by its owner (a random 128-bit token compared in Lua).
+//!   Renewal never re-creates a lock that is gone.
+//! - Fencing tokens strictly increase per key across all clients of one Redis, also after expiry:
+//!   one counter per key prefix draws them.
+//! - No lock outlives its ttl after its holder dies.
+//! - Every Redis call is bounded by the manager's timeouts: a Redis that is down or hung is an
+//!   error, never a hang. A call that timed out while acquiring is treated as "maybe acquired"
+//!   and released by token.
+//! - No connection is held while a body runs.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod conn;
+mod error;
+mod lease;
+mod manager;
+mod reentrancy;
+mod renew;
+mod scripts;
+mod wait;
+
+pub use error::LockError;
+pub use lease::Lease;
+pub use manager::{
+    default_manager, set_default_manager, LockManager, LockManagerBuilder, LockRequest, MIN_TTL,
+};
+pub use reentrancy::{current_fencing_token, current_lease, CurrentLease};
+
+/// Re-exported so callers can build a pool with the same deadpool-redis version.
+pub use deadpool_redis;

@@ -1,0 +1,689 @@
+//! [`LockManager`]: the entry point. It owns the connection pool and the renewal driver, and
+//! hands out [`LockRequest`]s.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use deadpool_redis::{Pool, Runtime};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::conn::{Redis, Timeouts};
+use crate::lease::{Lease, LeaseState};
+use crate::renew::{self, Renewals};
+use crate::scripts::{self, Acquire};
+use crate::wait::Waiter;
+use crate::{reentrancy, LockError};
+
+/// The shortest lease accepted: below this the clock-drift margin eats the whole lease.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+
+/// Hands out locks on one Redis server.
+///
+/// Cheap to clone (clones share the pool, the renewal driver and the re-entrancy identity) and
+/// `Send + Sync`. Build one per process at startup and keep it, or install it with
+/// [`set_default_manager`] for the `#[distributed_lock]` attribute.
+///
+/// Locks live under `{prefix}lock:{key}` and the fencing counter under `{prefix}fence`; the
+/// default prefix is `distlock:`.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use distlock_runtime::LockManager;
+///
+/// # async fn demo() -> Result<(), distlock_runtime::LockError> {
+/// let locks = LockManager::from_url("redis://127.0.0.1:6379")?;
+/// let total = locks
+///     .lock("order:42")
+///     .ttl(Duration::from_secs(10))
+///     .run(async { /* at most one task in the fleet runs this per order */ 1999 })
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LockManager {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    id: u64,
+    redis: Arc<Redis>,
+    renewals: Renewals,
+    prefix: String,
+    fence_key: String,
+    default_ttl: Duration,
+    default_wait: Duration,
+    /// The URL without its password, for Debug.
+    endpoint: String,
+}
+
+impl LockManager {
+    /// A manager for the Redis at `url` (`redis://[user:password@]host[:port][/db]`, or
+    /// `unix:///path`), with every default of [`LockManagerBuilder`]. No connection is made here:
+    /// an unreachable server is reported by the first lock.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidUrl`] when the URL cannot be parsed or is not a Redis URL; the message
+    /// never contains the URL's password.
+    pub fn from_url(url: &str) -> Result<Self, LockError> {
+        Self::builder().url(url).build()
+    }
+
+    /// A builder to set the pool, key prefix, defaults and timeouts.
+    pub fn builder() -> LockManagerBuilder {
+        LockManagerBuilder::default()
+    }
+
+    /// A request for the lock on `key`, with this manager's default ttl and wait and renewal on.
+    pub fn lock(&self, key: impl Into<String>) -> LockRequest {
+        self.lock_all([key])
+    }
+
+    /// A request for the locks on all `keys` as one unit: all are taken or none is. Keys are
+    /// sorted and de-duplicated first, so two callers naming the same keys in different orders
+    /// cannot deadlock.
+    pub fn lock_all<I, K>(&self, keys: I) -> LockRequest
+    where
+        I: IntoIterator<Item = K>,
+        K: Into<String>,
+    {
+        LockRequest {
+            manager: self.clone(),
+            keys: keys.into_iter().map(Into::into).collect(),
+            ttl: self.inner.default_ttl,
+            wait: self.inner.default_wait,
+            renew: true,
+        }
+    }
+
+    /// A request for the lock on `key` that tries once and does not wait:
+    /// `lock(key).wait(Duration::ZERO)`.
+    pub fn try_lock(&self, key: impl Into<String>) -> LockRequest {
+        self.lock(key).wait(Duration::ZERO)
+    }
+
+    /// The connection pool this manager takes its connections from.
+    pub fn pool(&self) -> &Pool {
+        self.inner.redis.pool()
+    }
+
+    /// The prefix of every Redis key this manager writes.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The Redis key that holds the lock on `key`.
+    pub fn redis_key(&self, key: &str) -> String {
+        format!("{}lock:{key}", self.inner.prefix)
+    }
+
+    pub(crate) fn redis(&self) -> &Redis {
+        &self.inner.redis
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    async fn acquire(
+        &self,
+        keys: Arc<[String]>,
+        ttl: Duration,
+        wait: Duration,
+        renew: bool,
+    ) -> Result<Lease, LockError> {
+        let redis_keys: Arc<[String]> = keys.iter().map(|k| self.redis_key(k)).collect();
+        let token: Arc<str> = new_token().into();
+        let state = Arc::new(LeaseState::new(ttl));
+        // Registered before the request goes out: an acquired lease can never miss renewal.
+        let registration = renew.then(|| {
+            self.inner.renewals.register(
+                Arc::clone(&redis_keys),
+                Arc::clone(&token),
+                Arc::clone(&state),
+            )
+        });
+        let mut invocation = scripts::ACQUIRE.prepare_invoke();
+        for key in redis_keys.iter() {
+            invocation.key(key.as_str());
+        }
+        invocation
+            .key(&self.inner.fence_key)
+            .arg(&*token)
+            .arg(renew::millis(ttl));
+
+        let started = Instant::now();
+        let deadline = started
+            .checked_add(wait)
+            .unwrap_or_else(|| started + Duration::from_secs(100 * 365 * 86_400));
+        let mut waiter = Waiter::new(deadline);
+        let mut in_doubt = InDoubt {
+            manager: self,
+            redis_keys: &redis_keys,
+            token: &token,
+            armed: false,
+        };
+        loop {
+            let sent = Instant::now();
+            // If this call is cancelled or fails while the request is out, the lock may have
+            // been taken: release it (by token) rather than leave it until its ttl.
+            in_doubt.armed = true;
+            let answer = self.redis().invoke("acquire", &invocation).await?;
+            in_doubt.armed = false;
+            match answer {
+                Acquire::Acquired { fencing_token } => {
+                    state.renewed(sent, ttl);
+                    if let Some(registration) = &registration {
+                        registration.start(sent, ttl);
+                    }
+                    if sent > started {
+                        tracing::debug!(keys = ?keys, waited = ?(sent - started), "distlock acquired after waiting");
+                    }
+                    return Ok(Lease::new(
+                        self.clone(),
+                        keys,
+                        redis_keys.clone(),
+                        token.clone(),
+                        fencing_token,
+                        state,
+                        registration,
+                    ));
+                }
+                Acquire::Held {
+                    first_held,
+                    remaining,
+                } => {
+                    let key = || keys.get(first_held).cloned().unwrap_or_default();
+                    if wait.is_zero() {
+                        return Err(LockError::NotAcquired { key: key() });
+                    }
+                    if !waiter.wait(remaining).await {
+                        return Err(LockError::Timeout {
+                            key: key(),
+                            waited: started.elapsed(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Deletes the keys still held by `token`; returns how many were.
+    pub(crate) async fn release_keys(
+        &self,
+        redis_keys: &[String],
+        token: &str,
+    ) -> Result<usize, LockError> {
+        let mut invocation = scripts::RELEASE.prepare_invoke();
+        for key in redis_keys {
+            invocation.key(key.as_str());
+        }
+        invocation.arg(token);
+        self.redis().invoke("release", &invocation).await
+    }
+
+    /// Releases from a spawned task: the fallback when a lease is dropped instead of released.
+    pub(crate) fn release_in_background(&self, redis_keys: Arc<[String]>, token: Arc<str>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                keys = ?redis_keys,
+                "distlock lease dropped outside a Tokio runtime; it expires after its ttl"
+            );
+            return;
+        };
+        let manager = self.clone();
+        runtime.spawn(async move {
+            if let Err(error) = manager.release_keys(&redis_keys, &token).await {
+                tracing::warn!(keys = ?redis_keys, %error, "distlock release failed; the lock expires after its ttl");
+            }
+        });
+    }
+}
+
+/// Releases a lock whose acquire request may have reached Redis when the acquire did not finish.
+struct InDoubt<'a> {
+    manager: &'a LockManager,
+    redis_keys: &'a Arc<[String]>,
+    token: &'a Arc<str>,
+    armed: bool,
+}
+
+impl Drop for InDoubt<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.manager
+                .release_in_background(Arc::clone(self.redis_keys), Arc::clone(self.token));
+        }
+    }
+}
+
+impl fmt::Debug for LockManager {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockManager")
+            .field("endpoint", &self.inner.endpoint)
+            .field("prefix", &self.inner.prefix)
+            .field("default_ttl", &self.inner.default_ttl)
+            .field("default_wait", &self.inner.default_wait)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A lock about to be taken: set the ttl, wait and renewal, then [`acquire`](Self::acquire) a
+/// [`Lease`] or [`run`](Self::run) a future under it.
+#[must_use = "a LockRequest does nothing until .acquire() or .run(future) is awaited"]
+#[derive(Debug)]
+pub struct LockRequest {
+    manager: LockManager,
+    keys: Vec<String>,
+    ttl: Duration,
+    wait: Duration,
+    renew: bool,
+}
+
+impl LockRequest {
+    /// How long the lease lasts without renewal (Redis expires it then). Default: the manager's
+    /// default ttl (30 s unless the builder changed it). At least [`MIN_TTL`].
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long to wait for a held lock before giving up with [`LockError::Timeout`]. Zero tries
+    /// once and fails with [`LockError::NotAcquired`]. Default: the manager's default wait (10 s
+    /// unless the builder changed it).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Whether to extend the lease every ttl/3 while it is held. Default: `true`. Without it the
+    /// lease ends after its ttl, and [`run`](Self::run) stops a body still running then.
+    pub fn renew(mut self, renew: bool) -> Self {
+        self.renew = renew;
+        self
+    }
+
+    /// Takes the lock: one round trip when it is free; otherwise waits until it is, or until the
+    /// wait runs out.
+    ///
+    /// # Errors
+    /// [`LockError::NotAcquired`] (wait zero) or [`LockError::Timeout`] when another owner held a
+    /// key throughout; [`LockError::InvalidKey`] / [`LockError::InvalidConfig`] for an empty key
+    /// or a ttl under [`MIN_TTL`]; [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis
+    /// cannot be asked within the manager's timeouts.
+    pub async fn acquire(self) -> Result<Lease, LockError> {
+        let keys = prepare_keys(self.keys)?;
+        check_ttl(self.ttl)?;
+        self.manager
+            .acquire(keys, self.ttl, self.wait, self.renew)
+            .await
+    }
+
+    /// Takes the lock, runs `body` under it, and releases it whatever happens: when the body
+    /// returns, panics, or this future is dropped (then the release is sent from a spawned task).
+    ///
+    /// If the lease is lost while the body runs (see [`Lease::lost`]), the body is dropped at its
+    /// next await point and the call returns [`LockError::LeaseLost`]. A failed release after a
+    /// finished body does not hide the body's result: it is logged, and the keys expire after
+    /// their ttl.
+    ///
+    /// **Re-entrancy:** inside a `run` body, a `run` on the same task and manager (or a clone)
+    /// for keys this task already holds runs its body at once under the outer lease, without
+    /// asking Redis. If only some of the keys are held, the others are acquired as a new lease
+    /// (waiting as usual) and the held ones stay under the outer lease. Like any nested locking,
+    /// that can wait on a task that waits on this one; the wait then ends in
+    /// [`LockError::Timeout`]: take all keys in the outer call to avoid it.
+    ///
+    /// # Errors
+    /// Those of [`acquire`](Self::acquire), and [`LockError::LeaseLost`].
+    pub async fn run<F: Future>(self, body: F) -> Result<F::Output, LockError> {
+        let keys = prepare_keys(self.keys)?;
+        check_ttl(self.ttl)?;
+        let manager = self.manager;
+        let missing = reentrancy::not_held(manager.id(), &keys);
+        if missing.is_empty() {
+            return Ok(body.await);
+        }
+        let span = tracing::debug_span!("distlock", keys = ?keys, fencing_token = tracing::field::Empty);
+        async move {
+            let lease = manager
+                .acquire(missing.into(), self.ttl, self.wait, self.renew)
+                .await?;
+            let fencing_token = lease.fencing_token();
+            tracing::Span::current().record("fencing_token", fencing_token);
+            let scoped = reentrancy::scope(
+                manager.id(),
+                Arc::clone(lease.shared_keys()),
+                fencing_token,
+                body,
+            );
+            let outcome = tokio::select! {
+                biased;
+                () = lease.lost() => {
+                    tracing::warn!(keys = ?lease.keys(), "distlock lease lost; the body was stopped");
+                    Err(LockError::LeaseLost { keys: lease.keys().to_vec() })
+                }
+                output = scoped => Ok(output),
+            };
+            if let Err(error) = lease.release().await {
+                tracing::warn!(%error, "distlock release failed; the lock expires after its ttl");
+            }
+            outcome
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+/// Sorts and de-duplicates the keys of a request, refusing unusable ones.
+fn prepare_keys(mut keys: Vec<String>) -> Result<Arc<[String]>, LockError> {
+    if keys.is_empty() {
+        return Err(LockError::InvalidKey {
+            key: String::new(),
+            reason: "no key given: lock_all needs at least one key",
+        });
+    }
+    if let Some(empty) = keys.iter().find(|k| k.is_empty()) {
+        return Err(LockError::InvalidKey {
+            key: empty.clone(),
+            reason: "a lock key must not be empty",
+        });
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    Ok(keys.into())
+}
+
+pub(crate) fn check_ttl(ttl: Duration) -> Result<(), LockError> {
+    if ttl < MIN_TTL {
+        return Err(LockError::InvalidConfig {
+            what: "ttl",
+            reason: format!(
+                "{ttl:?} is too short: a lease must last at least {MIN_TTL:?} (give the \
+                 longest time the critical section may take, or a few seconds with renewal)"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// A random 128-bit owner token, as 32 hex digits.
+fn new_token() -> String {
+    let mut bytes = [0u8; 16];
+    if getrandom::fill(&mut bytes).is_err() {
+        // The OS could not give randomness: fall back to a per-process generator mixed with a
+        // counter, still unique within this process and unlikely to collide across processes.
+        bytes[..8].copy_from_slice(&fastrand::u64(..).to_le_bytes());
+        bytes[8..].copy_from_slice(&crate::conn::next_id().to_le_bytes());
+    }
+    let mut hex = String::with_capacity(32);
+    for byte in bytes {
+        use fmt::Write;
+        let _ = write!(hex, "{byte:02x}");
+    }
+    hex
+}
+
+/// Builds a [`LockManager`]. Every timeout is finite by default.
+///
+/// | setting | default |
+/// |---|---|
+/// | [`url`](Self::url) or [`pool`](Self::pool) | required |
+/// | [`prefix`](Self::prefix) | `"distlock:"` |
+/// | [`default_ttl`](Self::default_ttl) | 30 s |
+/// | [`default_wait`](Self::default_wait) | 10 s |
+/// | [`pool_size`](Self::pool_size) | 8 connections |
+/// | [`connect_timeout`](Self::connect_timeout) | 2 s |
+/// | [`response_timeout`](Self::response_timeout) | 1 s |
+/// | [`pool_wait_timeout`](Self::pool_wait_timeout) | 1 s |
+///
+/// ```no_run
+/// use std::time::Duration;
+/// # fn demo() -> Result<(), distlock_runtime::LockError> {
+/// let locks = distlock_runtime::LockManager::builder()
+///     .url("redis://127.0.0.1:6379/0")
+///     .prefix("billing:")
+///     .default_ttl(Duration::from_secs(10))
+///     .response_timeout(Duration::from_millis(500))
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[must_use = "call .build() to get a LockManager"]
+pub struct LockManagerBuilder {
+    source: Option<Source>,
+    prefix: String,
+    default_ttl: Duration,
+    default_wait: Duration,
+    pool_size: usize,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    pool_wait_timeout: Duration,
+}
+
+enum Source {
+    Url(String),
+    Pool(Pool),
+}
+
+impl Default for LockManagerBuilder {
+    fn default() -> Self {
+        Self {
+            source: None,
+            prefix: "distlock:".to_owned(),
+            default_ttl: Duration::from_secs(30),
+            default_wait: Duration::from_secs(10),
+            pool_size: 8,
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(1),
+            pool_wait_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+impl fmt::Debug for LockManagerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockManagerBuilder")
+            .field("prefix", &self.prefix)
+            .field("default_ttl", &self.default_ttl)
+            .field("default_wait", &self.default_wait)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockManagerBuilder {
+    /// Connect to the Redis at `url`, through a pool this builder creates. Replaces a
+    /// [`pool`](Self::pool) given before.
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.source = Some(Source::Url(url.into()));
+        self
+    }
+
+    /// Use an existing deadpool-redis pool. Replaces a [`url`](Self::url) given before;
+    /// [`pool_size`](Self::pool_size) and [`connect_timeout`](Self::connect_timeout) then do not
+    /// apply to the pool, but every call is still bounded by this builder's timeouts.
+    pub fn pool(mut self, pool: Pool) -> Self {
+        self.source = Some(Source::Pool(pool));
+        self
+    }
+
+    /// Prefix of every Redis key the manager writes. Default `"distlock:"`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Lease length of requests that do not set one. Default 30 s.
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+
+    /// How long requests that do not set a wait wait for a held lock. Default 10 s.
+    pub fn default_wait(mut self, wait: Duration) -> Self {
+        self.default_wait = wait;
+        self
+    }
+
+    /// Most connections the created pool opens. Default 8.
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// Longest time to open a connection (TCP connect and handshake). Default 2 s.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Longest time to wait for Redis to answer one call. Default 1 s.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Longest time to wait for a free connection from the pool. Default 1 s.
+    pub fn pool_wait_timeout(mut self, timeout: Duration) -> Self {
+        self.pool_wait_timeout = timeout;
+        self
+    }
+
+    /// Builds the manager. Makes no network connection.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidConfig`] when neither a URL nor a pool was given, a timeout is zero,
+    /// the pool size is zero or the default ttl is under [`MIN_TTL`];
+    /// [`LockError::InvalidUrl`] when the URL is unusable.
+    pub fn build(self) -> Result<LockManager, LockError> {
+        for (what, value) in [
+            ("connect_timeout", self.connect_timeout),
+            ("response_timeout", self.response_timeout),
+            ("pool_wait_timeout", self.pool_wait_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(LockError::InvalidConfig {
+                    what,
+                    reason: "must be greater than zero: every Redis call needs a bound".to_owned(),
+                });
+            }
+        }
+        if self.pool_size == 0 {
+            return Err(LockError::InvalidConfig {
+                what: "pool_size",
+                reason: "must be at least 1".to_owned(),
+            });
+        }
+        check_ttl(self.default_ttl)?;
+        let timeouts = Timeouts {
+            connect: self.connect_timeout,
+            response: self.response_timeout,
+            pool_wait: self.pool_wait_timeout,
+        };
+        let (pool, endpoint) = match self.source {
+            None => {
+                return Err(LockError::InvalidConfig {
+                    what: "Redis source",
+                    reason: "give the builder a .url(..) or a .pool(..)".to_owned(),
+                })
+            }
+            Some(Source::Pool(pool)) => (pool, "(caller's pool)".to_owned()),
+            Some(Source::Url(url)) => {
+                let (info, endpoint) = parse_url(&url)?;
+                (create_pool(info, self.pool_size, timeouts)?, endpoint)
+            }
+        };
+        let redis = Arc::new(Redis::new(pool, timeouts));
+        Ok(LockManager {
+            inner: Arc::new(Inner {
+                id: crate::conn::next_id(),
+                renewals: Renewals::new(Arc::clone(&redis)),
+                redis,
+                fence_key: format!("{}fence", self.prefix),
+                prefix: self.prefix,
+                default_ttl: self.default_ttl,
+                default_wait: self.default_wait,
+                endpoint,
+            }),
+        })
+    }
+}
+
+/// Parses a Redis URL; returns the connection info and the URL with its password masked.
+fn parse_url(url: &str) -> Result<(redis::ConnectionInfo, String), LockError> {
+    let mut parsed = url::Url::parse(url).map_err(|e| LockError::InvalidUrl {
+        reason: format!("{e}; expected redis://[user:password@]host[:port][/db]"),
+    })?;
+    match parsed.scheme() {
+        "redis" | "rediss" | "redis+unix" | "unix" | "valkey" | "valkeys" => {}
+        other => {
+            return Err(LockError::InvalidUrl {
+                reason: format!(
+                    "scheme `{other}:` is not a Redis scheme; use redis://host:port, \
+                     rediss:// for TLS, or unix:///path/to/socket"
+                ),
+            })
+        }
+    }
+    let password = parsed.password().map(str::to_owned);
+    let info = redis::IntoConnectionInfo::into_connection_info(parsed.clone()).map_err(|e| {
+        let mut reason = e.to_string();
+        if let Some(password) = password.as_deref().filter(|p| !p.is_empty()) {
+            reason = reason.replace(password, "***");
+        }
+        LockError::InvalidUrl { reason }
+    })?;
+    if password.is_some() {
+        let _ = parsed.set_password(Some("***"));
+    }
+    Ok((info, parsed.to_string()))
+}
+
+fn create_pool(
+    info: redis::ConnectionInfo,
+    size: usize,
+    timeouts: Timeouts,
+) -> Result<Pool, LockError> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeouts.connect))
+        .set_response_timeout(Some(timeouts.response));
+    let manager = deadpool_redis::Manager::new_with_config(info, config).map_err(|e| {
+        LockError::InvalidUrl {
+            reason: e.to_string(),
+        }
+    })?;
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(timeouts.pool_wait))
+        .create_timeout(Some(timeouts.connect))
+        .recycle_timeout(Some(timeouts.response))
+        .build()
+        .map_err(|e| LockError::InvalidConfig {
+            what: "pool",
+            reason: e.to_string(),
+        })
+}
+
+static DEFAULT_MANAGER: RwLock<Option<LockManager>> = RwLock::new(None);
+
+/// Installs the manager that `#[distributed_lock]` functions without `manager = ...` use.
+/// Replaces one installed before.
+pub fn set_default_manager(manager: LockManager) {
+    *DEFAULT_MANAGER
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(manager);
+}
+
+/// The manager installed with [`set_default_manager`].
+///
+/// # Errors
+/// [`LockError::NotConfigured`] when none was installed.
+pub fn default_manager() -> Result<LockManager, LockError> {
+    DEFAULT_MANAGER
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+        .ok_or(LockError::NotConfigured)
+}

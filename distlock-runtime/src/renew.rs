@@ -1,0 +1,264 @@
+//! Lease renewal: one driver task per manager extends every renewing lease about every ttl/3.
+//!
+//! A lease is registered before its acquire request is sent (so no acquired lease can miss its
+//! renewal) and deregistered synchronously when it is released, dropped or its `run` is
+//! cancelled, so nothing renews a lease its owner has let go. Leases due in the same tick are
+//! extended by one script call; each lease's answer is its own, so a lease found gone is marked
+//! lost without touching the others. Redis errors are retried until the lease's own validity has
+//! run out, then the lease is lost. The driver runs only while leases are registered.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::conn::{lock, Redis};
+use crate::lease::LeaseState;
+use crate::scripts;
+
+/// How many leases one renewal script call carries at most.
+const MAX_BATCH: usize = 1000;
+
+/// The renewal side of one manager.
+pub(crate) struct Renewals {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    registry: Mutex<Registry>,
+    wake: Notify,
+    redis: Arc<Redis>,
+}
+
+#[derive(Default)]
+struct Registry {
+    next_id: u64,
+    driver_running: bool,
+    leases: HashMap<u64, Entry>,
+}
+
+struct Entry {
+    keys: Arc<[String]>,
+    token: Arc<str>,
+    state: Arc<LeaseState>,
+    /// When to renew next; `None` while the acquire request is still out.
+    due: Option<Instant>,
+}
+
+/// A lease's place in the renewal registry; dropping it stops the lease's renewal at once.
+pub(crate) struct Registration {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Renewals {
+    pub(crate) fn new(redis: Arc<Redis>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                registry: Mutex::new(Registry::default()),
+                wake: Notify::new(),
+                redis,
+            }),
+        }
+    }
+
+    /// Registers a lease about to be requested; it is not renewed until [`Registration::start`].
+    /// Must be called inside a Tokio runtime (it may start the driver task).
+    pub(crate) fn register(
+        &self,
+        keys: Arc<[String]>,
+        token: Arc<str>,
+        state: Arc<LeaseState>,
+    ) -> Registration {
+        let mut registry = lock(&self.shared.registry);
+        registry.next_id += 1;
+        let id = registry.next_id;
+        registry.leases.insert(
+            id,
+            Entry {
+                keys,
+                token,
+                state,
+                due: None,
+            },
+        );
+        if !registry.driver_running {
+            registry.driver_running = true;
+            tokio::spawn(drive(Arc::clone(&self.shared)));
+        }
+        Registration {
+            shared: Arc::clone(&self.shared),
+            id,
+        }
+    }
+}
+
+impl Registration {
+    /// The acquire succeeded at `acquired_at` (when its request was sent): renew from now on.
+    pub(crate) fn start(&self, acquired_at: Instant, ttl: Duration) {
+        let mut registry = lock(&self.shared.registry);
+        if let Some(entry) = registry.leases.get_mut(&self.id) {
+            entry.due = Some(acquired_at + interval(ttl));
+        }
+        drop(registry);
+        self.shared.wake.notify_one();
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        lock(&self.shared.registry).leases.remove(&self.id);
+    }
+}
+
+/// How often a lease of `ttl` is renewed.
+pub(crate) fn interval(ttl: Duration) -> Duration {
+    ttl / 3
+}
+
+/// How soon to retry a renewal that failed with a Redis error.
+fn retry_delay(ttl: Duration) -> Duration {
+    (interval(ttl) / 4).clamp(Duration::from_millis(5), Duration::from_millis(250))
+}
+
+/// One lease of a batch, copied out of the registry so no lock is held across the round trip.
+struct Due {
+    id: u64,
+    keys: Arc<[String]>,
+    token: Arc<str>,
+    ttl: Duration,
+    due: Instant,
+}
+
+async fn drive(shared: Arc<Shared>) {
+    loop {
+        let batch = match collect_due(&shared) {
+            Collected::Stop => return,
+            Collected::Sleep(until) => {
+                let sleep = async {
+                    match until {
+                        Some(until) => tokio::time::sleep_until(until).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = sleep => {}
+                    () = shared.wake.notified() => {}
+                }
+                continue;
+            }
+            Collected::Batch(batch) => batch,
+        };
+        renew_batch(&shared, batch).await;
+    }
+}
+
+enum Collected {
+    Stop,
+    Sleep(Option<Instant>),
+    Batch(Vec<Due>),
+}
+
+fn collect_due(shared: &Shared) -> Collected {
+    let mut registry = lock(&shared.registry);
+    if registry.leases.is_empty() {
+        registry.driver_running = false;
+        return Collected::Stop;
+    }
+    let now = Instant::now();
+    let mut batch = Vec::new();
+    let mut next: Option<Instant> = None;
+    for (&id, entry) in &registry.leases {
+        let Some(due) = entry.due else { continue };
+        let ttl = entry.state.ttl();
+        // Renewing a little early lets leases due close together share one round trip.
+        let slack = (interval(ttl) / 8).min(Duration::from_millis(50));
+        if due <= now + slack && batch.len() < MAX_BATCH {
+            batch.push(Due {
+                id,
+                keys: Arc::clone(&entry.keys),
+                token: Arc::clone(&entry.token),
+                ttl,
+                due,
+            });
+        } else {
+            next = Some(next.map_or(due, |n| n.min(due)));
+        }
+    }
+    if batch.is_empty() {
+        Collected::Sleep(next)
+    } else {
+        Collected::Batch(batch)
+    }
+}
+
+async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
+    let mut invocation = scripts::EXTEND.prepare_invoke();
+    for lease in &batch {
+        for key in lease.keys.iter() {
+            invocation.key(key.as_str());
+        }
+        invocation
+            .arg(&*lease.token)
+            .arg(millis(lease.ttl))
+            .arg(lease.keys.len());
+    }
+    let sent = Instant::now();
+    let answer: Result<Vec<i64>, _> = shared.redis.invoke("renew", &invocation).await;
+    let now = Instant::now();
+    let mut registry = lock(&shared.registry);
+    match answer {
+        Ok(owned) if owned.len() == batch.len() => {
+            for (lease, owned) in batch.iter().zip(owned) {
+                // A lease released while its renewal was in flight is simply gone.
+                let Some(entry) = registry.leases.get_mut(&lease.id) else { continue };
+                if owned == 1 {
+                    entry.state.renewed(sent, lease.ttl);
+                    entry.due = Some(sent + interval(lease.ttl));
+                    if sent > lease.due + interval(lease.ttl) / 2 {
+                        tracing::warn!(
+                            keys = ?entry.keys,
+                            late_by = ?(sent - lease.due),
+                            "distlock lease renewed late; the process or Redis may be overloaded"
+                        );
+                    }
+                } else {
+                    tracing::error!(
+                        keys = ?entry.keys,
+                        "distlock lease lost: the lock was deleted or taken by another owner"
+                    );
+                    entry.state.mark_lost();
+                    registry.leases.remove(&lease.id);
+                }
+            }
+        }
+        Ok(_) | Err(_) => {
+            let error = match answer {
+                Err(error) => error.to_string(),
+                Ok(_) => "renewal script answered for a different number of leases".to_owned(),
+            };
+            for lease in &batch {
+                let Some(entry) = registry.leases.get_mut(&lease.id) else { continue };
+                if entry.state.valid_until() <= now {
+                    tracing::error!(
+                        keys = ?entry.keys,
+                        %error,
+                        "distlock lease lost: renewal kept failing until the lease expired"
+                    );
+                    entry.state.mark_lost();
+                    registry.leases.remove(&lease.id);
+                } else {
+                    tracing::warn!(keys = ?entry.keys, %error, "distlock lease renewal failed; retrying");
+                    entry.due = Some(now + retry_delay(lease.ttl));
+                }
+            }
+        }
+    }
+}
+
+/// A duration as whole milliseconds for `PX` / `PEXPIRE` (at least 1).
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
