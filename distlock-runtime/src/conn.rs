@@ -66,6 +66,10 @@ impl Redis {
                 if is_connection_failure(&source) {
                     self.forget(generation);
                 }
+                if source.is_timeout() {
+                    // The connection's own response timeout (same length) fired first.
+                    return Err(LockError::RedisTimeout { op, after });
+                }
                 Err(LockError::Redis { op, source })
             }
             Err(_elapsed) => {
@@ -76,7 +80,10 @@ impl Redis {
         }
     }
 
-    async fn connection(&self, op: &'static str) -> Result<(u64, MultiplexedConnection), LockError> {
+    async fn connection(
+        &self,
+        op: &'static str,
+    ) -> Result<(u64, MultiplexedConnection), LockError> {
         if let Some(current) = &*lock(&self.current) {
             return Ok((current.generation, current.conn.clone()));
         }
@@ -137,5 +144,7 @@ fn is_connection_failure(err: &redis::RedisError) -> bool {
 
 /// Locks a std mutex, ignoring poisoning: every critical section here leaves the data valid.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

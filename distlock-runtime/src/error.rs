@@ -49,7 +49,9 @@ pub enum LockError {
     },
 
     /// Redis could not be reached, or answered with an error.
-    #[error("Redis {op} failed: {source}; check that Redis is up and reachable at the manager's URL")]
+    #[error(
+        "Redis {op} failed: {source}; check that Redis is up and reachable at the manager's URL"
+    )]
     Redis {
         /// What distlock was doing.
         op: &'static str,

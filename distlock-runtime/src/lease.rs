@@ -145,8 +145,11 @@ impl Drop for Lease {
     fn drop(&mut self) {
         if !self.released {
             self.renewal = None;
-            self.manager
-                .release_in_background(Arc::clone(&self.redis_keys), Arc::clone(&self.token));
+            self.manager.release_in_background(
+                Arc::clone(&self.redis_keys),
+                Arc::clone(&self.token),
+                self.state.ttl(),
+            );
         }
     }
 }

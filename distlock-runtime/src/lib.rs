@@ -63,3 +63,8 @@ pub use reentrancy::{current_fencing_token, current_lease, CurrentLease};
 
 /// Re-exported so callers can build a pool with the same deadpool-redis version.
 pub use deadpool_redis;
+
+/// The README's examples, compiled as doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

@@ -163,9 +163,12 @@ impl LockManager {
             manager: self,
             redis_keys: &redis_keys,
             token: &token,
+            ttl,
             armed: false,
         };
+        let mut attempts = 0u32;
         loop {
+            attempts += 1;
             let sent = Instant::now();
             // If this call is cancelled or fails while the request is out, the lock may have
             // been taken: release it (by token) rather than leave it until its ttl.
@@ -178,8 +181,8 @@ impl LockManager {
                     if let Some(registration) = &registration {
                         registration.start(sent, ttl);
                     }
-                    if sent > started {
-                        tracing::debug!(keys = ?keys, waited = ?(sent - started), "distlock acquired after waiting");
+                    if attempts > 1 {
+                        tracing::debug!(keys = ?keys, waited = ?(sent - started), attempts, "distlock acquired after waiting");
                     }
                     return Ok(Lease::new(
                         self.clone(),
@@ -224,8 +227,15 @@ impl LockManager {
         self.redis().invoke("release", &invocation).await
     }
 
-    /// Releases from a spawned task: the fallback when a lease is dropped instead of released.
-    pub(crate) fn release_in_background(&self, redis_keys: Arc<[String]>, token: Arc<str>) {
+    /// Releases from a spawned task: the fallback when a lease is dropped instead of released,
+    /// or an acquire ended without knowing whether it took the lock. Retries failed attempts
+    /// until `ttl` from now, when the keys have expired anyway.
+    pub(crate) fn release_in_background(
+        &self,
+        redis_keys: Arc<[String]>,
+        token: Arc<str>,
+        ttl: Duration,
+    ) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(
                 keys = ?redis_keys,
@@ -234,9 +244,21 @@ impl LockManager {
             return;
         };
         let manager = self.clone();
+        let give_up = Instant::now() + ttl;
         runtime.spawn(async move {
-            if let Err(error) = manager.release_keys(&redis_keys, &token).await {
-                tracing::warn!(keys = ?redis_keys, %error, "distlock release failed; the lock expires after its ttl");
+            let mut pause = Duration::from_millis(50);
+            loop {
+                let error = match manager.release_keys(&redis_keys, &token).await {
+                    Ok(_) => return,
+                    Err(error) => error,
+                };
+                if Instant::now() + pause >= give_up {
+                    tracing::warn!(keys = ?redis_keys, %error, "distlock release failed; the lock expires after its ttl");
+                    return;
+                }
+                tracing::debug!(keys = ?redis_keys, %error, "distlock background release failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
             }
         });
     }
@@ -247,14 +269,18 @@ struct InDoubt<'a> {
     manager: &'a LockManager,
     redis_keys: &'a Arc<[String]>,
     token: &'a Arc<str>,
+    ttl: Duration,
     armed: bool,
 }
 
 impl Drop for InDoubt<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.manager
-                .release_in_background(Arc::clone(self.redis_keys), Arc::clone(self.token));
+            self.manager.release_in_background(
+                Arc::clone(self.redis_keys),
+                Arc::clone(self.token),
+                self.ttl,
+            );
         }
     }
 }
@@ -346,7 +372,8 @@ impl LockRequest {
         if missing.is_empty() {
             return Ok(body.await);
         }
-        let span = tracing::debug_span!("distlock", keys = ?keys, fencing_token = tracing::field::Empty);
+        let span =
+            tracing::debug_span!("distlock", keys = ?keys, fencing_token = tracing::field::Empty);
         async move {
             let lease = manager
                 .acquire(missing.into(), self.ttl, self.wait, self.renew)

@@ -213,7 +213,9 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
         Ok(owned) if owned.len() == batch.len() => {
             for (lease, owned) in batch.iter().zip(owned) {
                 // A lease released while its renewal was in flight is simply gone.
-                let Some(entry) = registry.leases.get_mut(&lease.id) else { continue };
+                let Some(entry) = registry.leases.get_mut(&lease.id) else {
+                    continue;
+                };
                 if owned == 1 {
                     entry.state.renewed(sent, lease.ttl);
                     entry.due = Some(sent + interval(lease.ttl));
@@ -240,7 +242,9 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
                 Ok(_) => "renewal script answered for a different number of leases".to_owned(),
             };
             for lease in &batch {
-                let Some(entry) = registry.leases.get_mut(&lease.id) else { continue };
+                let Some(entry) = registry.leases.get_mut(&lease.id) else {
+                    continue;
+                };
                 if entry.state.valid_until() <= now {
                     tracing::error!(
                         keys = ?entry.keys,

@@ -75,7 +75,10 @@ mod tests {
         let mut expected = FIRST;
         for _ in 0..12 {
             let delay = waiter.next_delay(now, None).unwrap();
-            assert!(delay >= expected / 2 && delay <= expected, "{delay:?} vs {expected:?}");
+            assert!(
+                delay >= expected / 2 && delay <= expected,
+                "{delay:?} vs {expected:?}"
+            );
             expected = (expected * 2).min(CAP);
         }
         assert_eq!(waiter.step, CAP);
@@ -86,9 +89,13 @@ mod tests {
         let now = Instant::now();
         let mut waiter = Waiter::new(now + Duration::from_millis(30));
         waiter.step = CAP;
-        let delay = waiter.next_delay(now, Some(Duration::from_millis(3))).unwrap();
+        let delay = waiter
+            .next_delay(now, Some(Duration::from_millis(3)))
+            .unwrap();
         assert!(delay <= Duration::from_millis(4), "{delay:?}");
-        let delay = waiter.next_delay(now + Duration::from_millis(29), None).unwrap();
+        let delay = waiter
+            .next_delay(now + Duration::from_millis(29), None)
+            .unwrap();
         assert!(delay <= Duration::from_millis(1), "{delay:?}");
     }
 
@@ -96,7 +103,11 @@ mod tests {
     fn gives_up_at_the_deadline() {
         let now = Instant::now();
         let mut waiter = Waiter::new(now + Duration::from_millis(5));
-        assert!(waiter.next_delay(now + Duration::from_millis(5), None).is_none());
-        assert!(waiter.next_delay(now + Duration::from_secs(1), None).is_none());
+        assert!(waiter
+            .next_delay(now + Duration::from_millis(5), None)
+            .is_none());
+        assert!(waiter
+            .next_delay(now + Duration::from_secs(1), None)
+            .is_none());
     }
 }

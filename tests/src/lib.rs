@@ -1,1 +1,276 @@
-//! Test harness.
+//! Test harness: real `redis-server` processes on free loopback ports, one per test.
+//!
+//! A [`RedisServer`] runs with persistence off, can be paused (SIGSTOP), resumed, killed and
+//! restarted on the same port, and is stopped (by its pid) when dropped. Tests never touch the
+//! machine's shared Redis.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use distlock_runtime::LockManager;
+
+/// A `redis-server` child process owned by one test.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    paused: bool,
+}
+
+impl RedisServer {
+    /// Starts a server on a free loopback port and waits until it answers PING.
+    ///
+    /// # Panics
+    /// When `redis-server` is not on PATH or no server could be started.
+    pub fn start() -> Self {
+        for _ in 0..20 {
+            let port = free_port();
+            if let Some(child) = spawn_on(port) {
+                return Self {
+                    child: Some(child),
+                    port,
+                    paused: false,
+                };
+            }
+        }
+        panic!("could not start redis-server on a free port (is redis-server on PATH?)");
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// A manager with short timeouts, suited to tests that break the server.
+    ///
+    /// # Panics
+    /// If the builder rejects the URL (it never should).
+    pub fn manager(&self) -> LockManager {
+        self.manager_builder().build().expect("test manager")
+    }
+
+    /// The builder behind [`RedisServer::manager`], to adjust before building.
+    pub fn manager_builder(&self) -> distlock_runtime::LockManagerBuilder {
+        LockManager::builder()
+            .url(self.url())
+            .connect_timeout(Duration::from_millis(500))
+            .response_timeout(Duration::from_millis(500))
+            .pool_wait_timeout(Duration::from_millis(500))
+    }
+
+    /// A plain async client connection, for assertions and for meddling with keys.
+    ///
+    /// # Panics
+    /// If the server cannot be reached.
+    pub async fn client(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .expect("client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to test redis")
+    }
+
+    /// Runs one command on a fresh blocking connection and returns its raw RESP reply.
+    ///
+    /// # Panics
+    /// If the server cannot be reached.
+    pub fn command(&self, args: &[&str]) -> String {
+        resp_command(self.port, args).expect("command on test redis")
+    }
+
+    /// How many commands clients sent: the sum of `calls` in `INFO commandstats`, less the
+    /// INFO calls themselves and the data commands distlock's scripts run inside Redis (Redis
+    /// counts those too). Every round trip distlock makes (EVALSHA, SCRIPT LOAD, PING, HELLO,
+    /// CLIENT ...) is counted.
+    pub fn commands_processed(&self) -> u64 {
+        const INSIDE_SCRIPTS: [&str; 7] = ["get", "set", "incr", "pttl", "del", "pexpire", "info"];
+        let info = self.command(&["INFO", "commandstats"]);
+        info.lines()
+            .filter_map(|line| {
+                let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+                if INSIDE_SCRIPTS.contains(&name) {
+                    return None;
+                }
+                let calls = stats.split("calls=").nth(1)?;
+                calls.split(',').next()?.parse::<u64>().ok()
+            })
+            .sum()
+    }
+
+    /// Stops the process with SIGSTOP: connections stay open, nothing is answered.
+    pub fn pause(&mut self) {
+        self.signal("STOP");
+        self.paused = true;
+    }
+
+    /// Continues a paused server.
+    pub fn resume(&mut self) {
+        self.signal("CONT");
+        self.paused = false;
+    }
+
+    /// Kills the server with SIGKILL and waits for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.paused = false;
+    }
+
+    /// Kills the server and starts an empty one on the same port.
+    ///
+    /// # Panics
+    /// If the new server does not come up.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(child) = spawn_on(self.port) {
+                self.child = Some(child);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("redis-server did not restart on port {}", self.port);
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(pid) = self.pid() {
+            let status = Command::new("kill")
+                .args([format!("-{signal}"), pid.to_string()])
+                .status()
+                .expect("run kill");
+            assert!(status.success(), "kill -{signal} {pid} failed");
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if self.paused {
+            self.signal("CONT");
+        }
+        self.kill();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("bind a free loopback port")
+}
+
+/// Starts redis-server on `port`; `None` if it did not come up (the port was taken, say).
+fn spawn_on(port: u16) -> Option<Child> {
+    let mut child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            &std::env::temp_dir().to_string_lossy(),
+            "--loglevel",
+            "warning",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start redis-server: is it installed and on PATH?");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Ok(Some(_exited)) = child.try_wait() {
+            return None;
+        }
+        if resp_command(port, &["PING"]).is_ok_and(|reply| reply.starts_with("+PONG")) {
+            return Some(child);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// Sends one command in RESP and reads what arrives within a short time.
+fn resp_command(port: u16, args: &[&str]) -> std::io::Result<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut request = format!("*{}\r\n", args.len());
+    for arg in args {
+        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    stream.write_all(request.as_bytes())?;
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let n = stream.read(&mut buf)?;
+        reply.extend_from_slice(&buf[..n]);
+        if n == 0 || is_complete(&reply) {
+            break;
+        }
+    }
+    Ok(String::from_utf8_lossy(&reply).into_owned())
+}
+
+/// True once `reply` holds one whole simple, error, integer or bulk-string reply.
+fn is_complete(reply: &[u8]) -> bool {
+    let Some(line_end) = reply.windows(2).position(|w| w == b"\r\n") else {
+        return false;
+    };
+    match reply.first() {
+        Some(b'$') => {
+            let len: i64 = std::str::from_utf8(&reply[1..line_end])
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            len < 0 || reply.len() >= line_end + 2 + len as usize + 2
+        }
+        _ => true,
+    }
+}
+
+/// Polls `check` every 5 ms until it is true or `within` has passed; returns how long it took,
+/// or `None` on time-out.
+pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> Option<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    while started.elapsed() <= within {
+        if check().await {
+            return Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
+/// Whether `key` exists, asked on `conn`.
+pub async fn exists(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async::<i64>(conn)
+        .await
+        .expect("EXISTS")
+        == 1
+}

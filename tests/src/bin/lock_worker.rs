@@ -1,0 +1,58 @@
+//! A separate OS process that takes locks, for the cross-process tests.
+//!
+//! `lock_worker count URL KEY COUNTER N`: N times, under the lock on KEY, read COUNTER with GET,
+//! yield, and write it back plus one with SET (a deliberately non-atomic increment).
+//! `lock_worker hold URL KEY TTL_MS`: take the lock with renewal, print `acquired`, then sleep
+//! until killed.
+
+use std::io::Write;
+use std::time::Duration;
+
+use distlock_runtime::LockManager;
+use redis::AsyncCommands;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["count", url, key, counter, n] => {
+            let locks = LockManager::from_url(url)?;
+            let mut conn = redis::Client::open(*url)?
+                .get_multiplexed_async_connection()
+                .await?;
+            for _ in 0..n.parse::<u32>()? {
+                let mut conn = conn.clone();
+                locks
+                    .lock(*key)
+                    .wait(Duration::from_secs(60))
+                    .run(async move {
+                        let value: i64 = conn.get::<_, Option<i64>>(*counter).await?.unwrap_or(0);
+                        tokio::task::yield_now().await;
+                        conn.set::<_, _, ()>(*counter, value + 1).await
+                    })
+                    .await??;
+            }
+            let _: () = conn.incr(format!("{counter}:done"), 1).await?;
+            Ok(())
+        }
+        ["hold", url, key, ttl_ms] => {
+            let locks = LockManager::from_url(url)?;
+            let lease = locks
+                .lock(*key)
+                .ttl(Duration::from_millis(ttl_ms.parse()?))
+                .acquire()
+                .await?;
+            println!("acquired {}", lease.fencing_token());
+            std::io::stdout().flush()?;
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            lease.release().await?;
+            Ok(())
+        }
+        _ => Err("usage: lock_worker count URL KEY COUNTER N | hold URL KEY TTL_MS".into()),
+    }
+}

@@ -1,0 +1,160 @@
+//! Redis down, hung, restarted or flushed: errors within the configured timeouts, never a hang.
+
+use std::time::{Duration, Instant};
+
+use distlock_runtime::LockError;
+use distlock_tests::{eventually, exists, RedisServer};
+
+/// The harness's managers use 500 ms for connect, response and pool-wait timeouts.
+const TIMEOUT: Duration = Duration::from_millis(500);
+
+#[tokio::test]
+async fn redis_down_is_an_error_within_the_connect_timeout() {
+    let mut server = RedisServer::start();
+    let locks = server.manager();
+    server.kill();
+    let started = Instant::now();
+    let outcome = locks.lock("down").acquire().await;
+    let took = started.elapsed();
+    assert!(
+        outcome.as_ref().is_err_and(LockError::is_unavailable),
+        "{outcome:?}"
+    );
+    assert!(
+        took <= TIMEOUT + Duration::from_millis(100),
+        "failed after {took:?}"
+    );
+    let message = outcome.unwrap_err().to_string();
+    assert!(message.contains("Redis"), "{message}");
+}
+
+#[tokio::test]
+async fn redis_paused_is_an_error_within_the_response_timeout() {
+    let mut server = RedisServer::start();
+    let locks = server.manager();
+    locks
+        .lock("warm")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    server.pause();
+
+    // On the open connection: the response timeout.
+    let started = Instant::now();
+    let outcome = locks.lock("paused").acquire().await;
+    let took = started.elapsed();
+    assert!(
+        matches!(outcome, Err(LockError::RedisTimeout { .. })),
+        "{outcome:?}"
+    );
+    assert!(
+        took <= TIMEOUT + Duration::from_millis(100),
+        "failed after {took:?}"
+    );
+
+    // A manager that must connect first: bounded by pool wait + connect timeouts.
+    let fresh = server.manager();
+    let started = Instant::now();
+    let outcome = fresh.lock("paused").acquire().await;
+    let took = started.elapsed();
+    assert!(
+        outcome.as_ref().is_err_and(LockError::is_unavailable),
+        "{outcome:?}"
+    );
+    assert!(
+        took <= 2 * TIMEOUT + Duration::from_millis(100),
+        "failed after {took:?}"
+    );
+
+    server.resume();
+    // The acquires that timed out reached Redis once it resumed: they count as "maybe
+    // acquired", and their token-checked release (retried in the background) removes them.
+    let conn = server.client().await;
+    let key = locks.redis_key("paused");
+    let cleaned = eventually(Duration::from_secs(2), || {
+        let (mut conn, key) = (conn.clone(), key.clone());
+        async move { !exists(&mut conn, &key).await }
+    })
+    .await;
+    assert!(cleaned.is_some(), "the in-doubt acquire was not cleaned up");
+    // And the manager recovers.
+    let lease = locks
+        .lock("paused")
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect("recovered after resume");
+    lease.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn redis_restarted_mid_lease_gives_the_holder_lease_lost() {
+    let mut server = RedisServer::start();
+    let locks = server.manager();
+    let started = Instant::now();
+    let (outcome, ()) = tokio::join!(
+        locks
+            .lock("restarted")
+            .ttl(Duration::from_millis(900))
+            .run(tokio::time::sleep(Duration::from_secs(10))),
+        async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            server.restart();
+        }
+    );
+    assert!(
+        matches!(outcome, Err(LockError::LeaseLost { .. })),
+        "{outcome:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    // The manager reconnects to the new server.
+    locks
+        .lock("restarted")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn script_flush_mid_run_does_not_break_calls() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let key = locks.redis_key("flushed");
+    locks
+        .lock("flushed")
+        .ttl(Duration::from_millis(300))
+        .run(async {
+            server.command(&["SCRIPT", "FLUSH"]);
+            // Long enough for renewals (every 100 ms) to run the flushed script again.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        })
+        .await
+        .expect("renewal reloaded its script");
+    let mut conn = server.client().await;
+    assert!(
+        !exists(&mut conn, &key).await,
+        "release reloaded its script"
+    );
+    server.command(&["SCRIPT", "FLUSH"]);
+    let lease = locks
+        .lock("flushed")
+        .acquire()
+        .await
+        .expect("acquire reloads its script");
+    server.command(&["SCRIPT", "FLUSH"]);
+    lease
+        .extend(Duration::from_secs(5))
+        .await
+        .expect("extend reloads its script");
+    lease.release().await.unwrap();
+}

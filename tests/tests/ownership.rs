@@ -1,0 +1,206 @@
+//! Ownership: only the owner releases or extends; a vanished holder's lock ends with its ttl;
+//! bad input is refused with its own error.
+
+use std::time::{Duration, Instant};
+
+use distlock_runtime::{LockError, LockManager};
+use distlock_tests::{eventually, exists, RedisServer};
+use redis::AsyncCommands;
+use tokio::io::AsyncBufReadExt;
+
+#[tokio::test]
+async fn a_non_owner_release_and_extend_change_nothing() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let mut conn = server.client().await;
+    let key = locks.redis_key("shared");
+
+    // A's lease runs out; B takes the lock. A still has its Lease value.
+    let stale = locks
+        .lock("shared")
+        .ttl(Duration::from_millis(50))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let owner = locks
+        .lock("shared")
+        .ttl(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    let owner_token: String = conn.get(&key).await.unwrap();
+    let pttl_before: i64 = conn.pttl(&key).await.unwrap();
+
+    let extended = stale.extend(Duration::from_secs(60)).await;
+    assert!(
+        matches!(extended, Err(LockError::LeaseLost { .. })),
+        "{extended:?}"
+    );
+    stale.release().await.unwrap();
+
+    let token_after: String = conn.get(&key).await.unwrap();
+    let pttl_after: i64 = conn.pttl(&key).await.unwrap();
+    assert_eq!(token_after, owner_token, "the owner's lock must survive");
+    assert!(
+        pttl_after <= pttl_before && pttl_after > 4_000,
+        "{pttl_before} -> {pttl_after}"
+    );
+    assert!(owner.fencing_token() > 0);
+    owner.release().await.unwrap();
+    assert!(!exists(&mut conn, &key).await);
+}
+
+#[tokio::test]
+async fn a_leaked_lease_frees_the_lock_within_its_ttl() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let mut conn = server.client().await;
+    let key = locks.redis_key("leaked");
+    let ttl = Duration::from_millis(500);
+    let started = Instant::now();
+    let lease = locks
+        .lock("leaked")
+        .ttl(ttl)
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    std::mem::forget(lease);
+    assert!(exists(&mut conn, &key).await);
+    eventually(ttl + Duration::from_millis(100), || {
+        let mut conn = conn.clone();
+        let key = key.clone();
+        async move { !exists(&mut conn, &key).await }
+    })
+    .await
+    .expect("lock gone");
+    assert!(
+        started.elapsed() <= ttl + Duration::from_millis(100),
+        "{:?}",
+        started.elapsed()
+    );
+    // And it can be taken again at once.
+    locks
+        .try_lock("leaked")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_holder_process_killed_with_sigkill_frees_the_lock_within_its_ttl() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lock_worker"))
+        .args(["hold", &server.url(), "killed", "1000"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("child acquired in time")
+        .unwrap()
+        .unwrap();
+    assert!(line.starts_with("acquired"), "{line}");
+    // Held (and renewed) by the child.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let held = locks.try_lock("killed").acquire().await;
+    assert!(
+        matches!(held, Err(LockError::NotAcquired { .. })),
+        "{held:?}"
+    );
+
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    let killed_at = Instant::now();
+    let lease = locks
+        .lock("killed")
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("lock freed after the holder died");
+    let freed_after = killed_at.elapsed();
+    assert!(
+        freed_after <= Duration::from_millis(1100),
+        "freed after {freed_after:?}"
+    );
+    lease.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_input_gets_its_own_clear_error() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+
+    let empty = locks.lock("").acquire().await;
+    assert!(
+        matches!(empty, Err(LockError::InvalidKey { .. })),
+        "{empty:?}"
+    );
+    let none = locks.lock_all(Vec::<String>::new()).acquire().await;
+    assert!(
+        matches!(none, Err(LockError::InvalidKey { .. })),
+        "{none:?}"
+    );
+
+    let zero = locks.lock("k").ttl(Duration::ZERO).acquire().await;
+    match zero {
+        Err(LockError::InvalidConfig {
+            what: "ttl",
+            ref reason,
+        }) => {
+            assert!(reason.contains("at least"), "{reason}")
+        }
+        other => panic!("expected InvalidConfig for ttl, got {other:?}"),
+    }
+    let zero_run = locks.lock("k").ttl(Duration::ZERO).run(async {}).await;
+    assert!(matches!(
+        zero_run,
+        Err(LockError::InvalidConfig { what: "ttl", .. })
+    ));
+
+    let scheme = LockManager::from_url("http://user:hunter2@127.0.0.1:6379").unwrap_err();
+    assert!(matches!(scheme, LockError::InvalidUrl { .. }), "{scheme:?}");
+    let message = scheme.to_string();
+    assert!(
+        message.contains("`http:`") && message.contains("redis://"),
+        "{message}"
+    );
+
+    for bad in [
+        "http://user:hunter2@127.0.0.1:6379",
+        "redis://user:hunter2@127.0.0.1:notaport",
+        "redis://:hunter2@/0",
+        "not a url hunter2",
+    ] {
+        let err = LockManager::from_url(bad).unwrap_err();
+        assert!(
+            matches!(err, LockError::InvalidUrl { .. }),
+            "{bad}: {err:?}"
+        );
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        assert!(!format!("{err:?}").contains("hunter2"), "{err:?}");
+    }
+    let ok = LockManager::from_url("redis://user:hunter2@127.0.0.1:6379/2").unwrap();
+    assert!(!format!("{ok:?}").contains("hunter2"), "{ok:?}");
+
+    let no_timeout = LockManager::builder()
+        .url(server.url())
+        .response_timeout(Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert!(matches!(
+        no_timeout,
+        LockError::InvalidConfig {
+            what: "response_timeout",
+            ..
+        }
+    ));
+}

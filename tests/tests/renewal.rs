@@ -1,0 +1,173 @@
+//! Renewal, lease loss and cancellation of `run`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlock_runtime::LockError;
+use distlock_tests::{eventually, exists, RedisServer};
+use redis::AsyncCommands;
+
+#[tokio::test]
+async fn renewal_keeps_a_one_second_lease_for_four_seconds() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let key = locks.redis_key("long-job");
+    let mut conn = server.client().await;
+    let min_pttl = locks
+        .lock("long-job")
+        .ttl(Duration::from_secs(1))
+        .run(async {
+            let mut min_pttl = i64::MAX;
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(4) {
+                let pttl: i64 = conn.pttl(&key).await.unwrap();
+                min_pttl = min_pttl.min(pttl);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            min_pttl
+        })
+        .await
+        .expect("lease held for the whole body");
+    // Renewed every ~333 ms, so it never came near expiry.
+    assert!(min_pttl > 400, "lowest PTTL seen {min_pttl} ms");
+    let mut conn = server.client().await;
+    assert!(!exists(&mut conn, &key).await, "released after the body");
+}
+
+#[tokio::test]
+async fn an_external_del_stops_the_body_with_lease_lost_within_one_renew_interval() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let key = locks.redis_key("deleted");
+    let progress = Arc::new(AtomicU64::new(0));
+    let body_progress = progress.clone();
+    let run = tokio::spawn(
+        locks
+            .lock("deleted")
+            .ttl(Duration::from_millis(900))
+            .run(async move {
+                loop {
+                    body_progress.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }),
+    );
+    let mut conn = server.client().await;
+    eventually(Duration::from_secs(2), || {
+        let (mut conn, key) = (conn.clone(), key.clone());
+        async move { exists(&mut conn, &key).await }
+    })
+    .await
+    .expect("acquired");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _: () = conn.del(&key).await.unwrap();
+    let deleted_at = Instant::now();
+    let outcome = tokio::time::timeout(Duration::from_secs(3), run)
+        .await
+        .expect("run returned")
+        .unwrap();
+    let took = deleted_at.elapsed();
+    assert!(
+        matches!(outcome, Err(LockError::LeaseLost { .. })),
+        "{outcome:?}"
+    );
+    assert!(
+        took <= Duration::from_millis(300 + 100),
+        "LeaseLost after {took:?}"
+    );
+    let stopped_at = progress.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        progress.load(Ordering::SeqCst),
+        stopped_at,
+        "the body kept running"
+    );
+}
+
+#[tokio::test]
+async fn without_renewal_an_overrunning_body_is_stopped_at_the_deadline() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let ttl = Duration::from_millis(300);
+    let finished = Arc::new(AtomicU64::new(0));
+    let body_finished = finished.clone();
+    let started = Instant::now();
+    let outcome = locks
+        .lock("overrun")
+        .ttl(ttl)
+        .renew(false)
+        .run(async move {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            body_finished.store(1, Ordering::SeqCst);
+        })
+        .await;
+    let took = started.elapsed();
+    assert!(
+        matches!(outcome, Err(LockError::LeaseLost { .. })),
+        "{outcome:?}"
+    );
+    assert!(
+        took <= ttl + Duration::from_millis(50),
+        "stopped after {took:?}"
+    );
+    assert!(
+        took >= ttl - Duration::from_millis(20),
+        "stopped early, after {took:?}"
+    );
+    assert_eq!(finished.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn dropping_a_run_future_releases_within_100_ms() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let key = locks.redis_key("cancelled");
+    let mut conn = server.client().await;
+    let task = tokio::spawn(
+        locks
+            .lock("cancelled")
+            .ttl(Duration::from_secs(30))
+            .run(tokio::time::sleep(Duration::from_secs(60))),
+    );
+    eventually(Duration::from_secs(2), || {
+        let (mut conn, key) = (conn.clone(), key.clone());
+        async move { exists(&mut conn, &key).await }
+    })
+    .await
+    .expect("acquired");
+    task.abort();
+    let released = eventually(Duration::from_millis(100), || {
+        let (mut conn, key) = (conn.clone(), key.clone());
+        async move { !exists(&mut conn, &key).await }
+    })
+    .await;
+    assert!(
+        released.is_some(),
+        "lock still held 100 ms after the run future was dropped"
+    );
+    assert!(!exists(&mut conn, &key).await);
+}
+
+#[tokio::test]
+async fn a_panicking_body_still_releases() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let key = locks.redis_key("panics");
+    let task = tokio::spawn(locks.lock("panics").run(async {
+        tokio::task::yield_now().await;
+        panic!("body failed");
+    }));
+    assert!(task.await.unwrap_err().is_panic());
+    let mut conn = server.client().await;
+    let released = eventually(Duration::from_millis(100), || {
+        let (mut conn, key) = (conn.clone(), key.clone());
+        async move { !exists(&mut conn, &key).await }
+    })
+    .await;
+    assert!(
+        released.is_some(),
+        "lock still held after the body panicked"
+    );
+    assert!(!exists(&mut conn, &key).await);
+}
