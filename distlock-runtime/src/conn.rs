@@ -33,6 +33,12 @@ pub(crate) struct Redis {
     timeouts: Timeouts,
 }
 
+/// Which connection a call used, and whether it was kept from an earlier call.
+struct Checkout {
+    generation: u64,
+    reused: bool,
+}
+
 struct Current {
     generation: u64,
     conn: MultiplexedConnection,
@@ -53,29 +59,42 @@ impl Redis {
 
     /// Runs a script, bounded by the response timeout (and the pool's wait and connect timeouts
     /// when a connection must be checked out first).
+    ///
+    /// A connection kept from an earlier call may have died while idle (a server restart, an
+    /// idle timeout): when it fails at once, the script is sent once more on a fresh connection.
+    /// Every distlock script is safe to repeat (an acquire by the same token takes its own keys
+    /// again; release and extend are idempotent).
     pub(crate) async fn invoke<T: FromRedisValue>(
         &self,
         op: &'static str,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, LockError> {
-        let (generation, mut conn) = self.connection(op).await?;
         let after = self.timeouts.response;
-        match tokio::time::timeout(after, invocation.invoke_async(&mut conn)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(source)) => {
-                if is_connection_failure(&source) {
-                    self.forget(generation);
-                }
-                if source.is_timeout() {
+        let mut may_retry = true;
+        loop {
+            let (checkout, mut conn) = self.connection(op).await?;
+            match tokio::time::timeout(after, invocation.invoke_async(&mut conn)).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(source)) if source.is_timeout() => {
                     // The connection's own response timeout (same length) fired first.
+                    self.forget(checkout.generation);
                     return Err(LockError::RedisTimeout { op, after });
                 }
-                Err(LockError::Redis { op, source })
-            }
-            Err(_elapsed) => {
-                // The connection may be stuck behind a hung server: do not send more on it.
-                self.forget(generation);
-                Err(LockError::RedisTimeout { op, after })
+                Ok(Err(source)) => {
+                    if !is_connection_failure(&source) {
+                        return Err(LockError::Redis { op, source });
+                    }
+                    self.forget(checkout.generation);
+                    if !(checkout.reused && may_retry) {
+                        return Err(LockError::Redis { op, source });
+                    }
+                    may_retry = false;
+                }
+                Err(_elapsed) => {
+                    // The connection may be stuck behind a hung server: send nothing more on it.
+                    self.forget(checkout.generation);
+                    return Err(LockError::RedisTimeout { op, after });
+                }
             }
         }
     }
@@ -83,9 +102,13 @@ impl Redis {
     async fn connection(
         &self,
         op: &'static str,
-    ) -> Result<(u64, MultiplexedConnection), LockError> {
+    ) -> Result<(Checkout, MultiplexedConnection), LockError> {
         if let Some(current) = &*lock(&self.current) {
-            return Ok((current.generation, current.conn.clone()));
+            let checkout = Checkout {
+                generation: current.generation,
+                reused: true,
+            };
+            return Ok((checkout, current.conn.clone()));
         }
         let after = self.timeouts.pool_wait + self.timeouts.connect;
         let pooled = match tokio::time::timeout(after, self.pool.get()).await {
@@ -106,16 +129,24 @@ impl Redis {
         let conn: MultiplexedConnection = (*pooled).clone();
         drop(pooled);
         let mut current = lock(&self.current);
-        let generation = match &*current {
-            // Another task connected meanwhile: share its connection, drop ours back to the pool.
-            Some(existing) => return Ok((existing.generation, existing.conn.clone())),
-            None => next_id(),
-        };
+        if let Some(existing) = &*current {
+            // Another task connected meanwhile: share its connection.
+            let checkout = Checkout {
+                generation: existing.generation,
+                reused: false,
+            };
+            return Ok((checkout, existing.conn.clone()));
+        }
+        let generation = next_id();
         *current = Some(Current {
             generation,
             conn: conn.clone(),
         });
-        Ok((generation, conn))
+        let checkout = Checkout {
+            generation,
+            reused: false,
+        };
+        Ok((checkout, conn))
     }
 
     /// Stops using the connection of `generation`, unless it was already replaced.

@@ -35,7 +35,8 @@ struct Shared {
 #[derive(Default)]
 struct Registry {
     next_id: u64,
-    driver_running: bool,
+    /// The id of the running driver task, if one runs.
+    driver: Option<u64>,
     leases: HashMap<u64, Entry>,
 }
 
@@ -84,10 +85,7 @@ impl Renewals {
                 due: None,
             },
         );
-        if !registry.driver_running {
-            registry.driver_running = true;
-            tokio::spawn(drive(Arc::clone(&self.shared)));
-        }
+        start_driver(&self.shared, &mut registry);
         Registration {
             shared: Arc::clone(&self.shared),
             id,
@@ -102,6 +100,8 @@ impl Registration {
         if let Some(entry) = registry.leases.get_mut(&self.id) {
             entry.due = Some(acquired_at + interval(ttl));
         }
+        // The driver may have died with the runtime it ran on since this lease registered.
+        start_driver(&self.shared, &mut registry);
         drop(registry);
         self.shared.wake.notify_one();
     }
@@ -132,7 +132,36 @@ struct Due {
     due: Instant,
 }
 
-async fn drive(shared: Arc<Shared>) {
+/// Spawns the driver on the current runtime unless one is running.
+fn start_driver(shared: &Arc<Shared>, registry: &mut Registry) {
+    if registry.driver.is_none() {
+        registry.next_id += 1;
+        let id = registry.next_id;
+        registry.driver = Some(id);
+        tokio::spawn(drive(Arc::clone(shared), id));
+    }
+}
+
+/// Marks the driver stopped however its task ends, also when it is dropped with its runtime.
+struct DriverRunning<'a> {
+    shared: &'a Shared,
+    id: u64,
+}
+
+impl Drop for DriverRunning<'_> {
+    fn drop(&mut self) {
+        let mut registry = lock(&self.shared.registry);
+        if registry.driver == Some(self.id) {
+            registry.driver = None;
+        }
+    }
+}
+
+async fn drive(shared: Arc<Shared>, id: u64) {
+    let _running = DriverRunning {
+        shared: &shared,
+        id,
+    };
     loop {
         let batch = match collect_due(&shared) {
             Collected::Stop => return,
@@ -164,7 +193,8 @@ enum Collected {
 fn collect_due(shared: &Shared) -> Collected {
     let mut registry = lock(&shared.registry);
     if registry.leases.is_empty() {
-        registry.driver_running = false;
+        // Cleared under the same lock as the check, so a lease registered next starts a driver.
+        registry.driver = None;
         return Collected::Stop;
     }
     let now = Instant::now();

@@ -158,3 +158,25 @@ async fn script_flush_mid_run_does_not_break_calls() {
         .expect("extend reloads its script");
     lease.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_first_lock_after_a_restart_succeeds_on_a_fresh_connection() {
+    let mut server = RedisServer::start();
+    let locks = server.manager();
+    locks
+        .lock("idle")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // The manager's connection dies while idle.
+    server.restart();
+    let lease = locks
+        .lock("idle")
+        .acquire()
+        .await
+        .expect("no error from a stale connection");
+    lease.release().await.unwrap();
+}

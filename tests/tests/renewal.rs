@@ -171,3 +171,38 @@ async fn a_panicking_body_still_releases() {
     );
     assert!(!exists(&mut conn, &key).await);
 }
+
+/// A manager outlives the runtime its renewal driver ran on (a default manager shared by
+/// several `#[tokio::test]`s, say): the next runtime still renews its leases.
+#[test]
+fn renewal_survives_the_runtime_it_started_on() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    first.block_on(async {
+        // Leaves the driver task parked on this runtime, with a lease still registered.
+        std::mem::forget(
+            locks
+                .lock("first")
+                .ttl(Duration::from_secs(5))
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    });
+    drop(first);
+    let outcome = runtime().block_on(async {
+        locks
+            .lock("second")
+            .ttl(Duration::from_millis(300))
+            .run(tokio::time::sleep(Duration::from_secs(1)))
+            .await
+    });
+    assert!(outcome.is_ok(), "{outcome:?}");
+}
