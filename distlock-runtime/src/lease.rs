@@ -20,6 +20,9 @@ use crate::{scripts, LockError};
 /// cancellation, which needs a running Tokio runtime). If it was acquired with `renew(true)` (the
 /// default) a background driver extends it about every ttl/3 while it is held.
 ///
+/// Leaking a renewing lease (`std::mem::forget`) keeps it renewed for as long as the manager's
+/// runtime runs, like a leaked `MutexGuard`; a leaked lease without renewal ends after its ttl.
+///
 /// ```no_run
 /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
 /// let lease = locks.lock("invoice:7").acquire().await?;

@@ -36,7 +36,9 @@
 //! - A lock is only released or extended by its owner (a random 128-bit token compared in Lua).
 //!   Renewal never re-creates a lock that is gone.
 //! - Fencing tokens strictly increase per key across all clients of one Redis, also after expiry:
-//!   one counter per key prefix draws them.
+//!   one counter per key prefix (`{prefix}fence`) draws them, so no key is left behind per lock
+//!   name. The counter must survive: a Redis that restarts without persistence, or evicts it
+//!   under an `allkeys-*` maxmemory policy, starts the tokens again from 1.
 //! - No lock outlives its ttl after its holder dies.
 //! - Every Redis call is bounded by the manager's timeouts: a Redis that is down or hung is an
 //!   error, never a hang. A call that timed out while acquiring is treated as "maybe acquired"

@@ -714,3 +714,74 @@ pub fn default_manager() -> Result<LockManager, LockError> {
         .clone()
         .ok_or(LockError::NotConfigured)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>(_: &T) {}
+    fn assert_send_static<T: Send + 'static>(_: &T) {}
+
+    #[test]
+    fn managers_leases_and_run_futures_cross_tasks() {
+        let locks = LockManager::from_url("redis://127.0.0.1:1").unwrap();
+        assert_send_sync(&locks);
+        assert_send_static(&locks.lock("k").acquire());
+        assert_send_static(&locks.lock("k").run(async { 1 }));
+        fn lease_is_send_static(lease: Lease) -> impl Send + 'static {
+            lease
+        }
+        let _ = lease_is_send_static;
+    }
+
+    #[test]
+    fn keys_are_sorted_and_deduplicated_and_empty_ones_refused() {
+        let keys = prepare_keys(vec!["b".into(), "a".into(), "b".into()]).unwrap();
+        assert_eq!(&*keys, ["a", "b"]);
+        assert!(matches!(
+            prepare_keys(vec!["a".into(), String::new()]),
+            Err(LockError::InvalidKey { .. })
+        ));
+        assert!(matches!(
+            prepare_keys(vec![]),
+            Err(LockError::InvalidKey { .. })
+        ));
+    }
+
+    #[test]
+    fn ttls_under_the_minimum_are_refused() {
+        assert!(check_ttl(MIN_TTL).is_ok());
+        assert!(check_ttl(MIN_TTL - Duration::from_nanos(1)).is_err());
+        assert!(check_ttl(Duration::ZERO).is_err());
+    }
+
+    #[test]
+    fn tokens_are_128_bit_hex_and_distinct() {
+        let a = new_token();
+        let b = new_token();
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn urls_are_checked_without_leaking_the_password() {
+        let (_, shown) = parse_url("redis://app:s3cret@127.0.0.1:6380/2").unwrap();
+        assert_eq!(shown, "redis://app:***@127.0.0.1:6380/2");
+        assert!(parse_url("unix:///run/redis.sock").is_ok());
+        let err = parse_url("postgres://app:s3cret@db/0").unwrap_err();
+        assert!(err.to_string().contains("`postgres:`"), "{err}");
+        assert!(!err.to_string().contains("s3cret"));
+    }
+
+    #[test]
+    fn locks_live_under_the_prefix_and_the_counter_apart_from_them() {
+        let locks = LockManager::builder()
+            .url("redis://127.0.0.1:1")
+            .prefix("app:")
+            .build()
+            .unwrap();
+        assert_eq!(locks.redis_key("fence"), "app:lock:fence");
+        assert_eq!(locks.inner.fence_key, "app:fence");
+    }
+}
