@@ -66,6 +66,11 @@ pub use reentrancy::{current_fencing_token, current_lease, CurrentLease};
 /// Re-exported so callers can build a pool with the same deadpool-redis version.
 pub use deadpool_redis;
 
+pub use distlock_macros::distributed_lock;
+
+#[doc(hidden)]
+pub mod __private;
+
 /// The README's examples, compiled as doc-tests.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]

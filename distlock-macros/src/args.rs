@@ -1,0 +1,267 @@
+//! The attribute's arguments as a spanned model: `KEYS, ttl = .., wait = .., renew = ..,
+//! manager = .., crate = ".."`, each option set at most once.
+
+use proc_macro2::Span;
+use syn::parse::{Parse, ParseStream};
+use syn::spanned::Spanned;
+use syn::{Expr, Lit, LitStr, Token};
+
+use crate::check::Errors;
+
+/// The options the attribute accepts, for "unknown option" messages.
+pub(crate) const OPTIONS: &str = "`ttl`, `wait`, `renew`, `manager`, `crate`";
+
+/// The parsed attribute.
+pub(crate) struct Args {
+    /// The key templates, in the order written.
+    pub(crate) keys: Vec<LitStr>,
+    pub(crate) ttl: Option<Millis>,
+    pub(crate) wait: Option<Millis>,
+    pub(crate) renew: Option<syn::LitBool>,
+    pub(crate) manager: Option<Expr>,
+    pub(crate) krate: Option<syn::Path>,
+}
+
+/// A duration given to `ttl` or `wait`, in milliseconds, with the span of its value.
+pub(crate) struct Millis {
+    pub(crate) millis: u64,
+    pub(crate) span: Span,
+}
+
+impl Parse for Args {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        if input.is_empty() {
+            return Err(syn::Error::new(
+                proc_macro2::Span::call_site(),
+                "missing lock key: write #[distributed_lock(\"order:{order_id}\")] or \
+                 #[distributed_lock([\"a:{x}\", \"b:{y}\"])]",
+            ));
+        }
+        let keys = parse_keys(input)?;
+        let mut args = Args {
+            keys,
+            ttl: None,
+            wait: None,
+            renew: None,
+            manager: None,
+            krate: None,
+        };
+        let mut errors = Errors::default();
+        while !input.is_empty() {
+            input.parse::<Token![,]>()?;
+            if input.is_empty() {
+                break;
+            }
+            if let Err(error) = args.parse_option(input) {
+                errors.push(error);
+            }
+        }
+        errors.finish()?;
+        Ok(args)
+    }
+}
+
+impl Args {
+    /// Parses one `name = value`; on a bad value, skips to the next comma so later options are
+    /// still checked.
+    fn parse_option(&mut self, input: ParseStream<'_>) -> syn::Result<()> {
+        let name: syn::Ident = if input.peek(Token![crate]) {
+            let token: Token![crate] = input.parse()?;
+            syn::Ident::new("crate", token.span)
+        } else {
+            input.parse().map_err(|e| {
+                syn::Error::new(e.span(), format!("expected an option: one of {OPTIONS}"))
+            })?
+        };
+        let key = name.to_string();
+        if !input.peek(Token![=]) {
+            skip_to_comma(input);
+            return Err(syn::Error::new_spanned(
+                &name,
+                match key.as_str() {
+                    "ttl" | "wait" | "renew" | "manager" | "crate" => {
+                        format!("`{key}` needs a value: `{key} = ...`")
+                    }
+                    _ => format!("unknown option `{key}`; valid options are {OPTIONS}"),
+                },
+            ));
+        }
+        input.parse::<Token![=]>()?;
+        let value: Expr = match input.parse() {
+            Ok(value) => value,
+            Err(error) => {
+                skip_to_comma(input);
+                return Err(error);
+            }
+        };
+        let duplicate = || syn::Error::new_spanned(&name, format!("`{key}` is given twice"));
+        match key.as_str() {
+            "ttl" => set_once(&mut self.ttl, duration(&value, "ttl", false)?, duplicate),
+            "wait" => set_once(&mut self.wait, duration(&value, "wait", true)?, duplicate),
+            "renew" => set_once(&mut self.renew, boolean(&value, "renew")?, duplicate),
+            "manager" => set_once(&mut self.manager, value, duplicate),
+            "crate" => set_once(&mut self.krate, path(&value)?, duplicate),
+            "fair" => Err(syn::Error::new_spanned(
+                &name,
+                "`fair` is not available yet: fair hand-off arrives with waiter notifications; \
+                 remove it for now",
+            )),
+            _ => Err(syn::Error::new_spanned(
+                &name,
+                format!("unknown option `{key}`; valid options are {OPTIONS}"),
+            )),
+        }
+    }
+}
+
+fn set_once<T>(slot: &mut Option<T>, value: T, duplicate: impl Fn() -> syn::Error) -> syn::Result<()> {
+    if slot.is_some() {
+        return Err(duplicate());
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+fn skip_to_comma(input: ParseStream<'_>) {
+    while !input.is_empty() && !input.peek(Token![,]) {
+        let _ = input.parse::<proc_macro2::TokenTree>();
+    }
+}
+
+/// `"key"` or `["key", ...]`.
+fn parse_keys(input: ParseStream<'_>) -> syn::Result<Vec<LitStr>> {
+    if input.peek(syn::token::Bracket) {
+        let content;
+        let bracket = syn::bracketed!(content in input);
+        let keys = content.parse_terminated(|p| key_literal(p), Token![,])?;
+        if keys.is_empty() {
+            return Err(syn::Error::new(
+                bracket.span.join(),
+                "the key list is empty: give at least one key template",
+            ));
+        }
+        return Ok(keys.into_iter().collect());
+    }
+    Ok(vec![key_literal(input)?])
+}
+
+fn key_literal(input: ParseStream<'_>) -> syn::Result<LitStr> {
+    let lookahead = input.lookahead1();
+    if lookahead.peek(LitStr) {
+        input.parse()
+    } else if input.peek(syn::Ident) {
+        Err(input.error(
+            "the first argument is the lock key, a string literal such as \"order:{order_id}\"; \
+             options come after it",
+        ))
+    } else {
+        Err(input.error("expected the lock key: a string literal such as \"order:{order_id}\""))
+    }
+}
+
+/// An integer of seconds, or a string with a unit: `"1500ms"`, `"2s"`, `"5m"`, `"1h"`.
+fn duration(value: &Expr, what: &str, zero_ok: bool) -> syn::Result<Millis> {
+    let span = value.span();
+    let bad = |message: String| Err(syn::Error::new(span, message));
+    let millis = match value {
+        Expr::Lit(syn::ExprLit { lit: Lit::Int(int), .. }) => {
+            if !int.suffix().is_empty() {
+                return bad(format!(
+                    "`{what}` takes whole seconds without a type suffix, or a string such as \"1500ms\""
+                ));
+            }
+            let Ok(seconds) = int.base10_parse::<u64>() else {
+                return bad(format!("`{what}` is too large"));
+            };
+            seconds.checked_mul(1000)
+        }
+        Expr::Lit(syn::ExprLit { lit: Lit::Str(text), .. }) => match parse_with_unit(&text.value()) {
+            Ok(millis) => Some(millis),
+            Err(why) => return bad(format!("`{what} = {:?}`: {why}", text.value())),
+        },
+        Expr::Unary(syn::ExprUnary { op: syn::UnOp::Neg(_), .. }) => {
+            return bad(format!("`{what}` cannot be negative"));
+        }
+        _ => {
+            return bad(format!(
+                "`{what}` takes an integer of seconds (`{what} = 30`) or a string with a unit \
+                 (`{what} = \"1500ms\"`, \"2s\", \"5m\", \"1h\")"
+            ))
+        }
+    };
+    let Some(millis) = millis else {
+        return bad(format!("`{what}` is too large"));
+    };
+    if millis == 0 && !zero_ok {
+        return bad(format!("`{what}` must be greater than zero"));
+    }
+    if what == "ttl" && millis < 10 {
+        return bad("`ttl` must be at least 10ms".to_owned());
+    }
+    Ok(Millis { millis, span })
+}
+
+/// `"1500ms"`, `"2s"`, `"5m"`, `"1h"` (spaces allowed between number and unit) in milliseconds.
+pub(crate) fn parse_with_unit(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    if number.is_empty() {
+        return Err("expected a whole number followed by a unit: ms, s, m or h".to_owned());
+    }
+    let number: u64 = number.parse().map_err(|_| "the number is too large".to_owned())?;
+    let factor = match unit.trim() {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "" => return Err("missing unit: write ms, s, m or h after the number".to_owned()),
+        other => return Err(format!("unknown unit `{other}`: use ms, s, m or h")),
+    };
+    number
+        .checked_mul(factor)
+        .ok_or_else(|| "the duration is too large".to_owned())
+}
+
+fn boolean(value: &Expr, what: &str) -> syn::Result<syn::LitBool> {
+    match value {
+        Expr::Lit(syn::ExprLit { lit: Lit::Bool(b), .. }) => Ok(b.clone()),
+        _ => Err(syn::Error::new_spanned(value, format!("`{what}` takes `true` or `false`"))),
+    }
+}
+
+fn path(value: &Expr) -> syn::Result<syn::Path> {
+    match value {
+        Expr::Lit(syn::ExprLit { lit: Lit::Str(text), .. }) => text.parse().map_err(|_| {
+            syn::Error::new_spanned(
+                text,
+                format!(
+                    "`crate` takes the path of the distlock runtime as a string, such as \
+                     `crate = \"distlock_runtime\"`; {:?} is not a path",
+                    text.value()
+                ),
+            )
+        }),
+        _ => Err(syn::Error::new_spanned(
+            value,
+            "`crate` takes a string: `crate = \"path::to::distlock_runtime\"`",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_with_unit;
+
+    #[test]
+    fn durations_with_units() {
+        assert_eq!(parse_with_unit("1500ms"), Ok(1500));
+        assert_eq!(parse_with_unit("2s"), Ok(2000));
+        assert_eq!(parse_with_unit("5 m"), Ok(300_000));
+        assert_eq!(parse_with_unit("1h"), Ok(3_600_000));
+        assert!(parse_with_unit("5 parsecs").unwrap_err().contains("parsecs"));
+        assert!(parse_with_unit("abc").is_err());
+        assert!(parse_with_unit("10").unwrap_err().contains("missing unit"));
+        assert!(parse_with_unit("99999999999999999999s").is_err());
+    }
+}

@@ -1,0 +1,98 @@
+//! Checks across the attribute and the fn: an `async fn` returning a `Result`, and every
+//! placeholder naming a parameter. All problems are reported at once, each on its own token.
+
+use syn::spanned::Spanned;
+use syn::{ReturnType, Type};
+
+use crate::args::Args;
+use crate::item::LockedFn;
+use crate::key::Template;
+
+/// Checks the signature: an `async fn` returning something that can be a `Result`.
+pub(crate) fn signature(item: &LockedFn, errors: &mut Errors) {
+    if item.sig.asyncness.is_none() {
+        errors.push(syn::Error::new_spanned(
+            item.sig.fn_token,
+            "`#[distributed_lock]` needs an `async fn`: the lock is held across the body's awaits",
+        ));
+    }
+    match &item.sig.output {
+        ReturnType::Default => errors.push(syn::Error::new(
+            item.sig.paren_token.span.join(),
+            "`#[distributed_lock]` functions must return `Result<T, E>` with \
+             `E: From<distlock_runtime::LockError>`, so a lock failure can be returned",
+        )),
+        ReturnType::Type(_, ty) => {
+            if let Type::ImplTrait(_) = &**ty {
+                errors.push(syn::Error::new(
+                    ty.span(),
+                    "`#[distributed_lock]` functions must return `Result<T, E>`, not `impl Trait`",
+                ));
+            }
+        }
+    }
+}
+
+/// Parses the key templates and checks each placeholder against the fn's parameters.
+pub(crate) fn templates(args: &Args, item: &LockedFn, errors: &mut Errors) -> Vec<Template> {
+    let parameters = item.parameter_names();
+    let mut templates = Vec::new();
+    for literal in &args.keys {
+        let template = match Template::parse(literal) {
+            Ok(template) => template,
+            Err(error) => {
+                errors.push(error);
+                continue;
+            }
+        };
+        for root in template.roots() {
+            let known = if root == "self" {
+                item.has_receiver()
+            } else {
+                parameters.iter().any(|p| p == root)
+            };
+            if !known {
+                errors.push(syn::Error::new_spanned(
+                    literal,
+                    unknown_placeholder(root, &parameters, item.has_receiver()),
+                ));
+            }
+        }
+        templates.push(template);
+    }
+    templates
+}
+
+fn unknown_placeholder(root: &str, parameters: &[syn::Ident], has_self: bool) -> String {
+    let mut names: Vec<String> = parameters.iter().map(|p| format!("`{p}`")).collect();
+    if has_self {
+        names.insert(0, "`self`".to_owned());
+    }
+    if root == "self" {
+        return "placeholder `{self...}` in a fn without a `self` parameter".to_owned();
+    }
+    if names.is_empty() {
+        return format!("placeholder `{{{root}}}` names no parameter: this fn has no parameters");
+    }
+    format!(
+        "placeholder `{{{root}}}` names no parameter; the parameters are {}",
+        names.join(", ")
+    )
+}
+
+/// Several errors, reported together.
+#[derive(Default)]
+pub(crate) struct Errors(Option<syn::Error>);
+
+impl Errors {
+    pub(crate) fn push(&mut self, error: syn::Error) {
+        match &mut self.0 {
+            Some(errors) => errors.combine(error),
+            None => self.0 = Some(error),
+        }
+    }
+
+    pub(crate) fn finish(self) -> syn::Result<()> {
+        self.0.map_or(Ok(()), Err)
+    }
+}

@@ -1,0 +1,90 @@
+//! The `#[distributed_lock]` attribute. Use it through `distlock-runtime`, which re-exports it
+//! and provides the runtime it expands to.
+//!
+//! The macro only parses, checks and emits one call: `args` (the attribute's arguments) ->
+//! `item` (the fn) -> `check` (templates against parameters, signature) -> `expand`.
+#![forbid(unsafe_code)]
+
+mod args;
+mod check;
+mod expand;
+mod item;
+mod key;
+
+use proc_macro::TokenStream;
+
+/// Runs the body of an `async fn` under a distributed lock held in Redis.
+///
+/// ```ignore
+/// #[distributed_lock("order:{order_id}", ttl = 30)]
+/// async fn pay(order_id: u64, amount_cents: u64) -> Result<Receipt, AppError> {
+///     // at most one task in the whole fleet runs this per order_id at a time
+/// }
+/// ```
+///
+/// # Keys
+/// The first argument is a key template, or an array of them locked together (all or nothing,
+/// sorted and de-duplicated at run time, so no two calls can deadlock on each other's order):
+/// `["stock:{sku}", "wallet:{user.id}"]`. A template interpolates the fn's parameters with
+/// `Display`: `{name}`, a field path `{name.field.sub}`, or `{self.field}` in a method. `{{` and
+/// `}}` are literal braces. Parameters bound by patterns count (`Path(id): Path<u64>` binds `id`).
+/// Interpolated values are percent-encoded for `%`, `:`, `{` and `}`, so distinct arguments never
+/// render the same key; other values render as they are (`order:{order_id}` with 42 is
+/// `order:42`). A placeholder that names no parameter is a compile error listing the parameters.
+///
+/// # Options
+/// | option | value | default |
+/// |---|---|---|
+/// | `ttl` | lease length: integer seconds (`ttl = 30`) or a string with a unit (`"1500ms"`, `"2s"`, `"5m"`, `"1h"`); at least 10 ms | the manager's default ttl (30 s unless set with its builder) |
+/// | `wait` | how long to wait for a held lock, same forms; `wait = 0` tries once (try-lock) | the manager's default wait (10 s unless set with its builder) |
+/// | `renew` | `true` / `false`: extend the lease every ttl/3 while the body runs | `true` |
+/// | `manager` | an expression yielding a `LockManager` or `&LockManager`; may use the parameters and `self` (`manager = &self.locks`) | the manager installed with `set_default_manager` |
+/// | `crate` | path of the runtime crate as a string, for a renamed dependency (`crate = "lock"`) | `"::distlock_runtime"` |
+///
+/// Any other option, a duplicate, or a malformed value is a compile error on its token.
+///
+/// # The fn
+/// It must be `async` and return `Result<T, E>` where `E: From<LockError>` (a type alias of such
+/// a `Result` works too; the check is a trait bound on the return type). Methods (`&self`,
+/// `&mut self`, `self: Arc<Self>`), generics, `impl Trait` parameters, lifetimes, `where` clauses,
+/// fns in `impl Trait for Type` blocks, doc comments and other attributes all keep working. The
+/// returned future is `Send` whenever the body's is, so annotated fns serve as axum handlers and
+/// run in `tokio::spawn`.
+///
+/// # What the expansion does
+/// The fn keeps its signature. Its new body renders the keys from the arguments, evaluates the
+/// `manager` expression (or takes the default manager), then makes one call into the runtime
+/// with the original body as an `async move` block. The runtime sorts and de-duplicates the
+/// keys, acquires them as one lease (waiting up to `wait`), runs the body, and releases the
+/// lease whatever happens: on return, on panic, and when the call's future is dropped. If the
+/// lease is lost while the body runs, the body is dropped at its next await point. Every lock
+/// failure (busy, timed out, lease lost, Redis unavailable, no manager configured) becomes
+/// `Err(E::from(LockError::..))`, and the body does not run (or stops). A call nested inside the
+/// body, on the same task, for keys already held runs under the outer lease without waiting for
+/// itself.
+#[proc_macro_attribute]
+pub fn distributed_lock(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let item = proc_macro2::TokenStream::from(item);
+    let mut errors = check::Errors::default();
+    let args = syn::parse::<args::Args>(attr)
+        .map_err(|e| errors.push(e))
+        .ok();
+    let locked = syn::parse2::<item::LockedFn>(item.clone())
+        .map_err(|e| errors.push(e))
+        .ok();
+    if let Some(locked) = &locked {
+        check::signature(locked, &mut errors);
+    }
+    let expanded = match (&args, &locked) {
+        (Some(args), Some(locked)) => {
+            let templates = check::templates(args, locked, &mut errors);
+            Some(expand::expand(args, &templates, locked))
+        }
+        _ => None,
+    };
+    match errors.finish() {
+        Err(error) => expand::fallback(item, &error).into(),
+        // Without an error both parts parsed, so there is an expansion.
+        Ok(()) => expanded.unwrap_or(item).into(),
+    }
+}

@@ -1,0 +1,182 @@
+//! What `#[distributed_lock]` expands to. Not public API: the names here may change in any
+//! release.
+
+use std::fmt::{self, Display, Write};
+use std::future::Future;
+use std::time::Duration;
+
+use crate::{LockError, LockManager};
+
+/// The options written in the attribute; `None` keeps the manager's default.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// `ttl = ..`.
+    pub ttl: Option<Duration>,
+    /// `wait = ..`.
+    pub wait: Option<Duration>,
+    /// `renew = ..`.
+    pub renew: bool,
+}
+
+/// A return type that can carry a [`LockError`]: `Result<T, E>` with `E: From<LockError>`.
+#[diagnostic::on_unimplemented(
+    message = "`#[distributed_lock]` functions must return `Result<T, E>` with `E: From<distlock_runtime::LockError>`; `{Self}` is not such a type",
+    label = "this return type cannot carry a lock failure",
+    note = "return `Result<T, distlock_runtime::LockError>`, or give your error type a variant for it, e.g. `Lock(#[from] LockError)` with thiserror"
+)]
+pub trait LockResult {
+    /// The value the fn returns when the lock fails.
+    fn from_lock_error(error: LockError) -> Self;
+}
+
+impl<T, E: From<LockError>> LockResult for Result<T, E> {
+    fn from_lock_error(error: LockError) -> Self {
+        Err(E::from(error))
+    }
+}
+
+/// What `manager = EXPR` may yield.
+#[diagnostic::on_unimplemented(
+    message = "`manager = ...` must yield a `LockManager` or a `&LockManager`, not `{Self}`",
+    label = "not a LockManager"
+)]
+pub trait IntoManager {
+    /// The manager, owned (a clone is cheap).
+    fn into_manager(self) -> LockManager;
+}
+
+impl IntoManager for LockManager {
+    fn into_manager(self) -> LockManager {
+        self
+    }
+}
+
+impl IntoManager for &LockManager {
+    fn into_manager(self) -> LockManager {
+        self.clone()
+    }
+}
+
+/// `manager = EXPR`.
+pub fn manager(manager: impl IntoManager) -> Result<LockManager, LockError> {
+    Ok(manager.into_manager())
+}
+
+/// No `manager = ..`: the default manager.
+pub fn default_manager() -> Result<LockManager, LockError> {
+    crate::default_manager()
+}
+
+/// A piece of a key template.
+#[derive(Clone, Copy)]
+pub enum KeyPart<'a> {
+    /// Literal text of the template, written as is.
+    Text(&'a str),
+    /// A placeholder's value, written with `Display` and escaped.
+    Value(&'a dyn Display),
+}
+
+impl fmt::Debug for KeyPart<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Text(text) => f.debug_tuple("Text").field(text).finish(),
+            Self::Value(value) => f.debug_tuple("Value").field(&value.to_string()).finish(),
+        }
+    }
+}
+
+/// Renders a key template: text as written, values percent-encoded for `%`, `:`, `{` and `}`,
+/// so two different values never render the same key and a value cannot pick a Redis Cluster
+/// hash slot (`{...}`).
+pub fn render_key(parts: &[KeyPart<'_>]) -> String {
+    let mut key = String::new();
+    for part in parts {
+        match part {
+            KeyPart::Text(text) => key.push_str(text),
+            KeyPart::Value(value) => {
+                // Writing into a String cannot fail; a Display impl that errors leaves what it
+                // wrote so far.
+                let _ = write!(Escaped(&mut key), "{value}");
+            }
+        }
+    }
+    key
+}
+
+/// Percent-encodes the characters that carry meaning in a key as it is written.
+struct Escaped<'a>(&'a mut String);
+
+impl Write for Escaped<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        for c in s.chars() {
+            match c {
+                '%' => self.0.push_str("%25"),
+                ':' => self.0.push_str("%3A"),
+                '{' => self.0.push_str("%7B"),
+                '}' => self.0.push_str("%7D"),
+                c => self.0.push(c),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs `body` under the lock on `keys`: the whole expansion of an annotated fn. `on_error` is
+/// `<ReturnType as LockResult>::from_lock_error`, named in the expansion so that a return type
+/// that cannot carry a `LockError` is reported once, on the return type.
+pub async fn run<R, F>(
+    manager: Result<LockManager, LockError>,
+    keys: Vec<String>,
+    options: Options,
+    on_error: fn(LockError) -> R,
+    body: F,
+) -> R
+where
+    F: Future<Output = R>,
+{
+    let manager = match manager {
+        Ok(manager) => manager,
+        Err(error) => return on_error(error),
+    };
+    let mut request = manager.lock_all(keys).renew(options.renew);
+    if let Some(ttl) = options.ttl {
+        request = request.ttl(ttl);
+    }
+    if let Some(wait) = options.wait {
+        request = request.wait(wait);
+    }
+    match request.run(body).await {
+        Ok(output) => output,
+        Err(error) => on_error(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_values_render_as_they_are() {
+        let id = 42;
+        assert_eq!(render_key(&[KeyPart::Text("order:"), KeyPart::Value(&id)]), "order:42");
+    }
+
+    #[test]
+    fn meaningful_characters_in_values_are_escaped_but_not_in_text() {
+        let value = "a:b{c}%d";
+        assert_eq!(
+            render_key(&[KeyPart::Text("k:{x}:"), KeyPart::Value(&value)]),
+            "k:{x}:a%3Ab%7Bc%7D%25d"
+        );
+    }
+
+    #[test]
+    fn distinct_arguments_never_render_the_same_key() {
+        // Without escaping, ("a:b", "c") and ("a", "b:c") would both render "a:b:c".
+        let render = |x: &str, y: &str| {
+            render_key(&[KeyPart::Value(&x), KeyPart::Text(":"), KeyPart::Value(&y)])
+        };
+        assert_ne!(render("a:b", "c"), render("a", "b:c"));
+        assert_ne!(render("%3A", ""), render(":", ""));
+    }
+}
