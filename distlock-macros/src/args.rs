@@ -114,7 +114,11 @@ impl Args {
     }
 }
 
-fn set_once<T>(slot: &mut Option<T>, value: T, duplicate: impl Fn() -> syn::Error) -> syn::Result<()> {
+fn set_once<T>(
+    slot: &mut Option<T>,
+    value: T,
+    duplicate: impl Fn() -> syn::Error,
+) -> syn::Result<()> {
     if slot.is_some() {
         return Err(duplicate());
     }
@@ -164,7 +168,9 @@ fn duration(value: &Expr, what: &str, zero_ok: bool) -> syn::Result<Millis> {
     let span = value.span();
     let bad = |message: String| Err(syn::Error::new(span, message));
     let millis = match value {
-        Expr::Lit(syn::ExprLit { lit: Lit::Int(int), .. }) => {
+        Expr::Lit(syn::ExprLit {
+            lit: Lit::Int(int), ..
+        }) => {
             if !int.suffix().is_empty() {
                 return bad(format!(
                     "`{what}` takes whole seconds without a type suffix, or a string such as \"1500ms\""
@@ -175,11 +181,17 @@ fn duration(value: &Expr, what: &str, zero_ok: bool) -> syn::Result<Millis> {
             };
             seconds.checked_mul(1000)
         }
-        Expr::Lit(syn::ExprLit { lit: Lit::Str(text), .. }) => match parse_with_unit(&text.value()) {
+        Expr::Lit(syn::ExprLit {
+            lit: Lit::Str(text),
+            ..
+        }) => match parse_with_unit(&text.value()) {
             Ok(millis) => Some(millis),
             Err(why) => return bad(format!("`{what} = {:?}`: {why}", text.value())),
         },
-        Expr::Unary(syn::ExprUnary { op: syn::UnOp::Neg(_), .. }) => {
+        Expr::Unary(syn::ExprUnary {
+            op: syn::UnOp::Neg(_),
+            ..
+        }) => {
             return bad(format!("`{what}` cannot be negative"));
         }
         _ => {
@@ -204,12 +216,16 @@ fn duration(value: &Expr, what: &str, zero_ok: bool) -> syn::Result<Millis> {
 /// `"1500ms"`, `"2s"`, `"5m"`, `"1h"` (spaces allowed between number and unit) in milliseconds.
 pub(crate) fn parse_with_unit(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (number, unit) = text.split_at(digits);
     if number.is_empty() {
         return Err("expected a whole number followed by a unit: ms, s, m or h".to_owned());
     }
-    let number: u64 = number.parse().map_err(|_| "the number is too large".to_owned())?;
+    let number: u64 = number
+        .parse()
+        .map_err(|_| "the number is too large".to_owned())?;
     let factor = match unit.trim() {
         "ms" => 1,
         "s" => 1000,
@@ -225,14 +241,22 @@ pub(crate) fn parse_with_unit(text: &str) -> Result<u64, String> {
 
 fn boolean(value: &Expr, what: &str) -> syn::Result<syn::LitBool> {
     match value {
-        Expr::Lit(syn::ExprLit { lit: Lit::Bool(b), .. }) => Ok(b.clone()),
-        _ => Err(syn::Error::new_spanned(value, format!("`{what}` takes `true` or `false`"))),
+        Expr::Lit(syn::ExprLit {
+            lit: Lit::Bool(b), ..
+        }) => Ok(b.clone()),
+        _ => Err(syn::Error::new_spanned(
+            value,
+            format!("`{what}` takes `true` or `false`"),
+        )),
     }
 }
 
 fn path(value: &Expr) -> syn::Result<syn::Path> {
     match value {
-        Expr::Lit(syn::ExprLit { lit: Lit::Str(text), .. }) => text.parse().map_err(|_| {
+        Expr::Lit(syn::ExprLit {
+            lit: Lit::Str(text),
+            ..
+        }) => text.parse().map_err(|_| {
             syn::Error::new_spanned(
                 text,
                 format!(
@@ -259,7 +283,9 @@ mod tests {
         assert_eq!(parse_with_unit("2s"), Ok(2000));
         assert_eq!(parse_with_unit("5 m"), Ok(300_000));
         assert_eq!(parse_with_unit("1h"), Ok(3_600_000));
-        assert!(parse_with_unit("5 parsecs").unwrap_err().contains("parsecs"));
+        assert!(parse_with_unit("5 parsecs")
+            .unwrap_err()
+            .contains("parsecs"));
         assert!(parse_with_unit("abc").is_err());
         assert!(parse_with_unit("10").unwrap_err().contains("missing unit"));
         assert!(parse_with_unit("99999999999999999999s").is_err());

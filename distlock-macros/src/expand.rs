@@ -78,11 +78,7 @@ fn render(template: &Template, private: &TokenStream) -> TokenStream {
                 syn::Ident::new(root, span).to_token_stream()
             };
             let fields = fields.iter().map(|field| match field.parse::<u32>() {
-                Ok(index) => syn::Index {
-                    index,
-                    span,
-                }
-                .to_token_stream(),
+                Ok(index) => syn::Index { index, span }.to_token_stream(),
                 Err(_) => syn::Ident::new(field, span).to_token_stream(),
             });
             quote_spanned!(span=> #private::KeyPart::Value(&#root #(.#fields)*))

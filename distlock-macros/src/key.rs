@@ -91,14 +91,16 @@ fn placeholder(inner: &str) -> Result<Part, String> {
     let trimmed = inner.trim();
     if trimmed.is_empty() {
         return Err(
-            "empty placeholder `{}`: name a parameter, as in \"order:{order_id}\"".to_owned()
+            "empty placeholder `{}`: name a parameter, as in \"order:{order_id}\"".to_owned(),
         );
     }
     let mut segments = trimmed.split('.').map(str::trim);
     let root = segments.next().unwrap_or_default();
     let fields: Vec<&str> = segments.collect();
     let is_ident = |s: &str| syn::parse_str::<syn::Ident>(s).is_ok() || s == "self";
-    let is_field = |s: &str| is_ident(s) && s != "self" || (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()));
+    let is_field = |s: &str| {
+        is_ident(s) && s != "self" || (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+    };
     if !is_ident(root) || !fields.iter().all(|f| is_field(f)) {
         return Err(format!(
             "placeholder `{{{inner}}}` is not a parameter or field path: placeholders name a \
@@ -156,16 +158,26 @@ mod tests {
         assert!(parse_parts("order:{id").unwrap_err().contains("unclosed"));
         assert!(parse_parts("order:}").unwrap_err().contains("unmatched"));
         assert!(parse_parts("{}").unwrap_err().contains("empty placeholder"));
-        assert!(parse_parts("{a + b}").unwrap_err().contains("not a parameter"));
-        assert!(parse_parts("{a.b()}").unwrap_err().contains("not a parameter"));
-        assert!(parse_parts("{x.self}").unwrap_err().contains("not a parameter"));
+        assert!(parse_parts("{a + b}")
+            .unwrap_err()
+            .contains("not a parameter"));
+        assert!(parse_parts("{a.b()}")
+            .unwrap_err()
+            .contains("not a parameter"));
+        assert!(parse_parts("{x.self}")
+            .unwrap_err()
+            .contains("not a parameter"));
     }
 
     #[test]
     fn non_ascii_text_survives() {
         assert_eq!(
             parse_parts("é:{x}ü").unwrap(),
-            [Part::Text("é:".into()), ph("x", &[]), Part::Text("ü".into())]
+            [
+                Part::Text("é:".into()),
+                ph("x", &[]),
+                Part::Text("ü".into())
+            ]
         );
     }
 }

@@ -158,7 +158,10 @@ mod tests {
     #[test]
     fn plain_values_render_as_they_are() {
         let id = 42;
-        assert_eq!(render_key(&[KeyPart::Text("order:"), KeyPart::Value(&id)]), "order:42");
+        assert_eq!(
+            render_key(&[KeyPart::Text("order:"), KeyPart::Value(&id)]),
+            "order:42"
+        );
     }
 
     #[test]

@@ -1,13 +1,14 @@
-//! Where the manager's Redis commands go: a `deadpool_redis::Pool`, used without a per-call
-//! health check, every call bounded by a timeout.
+//! Where the manager's Redis commands go: one multiplexed connection of its own, opened through
+//! the `deadpool_redis::Pool`, every call bounded by a timeout.
 //!
 //! deadpool-redis checks a connection out by sending `UNWATCH` + `PING` first, which would
 //! double the round trips of every lock operation. redis-rs's multiplexed connection is made to be
-//! shared by many tasks at once, so the manager keeps a clone of one connection it checked out
-//! (the pooled object goes straight back to the pool) and sends its commands on that clone. A
-//! connection that fails or stops answering is forgotten, and the next call checks a fresh one out
-//! of the pool, which health-checks or replaces it. No connection is ever reserved while a body
-//! runs.
+//! shared by many tasks at once, so the manager takes one connection out of the pool for good
+//! (`Connection::take`: the pool may open another in its place) and sends all its commands on it,
+//! pipelined. Taking it out, rather than sharing a pooled one, keeps other users of the pool from
+//! changing its state (`SELECT`, `MULTI`) under the manager; it is `SELECT`ed to the database of
+//! its connection info when taken. A connection that fails or stops answering is dropped, and
+//! the next call takes a fresh one. No connection is ever reserved while a body runs.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -55,6 +56,10 @@ impl Redis {
 
     pub(crate) fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    pub(crate) fn response_timeout(&self) -> Duration {
+        self.timeouts.response
     }
 
     /// Runs a script, bounded by the response timeout (and the pool's wait and connect timeouts
@@ -113,6 +118,12 @@ impl Redis {
         let after = self.timeouts.pool_wait + self.timeouts.connect;
         let pooled = match tokio::time::timeout(after, self.pool.get()).await {
             Ok(Ok(pooled)) => pooled,
+            Ok(Err(PoolError::Backend(source))) if source.is_timeout() => {
+                return Err(LockError::RedisTimeout {
+                    op,
+                    after: self.timeouts.connect,
+                })
+            }
             Ok(Err(PoolError::Backend(source))) => return Err(LockError::Redis { op, source }),
             Ok(Err(PoolError::Timeout(_))) | Err(_) => {
                 return Err(LockError::RedisTimeout { op, after })
@@ -126,8 +137,21 @@ impl Redis {
                 return Err(LockError::Redis { op, source });
             }
         };
-        let conn: MultiplexedConnection = (*pooled).clone();
-        drop(pooled);
+        let mut conn = deadpool_redis::Connection::take(pooled);
+        // A pooled connection may have been switched to another database by its last user.
+        let db = redis::aio::ConnectionLike::get_db(&conn);
+        let mut select = redis::cmd("SELECT");
+        select.arg(db);
+        match tokio::time::timeout(self.timeouts.response, select.exec_async(&mut conn)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(source)) => return Err(LockError::Redis { op, source }),
+            Err(_) => {
+                return Err(LockError::RedisTimeout {
+                    op,
+                    after: self.timeouts.response,
+                })
+            }
+        }
         let mut current = lock(&self.current);
         if let Some(existing) = &*current {
             // Another task connected meanwhile: share its connection.

@@ -31,7 +31,7 @@ use crate::{scripts, LockError};
 /// lease.release().await?;
 /// # Ok(()) }
 /// ```
-#[must_use = "dropping a Lease releases the lock at once; keep it while the critical section runs"]
+#[must_use = "dropping a Lease releases the lock (from a background task); keep it while the critical section runs"]
 pub struct Lease {
     manager: LockManager,
     keys: Arc<[String]>,
@@ -111,6 +111,14 @@ impl Lease {
         let owned: Vec<i64> = self.manager.redis().invoke("extend", &invocation).await?;
         if owned.first() == Some(&1) {
             self.state.renewed(sent, ttl);
+            if self.state.is_lost() {
+                return Err(LockError::LeaseLost {
+                    keys: self.keys.to_vec(),
+                });
+            }
+            if let Some(renewal) = &self.renewal {
+                renewal.schedule(sent, ttl);
+            }
             Ok(())
         } else {
             self.state.mark_lost();
@@ -120,19 +128,21 @@ impl Lease {
         }
     }
 
-    /// Releases the lease: deletes each key this owner still holds, in one script call. Releasing
-    /// a lease that already expired is not an error.
+    /// Releases the lease: stops its renewal and deletes each key this owner still holds, in one
+    /// script call. Releasing a lease that already expired is not an error.
+    ///
+    /// If this future is dropped before Redis answers, or the call fails, the release is retried
+    /// from a background task until the keys' ttl has passed.
     ///
     /// # Errors
-    /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked; the keys
-    /// then expire after their ttl.
+    /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked.
     pub async fn release(mut self) -> Result<(), LockError> {
-        self.released = true;
         self.renewal = None;
         let deleted = self
             .manager
             .release_keys(&self.redis_keys, &self.token)
             .await?;
+        self.released = true;
         if deleted < self.redis_keys.len() {
             tracing::debug!(keys = ?self.keys, deleted, "distlock lease had already expired in part");
         }
@@ -152,6 +162,7 @@ impl Drop for Lease {
                 Arc::clone(&self.redis_keys),
                 Arc::clone(&self.token),
                 self.state.ttl(),
+                false,
             );
         }
     }
@@ -181,7 +192,7 @@ struct Validity {
 }
 
 impl LeaseState {
-    /// A lease being requested with `ttl`; valid from when [`LeaseState::renewed`] is first called.
+    /// A lease being requested with `ttl`; valid from when [`LeaseState::acquired`] is called.
     pub(crate) fn new(ttl: Duration) -> Self {
         Self {
             lost: CancellationToken::new(),
@@ -200,20 +211,50 @@ impl LeaseState {
         lock(&self.validity).until
     }
 
-    /// Redis set the keys' expiry to `ttl` by a request sent at `sent`.
-    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
+    /// The acquire request sent at `sent` took the keys with `ttl`.
+    pub(crate) fn acquired(&self, sent: Instant, ttl: Duration) {
         *lock(&self.validity) = Validity {
             until: sent + validity(ttl),
             ttl,
         };
     }
 
+    /// Redis set the keys' expiry to `ttl` by a request sent at `sent`. A lease once lost, or
+    /// whose validity ran out before this answer, stays lost: there was a moment when this owner
+    /// could not know it held the lock.
+    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
+        let mut current = lock(&self.validity);
+        if self.lost.is_cancelled() || current.until <= Instant::now() {
+            self.lost.cancel();
+            return;
+        }
+        *current = Validity {
+            until: sent + validity(ttl),
+            ttl,
+        };
+    }
+
+    /// Whether the lease was marked lost (without checking the clock).
+    pub(crate) fn is_lost_flag(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
     pub(crate) fn mark_lost(&self) {
         self.lost.cancel();
     }
 
+    /// Whether the lease is lost; running out of validity loses it for good.
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost.is_cancelled() || self.valid_until() <= Instant::now()
+        if self.lost.is_cancelled() {
+            return true;
+        }
+        let current = lock(&self.validity);
+        if current.until <= Instant::now() {
+            // Under the validity lock, so a renewal cannot revive it in between.
+            self.lost.cancel();
+            return true;
+        }
+        false
     }
 
     pub(crate) async fn lost(&self) {
@@ -223,8 +264,7 @@ impl LeaseState {
                 () = self.lost.cancelled() => return,
                 () = tokio::time::sleep_until(until) => {
                     // A renewal may have moved the deadline while we slept.
-                    if self.valid_until() <= Instant::now() {
-                        self.mark_lost();
+                    if self.is_lost() {
                         return;
                     }
                 }

@@ -20,6 +20,9 @@ use crate::{reentrancy, LockError};
 /// The shortest lease accepted: below this the clock-drift margin eats the whole lease.
 pub const MIN_TTL: Duration = Duration::from_millis(10);
 
+/// The longest lease accepted (one year); longer is surely a mistake, and would overflow clocks.
+pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
 /// Hands out locks on one Redis server.
 ///
 /// Cheap to clone (clones share the pool, the renewal driver and the re-entrancy identity) and
@@ -177,9 +180,17 @@ impl LockManager {
             in_doubt.armed = false;
             match answer {
                 Acquire::Acquired { fencing_token } => {
-                    state.renewed(sent, ttl);
+                    state.acquired(sent, ttl);
+                    if state.is_lost() {
+                        // The answer came after the lease it granted had run out.
+                        in_doubt.armed = true;
+                        return Err(LockError::RedisTimeout {
+                            op: "acquire (answered after the lease had expired)",
+                            after: sent.elapsed(),
+                        });
+                    }
                     if let Some(registration) = &registration {
-                        registration.start(sent, ttl);
+                        registration.schedule(sent, ttl);
                     }
                     if attempts > 1 {
                         tracing::debug!(keys = ?keys, waited = ?(sent - started), attempts, "distlock acquired after waiting");
@@ -228,13 +239,16 @@ impl LockManager {
     }
 
     /// Releases from a spawned task: the fallback when a lease is dropped instead of released,
-    /// or an acquire ended without knowing whether it took the lock. Retries failed attempts
-    /// until `ttl` from now, when the keys have expired anyway.
+    /// or an acquire ended without knowing whether it took the lock (`in_doubt`). Retries failed
+    /// attempts until `ttl` from now, when the keys have expired anyway. An in-doubt release that
+    /// found nothing is repeated twice, a response timeout apart: the acquire may still be on its
+    /// way on the connection that was given up, behind this release on a fresh one.
     pub(crate) fn release_in_background(
         &self,
         redis_keys: Arc<[String]>,
         token: Arc<str>,
         ttl: Duration,
+        in_doubt: bool,
     ) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(
@@ -245,10 +259,17 @@ impl LockManager {
         };
         let manager = self.clone();
         let give_up = Instant::now() + ttl;
+        let response_timeout = self.redis().response_timeout();
         runtime.spawn(async move {
             let mut pause = Duration::from_millis(50);
+            let mut repeats_if_nothing = if in_doubt { 2 } else { 0 };
             loop {
                 let error = match manager.release_keys(&redis_keys, &token).await {
+                    Ok(0) if repeats_if_nothing > 0 && Instant::now() < give_up => {
+                        repeats_if_nothing -= 1;
+                        tokio::time::sleep(response_timeout).await;
+                        continue;
+                    }
                     Ok(_) => return,
                     Err(error) => error,
                 };
@@ -280,6 +301,7 @@ impl Drop for InDoubt<'_> {
                 Arc::clone(self.redis_keys),
                 Arc::clone(self.token),
                 self.ttl,
+                true,
             );
         }
     }
@@ -310,7 +332,7 @@ pub struct LockRequest {
 
 impl LockRequest {
     /// How long the lease lasts without renewal (Redis expires it then). Default: the manager's
-    /// default ttl (30 s unless the builder changed it). At least [`MIN_TTL`].
+    /// default ttl (30 s unless the builder changed it). From [`MIN_TTL`] to [`MAX_TTL`].
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
@@ -337,7 +359,7 @@ impl LockRequest {
     /// # Errors
     /// [`LockError::NotAcquired`] (wait zero) or [`LockError::Timeout`] when another owner held a
     /// key throughout; [`LockError::InvalidKey`] / [`LockError::InvalidConfig`] for an empty key
-    /// or a ttl under [`MIN_TTL`]; [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis
+    /// or a ttl outside [`MIN_TTL`]..=[`MAX_TTL`]; [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis
     /// cannot be asked within the manager's timeouts.
     pub async fn acquire(self) -> Result<Lease, LockError> {
         let keys = prepare_keys(self.keys)?;
@@ -424,6 +446,15 @@ fn prepare_keys(mut keys: Vec<String>) -> Result<Arc<[String]>, LockError> {
 }
 
 pub(crate) fn check_ttl(ttl: Duration) -> Result<(), LockError> {
+    if ttl > MAX_TTL {
+        return Err(LockError::InvalidConfig {
+            what: "ttl",
+            reason: format!(
+                "{ttl:?} is too long: a lease lasts at most {MAX_TTL:?}; use renewal for long \
+                 critical sections"
+            ),
+        });
+    }
     if ttl < MIN_TTL {
         return Err(LockError::InvalidConfig {
             what: "ttl",
@@ -581,7 +612,7 @@ impl LockManagerBuilder {
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] when neither a URL nor a pool was given, a timeout is zero,
-    /// the pool size is zero or the default ttl is under [`MIN_TTL`];
+    /// the pool size is zero or the default ttl is outside [`MIN_TTL`]..=[`MAX_TTL`];
     /// [`LockError::InvalidUrl`] when the URL is unusable.
     pub fn build(self) -> Result<LockManager, LockError> {
         for (what, value) in [
@@ -663,6 +694,10 @@ fn parse_url(url: &str) -> Result<(redis::ConnectionInfo, String), LockError> {
     })?;
     if password.is_some() {
         let _ = parsed.set_password(Some("***"));
+    }
+    // Query parameters can carry credentials too (`unix:///sock?pass=...`): never show them.
+    if parsed.query().is_some() {
+        parsed.set_query(Some("..."));
     }
     Ok((info, parsed.to_string()))
 }
@@ -753,6 +788,8 @@ mod tests {
         assert!(check_ttl(MIN_TTL).is_ok());
         assert!(check_ttl(MIN_TTL - Duration::from_nanos(1)).is_err());
         assert!(check_ttl(Duration::ZERO).is_err());
+        assert!(check_ttl(MAX_TTL).is_ok());
+        assert!(check_ttl(Duration::MAX).is_err());
     }
 
     #[test]
@@ -769,6 +806,8 @@ mod tests {
         let (_, shown) = parse_url("redis://app:s3cret@127.0.0.1:6380/2").unwrap();
         assert_eq!(shown, "redis://app:***@127.0.0.1:6380/2");
         assert!(parse_url("unix:///run/redis.sock").is_ok());
+        let (_, shown) = parse_url("unix:///run/redis.sock?db=1&pass=s3cret").unwrap();
+        assert!(!shown.contains("s3cret"), "{shown}");
         let err = parse_url("postgres://app:s3cret@db/0").unwrap_err();
         assert!(err.to_string().contains("`postgres:`"), "{err}");
         assert!(!err.to_string().contains("s3cret"));

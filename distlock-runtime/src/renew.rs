@@ -65,7 +65,8 @@ impl Renewals {
         }
     }
 
-    /// Registers a lease about to be requested; it is not renewed until [`Registration::start`].
+    /// Registers a lease about to be requested; it is not renewed until
+    /// [`Registration::schedule`].
     /// Must be called inside a Tokio runtime (it may start the driver task).
     pub(crate) fn register(
         &self,
@@ -94,11 +95,12 @@ impl Renewals {
 }
 
 impl Registration {
-    /// The acquire succeeded at `acquired_at` (when its request was sent): renew from now on.
-    pub(crate) fn start(&self, acquired_at: Instant, ttl: Duration) {
+    /// The keys' expiry was set to `ttl` by a request sent at `sent` (the acquire, or a manual
+    /// extend): renew a third of `ttl` after it.
+    pub(crate) fn schedule(&self, sent: Instant, ttl: Duration) {
         let mut registry = lock(&self.shared.registry);
         if let Some(entry) = registry.leases.get_mut(&self.id) {
-            entry.due = Some(acquired_at + interval(ttl));
+            entry.due = Some(sent + interval(ttl));
         }
         // The driver may have died with the runtime it ran on since this lease registered.
         start_driver(&self.shared, &mut registry);
@@ -197,6 +199,10 @@ fn collect_due(shared: &Shared) -> Collected {
         registry.driver = None;
         return Collected::Stop;
     }
+    // A lost lease is never renewed again (its `run` is stopping it).
+    registry
+        .leases
+        .retain(|_, entry| !entry.state.is_lost_flag());
     let now = Instant::now();
     let mut batch = Vec::new();
     let mut next: Option<Instant> = None;
@@ -238,56 +244,84 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
     let sent = Instant::now();
     let answer: Result<Vec<i64>, _> = shared.redis.invoke("renew", &invocation).await;
     let now = Instant::now();
+    let failure = match &answer {
+        Ok(owned) if owned.len() == batch.len() => None,
+        Ok(_) => Some("renewal script answered for a different number of leases".to_owned()),
+        Err(error) => Some(error.to_string()),
+    };
+    let mut events = Vec::new();
     let mut registry = lock(&shared.registry);
-    match answer {
-        Ok(owned) if owned.len() == batch.len() => {
-            for (lease, owned) in batch.iter().zip(owned) {
-                // A lease released while its renewal was in flight is simply gone.
-                let Some(entry) = registry.leases.get_mut(&lease.id) else {
-                    continue;
-                };
-                if owned == 1 {
-                    entry.state.renewed(sent, lease.ttl);
+    for (i, lease) in batch.iter().enumerate() {
+        // A lease released while its renewal was in flight is simply gone.
+        let Some(entry) = registry.leases.get_mut(&lease.id) else {
+            continue;
+        };
+        let outcome = match (&failure, &answer) {
+            (None, Ok(owned)) if owned[i] == 1 => {
+                entry.state.renewed(sent, lease.ttl);
+                if entry.state.is_lost_flag() {
+                    Event::ExpiredBeforeRenewal
+                } else {
                     entry.due = Some(sent + interval(lease.ttl));
                     if sent > lease.due + interval(lease.ttl) / 2 {
-                        tracing::warn!(
-                            keys = ?entry.keys,
-                            late_by = ?(sent - lease.due),
-                            "distlock lease renewed late; the process or Redis may be overloaded"
-                        );
+                        events.push((Arc::clone(&entry.keys), Event::Late(sent - lease.due)));
                     }
-                } else {
-                    tracing::error!(
-                        keys = ?entry.keys,
-                        "distlock lease lost: the lock was deleted or taken by another owner"
-                    );
-                    entry.state.mark_lost();
-                    registry.leases.remove(&lease.id);
-                }
-            }
-        }
-        Ok(_) | Err(_) => {
-            let error = match answer {
-                Err(error) => error.to_string(),
-                Ok(_) => "renewal script answered for a different number of leases".to_owned(),
-            };
-            for lease in &batch {
-                let Some(entry) = registry.leases.get_mut(&lease.id) else {
                     continue;
-                };
-                if entry.state.valid_until() <= now {
-                    tracing::error!(
-                        keys = ?entry.keys,
-                        %error,
-                        "distlock lease lost: renewal kept failing until the lease expired"
-                    );
-                    entry.state.mark_lost();
-                    registry.leases.remove(&lease.id);
-                } else {
-                    tracing::warn!(keys = ?entry.keys, %error, "distlock lease renewal failed; retrying");
-                    entry.due = Some(now + retry_delay(lease.ttl));
                 }
             }
+            (None, _) => Event::NotOwned,
+            (Some(error), _) if entry.state.valid_until() <= now => {
+                Event::FailedUntilExpiry(error.clone())
+            }
+            (Some(error), _) => {
+                entry.due = Some(now + retry_delay(lease.ttl));
+                events.push((Arc::clone(&entry.keys), Event::Failed(error.clone())));
+                continue;
+            }
+        };
+        entry.state.mark_lost();
+        events.push((Arc::clone(&entry.keys), outcome));
+        registry.leases.remove(&lease.id);
+    }
+    drop(registry);
+    for (keys, event) in events {
+        event.log(&keys);
+    }
+}
+
+/// What a renewal found, logged after the registry lock is released.
+enum Event {
+    Late(Duration),
+    Failed(String),
+    NotOwned,
+    FailedUntilExpiry(String),
+    ExpiredBeforeRenewal,
+}
+
+impl Event {
+    fn log(&self, keys: &[String]) {
+        match self {
+            Self::Late(late_by) => tracing::warn!(
+                ?keys,
+                ?late_by,
+                "distlock lease renewed late; the process or Redis may be overloaded"
+            ),
+            Self::Failed(error) => {
+                tracing::warn!(?keys, %error, "distlock lease renewal failed; retrying");
+            }
+            Self::NotOwned => tracing::warn!(
+                ?keys,
+                "distlock lease lost: the lock was deleted or taken by another owner"
+            ),
+            Self::FailedUntilExpiry(error) => tracing::warn!(
+                ?keys,
+                %error,
+                "distlock lease lost: renewal kept failing until the lease expired"
+            ),
+            Self::ExpiredBeforeRenewal => tracing::warn!(
+                ?keys,
+                "distlock lease lost: it expired before its renewal was answered"
+            ),
         }
     }
 }

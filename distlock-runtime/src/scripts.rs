@@ -41,13 +41,14 @@ return {1, fence}
 /// Deletes the lock keys this owner still holds; never touches a key owned by someone else.
 ///
 /// KEYS: the lock keys. ARGV[1]: the owner token.
-/// Returns the number of keys deleted.
+/// Returns the number of keys deleted. A key that is not a string (overwritten by someone) is
+/// not ours and is skipped (`pcall`), so it cannot keep the others from being released.
 pub(crate) static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r"
 local deleted = 0
 for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[1] then
+  if redis.pcall('GET', KEYS[i]) == ARGV[1] then
     redis.call('DEL', KEYS[i])
     deleted = deleted + 1
   end
@@ -62,8 +63,9 @@ return deleted
 /// KEYS: the keys of every lease in the batch, lease after lease.
 /// ARGV: for each lease, three values: owner token, new ttl in ms, number of keys.
 /// Returns one integer per lease: 1 when every key was held by the token and got `PEXPIRE ttl`;
-/// 0 when some key is gone or owned by another token, in which case none of that lease's keys is
-/// touched (a lost lock is never re-created or prolonged).
+/// 0 when some key is gone, owned by another token or no longer a string (`pcall`: one broken
+/// lease never fails the batch), in which case none of that lease's keys is touched (a lost lock
+/// is never re-created or prolonged).
 pub(crate) static EXTEND: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r"
@@ -73,7 +75,7 @@ for a = 1, #ARGV, 3 do
   local token, ttl, count = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
   local owned = 1
   for i = k, k + count - 1 do
-    if redis.call('GET', KEYS[i]) ~= token then owned = 0 break end
+    if redis.pcall('GET', KEYS[i]) ~= token then owned = 0 break end
   end
   if owned == 1 then
     for i = k, k + count - 1 do redis.call('PEXPIRE', KEYS[i], ttl) end

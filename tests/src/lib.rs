@@ -200,7 +200,9 @@ fn spawn_on(port: u16) -> Option<Child> {
         if let Ok(Some(_exited)) = child.try_wait() {
             return None;
         }
-        if resp_command(port, &["PING"]).is_ok_and(|reply| reply.starts_with("+PONG")) {
+        // Ours, not a server another test started on the same port meanwhile.
+        let pid_line = format!("process_id:{}", child.id());
+        if resp_command(port, &["INFO", "server"]).is_ok_and(|info| info.contains(&pid_line)) {
             return Some(child);
         }
         std::thread::sleep(Duration::from_millis(5));

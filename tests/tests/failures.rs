@@ -180,3 +180,76 @@ async fn the_first_lock_after_a_restart_succeeds_on_a_fresh_connection() {
         .expect("no error from a stale connection");
     lease.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_server_that_accepts_but_never_answers_is_an_error_within_the_timeouts() {
+    // The kernel completes TCP handshakes into the backlog; nothing ever reads or answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}", silent.local_addr().unwrap());
+    let locks = distlock_runtime::LockManager::builder()
+        .url(url)
+        .connect_timeout(TIMEOUT)
+        .response_timeout(TIMEOUT)
+        .pool_wait_timeout(TIMEOUT)
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let outcome = locks.lock("silent").acquire().await;
+    let took = started.elapsed();
+    assert!(
+        matches!(outcome, Err(LockError::RedisTimeout { .. })),
+        "{outcome:?}"
+    );
+    assert!(
+        took <= 2 * TIMEOUT + Duration::from_millis(100),
+        "failed after {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_callers_pool_switched_to_another_database_does_not_move_the_locks() {
+    let server = RedisServer::start();
+    let pool = deadpool_redis::Config::from_url(server.url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let locks = distlock_runtime::LockManager::builder()
+        .pool(pool.clone())
+        .build()
+        .unwrap();
+    {
+        // The application uses the shared pool and leaves a connection on database 1.
+        let mut conn = pool.get().await.unwrap();
+        redis::cmd("SELECT")
+            .arg(1)
+            .exec_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let lease = locks.lock("db").acquire().await.unwrap();
+    let other = server.manager(); // database 0, its own connections
+    let held = other.try_lock("db").acquire().await;
+    assert!(
+        matches!(held, Err(LockError::NotAcquired { .. })),
+        "{held:?}"
+    );
+    {
+        let mut conn = pool.get().await.unwrap();
+        redis::cmd("SELECT")
+            .arg(1)
+            .exec_async(&mut conn)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("MULTI").query_async(&mut conn).await.unwrap();
+        // Left inside MULTI: the manager's commands must not be queued into it.
+        lease.release().await.unwrap();
+        let _: () = redis::cmd("DISCARD").query_async(&mut conn).await.unwrap();
+    }
+    other
+        .try_lock("db")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}

@@ -206,3 +206,87 @@ fn renewal_survives_the_runtime_it_started_on() {
     });
     assert!(outcome.is_ok(), "{outcome:?}");
 }
+
+#[tokio::test]
+async fn a_manual_extend_to_a_shorter_ttl_reschedules_renewal() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let lease = locks
+        .lock("shortened")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    lease.extend(Duration::from_millis(600)).await.unwrap();
+    // Without rescheduling, the next renewal would come 10 s after acquiring: too late.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!lease.is_lost(), "the lease ran out after a shorter extend");
+    let mut conn = server.client().await;
+    let pttl: i64 = conn.pttl(locks.redis_key("shortened")).await.unwrap();
+    assert!(
+        pttl > 0 && pttl <= 600,
+        "renewed with the new ttl, PTTL {pttl}"
+    );
+    lease.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn one_broken_lease_in_a_renewal_batch_does_not_lose_the_others() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let mut conn = server.client().await;
+    let ttl = Duration::from_millis(600);
+    let (healthy, broken, ()) = tokio::join!(
+        locks
+            .lock("healthy")
+            .ttl(ttl)
+            .run(tokio::time::sleep(Duration::from_millis(1500))),
+        locks
+            .lock("broken")
+            .ttl(ttl)
+            .run(tokio::time::sleep(Duration::from_millis(1500))),
+        async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            // Someone overwrites one lock key with a hash: GET on it now fails with WRONGTYPE.
+            let key = locks.redis_key("broken");
+            let _: () = conn.del(&key).await.unwrap();
+            let _: () = conn.hset(&key, "field", "value").await.unwrap();
+        }
+    );
+    assert!(healthy.is_ok(), "{healthy:?}");
+    assert!(
+        matches!(broken, Err(LockError::LeaseLost { .. })),
+        "{broken:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_release_cut_short_still_releases_in_the_background() {
+    let mut server = RedisServer::start();
+    let locks = server.manager();
+    let key = locks.redis_key("cut-short");
+    let lease = locks
+        .lock("cut-short")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    server.pause();
+    let cut = tokio::time::timeout(Duration::from_millis(100), lease.release()).await;
+    assert!(
+        cut.is_err(),
+        "the release should not have finished while Redis was paused"
+    );
+    server.resume();
+    let mut conn = server.client().await;
+    let released = eventually(Duration::from_secs(3), || {
+        let (mut conn, key) = (conn.clone(), key.clone());
+        async move { !exists(&mut conn, &key).await }
+    })
+    .await;
+    assert!(
+        released.is_some(),
+        "lock left held after a cancelled release"
+    );
+    assert!(!exists(&mut conn, &key).await);
+}

@@ -16,6 +16,9 @@ mod tests {
         // No default manager is installed in this test binary: the expansion reached the
         // runtime, which answered NotConfigured without running the body.
         let outcome = super::run_job(21).await;
-        assert!(matches!(outcome, Err(lock::LockError::NotConfigured)), "{outcome:?}");
+        assert!(
+            matches!(outcome, Err(lock::LockError::NotConfigured)),
+            "{outcome:?}"
+        );
     }
 }
