@@ -38,7 +38,7 @@ pub(crate) fn expand(args: &Args, templates: &[Template], item: &LockedFn) -> To
     };
     let ttl = option_duration(args.ttl.as_ref());
     let wait = option_duration(args.wait.as_ref());
-    let renew = args.renew.as_ref().map_or(true, syn::LitBool::value);
+    let renew = args.renew.as_ref().is_none_or(syn::LitBool::value);
 
     quote! {
         #(#attrs)*

@@ -115,6 +115,15 @@ impl Redis {
             };
             return Ok((checkout, current.conn.clone()));
         }
+        // Rare (first call, reconnect) and large: keep it out of every lock future.
+        Box::pin(self.connect(op)).await
+    }
+
+    /// Takes a fresh connection out of the pool and makes it the current one.
+    async fn connect(
+        &self,
+        op: &'static str,
+    ) -> Result<(Checkout, MultiplexedConnection), LockError> {
         let after = self.timeouts.pool_wait + self.timeouts.connect;
         let pooled = match tokio::time::timeout(after, self.pool.get()).await {
             Ok(Ok(pooled)) => pooled,

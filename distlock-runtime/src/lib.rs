@@ -1,32 +1,59 @@
 //! Distributed locks on Redis for async Rust.
 //!
-//! A [`LockManager`] hands out leases on keys in one Redis server: taken atomically (one Lua
-//! script, one round trip when free), released only by their owner, extended in the background
-//! while held, each with a fencing token that increases on every acquisition.
+//! One attribute makes an async fn run under a lease held in Redis: taken atomically (one Lua
+//! script, one round trip when free), released only by its owner, extended in the background
+//! while the body runs, with a fencing token that increases on every acquisition.
+//!
+//! ```no_run
+//! use distlock_runtime::{distributed_lock, LockError, LockManager};
+//!
+//! #[derive(Debug, thiserror::Error)]
+//! enum AppError {
+//!     #[error(transparent)]
+//!     Lock(#[from] LockError),
+//!     // ... the app's own variants
+//! }
+//!
+//! # #[derive(Debug)] struct Receipt { order_id: u64, amount_cents: u64 }
+//! #[distributed_lock("order:{order_id}", ttl = 30)]
+//! async fn pay(order_id: u64, amount_cents: u64) -> Result<Receipt, AppError> {
+//!     // runs on at most one task in the whole fleet per order_id, while the lease is held
+//!     Ok(Receipt { order_id, amount_cents })
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let locks = LockManager::from_url("redis://127.0.0.1:6379")?;
+//!     distlock_runtime::set_default_manager(locks.clone());
+//!     pay(42, 1999).await?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! [`distributed_lock`] lists the attribute's options. Everything it does is also available by
+//! hand, through a [`LockManager`]:
 //!
 //! ```no_run
 //! use std::time::Duration;
 //! use distlock_runtime::{LockError, LockManager};
 //!
-//! #[tokio::main]
-//! async fn main() -> Result<(), LockError> {
-//!     let locks = LockManager::from_url("redis://127.0.0.1:6379")?;
+//! # async fn demo() -> Result<(), LockError> {
+//! let locks = LockManager::from_url("redis://127.0.0.1:6379")?;
 //!
-//!     // Run a future under the lock: released whatever happens, body stopped if the lease is lost.
-//!     let charged = locks
-//!         .lock("order:42")
-//!         .ttl(Duration::from_secs(30))
-//!         .wait(Duration::from_secs(5))
-//!         .run(async { /* charge the order once, fleet-wide */ 1999 })
-//!         .await?;
+//! // Run a future under a lock: released whatever happens, body stopped if the lease is lost.
+//! let charged = locks
+//!     .lock("order:42")
+//!     .ttl(Duration::from_secs(30))
+//!     .wait(Duration::from_secs(5))
+//!     .run(async { /* charge the order once, fleet-wide */ 1999 })
+//!     .await?;
 //!
-//!     // Or hold a lease by hand, and lock several keys as one unit.
-//!     let lease = locks.lock_all(["stock:sku-1", "wallet:7"]).acquire().await?;
-//!     println!("fencing token {}", lease.fencing_token());
-//!     lease.release().await?;
-//!     # let _ = charged;
-//!     Ok(())
-//! }
+//! // Or hold a lease by hand, and lock several keys as one unit.
+//! let lease = locks.lock_all(["stock:sku-1", "wallet:7"]).acquire().await?;
+//! println!("fencing token {}", lease.fencing_token());
+//! lease.release().await?;
+//! # let _ = charged;
+//! # Ok(()) }
 //! ```
 //!
 //! # Guarantees

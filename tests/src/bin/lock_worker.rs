@@ -2,14 +2,37 @@
 //!
 //! `lock_worker count URL KEY COUNTER N`: N times, under the lock on KEY, read COUNTER with GET,
 //! yield, and write it back plus one with SET (a deliberately non-atomic increment).
+//! `lock_worker count-attr URL KEY COUNTER N`: the same through a `#[distributed_lock]` fn.
 //! `lock_worker hold URL KEY TTL_MS`: take the lock with renewal, print `acquired`, then sleep
 //! until killed.
 
 use std::io::Write;
 use std::time::Duration;
 
-use distlock_runtime::LockManager;
+use distlock_runtime::{distributed_lock, LockError, LockManager};
 use redis::AsyncCommands;
+
+#[derive(Debug, thiserror::Error)]
+enum WorkerError {
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error(transparent)]
+    Redis(#[from] redis::RedisError),
+}
+
+/// A deliberately non-atomic increment, made safe by the attribute alone.
+#[distributed_lock("{key}", wait = 60, manager = locks)]
+async fn increment(
+    locks: &LockManager,
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    counter: &str,
+) -> Result<(), WorkerError> {
+    let value: i64 = conn.get::<_, Option<i64>>(counter).await?.unwrap_or(0);
+    tokio::task::yield_now().await;
+    conn.set::<_, _, ()>(counter, value + 1).await?;
+    Ok(())
+}
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -40,6 +63,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let _: () = conn.incr(format!("{counter}:done"), 1).await?;
             Ok(())
         }
+        ["count-attr", url, key, counter, n] => {
+            let locks = LockManager::from_url(url)?;
+            let mut conn = redis::Client::open(*url)?
+                .get_multiplexed_async_connection()
+                .await?;
+            for _ in 0..n.parse::<u32>()? {
+                increment(&locks, &mut conn, key, counter).await?;
+            }
+            let _: () = conn.incr(format!("{counter}:done"), 1).await?;
+            Ok(())
+        }
         ["hold", url, key, ttl_ms] => {
             let locks = LockManager::from_url(url)?;
             let lease = locks
@@ -53,6 +87,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             lease.release().await?;
             Ok(())
         }
-        _ => Err("usage: lock_worker count URL KEY COUNTER N | hold URL KEY TTL_MS".into()),
+        _ => Err(
+            "usage: lock_worker count|count-attr URL KEY COUNTER N | hold URL KEY TTL_MS".into(),
+        ),
     }
 }

@@ -1,0 +1,371 @@
+//! `#[distributed_lock]` end to end against real redis-server processes, through the attribute
+//! only. Every fn takes its manager explicitly (`manager = ...`) except the one test of the
+//! default manager, so tests in this binary never share a server.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlock_runtime::{current_lease, distributed_lock, LockError, LockManager};
+use distlock_tests::{eventually, exists, RedisServer};
+use redis::aio::MultiplexedConnection;
+use redis::AsyncCommands;
+
+#[derive(Debug, thiserror::Error)]
+enum AppError {
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error(transparent)]
+    Redis(#[from] redis::RedisError),
+}
+
+#[distributed_lock("counter", wait = 60, manager = locks)]
+async fn increment(locks: &LockManager, mut conn: MultiplexedConnection) -> Result<(), AppError> {
+    let value: i64 = conn.get::<_, Option<i64>>("counter").await?.unwrap_or(0);
+    tokio::task::yield_now().await;
+    conn.set::<_, _, ()>("counter", value + 1).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn annotated_increments_across_tasks_end_exact() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let conn = server.client().await;
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (locks, conn) = (locks.clone(), conn.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..25 {
+                increment(&locks, conn.clone()).await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let total: i64 = conn.clone().get("counter").await.unwrap();
+    assert_eq!(total, 16 * 25);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn annotated_increments_across_three_processes_end_exact() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let mut children = Vec::new();
+    for _ in 0..3 {
+        children.push(
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_lock_worker"))
+                .args(["count-attr", &url, "attr-lock", "attr-counter", "100"])
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap(),
+        );
+    }
+    for mut child in children {
+        let status = tokio::time::timeout(Duration::from_secs(120), child.wait())
+            .await
+            .expect("worker finished in time")
+            .unwrap();
+        assert!(status.success(), "worker failed: {status}");
+    }
+    let mut conn = server.client().await;
+    let done: i64 = conn.get("attr-counter:done").await.unwrap();
+    assert_eq!(done, 3);
+    let total: i64 = conn.get("attr-counter").await.unwrap();
+    assert_eq!(total, 300);
+}
+
+#[distributed_lock("job:{id}", wait = 0, manager = locks)]
+async fn try_job(locks: &LockManager, id: u32, ran: &AtomicU64) -> Result<u32, LockError> {
+    ran.fetch_add(1, Ordering::SeqCst);
+    Ok(id)
+}
+
+#[tokio::test]
+async fn wait_zero_is_a_try_lock_and_the_body_does_not_run() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let ran = AtomicU64::new(0);
+    let held = locks.lock("job:7").acquire().await.unwrap();
+    let started = Instant::now();
+    let outcome = try_job(&locks, 7, &ran).await;
+    assert!(
+        matches!(outcome, Err(LockError::NotAcquired { ref key }) if key == "job:7"),
+        "{outcome:?}"
+    );
+    assert!(started.elapsed() < Duration::from_millis(100));
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        0,
+        "the body ran without the lock"
+    );
+    held.release().await.unwrap();
+    assert_eq!(try_job(&locks, 7, &ran).await.unwrap(), 7);
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+}
+
+#[distributed_lock("forever:{id}", ttl = "900ms", manager = locks)]
+async fn forever(locks: &LockManager, id: u32, progress: Arc<AtomicU64>) -> Result<(), LockError> {
+    let _ = id;
+    loop {
+        progress.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_deleted_lease_stops_the_annotated_body_and_returns_lease_lost() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let key = locks.redis_key("forever:1");
+    let progress = Arc::new(AtomicU64::new(0));
+    let call = tokio::spawn({
+        let (locks, progress) = (locks.clone(), progress.clone());
+        async move { forever(&locks, 1, progress).await }
+    });
+    let mut conn = server.client().await;
+    eventually(Duration::from_secs(2), || {
+        let (mut conn, key) = (conn.clone(), key.clone());
+        async move { exists(&mut conn, &key).await }
+    })
+    .await
+    .expect("acquired");
+    let _: () = conn.del(&key).await.unwrap();
+    let deleted_at = Instant::now();
+    let outcome = tokio::time::timeout(Duration::from_secs(3), call)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(outcome, Err(LockError::LeaseLost { .. })),
+        "{outcome:?}"
+    );
+    assert!(
+        deleted_at.elapsed() <= Duration::from_millis(400),
+        "{:?}",
+        deleted_at.elapsed()
+    );
+    let stopped_at = progress.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        progress.load(Ordering::SeqCst),
+        stopped_at,
+        "the body kept running"
+    );
+}
+
+#[distributed_lock("overrun", ttl = "300ms", renew = false, manager = locks)]
+async fn overrun(locks: &LockManager, finished: &AtomicU64) -> Result<(), LockError> {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    finished.store(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[tokio::test]
+async fn renew_false_stops_an_overrunning_annotated_body() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let finished = AtomicU64::new(0);
+    let started = Instant::now();
+    let outcome = overrun(&locks, &finished).await;
+    assert!(
+        matches!(outcome, Err(LockError::LeaseLost { .. })),
+        "{outcome:?}"
+    );
+    assert!(
+        started.elapsed() <= Duration::from_millis(350),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(finished.load(Ordering::SeqCst), 0);
+}
+
+#[distributed_lock("account:{id}", wait = 0, manager = locks)]
+async fn outer(locks: &LockManager, id: u32) -> Result<(u64, u64), LockError> {
+    let outer_token = current_lease().unwrap().fencing_token();
+    let inner_token = inner(locks, id).await?;
+    Ok((outer_token, inner_token))
+}
+
+#[distributed_lock("account:{id}", wait = 0, manager = locks)]
+async fn inner(locks: &LockManager, id: u32) -> Result<u64, LockError> {
+    let _ = id;
+    Ok(current_lease().unwrap().fencing_token())
+}
+
+#[tokio::test]
+async fn nested_annotated_calls_on_one_key_are_reentrant() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let started = Instant::now();
+    let (outer_token, inner_token) = outer(&locks, 9)
+        .await
+        .expect("inner call did not wait for itself");
+    assert_eq!(
+        outer_token, inner_token,
+        "the inner call ran under the outer lease"
+    );
+    assert!(started.elapsed() < Duration::from_millis(200));
+}
+
+struct Order {
+    id: u64,
+    buyer: Buyer,
+}
+
+struct Buyer {
+    name: String,
+}
+
+#[distributed_lock(["order:{order.id}", "buyer:{order.buyer.name}", "order:{order.id}"], manager = locks)]
+async fn place(locks: &LockManager, order: &Order) -> Result<Vec<String>, LockError> {
+    Ok(current_lease().unwrap().keys().to_vec())
+}
+
+#[tokio::test]
+async fn a_key_list_with_field_paths_is_locked_together() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let order = Order {
+        id: 12,
+        buyer: Buyer { name: "ann".into() },
+    };
+    let keys = place(&locks, &order).await.unwrap();
+    assert_eq!(keys, ["buyer:ann", "order:12"], "sorted and de-duplicated");
+
+    let held = locks.lock("buyer:ann").acquire().await.unwrap();
+    let mut conn = server.client().await;
+    let outcome = tokio::time::timeout(Duration::from_secs(1), place(&locks, &order)).await;
+    assert!(outcome.is_err(), "must wait while one of its keys is held");
+    assert!(
+        !exists(&mut conn, &locks.redis_key("order:12")).await,
+        "all or nothing"
+    );
+    held.release().await.unwrap();
+}
+
+struct Inventory {
+    locks: LockManager,
+    name: &'static str,
+}
+
+impl Inventory {
+    #[distributed_lock("inventory:{self.name}:{sku}", manager = &self.locks)]
+    async fn reserve(&self, sku: u32) -> Result<String, LockError> {
+        Ok(current_lease().unwrap().keys()[0].clone())
+    }
+}
+
+struct AppState {
+    locks: LockManager,
+}
+
+#[distributed_lock("state:{id}", manager = state.locks.clone())]
+async fn with_state(state: Arc<AppState>, id: u32) -> Result<u32, LockError> {
+    Ok(id)
+}
+
+#[tokio::test]
+async fn managers_from_self_and_from_state() {
+    let server = RedisServer::start();
+    let inventory = Inventory {
+        locks: server.manager(),
+        name: "main",
+    };
+    assert_eq!(inventory.reserve(3).await.unwrap(), "inventory:main:3");
+    let state = Arc::new(AppState {
+        locks: server.manager(),
+    });
+    let held = state.locks.lock("state:4").acquire().await.unwrap();
+    let outcome =
+        tokio::time::timeout(Duration::from_millis(300), with_state(state.clone(), 4)).await;
+    assert!(outcome.is_err(), "the state's manager is the one used");
+    held.release().await.unwrap();
+    assert_eq!(with_state(state, 4).await.unwrap(), 4);
+}
+
+#[distributed_lock("defaulted:{id}")]
+async fn defaulted(id: u32) -> Result<u32, LockError> {
+    Ok(id)
+}
+
+#[tokio::test]
+async fn without_manager_the_default_manager_is_used() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    distlock_runtime::set_default_manager(locks.clone());
+    let held = locks.lock("defaulted:1").acquire().await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_millis(300), defaulted(1)).await;
+    assert!(
+        outcome.is_err(),
+        "the default manager's lock is the one taken"
+    );
+    held.release().await.unwrap();
+    assert_eq!(defaulted(1).await.unwrap(), 1);
+}
+
+#[distributed_lock("slow:{id}", ttl = 30, manager = locks)]
+async fn slow(locks: &LockManager, id: u32) -> Result<(), LockError> {
+    let _ = id;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn dropping_an_annotated_call_releases_within_100_ms() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let key = locks.redis_key("slow:1");
+    let mut conn = server.client().await;
+    let call = tokio::spawn({
+        let locks = locks.clone();
+        async move { slow(&locks, 1).await }
+    });
+    eventually(Duration::from_secs(2), || {
+        let (mut conn, key) = (conn.clone(), key.clone());
+        async move { exists(&mut conn, &key).await }
+    })
+    .await
+    .expect("acquired");
+    call.abort();
+    let released = eventually(Duration::from_millis(100), || {
+        let (mut conn, key) = (conn.clone(), key.clone());
+        async move { !exists(&mut conn, &key).await }
+    })
+    .await;
+    assert!(
+        released.is_some(),
+        "still held 100 ms after the call was dropped"
+    );
+    assert!(!exists(&mut conn, &key).await);
+}
+
+#[distributed_lock("pair:{a}:{b}", manager = locks)]
+async fn pair(locks: &LockManager, a: &str, b: &str) -> Result<String, LockError> {
+    Ok(current_lease().unwrap().keys()[0].clone())
+}
+
+#[tokio::test]
+async fn user_input_renders_escaped_and_never_collides() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    assert_eq!(pair(&locks, "x:y", "z").await.unwrap(), "pair:x%3Ay:z");
+    assert_eq!(pair(&locks, "x", "y:z").await.unwrap(), "pair:x:y%3Az");
+    assert_eq!(
+        pair(&locks, "{slot}", "100%").await.unwrap(),
+        "pair:%7Bslot%7D:100%25"
+    );
+    assert_eq!(pair(&locks, "plain", "42").await.unwrap(), "pair:plain:42");
+
+    // While ("x:y", "z") is held, ("x", "y:z") is a different lock and does not wait.
+    let held = locks.lock("pair:x%3Ay:z").acquire().await.unwrap();
+    let other = tokio::time::timeout(Duration::from_millis(200), pair(&locks, "x", "y:z")).await;
+    assert!(
+        other.is_ok_and(|r| r.is_ok()),
+        "different arguments collided"
+    );
+    let same = tokio::time::timeout(Duration::from_millis(200), pair(&locks, "x:y", "z")).await;
+    assert!(same.is_err(), "the same arguments must contend");
+    held.release().await.unwrap();
+}
