@@ -52,7 +52,8 @@ impl RedisServer {
         self.child.as_ref().map(Child::id)
     }
 
-    /// A manager with short timeouts, suited to tests that break the server.
+    /// A manager with 2 s timeouts: short enough to fail a test quickly, long enough never to
+    /// fire on a loaded CI machine.
     ///
     /// # Panics
     /// If the builder rejects the URL (it never should).
@@ -62,11 +63,16 @@ impl RedisServer {
 
     /// The builder behind [`RedisServer::manager`], to adjust before building.
     pub fn manager_builder(&self) -> distlock_runtime::LockManagerBuilder {
+        self.manager_with_timeouts(Duration::from_secs(2))
+    }
+
+    /// A builder whose connect, response and pool-wait timeouts are all `timeout`.
+    pub fn manager_with_timeouts(&self, timeout: Duration) -> distlock_runtime::LockManagerBuilder {
         LockManager::builder()
             .url(self.url())
-            .connect_timeout(Duration::from_millis(500))
-            .response_timeout(Duration::from_millis(500))
-            .pool_wait_timeout(Duration::from_millis(500))
+            .connect_timeout(timeout)
+            .response_timeout(timeout)
+            .pool_wait_timeout(timeout)
     }
 
     /// A plain async client connection, for assertions and for meddling with keys.
@@ -164,6 +170,21 @@ impl Drop for RedisServer {
         }
         self.kill();
     }
+}
+
+/// Tests in one binary run in parallel. Those that assert tight timings hold [`timed`] and
+/// those that load both cores hold [`heavy`], so a timing is never measured while another test
+/// of the same binary saturates the machine. Light tests take neither.
+static LOAD: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// Held by a test that asserts tight timings (they may run together).
+pub async fn timed() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    LOAD.read().await
+}
+
+/// Held by a test that loads the machine (many tasks or processes): it runs alone.
+pub async fn heavy() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    LOAD.write().await
 }
 
 fn free_port() -> u16 {

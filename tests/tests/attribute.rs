@@ -29,6 +29,7 @@ async fn increment(locks: &LockManager, mut conn: MultiplexedConnection) -> Resu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn annotated_increments_across_tasks_end_exact() {
+    let _load = distlock_tests::heavy().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let conn = server.client().await;
@@ -50,6 +51,7 @@ async fn annotated_increments_across_tasks_end_exact() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn annotated_increments_across_three_processes_end_exact() {
+    let _load = distlock_tests::heavy().await;
     let server = RedisServer::start();
     let url = server.url();
     let mut children = Vec::new();
@@ -84,6 +86,7 @@ async fn try_job(locks: &LockManager, id: u32, ran: &AtomicU64) -> Result<u32, L
 
 #[tokio::test]
 async fn wait_zero_is_a_try_lock_and_the_body_does_not_run() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let ran = AtomicU64::new(0);
@@ -116,6 +119,7 @@ async fn forever(locks: &LockManager, id: u32, progress: Arc<AtomicU64>) -> Resu
 
 #[tokio::test]
 async fn a_deleted_lease_stops_the_annotated_body_and_returns_lease_lost() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let key = locks.redis_key("forever:1");
@@ -164,6 +168,7 @@ async fn overrun(locks: &LockManager, finished: &AtomicU64) -> Result<(), LockEr
 
 #[tokio::test]
 async fn renew_false_stops_an_overrunning_annotated_body() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let finished = AtomicU64::new(0);
@@ -196,6 +201,7 @@ async fn inner(locks: &LockManager, id: u32) -> Result<u64, LockError> {
 
 #[tokio::test]
 async fn nested_annotated_calls_on_one_key_are_reentrant() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let started = Instant::now();
@@ -225,6 +231,7 @@ async fn place(locks: &LockManager, order: &Order) -> Result<Vec<String>, LockEr
 
 #[tokio::test]
 async fn a_key_list_with_field_paths_is_locked_together() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let order = Order {
@@ -268,6 +275,7 @@ async fn with_state(state: Arc<AppState>, id: u32) -> Result<u32, LockError> {
 
 #[tokio::test]
 async fn managers_from_self_and_from_state() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let inventory = Inventory {
         locks: server.manager(),
@@ -292,6 +300,7 @@ async fn defaulted(id: u32) -> Result<u32, LockError> {
 
 #[tokio::test]
 async fn without_manager_the_default_manager_is_used() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     distlock_runtime::set_default_manager(locks.clone());
@@ -314,6 +323,7 @@ async fn slow(locks: &LockManager, id: u32) -> Result<(), LockError> {
 
 #[tokio::test]
 async fn dropping_an_annotated_call_releases_within_100_ms() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let key = locks.redis_key("slow:1");
@@ -348,6 +358,7 @@ async fn pair(locks: &LockManager, a: &str, b: &str) -> Result<String, LockError
 
 #[tokio::test]
 async fn user_input_renders_escaped_and_never_collides() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     assert_eq!(pair(&locks, "x:y", "z").await.unwrap(), "pair:x%3Ay:z");

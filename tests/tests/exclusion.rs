@@ -9,6 +9,7 @@ use redis::AsyncCommands;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thirty_two_tasks_increment_exactly_under_one_lock() {
+    let _load = distlock_tests::heavy().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let mut tasks = Vec::new();
@@ -46,6 +47,7 @@ async fn thirty_two_tasks_increment_exactly_under_one_lock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_processes_increment_exactly_under_one_lock() {
+    let _load = distlock_tests::heavy().await;
     let server = RedisServer::start();
     let url = server.url();
     let mut children = Vec::new();
@@ -74,6 +76,7 @@ async fn three_processes_increment_exactly_under_one_lock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pool_of_two_serves_a_hundred_concurrently_locked_bodies() {
+    let _load = distlock_tests::heavy().await;
     let server = RedisServer::start();
     let locks = server.manager_builder().pool_size(2).build().unwrap();
     let inside = Arc::new(AtomicUsize::new(0));

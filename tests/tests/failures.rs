@@ -5,13 +5,19 @@ use std::time::{Duration, Instant};
 use distlock_runtime::LockError;
 use distlock_tests::{eventually, exists, RedisServer};
 
-/// The harness's managers use 500 ms for connect, response and pool-wait timeouts.
+/// Connect, response and pool-wait timeouts of the managers in these tests.
 const TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A manager for `server` with [`TIMEOUT`] everywhere.
+fn fast_manager(server: &RedisServer) -> distlock_runtime::LockManager {
+    server.manager_with_timeouts(TIMEOUT).build().unwrap()
+}
 
 #[tokio::test]
 async fn redis_down_is_an_error_within_the_connect_timeout() {
+    let _load = distlock_tests::timed().await;
     let mut server = RedisServer::start();
-    let locks = server.manager();
+    let locks = fast_manager(&server);
     server.kill();
     let started = Instant::now();
     let outcome = locks.lock("down").acquire().await;
@@ -30,8 +36,9 @@ async fn redis_down_is_an_error_within_the_connect_timeout() {
 
 #[tokio::test]
 async fn redis_paused_is_an_error_within_the_response_timeout() {
+    let _load = distlock_tests::timed().await;
     let mut server = RedisServer::start();
-    let locks = server.manager();
+    let locks = fast_manager(&server);
     locks
         .lock("warm")
         .acquire()
@@ -56,7 +63,7 @@ async fn redis_paused_is_an_error_within_the_response_timeout() {
     );
 
     // A manager that must connect first: bounded by pool wait + connect timeouts.
-    let fresh = server.manager();
+    let fresh = fast_manager(&server);
     let started = Instant::now();
     let outcome = fresh.lock("paused").acquire().await;
     let took = started.elapsed();
@@ -92,8 +99,9 @@ async fn redis_paused_is_an_error_within_the_response_timeout() {
 
 #[tokio::test]
 async fn redis_restarted_mid_lease_gives_the_holder_lease_lost() {
+    let _load = distlock_tests::timed().await;
     let mut server = RedisServer::start();
-    let locks = server.manager();
+    let locks = fast_manager(&server);
     let started = Instant::now();
     let (outcome, ()) = tokio::join!(
         locks
@@ -127,8 +135,9 @@ async fn redis_restarted_mid_lease_gives_the_holder_lease_lost() {
 
 #[tokio::test]
 async fn script_flush_mid_run_does_not_break_calls() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
-    let locks = server.manager();
+    let locks = fast_manager(&server);
     let key = locks.redis_key("flushed");
     locks
         .lock("flushed")
@@ -161,8 +170,9 @@ async fn script_flush_mid_run_does_not_break_calls() {
 
 #[tokio::test]
 async fn the_first_lock_after_a_restart_succeeds_on_a_fresh_connection() {
+    let _load = distlock_tests::timed().await;
     let mut server = RedisServer::start();
-    let locks = server.manager();
+    let locks = fast_manager(&server);
     locks
         .lock("idle")
         .acquire()
@@ -183,6 +193,7 @@ async fn the_first_lock_after_a_restart_succeeds_on_a_fresh_connection() {
 
 #[tokio::test]
 async fn a_server_that_accepts_but_never_answers_is_an_error_within_the_timeouts() {
+    let _load = distlock_tests::timed().await;
     // The kernel completes TCP handshakes into the backlog; nothing ever reads or answers.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("redis://{}", silent.local_addr().unwrap());
@@ -208,6 +219,7 @@ async fn a_server_that_accepts_but_never_answers_is_an_error_within_the_timeouts
 
 #[tokio::test]
 async fn a_callers_pool_switched_to_another_database_does_not_move_the_locks() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let pool = deadpool_redis::Config::from_url(server.url())
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
@@ -226,7 +238,7 @@ async fn a_callers_pool_switched_to_another_database_does_not_move_the_locks() {
             .unwrap();
     }
     let lease = locks.lock("db").acquire().await.unwrap();
-    let other = server.manager(); // database 0, its own connections
+    let other = fast_manager(&server); // database 0, its own connections
     let held = other.try_lock("db").acquire().await;
     assert!(
         matches!(held, Err(LockError::NotAcquired { .. })),

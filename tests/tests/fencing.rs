@@ -7,6 +7,7 @@ use distlock_tests::RedisServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tokens_strictly_increase_over_1000_acquisitions_by_16_tasks() {
+    let _load = distlock_tests::heavy().await;
     let server = RedisServer::start();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let shared = server.manager();
@@ -49,6 +50,7 @@ async fn tokens_strictly_increase_over_1000_acquisitions_by_16_tasks() {
 
 #[tokio::test]
 async fn a_token_drawn_after_an_expiry_is_greater() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let first = server.manager();
     let second = server.manager();

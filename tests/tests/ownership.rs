@@ -10,6 +10,7 @@ use tokio::io::AsyncBufReadExt;
 
 #[tokio::test]
 async fn a_non_owner_release_and_extend_change_nothing() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let mut conn = server.client().await;
@@ -54,6 +55,7 @@ async fn a_non_owner_release_and_extend_change_nothing() {
 
 #[tokio::test]
 async fn a_leaked_lease_frees_the_lock_within_its_ttl() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let mut conn = server.client().await;
@@ -94,6 +96,7 @@ async fn a_leaked_lease_frees_the_lock_within_its_ttl() {
 
 #[tokio::test]
 async fn a_holder_process_killed_with_sigkill_frees_the_lock_within_its_ttl() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lock_worker"))

@@ -10,6 +10,7 @@ use redis::AsyncCommands;
 
 #[tokio::test]
 async fn renewal_keeps_a_one_second_lease_for_four_seconds() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let key = locks.redis_key("long-job");
@@ -37,6 +38,7 @@ async fn renewal_keeps_a_one_second_lease_for_four_seconds() {
 
 #[tokio::test]
 async fn an_external_del_stops_the_body_with_lease_lost_within_one_renew_interval() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let key = locks.redis_key("deleted");
@@ -87,6 +89,7 @@ async fn an_external_del_stops_the_body_with_lease_lost_within_one_renew_interva
 
 #[tokio::test]
 async fn without_renewal_an_overrunning_body_is_stopped_at_the_deadline() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let ttl = Duration::from_millis(300);
@@ -120,6 +123,7 @@ async fn without_renewal_an_overrunning_body_is_stopped_at_the_deadline() {
 
 #[tokio::test]
 async fn dropping_a_run_future_releases_within_100_ms() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let key = locks.redis_key("cancelled");
@@ -151,6 +155,7 @@ async fn dropping_a_run_future_releases_within_100_ms() {
 
 #[tokio::test]
 async fn a_panicking_body_still_releases() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let key = locks.redis_key("panics");
@@ -209,6 +214,7 @@ fn renewal_survives_the_runtime_it_started_on() {
 
 #[tokio::test]
 async fn a_manual_extend_to_a_shorter_ttl_reschedules_renewal() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let lease = locks
@@ -232,6 +238,7 @@ async fn a_manual_extend_to_a_shorter_ttl_reschedules_renewal() {
 
 #[tokio::test]
 async fn one_broken_lease_in_a_renewal_batch_does_not_lose_the_others() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let mut conn = server.client().await;
@@ -262,6 +269,7 @@ async fn one_broken_lease_in_a_renewal_batch_does_not_lose_the_others() {
 
 #[tokio::test]
 async fn a_release_cut_short_still_releases_in_the_background() {
+    let _load = distlock_tests::timed().await;
     let mut server = RedisServer::start();
     let locks = server.manager();
     let key = locks.redis_key("cut-short");

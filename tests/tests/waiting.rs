@@ -7,6 +7,7 @@ use distlock_tests::{exists, RedisServer};
 
 #[tokio::test]
 async fn acquire_when_free_and_try_lock_when_held_each_take_one_round_trip() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     // Warm up: connection set-up and script loading are not part of a lock cycle.
@@ -57,6 +58,7 @@ async fn acquire_when_free_and_try_lock_when_held_each_take_one_round_trip() {
 
 #[tokio::test]
 async fn a_waiter_times_out_at_its_deadline() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let _held = locks.lock("busy").acquire().await.unwrap();
@@ -79,6 +81,7 @@ async fn a_waiter_times_out_at_its_deadline() {
 
 #[tokio::test]
 async fn a_waiter_gets_the_lock_soon_after_release() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let lease = locks.lock("handoff").acquire().await.unwrap();
@@ -108,6 +111,7 @@ async fn a_waiter_gets_the_lock_soon_after_release() {
 
 #[tokio::test]
 async fn a_multi_key_request_is_all_or_nothing() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let mut conn = server.client().await;
@@ -149,6 +153,7 @@ async fn a_multi_key_request_is_all_or_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opposite_key_orders_never_deadlock() {
+    let _load = distlock_tests::heavy().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let mut tasks = Vec::new();
@@ -176,6 +181,7 @@ async fn opposite_key_orders_never_deadlock() {
 
 #[tokio::test]
 async fn a_nested_run_on_the_same_key_and_task_completes_at_once() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     locks
@@ -213,6 +219,7 @@ async fn a_nested_run_on_the_same_key_and_task_completes_at_once() {
 
 #[tokio::test]
 async fn a_partly_overlapping_nested_run_acquires_only_the_missing_keys() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
     let inner_locks = locks.clone();
