@@ -8,6 +8,9 @@ use syn::{Expr, Lit, LitStr, Token};
 
 use crate::check::Errors;
 
+/// The longest ttl the runtime accepts (`distlock_runtime::MAX_TTL`), in milliseconds.
+const MAX_TTL_MS: u64 = 365 * 24 * 60 * 60 * 1000;
+
 /// The options the attribute accepts, for "unknown option" messages.
 pub(crate) const OPTIONS: &str = "`ttl`, `wait`, `renew`, `manager`, `crate`";
 
@@ -28,7 +31,14 @@ pub(crate) struct Millis {
     pub(crate) span: Span,
 }
 
-impl Parse for Args {
+/// The arguments, and the errors found in the options (the keys parsed, so the fn's
+/// placeholders can still be checked and every problem reported at once).
+pub(crate) struct Parsed {
+    pub(crate) args: Args,
+    pub(crate) errors: Errors,
+}
+
+impl Parse for Parsed {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
         if input.is_empty() {
             return Err(syn::Error::new(
@@ -48,16 +58,27 @@ impl Parse for Args {
         };
         let mut errors = Errors::default();
         while !input.is_empty() {
-            input.parse::<Token![,]>()?;
+            if let Err(error) = input.parse::<Token![,]>() {
+                errors.push(error);
+                skip_to_comma(input);
+                continue;
+            }
             if input.is_empty() {
                 break;
+            }
+            if input.peek(LitStr) {
+                let literal: LitStr = input.parse()?;
+                errors.push(syn::Error::new_spanned(
+                    literal,
+                    "several keys go in one array: #[distributed_lock([\"a:{x}\", \"b:{y}\"])]",
+                ));
+                continue;
             }
             if let Err(error) = args.parse_option(input) {
                 errors.push(error);
             }
         }
-        errors.finish()?;
-        Ok(args)
+        Ok(Parsed { args, errors })
     }
 }
 
@@ -69,9 +90,16 @@ impl Args {
             let token: Token![crate] = input.parse()?;
             syn::Ident::new("crate", token.span)
         } else {
-            input.parse().map_err(|e| {
-                syn::Error::new(e.span(), format!("expected an option: one of {OPTIONS}"))
-            })?
+            match input.parse() {
+                Ok(name) => name,
+                Err(error) => {
+                    skip_to_comma(input);
+                    return Err(syn::Error::new(
+                        error.span(),
+                        format!("expected an option: one of {OPTIONS}"),
+                    ));
+                }
+            }
         };
         let key = name.to_string();
         if !input.peek(Token![=]) {
@@ -87,6 +115,12 @@ impl Args {
             ));
         }
         input.parse::<Token![=]>()?;
+        if input.is_empty() || input.peek(Token![,]) {
+            return Err(syn::Error::new_spanned(
+                &name,
+                format!("`{key}` needs a value after `=`"),
+            ));
+        }
         let value: Expr = match input.parse() {
             Ok(value) => value,
             Err(error) => {
@@ -210,6 +244,11 @@ fn duration(value: &Expr, what: &str, zero_ok: bool) -> syn::Result<Millis> {
     if what == "ttl" && millis < 10 {
         return bad("`ttl` must be at least 10ms".to_owned());
     }
+    if what == "ttl" && millis > MAX_TTL_MS {
+        return bad(
+            "`ttl` must be at most a year (365 days); use renewal for long work".to_owned(),
+        );
+    }
     Ok(Millis { millis, span })
 }
 
@@ -222,6 +261,9 @@ pub(crate) fn parse_with_unit(text: &str) -> Result<u64, String> {
     let (number, unit) = text.split_at(digits);
     if number.is_empty() {
         return Err("expected a whole number followed by a unit: ms, s, m or h".to_owned());
+    }
+    if unit.starts_with('.') {
+        return Err("fractions are not supported: use a smaller unit, as in \"1500ms\"".to_owned());
     }
     let number: u64 = number
         .parse()
@@ -289,5 +331,6 @@ mod tests {
         assert!(parse_with_unit("abc").is_err());
         assert!(parse_with_unit("10").unwrap_err().contains("missing unit"));
         assert!(parse_with_unit("99999999999999999999s").is_err());
+        assert!(parse_with_unit("1.5s").unwrap_err().contains("1500ms"));
     }
 }

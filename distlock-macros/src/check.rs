@@ -6,7 +6,7 @@ use syn::{ReturnType, Type};
 
 use crate::args::Args;
 use crate::item::LockedFn;
-use crate::key::Template;
+use crate::key::{Part, Template};
 
 /// Checks the signature: an `async fn` returning something that can be a `Result`.
 pub(crate) fn signature(item: &LockedFn, errors: &mut Errors) {
@@ -45,6 +45,9 @@ pub(crate) fn templates(args: &Args, item: &LockedFn, errors: &mut Errors) -> Ve
                 continue;
             }
         };
+        if let Some(message) = unseparated_placeholders(&template) {
+            errors.push(syn::Error::new_spanned(literal, message));
+        }
         for root in template.roots() {
             let known = if root == "self" {
                 item.has_receiver()
@@ -61,6 +64,34 @@ pub(crate) fn templates(args: &Args, item: &LockedFn, errors: &mut Errors) -> Ve
         templates.push(template);
     }
     templates
+}
+
+/// Two placeholders need text with an escaped character (`:`, `{`, `}`, `%`) between them:
+/// values never contain one, so the rendered key splits back into the same values, and distinct
+/// arguments never render the same key. `"{a}{b}"` would render `ab` for both `("a", "b")` and
+/// `("ab", "")`.
+fn unseparated_placeholders(template: &Template) -> Option<String> {
+    let mut previous: Option<&str> = None;
+    let mut separated = true;
+    for part in &template.parts {
+        match part {
+            Part::Text(text) => {
+                separated |= text.contains([':', '{', '}', '%']);
+            }
+            Part::Placeholder { root, .. } => {
+                if let (Some(before), false) = (previous, separated) {
+                    return Some(format!(
+                        "placeholders `{{{before}}}` and `{{{root}}}` need a `:` between \
+                         them (as in \"{{{before}}}:{{{root}}}\"), or different arguments could \
+                         render the same key"
+                    ));
+                }
+                previous = Some(root);
+                separated = false;
+            }
+        }
+    }
+    None
 }
 
 fn unknown_placeholder(root: &str, parameters: &[syn::Ident], has_self: bool) -> String {
@@ -89,6 +120,12 @@ impl Errors {
         match &mut self.0 {
             Some(errors) => errors.combine(error),
             None => self.0 = Some(error),
+        }
+    }
+
+    pub(crate) fn extend(&mut self, other: Errors) {
+        if let Some(error) = other.0 {
+            self.push(error);
         }
     }
 

@@ -1,9 +1,10 @@
 //! The generated wrapper: render the keys, pick the manager, and hand the body to the runtime
 //! in one call. Also the fallback that keeps the user's fn alive beside a compile error.
 
-use proc_macro2::{Span, TokenStream};
-use quote::{quote, quote_spanned, ToTokens};
-use syn::ReturnType;
+use proc_macro2::{Span, TokenStream, TokenTree};
+use quote::{format_ident, quote, quote_spanned, ToTokens};
+use syn::visit_mut::VisitMut;
+use syn::{ReturnType, Type};
 
 use crate::args::{Args, Millis};
 use crate::item::LockedFn;
@@ -17,70 +18,127 @@ pub(crate) fn expand(args: &Args, templates: &[Template], item: &LockedFn) -> To
     };
     let private = quote!(#krate::__private);
     let LockedFn {
-        attrs,
-        vis,
-        sig,
-        body,
+        attrs, vis, sig, ..
     } = item;
+    // The return type as it may be named inside the body: `Result<impl Trait, E>` becomes
+    // `Result<_, E>` (an `impl Trait` cannot be written in a path or a `let`).
     let output = match &sig.output {
-        ReturnType::Type(_, ty) => ty.to_token_stream(),
+        ReturnType::Type(_, ty) => {
+            let mut ty = (**ty).clone();
+            InferImplTrait.visit_type_mut(&mut ty);
+            ty.to_token_stream()
+        }
         // Refused by the checks; kept total for the fallback path.
         ReturnType::Default => quote!(()),
     };
     // Spanned on the return type: "not a Result" / "no From<LockError>" point there, once.
-    let on_error = quote_spanned!(expr_span_of(&output)=>
+    let on_error = quote_spanned!(span_of(&output)=>
         <#output as #private::LockResult>::from_lock_error
     );
-    let keys = templates.iter().map(|t| render(t, &private));
+    // Generated locals live in the macro's hygiene: a parameter of the same name is untouched.
+    let keys_local = format_ident!("__distlock_keys", span = Span::mixed_site());
+    let manager_local = format_ident!("__distlock_manager", span = Span::mixed_site());
+    let return_local = format_ident!("__distlock_return", span = Span::mixed_site());
+    let keys = templates.iter().map(|t| render(t, &private, item));
     let manager = match &args.manager {
-        Some(expr) => quote_spanned!(expr_span(expr)=> #private::manager(#expr)),
+        Some(expr) => quote_spanned!(span_of(expr)=> #private::manager(#expr)),
         None => quote!(#private::default_manager()),
     };
     let ttl = option_duration(args.ttl.as_ref());
     let wait = option_duration(args.wait.as_ref());
     let renew = args.renew.as_ref().is_none_or(syn::LitBool::value);
+    let body = rebrace(&item.body);
 
     quote! {
         #(#attrs)*
         #vis #sig {
-            let __distlock_keys: ::std::vec::Vec<::std::string::String> = ::std::vec![#(#keys),*];
-            let __distlock_manager = #manager;
+            let #keys_local: ::std::vec::Vec<::std::string::String> = ::std::vec![#(#keys),*];
+            let #manager_local = #manager;
             #private::run(
-                __distlock_manager,
-                __distlock_keys,
+                #manager_local,
+                #keys_local,
                 #private::Options { ttl: #ttl, wait: #wait, renew: #renew },
                 #on_error,
-                async move {
+                // Boxed once, so nesting annotated calls does not multiply the future's size.
+                ::std::boxed::Box::pin(async move {
                     // Fixes the block's type to the fn's return type, so `?` in the body
                     // converts errors as it would in the fn itself.
                     #[allow(unreachable_code, clippy::diverging_sub_expression, clippy::empty_loop)]
                     if false {
-                        let __distlock_return: #output = loop {};
-                        return __distlock_return;
+                        let #return_local: #output = loop {};
+                        return #return_local;
                     }
                     #body
-                },
+                }),
             )
             .await
         }
     }
 }
 
+/// The body's statements in braces of the macro's own: as the tail of the generated block, the
+/// user's braces would trip `unused_braces` on a one-line body.
+fn rebrace(body: &TokenStream) -> TokenStream {
+    match body.clone().into_iter().next() {
+        Some(TokenTree::Group(group)) => {
+            let inner = group.stream();
+            quote!({ #inner })
+        }
+        _ => body.clone(),
+    }
+}
+
+/// Replaces every `impl Trait` in a type with `_`.
+struct InferImplTrait;
+
+impl VisitMut for InferImplTrait {
+    fn visit_type_mut(&mut self, ty: &mut Type) {
+        if let Type::ImplTrait(impl_trait) = ty {
+            let span = syn::spanned::Spanned::span(&*impl_trait);
+            *ty = Type::Infer(syn::TypeInfer {
+                underscore_token: syn::Token![_](span),
+            });
+            return;
+        }
+        syn::visit_mut::visit_type_mut(self, ty);
+    }
+}
+
 /// One key template as an expression rendering it (parameters escaped by the runtime).
-fn render(template: &Template, private: &TokenStream) -> TokenStream {
+fn render(template: &Template, private: &TokenStream, item: &LockedFn) -> TokenStream {
     let span = template.literal.span();
     let parts = template.parts.iter().map(|part| match part {
         Part::Text(text) => quote_spanned!(span=> #private::KeyPart::Text(#text)),
         Part::Placeholder { root, fields } => {
+            // Errors point at the literal; names resolve where the parameter was declared
+            // (which differs when the literal came from a `macro_rules!` argument).
             let root = if root == "self" {
-                quote_spanned!(span=> self)
+                let at = item
+                    .sig
+                    .receiver()
+                    .map_or(span, |r| span.resolved_at(r.self_token.span));
+                quote_spanned!(at=> self)
             } else {
-                syn::Ident::new(root, span).to_token_stream()
+                let param = item.parameter_names().into_iter().find(|p| p == root);
+                let mut ident = syn::parse_str::<syn::Ident>(root)
+                    .unwrap_or_else(|_| syn::Ident::new("__distlock_checked_in_key_rs", span));
+                ident.set_span(param.map_or(span, |p| span.resolved_at(p.span())));
+                ident.to_token_stream()
             };
-            let fields = fields.iter().map(|field| match field.parse::<u32>() {
-                Ok(index) => syn::Index { index, span }.to_token_stream(),
-                Err(_) => syn::Ident::new(field, span).to_token_stream(),
-            });
+            let fields = fields
+                .iter()
+                .map(|field| match syn::parse_str::<syn::Member>(field) {
+                    Ok(syn::Member::Named(mut ident)) => {
+                        ident.set_span(span);
+                        ident.to_token_stream()
+                    }
+                    Ok(syn::Member::Unnamed(index)) => syn::Index {
+                        index: index.index,
+                        span,
+                    }
+                    .to_token_stream(),
+                    Err(_) => quote!(__distlock_checked_in_key_rs),
+                });
             quote_spanned!(span=> #private::KeyPart::Value(&#root #(.#fields)*))
         }
     });
@@ -96,12 +154,8 @@ fn option_duration(value: Option<&Millis>) -> TokenStream {
     }
 }
 
-fn expr_span(expr: &syn::Expr) -> Span {
-    syn::spanned::Spanned::span(expr)
-}
-
-fn expr_span_of(tokens: &TokenStream) -> Span {
-    syn::spanned::Spanned::span(tokens)
+fn span_of(tokens: &impl ToTokens) -> Span {
+    syn::spanned::Spanned::span(&tokens.to_token_stream())
 }
 
 /// The user's item unchanged, beside the errors, so the rest of the crate and IDEs still see

@@ -98,9 +98,7 @@ fn placeholder(inner: &str) -> Result<Part, String> {
     let root = segments.next().unwrap_or_default();
     let fields: Vec<&str> = segments.collect();
     let is_ident = |s: &str| syn::parse_str::<syn::Ident>(s).is_ok() || s == "self";
-    let is_field = |s: &str| {
-        is_ident(s) && s != "self" || (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-    };
+    let is_field = |s: &str| syn::parse_str::<syn::Member>(s).is_ok();
     if !is_ident(root) || !fields.iter().all(|f| is_field(f)) {
         return Err(format!(
             "placeholder `{{{inner}}}` is not a parameter or field path: placeholders name a \

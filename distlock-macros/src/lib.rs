@@ -28,9 +28,11 @@ use proc_macro::TokenStream;
 /// `["stock:{sku}", "wallet:{user.id}"]`. A template interpolates the fn's parameters with
 /// `Display`: `{name}`, a field path `{name.field.sub}`, or `{self.field}` in a method. `{{` and
 /// `}}` are literal braces. Parameters bound by patterns count (`Path(id): Path<u64>` binds `id`).
-/// Interpolated values are percent-encoded for `%`, `:`, `{` and `}`, so distinct arguments never
-/// render the same key; other values render as they are (`order:{order_id}` with 42 is
-/// `order:42`). A placeholder that names no parameter is a compile error listing the parameters.
+/// Interpolated values are percent-encoded for `%`, `:`, `{` and `}`, and two placeholders must
+/// have a `:` (or another of those characters) between them, so distinct arguments never render
+/// the same key and user input cannot pick a Redis Cluster hash slot; other values render as
+/// they are (`order:{order_id}` with 42 is `order:42`). A placeholder that names no parameter is
+/// a compile error listing the parameters.
 ///
 /// # Options
 /// | option | value | default |
@@ -38,7 +40,7 @@ use proc_macro::TokenStream;
 /// | `ttl` | lease length: integer seconds (`ttl = 30`) or a string with a unit (`"1500ms"`, `"2s"`, `"5m"`, `"1h"`); at least 10 ms | the manager's default ttl (30 s unless set with its builder) |
 /// | `wait` | how long to wait for a held lock, same forms; `wait = 0` tries once (try-lock) | the manager's default wait (10 s unless set with its builder) |
 /// | `renew` | `true` / `false`: extend the lease every ttl/3 while the body runs | `true` |
-/// | `manager` | an expression yielding a `LockManager` or `&LockManager`; may use the parameters and `self` (`manager = &self.locks`) | the manager installed with `set_default_manager` |
+/// | `manager` | an expression yielding a `LockManager`, `&LockManager` or `Arc<LockManager>`; may use the parameters and `self` (`manager = &self.locks`) | the manager installed with `set_default_manager` |
 /// | `crate` | path of the runtime crate as a string, for a renamed dependency (`crate = "lock"`) | `"::distlock_runtime"` |
 ///
 /// Any other option, a duplicate, or a malformed value is a compile error on its token.
@@ -47,9 +49,10 @@ use proc_macro::TokenStream;
 /// It must be `async` and return `Result<T, E>` where `E: From<LockError>` (a type alias of such
 /// a `Result` works too; the check is a trait bound on the return type). Methods (`&self`,
 /// `&mut self`, `self: Arc<Self>`), generics, `impl Trait` parameters, lifetimes, `where` clauses,
-/// fns in `impl Trait for Type` blocks, doc comments and other attributes all keep working. The
-/// returned future is `Send` whenever the body's is, so annotated fns serve as axum handlers and
-/// run in `tokio::spawn`.
+/// fns in `impl Trait for Type` blocks, doc comments and other attributes all keep working, and
+/// so does `Result<impl Trait, E>`. The returned future is `Send` whenever the body's future and
+/// the returned `T` and `E` are `Send` (the result is held while the lease is released), so
+/// annotated fns serve as axum handlers and run in `tokio::spawn`.
 ///
 /// # What the expansion does
 /// The fn keeps its signature. Its new body renders the keys from the arguments, evaluates the
@@ -66,9 +69,16 @@ use proc_macro::TokenStream;
 pub fn distributed_lock(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item = proc_macro2::TokenStream::from(item);
     let mut errors = check::Errors::default();
-    let args = syn::parse::<args::Args>(attr)
-        .map_err(|e| errors.push(e))
-        .ok();
+    let args = match syn::parse::<args::Parsed>(attr) {
+        Ok(parsed) => {
+            errors.extend(parsed.errors);
+            Some(parsed.args)
+        }
+        Err(error) => {
+            errors.push(error);
+            None
+        }
+    };
     let locked = syn::parse2::<item::LockedFn>(item.clone())
         .map_err(|e| errors.push(e))
         .ok();

@@ -37,7 +37,7 @@ impl<T, E: From<LockError>> LockResult for Result<T, E> {
 
 /// What `manager = EXPR` may yield.
 #[diagnostic::on_unimplemented(
-    message = "`manager = ...` must yield a `LockManager` or a `&LockManager`, not `{Self}`",
+    message = "`manager = ...` must yield a `LockManager`, a `&LockManager` or an `Arc<LockManager>`, not `{Self}`",
     label = "not a LockManager"
 )]
 pub trait IntoManager {
@@ -54,6 +54,18 @@ impl IntoManager for LockManager {
 impl IntoManager for &LockManager {
     fn into_manager(self) -> LockManager {
         self.clone()
+    }
+}
+
+impl IntoManager for std::sync::Arc<LockManager> {
+    fn into_manager(self) -> LockManager {
+        (*self).clone()
+    }
+}
+
+impl IntoManager for &std::sync::Arc<LockManager> {
+    fn into_manager(self) -> LockManager {
+        (**self).clone()
     }
 }
 

@@ -61,6 +61,16 @@ async fn traced_below(id: u32) -> Result<u32, LockError> {
     Ok(id)
 }
 
+#[distributed_lock("one-line:{id}")]
+async fn one_line(id: u32) -> Result<u32, LockError> {
+    Ok(id)
+}
+
+#[distributed_lock("impl-result:{id}")]
+async fn impl_result(id: u32) -> Result<impl Display + Send, LockError> {
+    Ok(id * 2)
+}
+
 struct User {
     id: u64,
 }
@@ -108,6 +118,8 @@ async fn every_form_compiles_cleanly_and_runs() {
     assert_eq!(lifetimes("", "fallback").await.unwrap(), "fallback");
     assert_eq!(traced(1, 2).await.unwrap(), 3);
     assert_eq!(traced_below(4).await.unwrap(), 4);
+    assert_eq!(one_line(5).await.unwrap(), 5);
+    assert_eq!(impl_result(3).await.unwrap().to_string(), "6");
 
     let mut service = Service {
         locks,

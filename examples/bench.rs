@@ -1,0 +1,689 @@
+//! The benchmark program: `cargo run --release --example bench -- <scenario> [options]`.
+//!
+//! Scenarios (each prints a table; `--json` prints one JSON line instead):
+//! - `raw`: the floor. `SET NX PX` + an owner-checked delete script, sequential, on the same
+//!   client and connection type distlock uses (one redis-rs multiplexed connection).
+//! - `uncontended`: one task, `acquire` + `release` on one key (fencing token included).
+//! - `macro`: the same cycle through a `#[distributed_lock]` fn.
+//! - `contended`: W workers (across P processes with `--procs`) on one key, each critical
+//!   section checking exclusion with a `SET NX` marker.
+//! - `held`: K leases held (and renewed) at once for a while.
+//!
+//! `--compare` runs `raw`, `uncontended` and `macro` interleaved in one run and prints ratios.
+//! Redis: `--redis-url`, else as the seckill demo finds one (REDIS_URL, 127.0.0.1:6379, or a
+//! throwaway redis-server).
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use distlock_examples::local_redis::LocalRedis;
+use distlock_runtime::{distributed_lock, LockError, LockManager};
+use redis::aio::MultiplexedConnection;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+#[derive(Parser, Clone)]
+#[command(about = "Measures distlock against the raw Redis floor")]
+struct Cli {
+    /// What to measure (omit with --compare).
+    #[arg(value_enum)]
+    scenario: Option<Scenario>,
+    /// Run raw, uncontended and macro interleaved and print their ratios.
+    #[arg(long)]
+    compare: bool,
+    /// Print one JSON line instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Lock cycles per measurement (raw, uncontended, macro).
+    #[arg(long, default_value_t = 20_000)]
+    cycles: u32,
+    /// Workers per process (contended).
+    #[arg(long, default_value_t = 64)]
+    workers: u32,
+    /// Processes (contended).
+    #[arg(long, default_value_t = 1)]
+    procs: u32,
+    /// Seconds of contention (contended) or of holding (held).
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+    /// Leases held at once (held).
+    #[arg(long, default_value_t = 10_000)]
+    leases: u32,
+    /// Lease ttl in milliseconds (held; renewal every ttl/3).
+    #[arg(long, default_value_t = 3_000)]
+    ttl_ms: u64,
+    /// Redis URL.
+    #[arg(long)]
+    redis_url: Option<String>,
+    /// Internal: run contended workers in this process and print their records as JSON.
+    #[arg(long, hide = true)]
+    worker_base: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    Raw,
+    Uncontended,
+    Macro,
+    Contended,
+    Held,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let redis = match &cli.redis_url {
+        Some(url) => Ok((url.clone(), None)),
+        None => LocalRedis::find_or_start().map(|r| (r.url.clone(), Some(r))),
+    };
+    let (url, _server) = match redis {
+        Ok(found) => found,
+        Err(message) => {
+            eprintln!("bench: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = match (cli.worker_base, cli.compare, cli.scenario) {
+        (Some(base), _, _) => contended_worker(&cli, &url, base).await,
+        (None, true, _) => compare(&cli, &url).await,
+        (None, false, Some(Scenario::Contended)) => contended(&cli, &url).await,
+        (None, false, Some(Scenario::Held)) => held(&cli, &url).await,
+        (None, false, Some(scenario)) => single(&cli, &url, scenario).await,
+        (None, false, None) => Err(
+            "name a scenario (raw, uncontended, macro, contended, held) or pass --compare".into(),
+        ),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("bench: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Fallible<T> = Result<T, String>;
+
+fn manager(url: &str) -> Fallible<LockManager> {
+    LockManager::builder()
+        .url(url)
+        .prefix(format!("distlock-bench:{}:", std::process::id()))
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+async fn connection(url: &str) -> Fallible<MultiplexedConnection> {
+    redis::Client::open(url)
+        .map_err(|e| e.to_string())?
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| format!("cannot reach Redis at {url}: {e}"))
+}
+
+/// Latencies of one measured run.
+#[derive(Default)]
+struct Cycles {
+    latencies: Vec<Duration>,
+    total: Duration,
+}
+
+impl Cycles {
+    fn per_second(&self) -> f64 {
+        self.latencies.len() as f64 / self.total.as_secs_f64().max(1e-9)
+    }
+
+    fn quantile(&self, q: f64) -> Duration {
+        quantile(&self.latencies, q)
+    }
+
+    fn extend(&mut self, other: Cycles) {
+        self.latencies.extend(other.latencies);
+        self.total += other.total;
+    }
+}
+
+fn quantile(sorted_or_not: &[Duration], q: f64) -> Duration {
+    let mut v = sorted_or_not.to_vec();
+    v.sort_unstable();
+    let i = ((v.len().saturating_sub(1)) as f64 * q).round() as usize;
+    v.get(i).copied().unwrap_or_default()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1_000_000.0
+}
+
+/// The owner-checked delete a hand-written lock needs: the floor's release.
+static RAW_RELEASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    )
+});
+
+async fn raw_cycles(conn: &mut MultiplexedConnection, n: u32) -> Fallible<Cycles> {
+    let key = format!("distlock-bench:{}:raw", std::process::id());
+    let mut cycles = Cycles::default();
+    let started = Instant::now();
+    for _ in 0..n {
+        let token = format!("{:032x}", fastrand::u128(..));
+        let t = Instant::now();
+        let set: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .query_async(conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        if set.is_none() {
+            return Err("raw: key unexpectedly held".into());
+        }
+        let _: i64 = RAW_RELEASE
+            .key(&key)
+            .arg(&token)
+            .invoke_async(conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        cycles.latencies.push(t.elapsed());
+    }
+    cycles.total = started.elapsed();
+    Ok(cycles)
+}
+
+async fn uncontended_cycles(locks: &LockManager, n: u32) -> Fallible<Cycles> {
+    let mut cycles = Cycles::default();
+    let started = Instant::now();
+    for _ in 0..n {
+        let t = Instant::now();
+        let lease = locks
+            .lock("uncontended")
+            .acquire()
+            .await
+            .map_err(|e| e.to_string())?;
+        lease.release().await.map_err(|e| e.to_string())?;
+        cycles.latencies.push(t.elapsed());
+    }
+    cycles.total = started.elapsed();
+    Ok(cycles)
+}
+
+#[distributed_lock("{key}", manager = locks)]
+async fn locked_nothing(locks: &LockManager, key: &str) -> Result<(), LockError> {
+    Ok(())
+}
+
+async fn macro_cycles(locks: &LockManager, n: u32) -> Fallible<Cycles> {
+    let mut cycles = Cycles::default();
+    let started = Instant::now();
+    for _ in 0..n {
+        let t = Instant::now();
+        locked_nothing(locks, "macro")
+            .await
+            .map_err(|e| e.to_string())?;
+        cycles.latencies.push(t.elapsed());
+    }
+    cycles.total = started.elapsed();
+    Ok(cycles)
+}
+
+async fn run_scenario(
+    scenario: Scenario,
+    conn: &mut MultiplexedConnection,
+    locks: &LockManager,
+    n: u32,
+) -> Fallible<Cycles> {
+    match scenario {
+        Scenario::Raw => raw_cycles(conn, n).await,
+        Scenario::Uncontended => uncontended_cycles(locks, n).await,
+        Scenario::Macro => macro_cycles(locks, n).await,
+        Scenario::Contended | Scenario::Held => Err("not a cycle scenario".into()),
+    }
+}
+
+fn scenario_name(s: Scenario) -> &'static str {
+    match s {
+        Scenario::Raw => "raw",
+        Scenario::Uncontended => "uncontended",
+        Scenario::Macro => "macro",
+        Scenario::Contended => "contended",
+        Scenario::Held => "held",
+    }
+}
+
+/// Runs the cycle scenarios interleaved in rounds (so drift in the machine's speed hits them
+/// all alike), after a warm-up.
+async fn measure(
+    cli: &Cli,
+    url: &str,
+    scenarios: &[Scenario],
+) -> Fallible<Vec<(Scenario, Cycles)>> {
+    let mut conn = connection(url).await?;
+    let locks = manager(url)?;
+    for &s in scenarios {
+        run_scenario(s, &mut conn, &locks, 1_000.min(cli.cycles)).await?;
+    }
+    let rounds = 10;
+    let per_round = (cli.cycles / rounds).max(1);
+    let mut results: Vec<(Scenario, Cycles)> =
+        scenarios.iter().map(|&s| (s, Cycles::default())).collect();
+    for _ in 0..rounds {
+        for (s, total) in &mut results {
+            total.extend(run_scenario(*s, &mut conn, &locks, per_round).await?);
+        }
+    }
+    Ok(results)
+}
+
+fn cycle_row(name: &str, c: &Cycles) -> serde_json::Value {
+    json!({
+        "scenario": name,
+        "cycles": c.latencies.len(),
+        "cycles_per_s": c.per_second().round(),
+        "p50_us": us(c.quantile(0.5)).round(),
+        "p99_us": us(c.quantile(0.99)).round(),
+    })
+}
+
+fn print_cycles(results: &[(Scenario, Cycles)]) {
+    println!(
+        "{:<12} {:>8} {:>12} {:>10} {:>10}",
+        "scenario", "cycles", "cycles/s", "p50", "p99"
+    );
+    for (s, c) in results {
+        println!(
+            "{:<12} {:>8} {:>12.0} {:>8.1}us {:>8.1}us",
+            scenario_name(*s),
+            c.latencies.len(),
+            c.per_second(),
+            us(c.quantile(0.5)),
+            us(c.quantile(0.99))
+        );
+    }
+}
+
+async fn single(cli: &Cli, url: &str, scenario: Scenario) -> Fallible<()> {
+    let results = measure(cli, url, &[scenario]).await?;
+    if cli.json {
+        println!("{}", cycle_row(scenario_name(scenario), &results[0].1));
+    } else {
+        print_cycles(&results);
+    }
+    Ok(())
+}
+
+async fn compare(cli: &Cli, url: &str) -> Fallible<()> {
+    let results = measure(
+        cli,
+        url,
+        &[Scenario::Raw, Scenario::Uncontended, Scenario::Macro],
+    )
+    .await?;
+    let rate = |i: usize| results[i].1.per_second();
+    let (raw, uncontended, via_macro) = (rate(0), rate(1), rate(2));
+    if cli.json {
+        println!(
+            "{}",
+            json!({
+                "scenario": "compare",
+                "raw": cycle_row("raw", &results[0].1),
+                "uncontended": cycle_row("uncontended", &results[1].1),
+                "macro": cycle_row("macro", &results[2].1),
+                "uncontended_over_raw": uncontended / raw,
+                "macro_over_uncontended": via_macro / uncontended,
+            })
+        );
+    } else {
+        print_cycles(&results);
+        println!();
+        println!("uncontended / raw         = {:.3}", uncontended / raw);
+        println!("macro / uncontended       = {:.3}", via_macro / uncontended);
+    }
+    Ok(())
+}
+
+/// One acquisition in the contended scenario.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct Acquisition {
+    /// Order of entry into the critical section (from `INCR`).
+    seq: u64,
+    worker: u32,
+    wait_us: u64,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct WorkerReport {
+    acquisitions: Vec<Acquisition>,
+    violations: u64,
+    timeouts: u64,
+}
+
+const CONTENDED_KEY: &str = "contended";
+
+/// Runs `cli.workers` workers in this process until `cli.seconds` pass.
+async fn run_workers(cli: &Cli, url: &str, base: u32, prefix: &str) -> Fallible<WorkerReport> {
+    let locks = LockManager::builder()
+        .url(url)
+        .prefix(prefix)
+        .default_wait(Duration::from_secs(10))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let conn = connection(url).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(cli.seconds);
+    let marker = format!("{prefix}marker");
+    let seq_key = format!("{prefix}seq");
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..cli.workers {
+        let (locks, mut conn, marker, seq_key) =
+            (locks.clone(), conn.clone(), marker.clone(), seq_key.clone());
+        tasks.spawn(async move {
+            let mut report = WorkerReport::default();
+            while tokio::time::Instant::now() < deadline {
+                let t = Instant::now();
+                let lease = match locks.lock(CONTENDED_KEY).acquire().await {
+                    Ok(lease) => lease,
+                    Err(e) if e.is_contention() => {
+                        report.timeouts += 1;
+                        continue;
+                    }
+                    Err(e) => return Err(e.to_string()),
+                };
+                let wait = t.elapsed();
+                let (entered, seq, _): (Option<String>, u64, i64) = redis::pipe()
+                    .cmd("SET")
+                    .arg(&marker)
+                    .arg(1)
+                    .arg("NX")
+                    .cmd("INCR")
+                    .arg(&seq_key)
+                    .cmd("DEL")
+                    .arg(&marker)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if entered.is_none() {
+                    report.violations += 1;
+                }
+                lease.release().await.map_err(|e| e.to_string())?;
+                report.acquisitions.push(Acquisition {
+                    seq,
+                    worker: base + w,
+                    wait_us: u64::try_from(wait.as_micros()).unwrap_or(u64::MAX),
+                });
+            }
+            Ok(report)
+        });
+    }
+    let mut all = WorkerReport::default();
+    while let Some(joined) = tasks.join_next().await {
+        let report = joined.map_err(|e| e.to_string())??;
+        all.acquisitions.extend(report.acquisitions);
+        all.violations += report.violations;
+        all.timeouts += report.timeouts;
+    }
+    Ok(all)
+}
+
+async fn contended_worker(cli: &Cli, url: &str, base: u32) -> Fallible<()> {
+    let prefix =
+        std::env::var("DISTLOCK_BENCH_PREFIX").map_err(|_| "missing DISTLOCK_BENCH_PREFIX")?;
+    let report = run_workers(cli, url, base, &prefix).await?;
+    println!(
+        "{}",
+        serde_json::to_string(&report).map_err(|e| e.to_string())?
+    );
+    Ok(())
+}
+
+/// `calls` of one command in `INFO commandstats`.
+async fn command_calls(conn: &mut MultiplexedConnection, command: &str) -> Fallible<u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    let prefix = format!("cmdstat_{command}:calls=");
+    Ok(info
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0))
+}
+
+async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
+    let prefix = format!("distlock-bench:{}:", std::process::id());
+    let mut conn = connection(url).await?;
+    let evalsha_before = command_calls(&mut conn, "evalsha").await?;
+    let started = Instant::now();
+    let mut report = WorkerReport::default();
+    if cli.procs <= 1 {
+        report = run_workers(cli, url, 0, &prefix).await?;
+    } else {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut children = Vec::new();
+        for p in 0..cli.procs {
+            children.push(
+                tokio::process::Command::new(&exe)
+                    .arg("contended")
+                    .args(["--workers", &cli.workers.to_string()])
+                    .args(["--seconds", &cli.seconds.to_string()])
+                    .args(["--redis-url", url])
+                    .args(["--worker-base", &(p * cli.workers).to_string()])
+                    .env("DISTLOCK_BENCH_PREFIX", &prefix)
+                    .stdout(std::process::Stdio::piped())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        for child in children {
+            let out = child.wait_with_output().await.map_err(|e| e.to_string())?;
+            if !out.status.success() {
+                return Err(format!("a worker process failed: {}", out.status));
+            }
+            let part: WorkerReport =
+                serde_json::from_slice(&out.stdout).map_err(|e| format!("worker output: {e}"))?;
+            report.acquisitions.extend(part.acquisitions);
+            report.violations += part.violations;
+            report.timeouts += part.timeouts;
+        }
+    }
+    let elapsed = started.elapsed();
+    let evalsha = command_calls(&mut conn, "evalsha")
+        .await?
+        .saturating_sub(evalsha_before);
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{prefix}seq"))
+        .arg(format!("{prefix}fence"))
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+
+    let n = report.acquisitions.len();
+    report.acquisitions.sort_by_key(|a| a.seq);
+    let handoffs = report
+        .acquisitions
+        .windows(2)
+        .filter(|w| w[0].worker != w[1].worker)
+        .count();
+    let mut per_worker: HashMap<u32, f64> = HashMap::new();
+    for a in &report.acquisitions {
+        *per_worker.entry(a.worker).or_default() += 1.0;
+    }
+    let workers = f64::from(cli.workers * cli.procs.max(1));
+    let sum: f64 = per_worker.values().sum();
+    let sum_sq: f64 = per_worker.values().map(|x| x * x).sum();
+    let jain = if sum_sq > 0.0 {
+        sum * sum / (workers * sum_sq)
+    } else {
+        0.0
+    };
+    let waits: Vec<Duration> = report
+        .acquisitions
+        .iter()
+        .map(|a| Duration::from_micros(a.wait_us))
+        .collect();
+    let mean_wait = waits
+        .iter()
+        .sum::<Duration>()
+        .checked_div(u32::try_from(n).unwrap_or(u32::MAX))
+        .unwrap_or_default();
+    let acquisitions_per_s = n as f64 / elapsed.as_secs_f64();
+    // Every acquisition made one release call; every other EVALSHA was an acquire attempt
+    // (renewals do not run: the ttl outlasts the run).
+    let attempts = (evalsha.saturating_sub(n as u64)) as f64 / (n.max(1) as f64);
+    let handoff_share = handoffs as f64 / (n.saturating_sub(1).max(1) as f64);
+    let row = json!({
+        "scenario": "contended",
+        "workers": cli.workers,
+        "procs": cli.procs.max(1),
+        "seconds": cli.seconds,
+        "acquisitions": n,
+        "acquisitions_per_s": acquisitions_per_s.round(),
+        "wait_mean_ms": ms(mean_wait),
+        "wait_p50_ms": ms(quantile(&waits, 0.5)),
+        "wait_p99_ms": ms(quantile(&waits, 0.99)),
+        "wait_max_ms": ms(quantile(&waits, 1.0)),
+        "attempts_per_acquisition": attempts,
+        "handoff_share": handoff_share,
+        "jain_fairness": jain,
+        "violations": report.violations,
+        "timeouts": report.timeouts,
+    });
+    if cli.json {
+        println!("{row}");
+    } else {
+        println!(
+            "contended: {} workers x {} process(es), {} s on one key",
+            cli.workers,
+            cli.procs.max(1),
+            cli.seconds
+        );
+        println!("  acquisitions            {n} ({acquisitions_per_s:.0}/s)");
+        println!(
+            "  wait mean/p50/p99/max   {:.1} / {:.1} / {:.1} / {:.1} ms",
+            ms(mean_wait),
+            ms(quantile(&waits, 0.5)),
+            ms(quantile(&waits, 0.99)),
+            ms(quantile(&waits, 1.0))
+        );
+        println!("  attempts/acquisition    {attempts:.2}");
+        println!("  hand-off share          {handoff_share:.3}");
+        println!("  Jain fairness           {jain:.3}");
+        println!("  violations              {}", report.violations);
+        println!("  timeouts                {}", report.timeouts);
+    }
+    Ok(())
+}
+
+/// CPU time (user + system) this process has used, from /proc (Linux).
+fn cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let after_name = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    // Clock ticks are 100 per second on Linux for every common configuration.
+    Some(Duration::from_millis((utime + stime) * 10))
+}
+
+/// Resident set size in MiB, from /proc (Linux).
+fn rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+async fn held(cli: &Cli, url: &str) -> Fallible<()> {
+    let locks = manager(url)?;
+    let mut conn = connection(url).await?;
+    let ttl = Duration::from_millis(cli.ttl_ms);
+    let rss_before = rss_mib();
+    let acquire_started = Instant::now();
+    let mut leases = Vec::with_capacity(cli.leases as usize);
+    let mut pending = tokio::task::JoinSet::new();
+    for i in 0..cli.leases {
+        let locks = locks.clone();
+        pending.spawn(async move { locks.lock(format!("held:{i}")).ttl(ttl).acquire().await });
+        if pending.len() >= 256 {
+            if let Some(joined) = pending.join_next().await {
+                leases.push(
+                    joined
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| e.to_string())?,
+                );
+            }
+        }
+    }
+    while let Some(joined) = pending.join_next().await {
+        leases.push(
+            joined
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let acquired_in = acquire_started.elapsed();
+
+    let evalsha_before = command_calls(&mut conn, "evalsha").await?;
+    let cpu_before = cpu_time();
+    let hold = Duration::from_secs(cli.seconds);
+    tokio::time::sleep(hold).await;
+    let cpu = cpu_time().zip(cpu_before).map(|(a, b)| a.saturating_sub(b));
+    let renewals = command_calls(&mut conn, "evalsha")
+        .await?
+        .saturating_sub(evalsha_before);
+    let rss = rss_mib();
+    let lost = leases.iter().filter(|l| l.is_lost()).count();
+    for lease in leases {
+        let _ = lease.release().await;
+    }
+    let renewals_per_s = renewals as f64 / hold.as_secs_f64();
+    let cpu_share = cpu.map(|c| c.as_secs_f64() / hold.as_secs_f64());
+    let row = json!({
+        "scenario": "held",
+        "leases": cli.leases,
+        "ttl_ms": cli.ttl_ms,
+        "seconds": cli.seconds,
+        "acquired_in_ms": ms(acquired_in),
+        "renewal_round_trips_per_s": renewals_per_s,
+        "leases_lost": lost,
+        "client_cpu_share_of_one_core": cpu_share,
+        "rss_mib": rss,
+        "rss_growth_mib": rss.zip(rss_before).map(|(a, b)| a - b),
+    });
+    if cli.json {
+        println!("{row}");
+    } else {
+        println!(
+            "held: {} leases, ttl {} ms, held {} s",
+            cli.leases, cli.ttl_ms, cli.seconds
+        );
+        println!("  acquired in             {:.0} ms", ms(acquired_in));
+        println!("  renewal round trips/s   {renewals_per_s:.1}");
+        println!("  leases lost             {lost}");
+        if let Some(share) = cpu_share {
+            println!(
+                "  client CPU              {:.1}% of one core",
+                share * 100.0
+            );
+        }
+        if let Some(rss) = rss {
+            println!("  client RSS              {rss:.1} MiB");
+        }
+    }
+    Ok(())
+}

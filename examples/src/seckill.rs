@@ -1,0 +1,539 @@
+//! The seckill (flash-sale) service: products with limited stock, one unit per buyer, sold
+//! over HTTP by several instances at once. Stock, sales and buyers live in Redis.
+//!
+//! The purchase is the classic read-check-write that oversells without a lock. Four strategies
+//! run it side by side:
+//! - `lock`: the read-check-write inside a `#[distributed_lock("seckill:{product_id}")]` fn;
+//! - `none`: the same code with no lock (shows the oversell);
+//! - `optimistic`: `WATCH` / `MULTI` / `EXEC`, retried on conflict;
+//! - `lua`: one atomic script (the ceiling a lock cannot reach: no lock round trips at all).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use distlock_runtime::{distributed_lock, LockError, LockManager};
+use redis::aio::MultiplexedConnection;
+use serde::{Deserialize, Serialize};
+
+/// How a purchase is made safe (or not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Strategy {
+    /// A distributed lock per product (distlock).
+    Lock,
+    /// No protection at all.
+    None,
+    /// `WATCH` / `MULTI` / `EXEC` with retries.
+    Optimistic,
+    /// One Lua script.
+    Lua,
+}
+
+impl Strategy {
+    /// Every strategy, in the order the demo runs them.
+    pub const ALL: [Strategy; 4] = [Self::Lock, Self::None, Self::Optimistic, Self::Lua];
+
+    /// The name used on the command line and in output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Lock => "lock",
+            Self::None => "none",
+            Self::Optimistic => "optimistic",
+            Self::Lua => "lua",
+        }
+    }
+}
+
+impl std::fmt::Display for Strategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How long a buyer waits for the product's lock (or retries a conflicting transaction)
+/// before the service answers 503 busy.
+pub const BUSY_AFTER: Duration = Duration::from_secs(10);
+
+/// One service instance: its Redis connections, its lock manager and its strategy.
+#[derive(Clone)]
+pub struct Shop {
+    inner: Arc<ShopInner>,
+}
+
+struct ShopInner {
+    locks: LockManager,
+    conn: MultiplexedConnection,
+    pool: deadpool_redis::Pool,
+    strategy: Strategy,
+    prefix: String,
+}
+
+/// What a purchase came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// One unit bought.
+    Bought {
+        /// Units left after this purchase.
+        remaining: i64,
+    },
+    /// No stock left.
+    SoldOut,
+    /// This user already bought one.
+    AlreadyBought,
+    /// No such product.
+    UnknownProduct,
+}
+
+/// Why a purchase could not be decided.
+#[derive(Debug, thiserror::Error)]
+pub enum ShopError {
+    /// The product's lock could not be had in time, or Redis was unavailable to the lock.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// A Redis command failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The pool had no connection for the optimistic strategy.
+    #[error("connection pool: {0}")]
+    Pool(#[from] deadpool_redis::PoolError),
+    /// The optimistic strategy kept conflicting until its deadline.
+    #[error("too many conflicting buyers; try again")]
+    Busy,
+}
+
+impl Shop {
+    /// A shop on the Redis at `url`, with its own lock manager, keeping its keys under `prefix`.
+    ///
+    /// # Errors
+    /// When the URL is unusable or Redis cannot be reached.
+    pub async fn connect(url: &str, strategy: Strategy, prefix: &str) -> Result<Self, ShopError> {
+        let locks = LockManager::builder()
+            .url(url)
+            .prefix(format!("{prefix}lock:"))
+            .default_wait(BUSY_AFTER)
+            .build()?;
+        let conn = redis::Client::open(url)?
+            .get_multiplexed_async_connection()
+            .await?;
+        let pool = deadpool_redis::Config::from_url(url)
+            .builder()
+            .map_err(|e| {
+                redis::RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "pool",
+                    e.to_string(),
+                ))
+            })?
+            .max_size(64)
+            .runtime(deadpool_redis::Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(5)))
+            .create_timeout(Some(Duration::from_secs(2)))
+            .recycle_timeout(Some(Duration::from_secs(2)))
+            .build()
+            .map_err(|e| {
+                redis::RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "pool",
+                    e.to_string(),
+                ))
+            })?;
+        Ok(Self {
+            inner: Arc::new(ShopInner {
+                locks,
+                conn,
+                pool,
+                strategy,
+                prefix: prefix.to_owned(),
+            }),
+        })
+    }
+
+    /// This shop's strategy.
+    pub fn strategy(&self) -> Strategy {
+        self.inner.strategy
+    }
+
+    /// The HTTP service.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/products/{id}", post(create_product).get(show_product))
+            .route("/products/{id}/buy", post(buy))
+            .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
+            .method_not_allowed_fallback(|| async {
+                error(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "method not allowed on this route",
+                )
+            })
+            .with_state(self.clone())
+    }
+
+    /// Creates (or resets) a product with `stock` units.
+    ///
+    /// # Errors
+    /// When Redis fails.
+    pub async fn create(&self, product_id: u64, stock: u32) -> Result<(), ShopError> {
+        let keys = self.inner.keys(product_id);
+        let mut conn = self.inner.conn.clone();
+        redis::pipe()
+            .atomic()
+            .del(&keys.buyers)
+            .hset_multiple(
+                &keys.product,
+                &[
+                    ("stock", i64::from(stock)),
+                    ("initial", i64::from(stock)),
+                    ("sold", 0),
+                ],
+            )
+            .exec_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// The product's counts, or `None` if there is no such product.
+    ///
+    /// # Errors
+    /// When Redis fails.
+    pub async fn report(&self, product_id: u64) -> Result<Option<ProductReport>, ShopError> {
+        let keys = self.inner.keys(product_id);
+        let mut conn = self.inner.conn.clone();
+        let (fields, buyers): (Vec<Option<i64>>, u64) = redis::pipe()
+            .cmd("HMGET")
+            .arg(&keys.product)
+            .arg(&["stock", "sold", "initial"])
+            .scard(&keys.buyers)
+            .query_async(&mut conn)
+            .await?;
+        let [Some(stock), Some(sold), Some(initial)] = fields[..] else {
+            return Ok(None);
+        };
+        Ok(Some(ProductReport {
+            product: product_id,
+            stock,
+            sold,
+            initial,
+            oversold: (sold - initial).max(0),
+            buyers,
+        }))
+    }
+
+    /// One purchase of one unit by `user_id`, with this shop's strategy.
+    ///
+    /// # Errors
+    /// [`ShopError::Lock`] when the lock could not be had (busy, or Redis down);
+    /// [`ShopError::Busy`] when optimistic retries ran out; Redis errors.
+    pub async fn purchase(&self, product_id: u64, user_id: u64) -> Result<Outcome, ShopError> {
+        let shop = &*self.inner;
+        match shop.strategy {
+            Strategy::Lock => purchase_locked(shop, product_id, user_id).await,
+            Strategy::None => shop.read_check_write(product_id, user_id).await,
+            Strategy::Optimistic => shop.optimistic(product_id, user_id).await,
+            Strategy::Lua => shop.scripted(product_id, user_id).await,
+        }
+    }
+}
+
+/// The purchase under the product's distributed lock: at most one buyer per product at a
+/// time, fleet-wide, so the unprotected read-check-write below is safe.
+#[distributed_lock("seckill:{product_id}", ttl = 5, manager = &shop.locks)]
+async fn purchase_locked(
+    shop: &ShopInner,
+    product_id: u64,
+    user_id: u64,
+) -> Result<Outcome, ShopError> {
+    shop.read_check_write(product_id, user_id).await
+}
+
+struct Keys {
+    product: String,
+    buyers: String,
+}
+
+impl ShopInner {
+    fn keys(&self, product_id: u64) -> Keys {
+        Keys {
+            product: format!("{}product:{product_id}", self.prefix),
+            buyers: format!("{}product:{product_id}:buyers", self.prefix),
+        }
+    }
+
+    /// Read the stock, check it and the buyer, write the new stock: correct only when nobody
+    /// else runs it for the same product at the same time.
+    async fn read_check_write(&self, product_id: u64, user_id: u64) -> Result<Outcome, ShopError> {
+        let keys = self.keys(product_id);
+        let mut conn = self.conn.clone();
+        let (stock, bought): (Option<i64>, bool) = redis::pipe()
+            .hget(&keys.product, "stock")
+            .sismember(&keys.buyers, user_id)
+            .query_async(&mut conn)
+            .await?;
+        let Some(stock) = stock else {
+            return Ok(Outcome::UnknownProduct);
+        };
+        if bought {
+            return Ok(Outcome::AlreadyBought);
+        }
+        if stock <= 0 {
+            return Ok(Outcome::SoldOut);
+        }
+        // The order is "processed" here: other buyers run meanwhile.
+        tokio::task::yield_now().await;
+        let remaining = stock - 1;
+        redis::pipe()
+            .hset(&keys.product, "stock", remaining)
+            .hincr(&keys.product, "sold", 1)
+            .sadd(&keys.buyers, user_id)
+            .exec_async(&mut conn)
+            .await?;
+        Ok(Outcome::Bought { remaining })
+    }
+
+    /// The same check under `WATCH`, committed with `MULTI`/`EXEC`, retried when another buyer
+    /// changed the product first.
+    async fn optimistic(&self, product_id: u64, user_id: u64) -> Result<Outcome, ShopError> {
+        let keys = self.keys(product_id);
+        let deadline = tokio::time::Instant::now() + BUSY_AFTER;
+        let mut backoff = Duration::from_millis(1);
+        // A pooled connection is ours alone while held: WATCH state cannot mix with others'.
+        let mut conn = self.pool.get().await?;
+        loop {
+            redis::cmd("WATCH")
+                .arg(&keys.product)
+                .arg(&keys.buyers)
+                .exec_async(&mut conn)
+                .await?;
+            let (stock, bought): (Option<i64>, bool) = redis::pipe()
+                .hget(&keys.product, "stock")
+                .sismember(&keys.buyers, user_id)
+                .query_async(&mut conn)
+                .await?;
+            let verdict = match stock {
+                None => Some(Outcome::UnknownProduct),
+                Some(_) if bought => Some(Outcome::AlreadyBought),
+                Some(stock) if stock <= 0 => Some(Outcome::SoldOut),
+                Some(_) => None,
+            };
+            if let Some(verdict) = verdict {
+                redis::cmd("UNWATCH").exec_async(&mut conn).await?;
+                return Ok(verdict);
+            }
+            let remaining = stock.unwrap_or(0) - 1;
+            let committed: Option<()> = redis::pipe()
+                .atomic()
+                .hset(&keys.product, "stock", remaining)
+                .ignore()
+                .hincr(&keys.product, "sold", 1)
+                .ignore()
+                .sadd(&keys.buyers, user_id)
+                .ignore()
+                .query_async(&mut conn)
+                .await?;
+            if committed.is_some() {
+                return Ok(Outcome::Bought { remaining });
+            }
+            if tokio::time::Instant::now() + backoff > deadline {
+                return Err(ShopError::Busy);
+            }
+            tokio::time::sleep(backoff.mul_f64(0.5 + fastrand::f64())).await;
+            backoff = (backoff * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// The whole purchase as one script: atomic on the server, no lock needed.
+    async fn scripted(&self, product_id: u64, user_id: u64) -> Result<Outcome, ShopError> {
+        static PURCHASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+            // KEYS[1]: product hash, KEYS[2]: buyers set. ARGV[1]: user id.
+            // Returns -1 unknown product, -2 already bought, -3 sold out, else the stock left.
+            redis::Script::new(
+                r"
+local stock = tonumber(redis.call('HGET', KEYS[1], 'stock'))
+if not stock then return -1 end
+if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return -2 end
+if stock <= 0 then return -3 end
+redis.call('HSET', KEYS[1], 'stock', stock - 1)
+redis.call('HINCRBY', KEYS[1], 'sold', 1)
+redis.call('SADD', KEYS[2], ARGV[1])
+return stock - 1
+",
+            )
+        });
+        let keys = self.keys(product_id);
+        let mut conn = self.conn.clone();
+        let answer: i64 = PURCHASE
+            .key(&keys.product)
+            .key(&keys.buyers)
+            .arg(user_id)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(match answer {
+            -1 => Outcome::UnknownProduct,
+            -2 => Outcome::AlreadyBought,
+            -3 => Outcome::SoldOut,
+            remaining => Outcome::Bought { remaining },
+        })
+    }
+}
+
+/// `GET /products/{id}`: a product's counts.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ProductReport {
+    /// Product id.
+    pub product: u64,
+    /// Units left.
+    pub stock: i64,
+    /// Units sold.
+    pub sold: i64,
+    /// Units the product was created with.
+    pub initial: i64,
+    /// Units sold beyond the initial stock.
+    pub oversold: i64,
+    /// Distinct buyers.
+    pub buyers: u64,
+}
+
+/// `POST /products/{id}` body.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct CreateProduct {
+    /// Units for sale.
+    pub stock: u32,
+}
+
+/// `POST /products/{id}/buy` body.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct BuyRequest {
+    /// Who buys.
+    pub user_id: u64,
+}
+
+/// The JSON body of every purchase answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BuyResponse {
+    /// `bought`, `sold_out`, `already_bought`, `busy`, `unknown_product` or `error`.
+    pub status: String,
+    /// Units left, when bought.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub remaining: Option<i64>,
+    /// What went wrong, for errors.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub message: Option<String>,
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    let body = serde_json::json!({ "status": "error", "message": message.into() });
+    (status, Json(body)).into_response()
+}
+
+/// A request the service refuses before doing anything: a 4xx JSON answer.
+struct Rejected {
+    status: StatusCode,
+    message: String,
+}
+
+impl IntoResponse for Rejected {
+    fn into_response(self) -> Response {
+        error(self.status, self.message)
+    }
+}
+
+fn product_id(path: Result<Path<u64>, PathRejection>) -> Result<u64, Rejected> {
+    path.map(|Path(id)| id).map_err(|rejection| Rejected {
+        status: StatusCode::BAD_REQUEST,
+        message: format!(
+            "product id must be a non-negative integer: {}",
+            rejection.body_text()
+        ),
+    })
+}
+
+fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, Rejected> {
+    body.map(|Json(body)| body).map_err(|rejection| Rejected {
+        status: rejection.status(),
+        message: rejection.body_text(),
+    })
+}
+
+async fn create_product(
+    State(shop): State<Shop>,
+    path: Result<Path<u64>, PathRejection>,
+    body: Result<Json<CreateProduct>, JsonRejection>,
+) -> Response {
+    let (id, body) = match (product_id(path), json_body(body)) {
+        (Ok(id), Ok(body)) => (id, body),
+        (Err(rejected), _) | (_, Err(rejected)) => return rejected.into_response(),
+    };
+    match shop.create(id, body.stock).await {
+        Ok(()) => (
+            StatusCode::CREATED,
+            Json(serde_json::json!({ "product": id, "stock": body.stock })),
+        )
+            .into_response(),
+        Err(e) => unavailable(&e),
+    }
+}
+
+async fn show_product(
+    State(shop): State<Shop>,
+    path: Result<Path<u64>, PathRejection>,
+) -> Response {
+    let id = match product_id(path) {
+        Ok(id) => id,
+        Err(rejected) => return rejected.into_response(),
+    };
+    match shop.report(id).await {
+        Ok(Some(report)) => Json(report).into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, format!("no product {id}")),
+        Err(e) => unavailable(&e),
+    }
+}
+
+async fn buy(
+    State(shop): State<Shop>,
+    path: Result<Path<u64>, PathRejection>,
+    body: Result<Json<BuyRequest>, JsonRejection>,
+) -> Response {
+    let (id, body) = match (product_id(path), json_body(body)) {
+        (Ok(id), Ok(body)) => (id, body),
+        (Err(rejected), _) | (_, Err(rejected)) => return rejected.into_response(),
+    };
+    let answer =
+        |status: StatusCode, word: &str, remaining: Option<i64>, message: Option<String>| {
+            let body = BuyResponse {
+                status: word.to_owned(),
+                remaining,
+                message,
+            };
+            (status, Json(body)).into_response()
+        };
+    match shop.purchase(id, body.user_id).await {
+        Ok(Outcome::Bought { remaining }) => {
+            answer(StatusCode::OK, "bought", Some(remaining), None)
+        }
+        Ok(Outcome::SoldOut) => answer(StatusCode::CONFLICT, "sold_out", None, None),
+        Ok(Outcome::AlreadyBought) => answer(StatusCode::CONFLICT, "already_bought", None, None),
+        Ok(Outcome::UnknownProduct) => answer(
+            StatusCode::NOT_FOUND,
+            "unknown_product",
+            None,
+            Some(format!("no product {id}")),
+        ),
+        Err(ShopError::Busy) => answer(StatusCode::SERVICE_UNAVAILABLE, "busy", None, None),
+        Err(ShopError::Lock(e)) if e.is_contention() => answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            None,
+            Some(e.to_string()),
+        ),
+        Err(e) => unavailable(&e),
+    }
+}
+
+fn unavailable(e: &ShopError) -> Response {
+    tracing::warn!(error = %e, "seckill request failed");
+    error(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+}
