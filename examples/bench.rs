@@ -269,7 +269,7 @@ async fn measure(
     for &s in scenarios {
         run_scenario(s, &mut conn, &locks, 1_000.min(cli.cycles)).await?;
     }
-    let rounds = 10;
+    let rounds = 50;
     let per_round = (cli.cycles / rounds).max(1);
     let mut results: Vec<(Scenario, Cycles)> =
         scenarios.iter().map(|&s| (s, Cycles::default())).collect();

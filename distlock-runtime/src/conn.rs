@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use deadpool_redis::{Pool, PoolError};
 use redis::aio::MultiplexedConnection;
-use redis::{FromRedisValue, ScriptInvocation};
+use redis::{FromRedisValue, Pipeline, ScriptInvocation};
 
 use crate::LockError;
 
@@ -32,6 +32,27 @@ pub(crate) struct Redis {
     pool: Pool,
     current: Mutex<Option<Current>>,
     timeouts: Timeouts,
+    bounded_connections: bool,
+}
+
+/// What [`Redis::invoke`] sends: a script (by `EVALSHA`, reloaded on `NOSCRIPT`) or a
+/// pipeline (sent in one write; atomic when built with `.atomic()`).
+#[derive(Clone, Copy)]
+pub(crate) enum Request<'a> {
+    Script(&'a ScriptInvocation<'a>),
+    Pipeline(&'a Pipeline),
+}
+
+impl Request<'_> {
+    async fn send<T: FromRedisValue>(
+        self,
+        conn: &mut MultiplexedConnection,
+    ) -> redis::RedisResult<T> {
+        match self {
+            Self::Script(invocation) => invocation.invoke_async(conn).await,
+            Self::Pipeline(pipeline) => pipeline.query_async(conn).await,
+        }
+    }
 }
 
 /// Which connection a call used, and whether it was kept from an earlier call.
@@ -46,11 +67,15 @@ struct Current {
 }
 
 impl Redis {
-    pub(crate) fn new(pool: Pool, timeouts: Timeouts) -> Self {
+    /// `bounded_connections`: the pool's connections were configured with `timeouts.response`
+    /// as their own response timeout (a pool the builder created), so no second timer is needed
+    /// per call.
+    pub(crate) fn new(pool: Pool, timeouts: Timeouts, bounded_connections: bool) -> Self {
         Self {
             pool,
             current: Mutex::new(None),
             timeouts,
+            bounded_connections,
         }
     }
 
@@ -72,20 +97,26 @@ impl Redis {
     pub(crate) async fn invoke<T: FromRedisValue>(
         &self,
         op: &'static str,
-        invocation: &ScriptInvocation<'_>,
+        request: Request<'_>,
     ) -> Result<T, LockError> {
         let after = self.timeouts.response;
         let mut may_retry = true;
         loop {
             let (checkout, mut conn) = self.connection(op).await?;
-            match tokio::time::timeout(after, invocation.invoke_async(&mut conn)).await {
-                Ok(Ok(value)) => return Ok(value),
-                Ok(Err(source)) if source.is_timeout() => {
-                    // The connection's own response timeout (same length) fired first.
+            let call = request.send(&mut conn);
+            let answer = if self.bounded_connections {
+                Some(call.await)
+            } else {
+                tokio::time::timeout(after, call).await.ok()
+            };
+            match answer {
+                Some(Ok(value)) => return Ok(value),
+                Some(Err(source)) if source.is_timeout() => {
+                    // The connection's own response timeout fired.
                     self.forget(checkout.generation);
                     return Err(LockError::RedisTimeout { op, after });
                 }
-                Ok(Err(source)) => {
+                Some(Err(source)) => {
                     if !is_connection_failure(&source) {
                         return Err(LockError::Redis { op, source });
                     }
@@ -95,7 +126,7 @@ impl Redis {
                     }
                     may_retry = false;
                 }
-                Err(_elapsed) => {
+                None => {
                     // The connection may be stuck behind a hung server: send nothing more on it.
                     self.forget(checkout.generation);
                     return Err(LockError::RedisTimeout { op, after });

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::conn::lock;
+use crate::conn::{lock, Request};
 use crate::manager::LockManager;
 use crate::renew::{self, Registration};
 use crate::{scripts, LockError};
@@ -108,7 +108,11 @@ impl Lease {
             .arg(renew::millis(ttl))
             .arg(self.redis_keys.len());
         let sent = Instant::now();
-        let owned: Vec<i64> = self.manager.redis().invoke("extend", &invocation).await?;
+        let owned: Vec<i64> = self
+            .manager
+            .redis()
+            .invoke("extend", Request::Script(&invocation))
+            .await?;
         if owned.first() == Some(&1) {
             self.state.renewed(sent, ttl);
             if self.state.is_lost() {

@@ -10,7 +10,7 @@ use deadpool_redis::{Pool, Runtime};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::conn::{Redis, Timeouts};
+use crate::conn::{Redis, Request, Timeouts};
 use crate::lease::{Lease, LeaseState};
 use crate::renew::{self, Renewals};
 use crate::scripts::{self, Acquire};
@@ -148,14 +148,7 @@ impl LockManager {
                 Arc::clone(&state),
             )
         });
-        let mut invocation = scripts::ACQUIRE.prepare_invoke();
-        for key in redis_keys.iter() {
-            invocation.key(key.as_str());
-        }
-        invocation
-            .key(&self.inner.fence_key)
-            .arg(&*token)
-            .arg(renew::millis(ttl));
+        let request = AcquireRequest::new(&redis_keys, &self.inner.fence_key, &token, ttl);
 
         let started = Instant::now();
         let deadline = started
@@ -176,7 +169,7 @@ impl LockManager {
             // If this call is cancelled or fails while the request is out, the lock may have
             // been taken: release it (by token) rather than leave it until its ttl.
             in_doubt.armed = true;
-            let answer = self.redis().invoke("acquire", &invocation).await?;
+            let answer = request.send(self.redis(), &token).await?;
             in_doubt.armed = false;
             match answer {
                 Acquire::Acquired { fencing_token } => {
@@ -235,7 +228,9 @@ impl LockManager {
             invocation.key(key.as_str());
         }
         invocation.arg(token);
-        self.redis().invoke("release", &invocation).await
+        self.redis()
+            .invoke("release", Request::Script(&invocation))
+            .await
     }
 
     /// Releases from a spawned task: the fallback when a lease is dropped instead of released,
@@ -282,6 +277,60 @@ impl LockManager {
                 pause = (pause * 2).min(Duration::from_secs(1));
             }
         });
+    }
+}
+
+/// The acquire request of one lease, built once and sent at every attempt.
+enum AcquireRequest {
+    /// One key: three plain commands in one write.
+    One(redis::Pipeline),
+    /// Several keys: the all-or-nothing script.
+    All(redis::ScriptInvocation<'static>),
+}
+
+impl AcquireRequest {
+    fn new(redis_keys: &[String], fence_key: &str, token: &str, ttl: Duration) -> Self {
+        if let [key] = redis_keys {
+            return Self::One(scripts::acquire_one(
+                key,
+                fence_key,
+                token,
+                renew::millis(ttl),
+            ));
+        }
+        let mut invocation = scripts::ACQUIRE.prepare_invoke();
+        for key in redis_keys {
+            invocation.key(key.as_str());
+        }
+        invocation.key(fence_key).arg(token).arg(renew::millis(ttl));
+        Self::All(invocation)
+    }
+
+    async fn send(&self, redis: &Redis, token: &str) -> Result<Acquire, LockError> {
+        match self {
+            Self::All(invocation) => redis.invoke("acquire", Request::Script(invocation)).await,
+            Self::One(pipeline) => {
+                let answer = redis
+                    .invoke("acquire", Request::Pipeline(pipeline))
+                    .await
+                    .map_err(|error| match error {
+                        LockError::Redis { source, .. }
+                            if source.kind()
+                                == redis::ErrorKind::Server(redis::ServerErrorKind::ExecAbort) =>
+                        {
+                            LockError::Redis {
+                                op: "acquire (SET NX GET: distlock needs Redis 7.0 or newer)",
+                                source,
+                            }
+                        }
+                        other => other,
+                    })?;
+                scripts::acquire_one_answer(answer, token).map_err(|e| LockError::Redis {
+                    op: "acquire",
+                    source: redis::RedisError::from(e),
+                })
+            }
+        }
     }
 }
 
@@ -467,21 +516,10 @@ pub(crate) fn check_ttl(ttl: Duration) -> Result<(), LockError> {
     Ok(())
 }
 
-/// A random 128-bit owner token, as 32 hex digits.
+/// A random 128-bit owner token, as 32 hex digits. Drawn from a per-thread generator seeded
+/// from the OS (fastrand), so taking a lock costs no system call.
 fn new_token() -> String {
-    let mut bytes = [0u8; 16];
-    if getrandom::fill(&mut bytes).is_err() {
-        // The OS could not give randomness: fall back to a per-process generator mixed with a
-        // counter, still unique within this process and unlikely to collide across processes.
-        bytes[..8].copy_from_slice(&fastrand::u64(..).to_le_bytes());
-        bytes[8..].copy_from_slice(&crate::conn::next_id().to_le_bytes());
-    }
-    let mut hex = String::with_capacity(32);
-    for byte in bytes {
-        use fmt::Write;
-        let _ = write!(hex, "{byte:02x}");
-    }
-    hex
+    format!("{:032x}", fastrand::u128(..))
 }
 
 /// Builds a [`LockManager`]. Every timeout is finite by default.
@@ -639,20 +677,20 @@ impl LockManagerBuilder {
             response: self.response_timeout,
             pool_wait: self.pool_wait_timeout,
         };
-        let (pool, endpoint) = match self.source {
+        let (pool, endpoint, bounded_connections) = match self.source {
             None => {
                 return Err(LockError::InvalidConfig {
                     what: "Redis source",
                     reason: "give the builder a .url(..) or a .pool(..)".to_owned(),
                 })
             }
-            Some(Source::Pool(pool)) => (pool, "(caller's pool)".to_owned()),
+            Some(Source::Pool(pool)) => (pool, "(caller's pool)".to_owned(), false),
             Some(Source::Url(url)) => {
                 let (info, endpoint) = parse_url(&url)?;
-                (create_pool(info, self.pool_size, timeouts)?, endpoint)
+                (create_pool(info, self.pool_size, timeouts)?, endpoint, true)
             }
         };
-        let redis = Arc::new(Redis::new(pool, timeouts));
+        let redis = Arc::new(Redis::new(pool, timeouts, bounded_connections));
         Ok(LockManager {
             inner: Arc::new(Inner {
                 id: crate::conn::next_id(),

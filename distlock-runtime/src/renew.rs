@@ -5,7 +5,11 @@
 //! cancelled, so nothing renews a lease its owner has let go. Leases due in the same tick are
 //! extended by one script call; each lease's answer is its own, so a lease found gone is marked
 //! lost without touching the others. Redis errors are retried until the lease's own validity has
-//! run out, then the lease is lost. The driver runs only while leases are registered.
+//! run out, then the lease is lost. The driver stops after [`IDLE`] without leases.
+//!
+//! The driver is woken only when a lease becomes due before the driver's planned wake-up, so a
+//! lock cycle that ends before its first renewal costs a registry insert and remove, no task
+//! wake-up.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,12 +18,15 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::conn::{lock, Redis};
+use crate::conn::{lock, Redis, Request};
 use crate::lease::LeaseState;
 use crate::scripts;
 
 /// How many leases one renewal script call carries at most.
 const MAX_BATCH: usize = 1000;
+
+/// How long the driver waits without leases before it stops.
+const IDLE: Duration = Duration::from_secs(5);
 
 /// The renewal side of one manager.
 pub(crate) struct Renewals {
@@ -37,6 +44,10 @@ struct Registry {
     next_id: u64,
     /// The id of the running driver task, if one runs.
     driver: Option<u64>,
+    /// While the driver sleeps: when it will wake (`None`: only when notified).
+    asleep_until: Option<Option<Instant>>,
+    /// Since when the registry has been empty.
+    idle_since: Option<Instant>,
     leases: HashMap<u64, Entry>,
 }
 
@@ -98,14 +109,23 @@ impl Registration {
     /// The keys' expiry was set to `ttl` by a request sent at `sent` (the acquire, or a manual
     /// extend): renew a third of `ttl` after it.
     pub(crate) fn schedule(&self, sent: Instant, ttl: Duration) {
+        let due = sent + interval(ttl);
         let mut registry = lock(&self.shared.registry);
         if let Some(entry) = registry.leases.get_mut(&self.id) {
-            entry.due = Some(sent + interval(ttl));
+            entry.due = Some(due);
         }
         // The driver may have died with the runtime it ran on since this lease registered.
         start_driver(&self.shared, &mut registry);
+        // Wake it only if it would sleep past this lease's renewal; a busy driver collects
+        // again when its round trip ends.
+        let wake = matches!(registry.asleep_until, Some(until) if until.is_none_or(|t| due < t));
+        if wake {
+            registry.asleep_until = None;
+        }
         drop(registry);
-        self.shared.wake.notify_one();
+        if wake {
+            self.shared.wake.notify_one();
+        }
     }
 }
 
@@ -140,6 +160,7 @@ fn start_driver(shared: &Arc<Shared>, registry: &mut Registry) {
         registry.next_id += 1;
         let id = registry.next_id;
         registry.driver = Some(id);
+        registry.asleep_until = None;
         tokio::spawn(drive(Arc::clone(shared), id));
     }
 }
@@ -155,6 +176,7 @@ impl Drop for DriverRunning<'_> {
         let mut registry = lock(&self.shared.registry);
         if registry.driver == Some(self.id) {
             registry.driver = None;
+            registry.asleep_until = None;
         }
     }
 }
@@ -194,16 +216,25 @@ enum Collected {
 
 fn collect_due(shared: &Shared) -> Collected {
     let mut registry = lock(&shared.registry);
+    let now = Instant::now();
     if registry.leases.is_empty() {
-        // Cleared under the same lock as the check, so a lease registered next starts a driver.
-        registry.driver = None;
-        return Collected::Stop;
+        let idle_since = *registry.idle_since.get_or_insert(now);
+        if now >= idle_since + IDLE {
+            // Cleared under the same lock as the check, so a lease registered next starts a
+            // new driver.
+            registry.driver = None;
+            registry.asleep_until = None;
+            return Collected::Stop;
+        }
+        let until = Some(idle_since + IDLE);
+        registry.asleep_until = Some(until);
+        return Collected::Sleep(until);
     }
+    registry.idle_since = None;
     // A lost lease is never renewed again (its `run` is stopping it).
     registry
         .leases
         .retain(|_, entry| !entry.state.is_lost_flag());
-    let now = Instant::now();
     let mut batch = Vec::new();
     let mut next: Option<Instant> = None;
     for (&id, entry) in &registry.leases {
@@ -224,8 +255,10 @@ fn collect_due(shared: &Shared) -> Collected {
         }
     }
     if batch.is_empty() {
+        registry.asleep_until = Some(next);
         Collected::Sleep(next)
     } else {
+        registry.asleep_until = None;
         Collected::Batch(batch)
     }
 }
@@ -242,7 +275,10 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
             .arg(lease.keys.len());
     }
     let sent = Instant::now();
-    let answer: Result<Vec<i64>, _> = shared.redis.invoke("renew", &invocation).await;
+    let answer: Result<Vec<i64>, _> = shared
+        .redis
+        .invoke("renew", Request::Script(&invocation))
+        .await;
     let now = Instant::now();
     let failure = match &answer {
         Ok(owned) if owned.len() == batch.len() => None,

@@ -1,4 +1,5 @@
-//! The Lua scripts that make every lock operation atomic on the Redis server.
+//! The Lua scripts (and one transaction) that make every lock operation atomic on the Redis
+//! server.
 //!
 //! Each script is sent with `EVALSHA` and reloaded on `NOSCRIPT` (redis-rs's `invoke_async`), so a
 //! `SCRIPT FLUSH` or a server restart costs one extra round trip, never a failure. A lock key holds
@@ -37,6 +38,53 @@ return {1, fence}
 ",
     )
 });
+
+/// Takes one lock key without Lua: the common single-key acquire. Lua has a fixed cost per
+/// call, and so does `MULTI`/`EXEC`; three plain commands in one write cost the least.
+///
+/// `SET key token NX PX ttl GET; INCR fence; PTTL key` (`NX` with `GET` needs Redis 7.0).
+/// `SET` answers the key's previous value: none, so the key is now ours; our own token, so a
+/// retried request already took it; anything else, so it is held and `PTTL` says for how long.
+///
+/// Why the fencing number needs no transaction: this connection's `INCR` runs after its `SET`
+/// and before its reply. The lease is only used if that reply arrives within the lease's
+/// validity (counted from before the send, see `LeaseState`), so the `INCR` ran before the key
+/// could expire; the next owner's `SET`, and so its `INCR`, comes after this key is released or
+/// expired, and draws a greater number. Failed attempts draw numbers too, leaving gaps only.
+pub(crate) fn acquire_one(key: &str, fence_key: &str, token: &str, ttl_ms: u64) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.cmd("SET")
+        .arg(key)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms)
+        .arg("GET")
+        .cmd("INCR")
+        .arg(fence_key)
+        .cmd("PTTL")
+        .arg(key);
+    pipe
+}
+
+/// What [`acquire_one`] answered, for the owner of `token`.
+pub(crate) fn acquire_one_answer(
+    (previous, fence, pttl): (Option<String>, i64, i64),
+    token: &str,
+) -> Result<Acquire, redis::ParsingError> {
+    match previous {
+        Some(owner) if owner != token => Ok(Acquire::Held {
+            first_held: 0,
+            remaining: u64::try_from(pttl)
+                .ok()
+                .map(std::time::Duration::from_millis),
+        }),
+        _ => Ok(Acquire::Acquired {
+            fencing_token: u64::try_from(fence)
+                .map_err(|_| redis::ParsingError::from("negative fencing token".to_owned()))?,
+        }),
+    }
+}
 
 /// Deletes the lock keys this owner still holds; never touches a key owned by someone else.
 ///
