@@ -119,7 +119,12 @@ impl LockManager {
 
     /// The Redis key that holds the lock on `key`.
     pub fn redis_key(&self, key: &str) -> String {
-        format!("{}lock:{key}", self.inner.prefix)
+        let prefix = &self.inner.prefix;
+        let mut redis_key = String::with_capacity(prefix.len() + 5 + key.len());
+        redis_key.push_str(prefix);
+        redis_key.push_str("lock:");
+        redis_key.push_str(key);
+        redis_key
     }
 
     pub(crate) fn redis(&self) -> &Redis {
@@ -519,7 +524,11 @@ pub(crate) fn check_ttl(ttl: Duration) -> Result<(), LockError> {
 /// A random 128-bit owner token, as 32 hex digits. Drawn from a per-thread generator seeded
 /// from the OS (fastrand), so taking a lock costs no system call.
 fn new_token() -> String {
-    format!("{:032x}", fastrand::u128(..))
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bits = fastrand::u128(..);
+    (0..32)
+        .map(|i| char::from(HEX[((bits >> (124 - 4 * i)) & 0xf) as usize]))
+        .collect()
 }
 
 /// Builds a [`LockManager`]. Every timeout is finite by default.

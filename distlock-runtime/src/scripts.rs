@@ -52,18 +52,22 @@ return {1, fence}
 /// could expire; the next owner's `SET`, and so its `INCR`, comes after this key is released or
 /// expired, and draws a greater number. Failed attempts draw numbers too, leaving gaps only.
 pub(crate) fn acquire_one(key: &str, fence_key: &str, token: &str, ttl_ms: u64) -> redis::Pipeline {
-    let mut pipe = redis::pipe();
-    pipe.cmd("SET")
+    // Sized up front: growing the argument buffers one push at a time costs more than the
+    // rest of building the request.
+    let mut set = redis::Cmd::with_capacity(7, 32 + key.len() + token.len());
+    set.arg("SET")
         .arg(key)
         .arg(token)
         .arg("NX")
         .arg("PX")
         .arg(ttl_ms)
-        .arg("GET")
-        .cmd("INCR")
-        .arg(fence_key)
-        .cmd("PTTL")
-        .arg(key);
+        .arg("GET");
+    let mut incr = redis::Cmd::with_capacity(2, 4 + fence_key.len());
+    incr.arg("INCR").arg(fence_key);
+    let mut pttl = redis::Cmd::with_capacity(2, 4 + key.len());
+    pttl.arg("PTTL").arg(key);
+    let mut pipe = redis::Pipeline::with_capacity(3);
+    pipe.add_command(set).add_command(incr).add_command(pttl);
     pipe
 }
 
