@@ -56,6 +56,8 @@
 //! # Ok(()) }
 //! ```
 //!
+//! distlock needs Redis 7.0 or newer (the single-key acquire uses `SET ... NX GET`).
+//!
 //! # Guarantees
 //! - Mutual exclusion per key while leases are valid. A lease's validity is counted from before
 //!   its request was sent, less a clock-drift margin, so this process gives up a lease before
