@@ -289,6 +289,37 @@ where
     None
 }
 
+/// Waits until `key` exists; how long it took, or `None` after `within`.
+pub async fn until_exists(
+    conn: &redis::aio::MultiplexedConnection,
+    key: &str,
+    within: Duration,
+) -> Option<Duration> {
+    until_key(conn, key, true, within).await
+}
+
+/// Waits until `key` is gone; how long it took, or `None` after `within`.
+pub async fn until_gone(
+    conn: &redis::aio::MultiplexedConnection,
+    key: &str,
+    within: Duration,
+) -> Option<Duration> {
+    until_key(conn, key, false, within).await
+}
+
+async fn until_key(
+    conn: &redis::aio::MultiplexedConnection,
+    key: &str,
+    present: bool,
+    within: Duration,
+) -> Option<Duration> {
+    eventually(within, || {
+        let mut conn = conn.clone();
+        async move { exists(&mut conn, key).await == present }
+    })
+    .await
+}
+
 /// Whether `key` exists, asked on `conn`.
 pub async fn exists(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> bool {
     redis::cmd("EXISTS")
@@ -297,4 +328,17 @@ pub async fn exists(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> 
         .await
         .expect("EXISTS")
         == 1
+}
+
+/// Takes and releases one lock, so the manager's connection is open and its scripts loaded
+/// before a test counts requests or times calls.
+pub async fn warm_up(locks: &LockManager) {
+    locks
+        .lock("warm-up")
+        .acquire()
+        .await
+        .expect("warm-up acquire")
+        .release()
+        .await
+        .expect("warm-up release");
 }

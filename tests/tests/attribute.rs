@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distlock_runtime::{current_lease, distributed_lock, LockError, LockManager};
-use distlock_tests::{eventually, exists, RedisServer};
+use distlock_tests::{exists, until_exists, until_gone, RedisServer};
 use redis::aio::MultiplexedConnection;
 use redis::AsyncCommands;
 
@@ -129,12 +129,9 @@ async fn a_deleted_lease_stops_the_annotated_body_and_returns_lease_lost() {
         async move { forever(&locks, 1, progress).await }
     });
     let mut conn = server.client().await;
-    eventually(Duration::from_secs(2), || {
-        let (mut conn, key) = (conn.clone(), key.clone());
-        async move { exists(&mut conn, &key).await }
-    })
-    .await
-    .expect("acquired");
+    until_exists(&conn, &key, Duration::from_secs(2))
+        .await
+        .expect("acquired");
     let _: () = conn.del(&key).await.unwrap();
     let deleted_at = Instant::now();
     let outcome = tokio::time::timeout(Duration::from_secs(3), call)
@@ -332,18 +329,11 @@ async fn dropping_an_annotated_call_releases_within_100_ms() {
         let locks = locks.clone();
         async move { slow(&locks, 1).await }
     });
-    eventually(Duration::from_secs(2), || {
-        let (mut conn, key) = (conn.clone(), key.clone());
-        async move { exists(&mut conn, &key).await }
-    })
-    .await
-    .expect("acquired");
+    until_exists(&conn, &key, Duration::from_secs(2))
+        .await
+        .expect("acquired");
     call.abort();
-    let released = eventually(Duration::from_millis(100), || {
-        let (mut conn, key) = (conn.clone(), key.clone());
-        async move { !exists(&mut conn, &key).await }
-    })
-    .await;
+    let released = until_gone(&conn, &key, Duration::from_millis(100)).await;
     assert!(
         released.is_some(),
         "still held 100 ms after the call was dropped"

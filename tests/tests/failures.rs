@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use distlock_runtime::LockError;
-use distlock_tests::{eventually, exists, RedisServer};
+use distlock_tests::{exists, until_gone, warm_up, RedisServer};
 
 /// Connect, response and pool-wait timeouts of the managers in these tests.
 const TIMEOUT: Duration = Duration::from_millis(500);
@@ -39,14 +39,7 @@ async fn redis_paused_is_an_error_within_the_response_timeout() {
     let _load = distlock_tests::timed().await;
     let mut server = RedisServer::start();
     let locks = fast_manager(&server);
-    locks
-        .lock("warm")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    warm_up(&locks).await;
     server.pause();
 
     // On the open connection: the response timeout.
@@ -81,11 +74,7 @@ async fn redis_paused_is_an_error_within_the_response_timeout() {
     // acquired", and their token-checked release (retried in the background) removes them.
     let conn = server.client().await;
     let key = locks.redis_key("paused");
-    let cleaned = eventually(Duration::from_secs(2), || {
-        let (mut conn, key) = (conn.clone(), key.clone());
-        async move { !exists(&mut conn, &key).await }
-    })
-    .await;
+    let cleaned = until_gone(&conn, &key, Duration::from_secs(2)).await;
     assert!(cleaned.is_some(), "the in-doubt acquire was not cleaned up");
     // And the manager recovers.
     let lease = locks

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use distlock_runtime::{LockError, LockManager};
-use distlock_tests::{eventually, exists, RedisServer};
+use distlock_tests::{exists, until_gone, RedisServer};
 use redis::AsyncCommands;
 use tokio::io::AsyncBufReadExt;
 
@@ -71,13 +71,9 @@ async fn a_leaked_lease_frees_the_lock_within_its_ttl() {
         .unwrap();
     std::mem::forget(lease);
     assert!(exists(&mut conn, &key).await);
-    eventually(ttl + Duration::from_millis(100), || {
-        let mut conn = conn.clone();
-        let key = key.clone();
-        async move { !exists(&mut conn, &key).await }
-    })
-    .await
-    .expect("lock gone");
+    until_gone(&conn, &key, ttl + Duration::from_millis(100))
+        .await
+        .expect("lock gone");
     assert!(
         started.elapsed() <= ttl + Duration::from_millis(100),
         "{:?}",

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distlock_runtime::LockError;
-use distlock_tests::{eventually, exists, RedisServer};
+use distlock_tests::{exists, until_exists, until_gone, RedisServer};
 use redis::AsyncCommands;
 
 #[tokio::test]
@@ -56,12 +56,9 @@ async fn an_external_del_stops_the_body_with_lease_lost_within_one_renew_interva
             }),
     );
     let mut conn = server.client().await;
-    eventually(Duration::from_secs(2), || {
-        let (mut conn, key) = (conn.clone(), key.clone());
-        async move { exists(&mut conn, &key).await }
-    })
-    .await
-    .expect("acquired");
+    until_exists(&conn, &key, Duration::from_secs(2))
+        .await
+        .expect("acquired");
     tokio::time::sleep(Duration::from_millis(200)).await;
     let _: () = conn.del(&key).await.unwrap();
     let deleted_at = Instant::now();
@@ -134,18 +131,11 @@ async fn dropping_a_run_future_releases_within_100_ms() {
             .ttl(Duration::from_secs(30))
             .run(tokio::time::sleep(Duration::from_secs(60))),
     );
-    eventually(Duration::from_secs(2), || {
-        let (mut conn, key) = (conn.clone(), key.clone());
-        async move { exists(&mut conn, &key).await }
-    })
-    .await
-    .expect("acquired");
+    until_exists(&conn, &key, Duration::from_secs(2))
+        .await
+        .expect("acquired");
     task.abort();
-    let released = eventually(Duration::from_millis(100), || {
-        let (mut conn, key) = (conn.clone(), key.clone());
-        async move { !exists(&mut conn, &key).await }
-    })
-    .await;
+    let released = until_gone(&conn, &key, Duration::from_millis(100)).await;
     assert!(
         released.is_some(),
         "lock still held 100 ms after the run future was dropped"
@@ -165,11 +155,7 @@ async fn a_panicking_body_still_releases() {
     }));
     assert!(task.await.unwrap_err().is_panic());
     let mut conn = server.client().await;
-    let released = eventually(Duration::from_millis(100), || {
-        let (mut conn, key) = (conn.clone(), key.clone());
-        async move { !exists(&mut conn, &key).await }
-    })
-    .await;
+    let released = until_gone(&conn, &key, Duration::from_millis(100)).await;
     assert!(
         released.is_some(),
         "lock still held after the body panicked"
@@ -287,11 +273,7 @@ async fn a_release_cut_short_still_releases_in_the_background() {
     );
     server.resume();
     let mut conn = server.client().await;
-    let released = eventually(Duration::from_secs(3), || {
-        let (mut conn, key) = (conn.clone(), key.clone());
-        async move { !exists(&mut conn, &key).await }
-    })
-    .await;
+    let released = until_gone(&conn, &key, Duration::from_secs(3)).await;
     assert!(
         released.is_some(),
         "lock left held after a cancelled release"

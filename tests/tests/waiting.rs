@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use distlock_runtime::{current_fencing_token, current_lease, LockError};
-use distlock_tests::{exists, RedisServer};
+use distlock_tests::{exists, warm_up, RedisServer};
 
 #[tokio::test]
 async fn acquire_when_free_and_try_lock_when_held_each_take_one_round_trip() {
@@ -11,28 +11,14 @@ async fn acquire_when_free_and_try_lock_when_held_each_take_one_round_trip() {
     let server = RedisServer::start();
     let locks = server.manager();
     // Warm up: connection set-up and script loading are not part of a lock cycle.
-    locks
-        .lock("warm")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    warm_up(&locks).await;
 
     let before = server.requests();
     let lease = locks.lock("one-trip").acquire().await.unwrap();
     assert_eq!(server.requests() - before, 1, "acquire of a free lock");
 
     let other = server.manager();
-    other
-        .lock("warm")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    warm_up(&other).await;
     let before = server.requests();
     let started = Instant::now();
     let held = other.try_lock("one-trip").acquire().await;
@@ -176,14 +162,7 @@ async fn a_nested_run_on_the_same_key_and_task_completes_at_once() {
     let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
-    locks
-        .lock("warm")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    warm_up(&locks).await;
     let inner_locks = locks.clone();
     let server_ref = &server;
     locks
