@@ -22,8 +22,9 @@ use crate::conn::{lock, Redis, Request};
 use crate::lease::LeaseState;
 use crate::scripts;
 
-/// How many leases one renewal script call carries at most.
-const MAX_BATCH: usize = 1000;
+/// How many leases one renewal script call carries at most. A batch holds Redis for roughly
+/// 1 to 2 µs per key, so 10,000 leases cost one ~15 ms call per renewal interval.
+const MAX_BATCH: usize = 10_000;
 
 /// How long the driver waits without leases before it stops.
 const IDLE: Duration = Duration::from_secs(5);
@@ -240,8 +241,10 @@ fn collect_due(shared: &Shared) -> Collected {
     for (&id, entry) in &registry.leases {
         let Some(due) = entry.due else { continue };
         let ttl = entry.state.ttl();
-        // Renewing a little early lets leases due close together share one round trip.
-        let slack = (interval(ttl) / 8).min(Duration::from_millis(50));
+        // Renewing up to a quarter interval early lets every lease due soon share this round
+        // trip; renewed together, they stay due together, so the renewal cost follows the
+        // number of distinct intervals, not the number of leases.
+        let slack = interval(ttl) / 4;
         if due <= now + slack && batch.len() < MAX_BATCH {
             batch.push(Due {
                 id,
