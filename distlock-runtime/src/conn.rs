@@ -230,7 +230,7 @@ pub(crate) fn next_id() -> u64 {
 }
 
 /// True when the error says the connection itself is unusable, not that the command failed.
-fn is_connection_failure(err: &redis::RedisError) -> bool {
+pub(crate) fn is_connection_failure(err: &redis::RedisError) -> bool {
     err.is_io_error()
         || err.is_connection_dropped()
         || err.is_timeout()

@@ -114,13 +114,13 @@ impl Lease {
             .invoke("extend", Request::Script(&invocation))
             .await?;
         if owned.first() == Some(&1) {
-            self.state.renewed(sent, ttl);
+            let current = self.state.renewed(sent, ttl);
             if self.state.is_lost() {
                 return Err(LockError::LeaseLost {
                     keys: self.keys.to_vec(),
                 });
             }
-            if let Some(renewal) = &self.renewal {
+            if let (true, Some(renewal)) = (current, &self.renewal) {
                 renewal.schedule(sent, ttl);
             }
             Ok(())
@@ -193,6 +193,9 @@ pub(crate) struct LeaseState {
 struct Validity {
     until: Instant,
     ttl: Duration,
+    /// When the request that set this expiry was sent: an answer to an older request (a
+    /// renewal overtaken by a manual `extend`, say) must not overwrite it.
+    sent: Instant,
 }
 
 impl LeaseState {
@@ -203,6 +206,7 @@ impl LeaseState {
             validity: Mutex::new(Validity {
                 until: Instant::now(),
                 ttl,
+                sent: Instant::now(),
             }),
         }
     }
@@ -220,22 +224,29 @@ impl LeaseState {
         *lock(&self.validity) = Validity {
             until: sent + validity(ttl),
             ttl,
+            sent,
         };
     }
 
-    /// Redis set the keys' expiry to `ttl` by a request sent at `sent`. A lease once lost, or
-    /// whose validity ran out before this answer, stays lost: there was a moment when this owner
-    /// could not know it held the lock.
-    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
+    /// Redis set the keys' expiry to `ttl` by a request sent at `sent`. Returns whether this
+    /// answer now defines the lease (false for an answer older than the current one). A lease
+    /// once lost, or whose validity ran out before this answer, stays lost: there was a moment
+    /// when this owner could not know it held the lock.
+    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) -> bool {
         let mut current = lock(&self.validity);
         if self.lost.is_cancelled() || current.until <= Instant::now() {
             self.lost.cancel();
-            return;
+            return false;
+        }
+        if sent < current.sent {
+            return false;
         }
         *current = Validity {
             until: sent + validity(ttl),
             ttl,
+            sent,
         };
+        true
     }
 
     /// Whether the lease was marked lost (without checking the clock).
@@ -281,4 +292,38 @@ impl LeaseState {
 /// margin for the drift between this host's clock and Redis's (1% + 2 ms, as in Redlock).
 pub(crate) fn validity(ttl: Duration) -> Duration {
     ttl.saturating_sub(ttl / 100 + Duration::from_millis(2))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_older_answer_never_overwrites_a_newer_one() {
+        let state = LeaseState::new(Duration::from_secs(30));
+        let start = Instant::now();
+        state.acquired(start, Duration::from_secs(30));
+        let early = start + Duration::from_millis(1);
+        let late = start + Duration::from_millis(2);
+        // A manual extend to 600 ms (sent late) is answered before a 30 s renewal sent earlier.
+        assert!(state.renewed(late, Duration::from_millis(600)));
+        assert!(!state.renewed(early, Duration::from_secs(30)));
+        assert_eq!(state.ttl(), Duration::from_millis(600));
+        assert_eq!(
+            state.valid_until(),
+            late + validity(Duration::from_millis(600))
+        );
+    }
+
+    #[test]
+    fn a_lease_past_its_validity_stays_lost() {
+        let state = LeaseState::new(Duration::from_millis(10));
+        state.acquired(
+            Instant::now() - Duration::from_secs(1),
+            Duration::from_millis(10),
+        );
+        assert!(state.is_lost());
+        assert!(!state.renewed(Instant::now(), Duration::from_secs(30)));
+        assert!(state.is_lost());
+    }
 }

@@ -174,7 +174,16 @@ impl LockManager {
             // If this call is cancelled or fails while the request is out, the lock may have
             // been taken: release it (by token) rather than leave it until its ttl.
             in_doubt.armed = true;
-            let answer = request.send(self.redis(), &token).await?;
+            let answer = match request.send(self.redis(), &token).await {
+                Ok(answer) => answer,
+                Err(error) => {
+                    // Redis answered with an error: the request was refused, not maybe applied.
+                    if let LockError::Redis { source, .. } = &error {
+                        in_doubt.armed = crate::conn::is_connection_failure(source);
+                    }
+                    return Err(error);
+                }
+            };
             in_doubt.armed = false;
             match answer {
                 Acquire::Acquired { fencing_token } => {
@@ -319,12 +328,13 @@ impl AcquireRequest {
                     .invoke("acquire", Request::Pipeline(pipeline))
                     .await
                     .map_err(|error| match error {
+                        // Redis before 7.0 refuses `SET ... NX GET` as a syntax error.
                         LockError::Redis { source, .. }
-                            if source.kind()
-                                == redis::ErrorKind::Server(redis::ServerErrorKind::ExecAbort) =>
+                            if !crate::conn::is_connection_failure(&source)
+                                && source.to_string().contains("syntax error") =>
                         {
                             LockError::Redis {
-                                op: "acquire (SET NX GET: distlock needs Redis 7.0 or newer)",
+                                op: "acquire (SET NX GET was refused: distlock needs Redis 7.0 or newer)",
                                 source,
                             }
                         }

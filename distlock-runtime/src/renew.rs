@@ -297,11 +297,13 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
         };
         let outcome = match (&failure, &answer) {
             (None, Ok(owned)) if owned[i] == 1 => {
-                entry.state.renewed(sent, lease.ttl);
+                let current = entry.state.renewed(sent, lease.ttl);
                 if entry.state.is_lost_flag() {
                     Event::ExpiredBeforeRenewal
                 } else {
-                    entry.due = Some(sent + interval(lease.ttl));
+                    if current {
+                        entry.due = Some(sent + interval(lease.ttl));
+                    }
                     if sent > lease.due + interval(lease.ttl) / 2 {
                         events.push((Arc::clone(&entry.keys), Event::Late(sent - lease.due)));
                     }

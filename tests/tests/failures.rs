@@ -254,3 +254,57 @@ async fn a_callers_pool_switched_to_another_database_does_not_move_the_locks() {
         .await
         .unwrap();
 }
+
+/// A stand-in for a Redis older than 7.0: it refuses `SET ... NX GET` with a syntax error and
+/// answers everything else plainly.
+fn old_redis() -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let Ok((stream, _)) = listener.accept() else {
+            return;
+        };
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut writer = stream;
+        loop {
+            // One RESP array per command: "*N", then "$len" and the bytes for each argument.
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            let count: usize = line.trim_start_matches('*').trim().parse().unwrap_or(0);
+            let mut args = Vec::new();
+            for _ in 0..count {
+                let (mut len, mut arg) = (String::new(), String::new());
+                reader.read_line(&mut len).unwrap();
+                reader.read_line(&mut arg).unwrap();
+                args.push(arg.trim_end().to_ascii_uppercase());
+            }
+            let reply: &[u8] = match args.first().map(String::as_str) {
+                Some("SET") => b"-ERR syntax error\r\n",
+                Some("INCR") => b":1\r\n",
+                Some("PTTL") => b":-2\r\n",
+                _ => b"+OK\r\n",
+            };
+            if writer.write_all(reply).is_err() {
+                return;
+            }
+        }
+    });
+    (addr, server)
+}
+
+#[tokio::test]
+async fn a_redis_older_than_7_is_named_in_the_error() {
+    let (addr, _server) = old_redis();
+    let locks = distlock_runtime::LockManager::builder()
+        .url(format!("redis://{addr}"))
+        .connect_timeout(TIMEOUT)
+        .response_timeout(TIMEOUT)
+        .build()
+        .unwrap();
+    let outcome = locks.lock("k").acquire().await;
+    let message = outcome.unwrap_err().to_string();
+    assert!(message.contains("Redis 7.0 or newer"), "{message}");
+}
