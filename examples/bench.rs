@@ -12,7 +12,9 @@
 //! `--compare` runs `raw`, `uncontended` and `macro` interleaved (50 rounds, each scenario back
 //! to back in every round) and prints the median of the per-round throughput ratios.
 //! Redis: `--redis-url`, else as the seckill demo finds one (REDIS_URL, 127.0.0.1:6379, or a
-//! throwaway redis-server).
+//! throwaway redis-server). Attempts per acquisition (`contended`) and renewal round trips
+//! (`held`) are read from the server's `INFO commandstats`: give the bench a Redis of its own,
+//! or other clients' commands count too.
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -112,6 +114,15 @@ fn manager(url: &str) -> Fallible<LockManager> {
         .url(url)
         .prefix(format!("distlock-bench:{}:", std::process::id()))
         .build()
+        .map_err(|e| e.to_string())
+}
+
+/// Deletes the fencing counter the run's manager left (its locks are released already).
+async fn remove_counter(conn: &mut MultiplexedConnection, locks: &LockManager) -> Fallible<()> {
+    redis::cmd("DEL")
+        .arg(format!("{}fence", locks.prefix()))
+        .exec_async(conn)
+        .await
         .map_err(|e| e.to_string())
 }
 
@@ -282,6 +293,7 @@ async fn measure(
             total.add_round(run_scenario(*s, &mut conn, &locks, per_round).await?);
         }
     }
+    remove_counter(&mut conn, &locks).await?;
     Ok(results)
 }
 
@@ -371,6 +383,8 @@ async fn compare(cli: &Cli, url: &str) -> Fallible<()> {
 struct Acquisition {
     /// Order of entry into the critical section (from `INCR`).
     seq: u64,
+    /// The lease's fencing token: must increase with `seq`.
+    fencing_token: u64,
     worker: u32,
     wait_us: u64,
 }
@@ -393,7 +407,7 @@ async fn run_workers(cli: &Cli, url: &str, base: u32, prefix: &str) -> Fallible<
         .build()
         .map_err(|e| e.to_string())?;
     let conn = connection(url).await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(cli.seconds);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(cli.seconds.min(86_400));
     let marker = format!("{prefix}marker");
     let seq_key = format!("{prefix}seq");
     let mut tasks = tokio::task::JoinSet::new();
@@ -413,14 +427,21 @@ async fn run_workers(cli: &Cli, url: &str, base: u32, prefix: &str) -> Fallible<
                     Err(e) => return Err(e.to_string()),
                 };
                 let wait = t.elapsed();
-                let (entered, seq, _): (Option<String>, u64, i64) = redis::pipe()
-                    .cmd("SET")
+                // Three separate round trips, so another holder could run in between them if
+                // exclusion failed: the marker would then be found set.
+                let entered: Option<String> = redis::cmd("SET")
                     .arg(&marker)
-                    .arg(1)
+                    .arg(w)
                     .arg("NX")
-                    .cmd("INCR")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let seq: u64 = redis::cmd("INCR")
                     .arg(&seq_key)
-                    .cmd("DEL")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let _: i64 = redis::cmd("DEL")
                     .arg(&marker)
                     .query_async(&mut conn)
                     .await
@@ -428,9 +449,11 @@ async fn run_workers(cli: &Cli, url: &str, base: u32, prefix: &str) -> Fallible<
                 if entered.is_none() {
                     report.violations += 1;
                 }
+                let fencing_token = lease.fencing_token();
                 lease.release().await.map_err(|e| e.to_string())?;
                 report.acquisitions.push(Acquisition {
                     seq,
+                    fencing_token,
                     worker: base + w,
                     wait_us: u64::try_from(wait.as_micros()).unwrap_or(u64::MAX),
                 });
@@ -526,6 +549,12 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
 
     let n = report.acquisitions.len();
     report.acquisitions.sort_by_key(|a| a.seq);
+    // Entries into the critical section in order must carry increasing fencing tokens.
+    let fence_inversions = report
+        .acquisitions
+        .windows(2)
+        .filter(|w| w[1].fencing_token <= w[0].fencing_token)
+        .count();
     let handoffs = report
         .acquisitions
         .windows(2)
@@ -573,6 +602,7 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         "handoff_share": handoff_share,
         "jain_fairness": jain,
         "violations": report.violations,
+        "fencing_inversions": fence_inversions,
         "timeouts": report.timeouts,
     });
     if cli.json {
@@ -596,6 +626,7 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         println!("  hand-off share          {handoff_share:.3}");
         println!("  Jain fairness           {jain:.3}");
         println!("  violations              {}", report.violations);
+        println!("  fencing inversions      {fence_inversions}");
         println!("  timeouts                {}", report.timeouts);
     }
     Ok(())
@@ -658,7 +689,7 @@ async fn held(cli: &Cli, url: &str) -> Fallible<()> {
 
     let evalsha_before = command_calls(&mut conn, "evalsha").await?;
     let cpu_before = cpu_time();
-    let hold = Duration::from_secs(cli.seconds);
+    let hold = Duration::from_secs(cli.seconds.min(86_400));
     tokio::time::sleep(hold).await;
     let cpu = cpu_time().zip(cpu_before).map(|(a, b)| a.saturating_sub(b));
     let renewals = command_calls(&mut conn, "evalsha")
@@ -669,6 +700,7 @@ async fn held(cli: &Cli, url: &str) -> Fallible<()> {
     for lease in leases {
         let _ = lease.release().await;
     }
+    remove_counter(&mut conn, &locks).await?;
     let renewals_per_s = renewals as f64 / hold.as_secs_f64();
     let cpu_share = cpu.map(|c| c.as_secs_f64() / hold.as_secs_f64());
     let row = json!({

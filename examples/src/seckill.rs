@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use distlock_runtime::{distributed_lock, LockError, LockManager};
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 
 /// How a purchase is made safe (or not).
@@ -67,7 +67,8 @@ pub struct Shop {
 
 struct ShopInner {
     locks: LockManager,
-    conn: MultiplexedConnection,
+    /// Reconnects by itself after Redis restarts.
+    conn: ConnectionManager,
     pool: deadpool_redis::Pool,
     strategy: Strategy,
     prefix: String,
@@ -117,9 +118,7 @@ impl Shop {
             .prefix(format!("{prefix}lock:"))
             .default_wait(BUSY_AFTER)
             .build()?;
-        let conn = redis::Client::open(url)?
-            .get_multiplexed_async_connection()
-            .await?;
+        let conn = redis::Client::open(url)?.get_connection_manager().await?;
         let pool = deadpool_redis::Config::from_url(url)
             .builder()
             .map_err(|e| {
