@@ -32,6 +32,12 @@ pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 /// Locks live under `{prefix}lock:{key}` and the fencing counter under `{prefix}fence`; the
 /// default prefix is `distlock:`.
 ///
+/// Its connection and its renewal task run on the Tokio runtime where it is first used, and are
+/// made again on the current runtime when that one shuts down. Use a manager from one runtime
+/// (the usual multi-thread runtime of a service): on a runtime that stays alive but is no
+/// longer driven (a stored current-thread runtime used now and then), renewal stalls, and the
+/// leases it should extend report themselves lost at their deadline.
+///
 /// ```no_run
 /// use std::time::Duration;
 /// use distlock_runtime::LockManager;
