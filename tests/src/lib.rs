@@ -330,6 +330,30 @@ pub async fn exists(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> 
         == 1
 }
 
+/// Runs `count` copies of the program `exe` with `args` at once, and waits (at most 120 s) for
+/// all of them to exit successfully.
+///
+/// # Panics
+/// When a copy cannot be started, fails, or overruns.
+pub async fn run_processes(exe: &str, args: &[&str], count: usize) {
+    let children: Vec<_> = (0..count)
+        .map(|_| {
+            tokio::process::Command::new(exe)
+                .args(args)
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap_or_else(|e| panic!("start {exe}: {e}"))
+        })
+        .collect();
+    for mut child in children {
+        let status = tokio::time::timeout(Duration::from_secs(120), child.wait())
+            .await
+            .expect("worker process finished in time")
+            .expect("wait for worker process");
+        assert!(status.success(), "worker process failed: {status}");
+    }
+}
+
 /// Takes and releases one lock, so the manager's connection is open and its scripts loaded
 /// before a test counts requests or times calls.
 pub async fn warm_up(locks: &LockManager) {

@@ -54,23 +54,12 @@ async fn annotated_increments_across_three_processes_end_exact() {
     let _load = distlock_tests::heavy().await;
     let server = RedisServer::start();
     let url = server.url();
-    let mut children = Vec::new();
-    for _ in 0..3 {
-        children.push(
-            tokio::process::Command::new(env!("CARGO_BIN_EXE_lock_worker"))
-                .args(["count-attr", &url, "attr-lock", "attr-counter", "100"])
-                .kill_on_drop(true)
-                .spawn()
-                .unwrap(),
-        );
-    }
-    for mut child in children {
-        let status = tokio::time::timeout(Duration::from_secs(120), child.wait())
-            .await
-            .expect("worker finished in time")
-            .unwrap();
-        assert!(status.success(), "worker failed: {status}");
-    }
+    distlock_tests::run_processes(
+        env!("CARGO_BIN_EXE_lock_worker"),
+        &["count-attr", &url, "attr-lock", "attr-counter", "100"],
+        3,
+    )
+    .await;
     let mut conn = server.client().await;
     let done: i64 = conn.get("attr-counter:done").await.unwrap();
     assert_eq!(done, 3);

@@ -50,23 +50,12 @@ async fn three_processes_increment_exactly_under_one_lock() {
     let _load = distlock_tests::heavy().await;
     let server = RedisServer::start();
     let url = server.url();
-    let mut children = Vec::new();
-    for _ in 0..3 {
-        children.push(
-            tokio::process::Command::new(env!("CARGO_BIN_EXE_lock_worker"))
-                .args(["count", &url, "xproc-lock", "xproc-counter", "100"])
-                .kill_on_drop(true)
-                .spawn()
-                .expect("spawn lock_worker"),
-        );
-    }
-    for mut child in children {
-        let status = tokio::time::timeout(Duration::from_secs(120), child.wait())
-            .await
-            .expect("worker finished in time")
-            .unwrap();
-        assert!(status.success(), "worker failed: {status}");
-    }
+    distlock_tests::run_processes(
+        env!("CARGO_BIN_EXE_lock_worker"),
+        &["count", &url, "xproc-lock", "xproc-counter", "100"],
+        3,
+    )
+    .await;
     let mut conn = server.client().await;
     let done: i64 = conn.get("xproc-counter:done").await.unwrap();
     assert_eq!(done, 3);
