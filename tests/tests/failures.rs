@@ -155,6 +155,13 @@ async fn script_flush_mid_run_does_not_break_calls() {
         .await
         .expect("extend reloads its script");
     lease.release().await.unwrap();
+    server.command(&["SCRIPT", "FLUSH"]);
+    let all = locks
+        .lock_all(["flushed-a", "flushed-b"])
+        .acquire()
+        .await
+        .expect("the multi-key acquire reloads its script");
+    all.release().await.unwrap();
 }
 
 #[tokio::test]
