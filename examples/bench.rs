@@ -42,7 +42,7 @@ struct Cli {
     /// Lock cycles per measurement (raw, uncontended, macro).
     #[arg(long, default_value_t = 20_000)]
     cycles: u32,
-    /// Workers per process (contended).
+    /// Workers in all (contended), shared out among the processes.
     #[arg(long, default_value_t = 64)]
     workers: u32,
     /// Processes (contended).
@@ -509,20 +509,24 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
     } else {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut children = Vec::new();
+        let mut base = 0;
         for p in 0..cli.procs {
+            // The W workers are shared out among the processes.
+            let here = cli.workers / cli.procs + u32::from(p < cli.workers % cli.procs);
             children.push(
                 tokio::process::Command::new(&exe)
                     .arg("contended")
-                    .args(["--workers", &cli.workers.to_string()])
+                    .args(["--workers", &here.to_string()])
                     .args(["--seconds", &cli.seconds.to_string()])
                     .args(["--redis-url", url])
-                    .args(["--worker-base", &(p * cli.workers).to_string()])
+                    .args(["--worker-base", &base.to_string()])
                     .env("DISTLOCK_BENCH_PREFIX", &prefix)
                     .stdout(std::process::Stdio::piped())
                     .kill_on_drop(true)
                     .spawn()
                     .map_err(|e| e.to_string())?,
             );
+            base += here;
         }
         for child in children {
             let out = child.wait_with_output().await.map_err(|e| e.to_string())?;
@@ -564,7 +568,7 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
     for a in &report.acquisitions {
         *per_worker.entry(a.worker).or_default() += 1.0;
     }
-    let workers = f64::from(cli.workers * cli.procs.max(1));
+    let workers = f64::from(cli.workers);
     let sum: f64 = per_worker.values().sum();
     let sum_sq: f64 = per_worker.values().map(|x| x * x).sum();
     let jain = if sum_sq > 0.0 {
@@ -609,7 +613,7 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         println!("{row}");
     } else {
         println!(
-            "contended: {} workers x {} process(es), {} s on one key",
+            "contended: {} workers in {} process(es), {} s on one key",
             cli.workers,
             cli.procs.max(1),
             cli.seconds
