@@ -80,6 +80,7 @@ mod conn;
 mod error;
 mod lease;
 mod manager;
+mod notify;
 mod reentrancy;
 mod renew;
 mod scripts;

@@ -12,6 +12,7 @@ use tracing::Instrument;
 
 use crate::conn::{Redis, Request, Timeouts};
 use crate::lease::{Lease, LeaseState};
+use crate::notify::Notifications;
 use crate::renew::{self, Renewals};
 use crate::scripts::{self, Acquire};
 use crate::wait::Waiter;
@@ -60,6 +61,9 @@ struct Inner {
     id: u64,
     redis: Arc<Redis>,
     renewals: Renewals,
+    /// Release notifications for waiters; `None` for a caller's pool (no client to subscribe
+    /// with): its waiters poll.
+    notifications: Option<Notifications>,
     prefix: String,
     fence_key: String,
     default_ttl: Duration,
@@ -165,7 +169,7 @@ impl LockManager {
         let deadline = started
             .checked_add(wait)
             .unwrap_or_else(|| started + Duration::from_secs(100 * 365 * 86_400));
-        let mut waiter = Waiter::new(deadline);
+        let mut waiter = Waiter::new(deadline, self.inner.notifications.as_ref());
         let mut in_doubt = InDoubt {
             manager: self,
             redis_keys: &redis_keys,
@@ -226,7 +230,8 @@ impl LockManager {
                     if wait.is_zero() {
                         return Err(LockError::NotAcquired { key: key() });
                     }
-                    if !waiter.wait(remaining).await {
+                    let held_key = redis_keys.get(first_held).map_or("", String::as_str);
+                    if !waiter.wait(held_key, remaining).await {
                         return Err(LockError::Timeout {
                             key: key(),
                             waited: started.elapsed(),
@@ -702,17 +707,23 @@ impl LockManagerBuilder {
             response: self.response_timeout,
             pool_wait: self.pool_wait_timeout,
         };
-        let (pool, endpoint, bounded_connections) = match self.source {
+        let (pool, endpoint, bounded_connections, notifications) = match self.source {
             None => {
                 return Err(LockError::InvalidConfig {
                     what: "Redis source",
                     reason: "give the builder a .url(..) or a .pool(..)".to_owned(),
                 })
             }
-            Some(Source::Pool(pool)) => (pool, "(caller's pool)".to_owned(), false),
+            Some(Source::Pool(pool)) => (pool, "(caller's pool)".to_owned(), false, None),
             Some(Source::Url(url)) => {
                 let (info, endpoint) = parse_url(&url)?;
-                (create_pool(info, self.pool_size, timeouts)?, endpoint, true)
+                let client =
+                    redis::Client::open(info.clone()).map_err(|e| LockError::InvalidUrl {
+                        reason: e.to_string(),
+                    })?;
+                let notifications = Notifications::new(client, timeouts);
+                let pool = create_pool(info, self.pool_size, timeouts)?;
+                (pool, endpoint, true, Some(notifications))
             }
         };
         let redis = Arc::new(Redis::new(pool, timeouts, bounded_connections));
@@ -720,6 +731,7 @@ impl LockManagerBuilder {
             inner: Arc::new(Inner {
                 id: crate::conn::next_id(),
                 renewals: Renewals::new(Arc::clone(&redis)),
+                notifications,
                 redis,
                 fence_key: format!("{}fence", self.prefix),
                 prefix: self.prefix,

@@ -94,7 +94,8 @@ pub(crate) fn acquire_one_answer(
 ///
 /// KEYS: the lock keys. ARGV[1]: the owner token.
 /// Returns the number of keys deleted. A key that is not a string (overwritten by someone) is
-/// not ours and is skipped (`pcall`), so it cannot keep the others from being released.
+/// not ours and is skipped (`pcall`), so it cannot keep the others from being released. Each
+/// deleted key is announced with `PUBLISH` on the channel of the key's name, for waiters.
 pub(crate) static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r"
@@ -102,6 +103,7 @@ local deleted = 0
 for i = 1, #KEYS do
   if redis.pcall('GET', KEYS[i]) == ARGV[1] then
     redis.call('DEL', KEYS[i])
+    redis.call('PUBLISH', KEYS[i], '')
     deleted = deleted + 1
   end
 end

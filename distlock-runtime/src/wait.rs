@@ -1,39 +1,84 @@
 //! How a waiter learns when to try a held lock again.
 //!
 //! The one seam between the acquire loop and the waiting strategy: [`Waiter::wait`] sleeps until
-//! the next attempt is worth making, or says the caller's deadline has passed. Today that is
-//! jittered exponential backoff (1 ms doubling to 50 ms), never sleeping past the holder's
-//! remaining lifetime (its lock may expire) or past the caller's deadline (one last attempt is
-//! made exactly at the deadline).
+//! the next attempt is worth making, or says the caller's deadline has passed. With release
+//! notifications (a manager built from a URL), the first wait subscribes to the held key and
+//! tries again at once (so a release in between is not missed); later waits sleep until this
+//! waiter is handed a notification, the holder's lease would expire (expiry publishes nothing),
+//! or the deadline. Without notifications (or while the subscriber connection is down), jittered
+//! exponential backoff: 1 ms doubling to 50 ms, never past the holder's expiry or the deadline.
+//! One last attempt is always made at the deadline.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::notify::{Notifications, Ticket};
+
 /// First backoff step.
 const FIRST: Duration = Duration::from_millis(1);
 /// Longest backoff step.
 const CAP: Duration = Duration::from_millis(50);
+/// With notifications, how long to sleep on a held key that has no expiry before looking again.
+const NO_EXPIRY_CHECK: Duration = Duration::from_secs(1);
 
 /// Paces one caller's attempts on a held lock.
-#[derive(Debug)]
-pub(crate) struct Waiter {
+pub(crate) struct Waiter<'a> {
     deadline: Instant,
     step: Duration,
+    notifications: Option<&'a Notifications>,
+    ticket: Option<Ticket>,
 }
 
-impl Waiter {
-    /// A waiter that gives up at `deadline`.
-    pub(crate) fn new(deadline: Instant) -> Self {
+impl<'a> Waiter<'a> {
+    /// A waiter that gives up at `deadline`, woken by `notifications` when there are some.
+    pub(crate) fn new(deadline: Instant, notifications: Option<&'a Notifications>) -> Self {
         Self {
             deadline,
             step: FIRST,
+            notifications,
+            ticket: None,
         }
     }
 
-    /// Sleeps until the next attempt. `holder_remaining` is the held lock's remaining lifetime, if
-    /// Redis reported one. Returns `false` without sleeping when the deadline has passed.
-    pub(crate) async fn wait(&mut self, holder_remaining: Option<Duration>) -> bool {
+    /// Sleeps until the next attempt on the held lock key `key` (its Redis name).
+    /// `holder_remaining` is the holder's remaining lifetime, if Redis reported one. Returns
+    /// `false` without sleeping when the deadline has passed.
+    pub(crate) async fn wait(&mut self, key: &str, holder_remaining: Option<Duration>) -> bool {
+        let now = Instant::now();
+        if now >= self.deadline {
+            return false;
+        }
+        let Some(notifications) = self.notifications else {
+            return self.back_off(holder_remaining).await;
+        };
+        if self.ticket.as_ref().is_none_or(|t| t.channel() != key) {
+            self.ticket = None;
+            self.ticket = Some(notifications.enqueue(key));
+        }
+        let Some(ticket) = &self.ticket else {
+            return self.back_off(holder_remaining).await;
+        };
+        if !ticket.subscribed() {
+            if ticket.subscribe().await {
+                // Subscribed now: try again at once, so a release just before is not missed.
+                return true;
+            }
+            return self.back_off(holder_remaining).await;
+        }
+        let until = holder_remaining
+            .map_or(now + NO_EXPIRY_CHECK, |r| {
+                now + r + Duration::from_millis(1)
+            })
+            .min(self.deadline);
+        tokio::select! {
+            () = ticket.woken() => {}
+            () = tokio::time::sleep_until(until) => {}
+        }
+        true
+    }
+
+    async fn back_off(&mut self, holder_remaining: Option<Duration>) -> bool {
         match self.next_delay(Instant::now(), holder_remaining) {
             Some(delay) => {
                 tokio::time::sleep(delay).await;
@@ -71,7 +116,7 @@ mod tests {
     #[test]
     fn delays_grow_to_the_cap_and_stay_within_jitter_bounds() {
         let now = Instant::now();
-        let mut waiter = Waiter::new(now + Duration::from_secs(60));
+        let mut waiter = Waiter::new(now + Duration::from_secs(60), None);
         let mut expected = FIRST;
         for _ in 0..12 {
             let delay = waiter.next_delay(now, None).unwrap();
@@ -87,7 +132,7 @@ mod tests {
     #[test]
     fn never_sleeps_past_the_holders_expiry_or_the_deadline() {
         let now = Instant::now();
-        let mut waiter = Waiter::new(now + Duration::from_millis(30));
+        let mut waiter = Waiter::new(now + Duration::from_millis(30), None);
         waiter.step = CAP;
         let delay = waiter
             .next_delay(now, Some(Duration::from_millis(3)))
@@ -102,7 +147,7 @@ mod tests {
     #[test]
     fn gives_up_at_the_deadline() {
         let now = Instant::now();
-        let mut waiter = Waiter::new(now + Duration::from_millis(5));
+        let mut waiter = Waiter::new(now + Duration::from_millis(5), None);
         assert!(waiter
             .next_delay(now + Duration::from_millis(5), None)
             .is_none());

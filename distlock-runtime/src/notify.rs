@@ -1,0 +1,253 @@
+//! Release notifications: the release script `PUBLISH`es on each lock key it deletes (the
+//! channel is the key's name), and one subscriber connection per manager hands each
+//! notification to one local waiter of that key, oldest first.
+//!
+//! A waiter takes a [`Ticket`] (its place in the key's queue) and makes sure the manager is
+//! subscribed to the key before its next attempt, so a release between an attempt and the
+//! subscription cannot be missed. A subscription is shared by all local waiters of a key and
+//! dropped with the last of them. When the subscriber connection breaks, every waiter is woken
+//! to try again, and the next one to wait connects anew; a lost notification costs latency
+//! (waiters also wake at the holder's expiry), never a hang.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use redis::aio::PubSubSink;
+use tokio::sync::Notify;
+
+use crate::conn::{lock, Timeouts};
+
+/// The notification side of one manager.
+pub(crate) struct Notifications {
+    hub: Arc<Hub>,
+}
+
+struct Hub {
+    client: redis::Client,
+    timeouts: Timeouts,
+    state: Mutex<State>,
+    /// Serializes SUBSCRIBE / UNSUBSCRIBE, so a subscription and the removal of the previous
+    /// one for the same key cannot cross.
+    changes: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The subscriber connection, while it is up.
+    sink: Option<PubSubSink>,
+    /// Counts connections; a subscription made on an older one is gone.
+    connection: u64,
+    channels: HashMap<String, Channel>,
+}
+
+#[derive(Default)]
+struct Channel {
+    waiters: VecDeque<Arc<Slot>>,
+    /// The connection the channel is subscribed on, if any.
+    subscribed_on: Option<u64>,
+}
+
+/// One waiting caller.
+#[derive(Default)]
+struct Slot {
+    wake: Notify,
+    /// A notification was handed to this waiter and not yet taken.
+    woken: AtomicBool,
+}
+
+/// A waiter's place in a key's queue; leaving it (drop) passes on a notification it did not
+/// take and unsubscribes with the last waiter.
+pub(crate) struct Ticket {
+    hub: Arc<Hub>,
+    channel: String,
+    slot: Arc<Slot>,
+}
+
+impl Notifications {
+    pub(crate) fn new(client: redis::Client, timeouts: Timeouts) -> Self {
+        Self {
+            hub: Arc::new(Hub {
+                client,
+                timeouts,
+                state: Mutex::new(State::default()),
+                changes: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    /// Joins the queue of waiters for the lock key `channel`.
+    pub(crate) fn enqueue(&self, channel: &str) -> Ticket {
+        let slot = Arc::new(Slot::default());
+        lock(&self.hub.state)
+            .channels
+            .entry(channel.to_owned())
+            .or_default()
+            .waiters
+            .push_back(Arc::clone(&slot));
+        Ticket {
+            hub: Arc::clone(&self.hub),
+            channel: channel.to_owned(),
+            slot,
+        }
+    }
+}
+
+impl Ticket {
+    /// The key this ticket waits for.
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// Whether notifications for the key reach this manager now.
+    pub(crate) fn subscribed(&self) -> bool {
+        let state = lock(&self.hub.state);
+        state.sink.is_some()
+            && state
+                .channels
+                .get(&self.channel)
+                .is_some_and(|c| c.subscribed_on == Some(state.connection))
+    }
+
+    /// Subscribes the manager to the key (connecting first if needed), bounded by the manager's
+    /// timeouts. Returns whether notifications now arrive.
+    pub(crate) async fn subscribe(&self) -> bool {
+        let hub = &self.hub;
+        let _changing = hub.changes.lock().await;
+        if self.subscribed() {
+            return true;
+        }
+        let (mut sink, connection) = match hub.connected() {
+            Some(connected) => connected,
+            None => match hub.connect().await {
+                Some(connected) => connected,
+                None => return false,
+            },
+        };
+        let subscribed =
+            tokio::time::timeout(hub.timeouts.response, sink.subscribe(&self.channel)).await;
+        if !matches!(subscribed, Ok(Ok(()))) {
+            tracing::debug!(channel = %self.channel, "distlock could not subscribe to release notifications");
+            return false;
+        }
+        let mut state = lock(&hub.state);
+        if state.connection != connection {
+            return false;
+        }
+        if let Some(channel) = state.channels.get_mut(&self.channel) {
+            channel.subscribed_on = Some(connection);
+        }
+        true
+    }
+
+    /// Waits for a notification handed to this waiter (or one handed before it started
+    /// waiting), then takes it.
+    pub(crate) async fn woken(&self) {
+        self.slot.wake.notified().await;
+        self.slot.woken.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut state = lock(&self.hub.state);
+        let Some(channel) = state.channels.get_mut(&self.channel) else {
+            return;
+        };
+        channel.waiters.retain(|s| !Arc::ptr_eq(s, &self.slot));
+        if self.slot.woken.load(Ordering::SeqCst) {
+            // This waiter leaves with a notification it did not use: the next one gets it.
+            wake_one(channel);
+        }
+        if channel.waiters.is_empty() {
+            let was_subscribed = channel.subscribed_on.take().is_some();
+            state.channels.remove(&self.channel);
+            if was_subscribed {
+                if let (Some(sink), Ok(runtime)) =
+                    (state.sink.clone(), tokio::runtime::Handle::try_current())
+                {
+                    let hub = Arc::clone(&self.hub);
+                    let channel = self.channel.clone();
+                    runtime.spawn(async move { hub.unsubscribe(sink, channel).await });
+                }
+            }
+        }
+    }
+}
+
+impl Hub {
+    fn connected(&self) -> Option<(PubSubSink, u64)> {
+        let state = lock(&self.state);
+        state.sink.clone().map(|sink| (sink, state.connection))
+    }
+
+    /// Opens the subscriber connection and starts the task that hands out its messages.
+    async fn connect(self: &Arc<Self>) -> Option<(PubSubSink, u64)> {
+        let opened =
+            tokio::time::timeout(self.timeouts.connect, self.client.get_async_pubsub()).await;
+        let pubsub = match opened {
+            Ok(Ok(pubsub)) => pubsub,
+            _ => {
+                tracing::debug!("distlock could not open its subscriber connection; waiters poll");
+                return None;
+            }
+        };
+        let (sink, stream) = pubsub.split();
+        let connection = {
+            let mut state = lock(&self.state);
+            state.connection += 1;
+            state.sink = Some(sink.clone());
+            state.connection
+        };
+        tokio::spawn(Arc::clone(self).deliver(stream, connection));
+        Some((sink, connection))
+    }
+
+    /// Hands each notification to the oldest waiter of its key that has none pending; when the
+    /// connection ends, wakes every waiter so they try again.
+    async fn deliver(self: Arc<Self>, mut stream: redis::aio::PubSubStream, connection: u64) {
+        use futures_core::Stream;
+        while let Some(message) =
+            std::future::poll_fn(|cx| std::pin::Pin::new(&mut stream).poll_next(cx)).await
+        {
+            let mut state = lock(&self.state);
+            if let Some(channel) = state.channels.get_mut(message.get_channel_name()) {
+                wake_one(channel);
+            }
+        }
+        let mut state = lock(&self.state);
+        if state.connection == connection {
+            state.sink = None;
+            for channel in state.channels.values_mut() {
+                channel.subscribed_on = None;
+                for slot in &channel.waiters {
+                    slot.woken.store(true, Ordering::SeqCst);
+                    slot.wake.notify_one();
+                }
+            }
+        }
+        drop(state);
+        tracing::debug!("distlock subscriber connection closed; waiters will resubscribe");
+    }
+
+    async fn unsubscribe(&self, mut sink: PubSubSink, channel: String) {
+        let _changing = self.changes.lock().await;
+        // A waiter may have come back for this key meanwhile: then it stays subscribed.
+        if lock(&self.state).channels.contains_key(&channel) {
+            return;
+        }
+        let _ = tokio::time::timeout(self.timeouts.response, sink.unsubscribe(&channel)).await;
+    }
+}
+
+/// Wakes the oldest waiter of `channel` that has no notification pending.
+fn wake_one(channel: &mut Channel) {
+    if let Some(slot) = channel
+        .waiters
+        .iter()
+        .find(|s| !s.woken.load(Ordering::SeqCst))
+    {
+        slot.woken.store(true, Ordering::SeqCst);
+        slot.wake.notify_one();
+    }
+}

@@ -1,0 +1,142 @@
+//! Waiters are woken by release notifications (one subscriber connection per manager), not by
+//! polling, and a missed or lost notification never leaves a waiter stuck.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlock_tests::{warm_up, RedisServer};
+
+/// Subscriber (pub/sub) connections the server has.
+fn subscriber_connections(server: &RedisServer) -> usize {
+    server
+        .command(&["CLIENT", "LIST", "TYPE", "pubsub"])
+        .lines()
+        .filter(|line| line.contains("addr="))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_racing_the_subscription_is_never_missed() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let holder = server.manager();
+    let waiter = server.manager();
+    warm_up(&holder).await;
+    warm_up(&waiter).await;
+    for round in 0..1000u32 {
+        // A long ttl: only a notification (or the deadline) can wake the waiter in time.
+        let lease = holder
+            .lock("race")
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let waiting = tokio::spawn({
+            let waiter = waiter.clone();
+            async move {
+                let lease = waiter
+                    .lock("race")
+                    .wait(Duration::from_secs(2))
+                    .acquire()
+                    .await;
+                (Instant::now(), lease)
+            }
+        });
+        // Release at varying moments: before, during and after the waiter subscribes.
+        if round % 4 != 0 {
+            tokio::time::sleep(Duration::from_micros(u64::from(round % 7) * 300)).await;
+        }
+        let released_at = Instant::now();
+        lease.release().await.unwrap();
+        let (acquired_at, lease) = waiting.await.unwrap();
+        lease
+            .expect("the waiter got the lock")
+            .release()
+            .await
+            .unwrap();
+        let late = acquired_at.saturating_duration_since(released_at);
+        assert!(
+            late <= Duration::from_millis(50),
+            "round {round}: the waiter slept {late:?} past the release"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_recover_when_the_subscriber_connection_is_killed() {
+    let _load = distlock_tests::heavy().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let lease = locks
+        .lock("killed-sub")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..50 {
+        let locks = locks.clone();
+        waiters.push(tokio::spawn(async move {
+            locks
+                .lock("killed-sub")
+                .wait(Duration::from_secs(20))
+                .run(tokio::time::sleep(Duration::from_millis(2)))
+                .await
+        }));
+    }
+    // Let them all subscribe, then cut the subscriber connection.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while subscriber_connections(&server) == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(subscriber_connections(&server), 1);
+    server.command(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    lease.release().await.unwrap();
+    let started = Instant::now();
+    for waiter in waiters {
+        waiter.await.unwrap().expect("every waiter acquired");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_waiters_all_acquire_through_one_subscriber_connection() {
+    let _load = distlock_tests::heavy().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut waiters = Vec::new();
+    for _ in 0..500 {
+        let (locks, inside) = (locks.clone(), inside.clone());
+        waiters.push(tokio::spawn(async move {
+            locks
+                .lock("crowded")
+                .wait(Duration::from_secs(10))
+                .run(async move {
+                    inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                })
+                .await
+        }));
+    }
+    let mut most_subscribers = 0;
+    let mut timeouts = 0;
+    for waiter in waiters {
+        most_subscribers = most_subscribers.max(subscriber_connections(&server));
+        if waiter.await.unwrap().is_err() {
+            timeouts += 1;
+        }
+    }
+    assert_eq!(timeouts, 0, "every waiter acquires within its 10 s wait");
+    assert_eq!(inside.load(std::sync::atomic::Ordering::SeqCst), 500);
+    assert!(
+        most_subscribers <= 1,
+        "{most_subscribers} subscriber connections"
+    );
+}
