@@ -73,6 +73,10 @@
 //!   error, never a hang. A call that timed out while acquiring is treated as "maybe acquired"
 //!   and released by token.
 //! - No connection is held while a body runs.
+//! - Waiters are woken by release notifications (`PUBLISH` from the release script, one
+//!   subscriber connection per manager, one local waiter woken per release, oldest first), and
+//!   also at the holder's expiry; a lost notification costs latency, never a hang. A manager
+//!   built on a caller's pool has no client to subscribe with: its waiters poll with backoff.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
