@@ -628,7 +628,9 @@ impl LockManagerBuilder {
 
     /// Use an existing deadpool-redis pool. Replaces a [`url`](Self::url) given before;
     /// [`pool_size`](Self::pool_size) and [`connect_timeout`](Self::connect_timeout) then do not
-    /// apply to the pool, but every call is still bounded by this builder's timeouts.
+    /// apply to the pool, but every call is still bounded by this builder's timeouts. A pool
+    /// does not say where it connects, so such a manager cannot subscribe to release
+    /// notifications: its waiters poll with backoff (1 to 50 ms). Prefer [`url`](Self::url).
     pub fn pool(mut self, pool: Pool) -> Self {
         self.source = Some(Source::Pool(pool));
         self
