@@ -11,10 +11,11 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use redis::aio::PubSubSink;
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use crate::conn::{lock, Timeouts};
 
@@ -30,6 +31,14 @@ struct Hub {
     /// Serializes SUBSCRIBE / UNSUBSCRIBE, so a subscription and the removal of the previous
     /// one for the same key cannot cross.
     changes: tokio::sync::Mutex<()>,
+    /// Cancelled when the manager (and so this hub) is dropped: closes the subscriber connection.
+    closed: CancellationToken,
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        self.closed.cancel();
+    }
 }
 
 #[derive(Default)]
@@ -72,6 +81,7 @@ impl Notifications {
                 timeouts,
                 state: Mutex::new(State::default()),
                 changes: tokio::sync::Mutex::new(()),
+                closed: CancellationToken::new(),
             }),
         }
     }
@@ -199,35 +209,13 @@ impl Hub {
             state.sink = Some(sink.clone());
             state.connection
         };
-        tokio::spawn(Arc::clone(self).deliver(stream, connection));
+        tokio::spawn(deliver(
+            Arc::downgrade(self),
+            self.closed.clone(),
+            stream,
+            connection,
+        ));
         Some((sink, connection))
-    }
-
-    /// Hands each notification to the oldest waiter of its key that has none pending; when the
-    /// connection ends, wakes every waiter so they try again.
-    async fn deliver(self: Arc<Self>, mut stream: redis::aio::PubSubStream, connection: u64) {
-        use futures_core::Stream;
-        while let Some(message) =
-            std::future::poll_fn(|cx| std::pin::Pin::new(&mut stream).poll_next(cx)).await
-        {
-            let mut state = lock(&self.state);
-            if let Some(channel) = state.channels.get_mut(message.get_channel_name()) {
-                wake_one(channel);
-            }
-        }
-        let mut state = lock(&self.state);
-        if state.connection == connection {
-            state.sink = None;
-            for channel in state.channels.values_mut() {
-                channel.subscribed_on = None;
-                for slot in &channel.waiters {
-                    slot.woken.store(true, Ordering::SeqCst);
-                    slot.wake.notify_one();
-                }
-            }
-        }
-        drop(state);
-        tracing::debug!("distlock subscriber connection closed; waiters will resubscribe");
     }
 
     async fn unsubscribe(&self, mut sink: PubSubSink, channel: String) {
@@ -238,6 +226,45 @@ impl Hub {
         }
         let _ = tokio::time::timeout(self.timeouts.response, sink.unsubscribe(&channel)).await;
     }
+}
+
+/// Hands each notification to the oldest waiter of its key that has none pending; when the
+/// connection ends, wakes every waiter so they try again. Holds the hub weakly, and stops (closing
+/// the connection) when the manager is dropped.
+async fn deliver(
+    hub: Weak<Hub>,
+    closed: CancellationToken,
+    mut stream: redis::aio::PubSubStream,
+    connection: u64,
+) {
+    use futures_core::Stream;
+    loop {
+        let next = std::future::poll_fn(|cx| std::pin::Pin::new(&mut stream).poll_next(cx));
+        let message = tokio::select! {
+            message = next => message,
+            () = closed.cancelled() => return,
+        };
+        let Some(hub) = hub.upgrade() else { return };
+        let Some(message) = message else { break };
+        let mut state = lock(&hub.state);
+        if let Some(channel) = state.channels.get_mut(message.get_channel_name()) {
+            wake_one(channel);
+        }
+    }
+    let Some(hub) = hub.upgrade() else { return };
+    let mut state = lock(&hub.state);
+    if state.connection == connection {
+        state.sink = None;
+        for channel in state.channels.values_mut() {
+            channel.subscribed_on = None;
+            for slot in &channel.waiters {
+                slot.woken.store(true, Ordering::SeqCst);
+                slot.wake.notify_one();
+            }
+        }
+    }
+    drop(state);
+    tracing::debug!("distlock subscriber connection closed; waiters will resubscribe");
 }
 
 /// Wakes the oldest waiter of `channel` that has no notification pending.
