@@ -141,28 +141,38 @@ async fn five_hundred_waiters_all_acquire_through_one_subscriber_connection() {
     );
 }
 
+/// Connections whose last command was SUBSCRIBE or UNSUBSCRIBE: subscriber connections, also
+/// when they are subscribed to nothing any more.
+fn subscriber_sockets(server: &RedisServer) -> usize {
+    server
+        .command(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|line| line.contains("cmd=subscribe") || line.contains("cmd=unsubscribe"))
+        .count()
+}
+
 #[tokio::test]
 async fn dropping_the_manager_closes_its_subscriber_connection() {
     let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
-    let locks = server.manager();
     let holder = server.manager();
     let lease = holder.lock("gone").acquire().await.unwrap();
-    // A waiter makes `locks` open its subscriber connection.
+    let locks = server.manager();
+    // A waiter makes `locks` open its subscriber connection; it unsubscribes when it gives up.
     let outcome = locks
         .lock("gone")
         .wait(Duration::from_millis(200))
         .acquire()
         .await;
     assert!(outcome.is_err());
-    assert_eq!(subscriber_connections(&server), 1);
+    assert_eq!(subscriber_sockets(&server), 1);
     drop(locks);
     let deadline = Instant::now() + Duration::from_secs(2);
-    while subscriber_connections(&server) > 0 && Instant::now() < deadline {
+    while subscriber_sockets(&server) > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(
-        subscriber_connections(&server),
+        subscriber_sockets(&server),
         0,
         "the subscriber connection outlived its manager"
     );
