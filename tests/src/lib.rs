@@ -354,15 +354,23 @@ pub async fn run_processes(exe: &str, args: &[&str], count: usize) {
     }
 }
 
+/// Takes and releases the lock on `key`.
+///
+/// # Panics
+/// If either fails.
+pub async fn lock_once(locks: &LockManager, key: &str) {
+    locks
+        .lock(key)
+        .acquire()
+        .await
+        .unwrap_or_else(|e| panic!("acquire {key}: {e}"))
+        .release()
+        .await
+        .unwrap_or_else(|e| panic!("release {key}: {e}"));
+}
+
 /// Takes and releases one lock, so the manager's connection is open and its scripts loaded
 /// before a test counts requests or times calls.
 pub async fn warm_up(locks: &LockManager) {
-    locks
-        .lock("warm-up")
-        .acquire()
-        .await
-        .expect("warm-up acquire")
-        .release()
-        .await
-        .expect("warm-up release");
+    lock_once(locks, "warm-up").await;
 }

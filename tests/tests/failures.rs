@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use distlock_runtime::LockError;
-use distlock_tests::{exists, until_gone, warm_up, RedisServer};
+use distlock_tests::{exists, lock_once, until_gone, warm_up, RedisServer};
 
 /// Connect, response and pool-wait timeouts of the managers in these tests.
 const TIMEOUT: Duration = Duration::from_millis(500);
@@ -112,14 +112,7 @@ async fn redis_restarted_mid_lease_gives_the_holder_lease_lost() {
         started.elapsed()
     );
     // The manager reconnects to the new server.
-    locks
-        .lock("restarted")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    lock_once(&locks, "restarted").await;
 }
 
 #[tokio::test]
@@ -169,14 +162,7 @@ async fn the_first_lock_after_a_restart_succeeds_on_a_fresh_connection() {
     let _load = distlock_tests::timed().await;
     let mut server = RedisServer::start();
     let locks = fast_manager(&server);
-    locks
-        .lock("idle")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    lock_once(&locks, "idle").await;
     // The manager's connection dies while idle.
     server.restart();
     let lease = locks
