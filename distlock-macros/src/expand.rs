@@ -57,7 +57,7 @@ pub(crate) fn expand(args: &Args, templates: &[Template], item: &LockedFn) -> To
             #private::run(
                 #manager_local,
                 #keys_local,
-                #private::Options { ttl: #ttl, wait: #wait, renew: #renew },
+                #private::Options { ttl: #ttl, wait: #wait, renew: #renew, fair: ::core::option::Option::None },
                 #on_error,
                 // Boxed once, so nesting annotated calls does not multiply the future's size.
                 ::std::boxed::Box::pin(async move {

@@ -16,6 +16,8 @@ pub struct Options {
     pub wait: Option<Duration>,
     /// `renew = ..`.
     pub renew: bool,
+    /// `fair = ..`; `None` keeps the manager's default.
+    pub fair: Option<bool>,
 }
 
 /// A return type that can carry a [`LockError`]: `Result<T, E>` with `E: From<LockError>`.
@@ -156,6 +158,9 @@ where
     }
     if let Some(wait) = options.wait {
         request = request.wait(wait);
+    }
+    if let Some(fair) = options.fair {
+        request = request.fair(fair);
     }
     match request.run(body).await {
         Ok(output) => output,

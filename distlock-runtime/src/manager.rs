@@ -108,6 +108,7 @@ impl LockManager {
             ttl: self.inner.default_ttl,
             wait: self.inner.default_wait,
             renew: true,
+            fair: None,
         }
     }
 
@@ -403,6 +404,8 @@ pub struct LockRequest {
     ttl: Duration,
     wait: Duration,
     renew: bool,
+    /// `None`: the manager's default (for one key).
+    fair: Option<bool>,
 }
 
 impl LockRequest {
@@ -425,6 +428,15 @@ impl LockRequest {
     /// lease ends after its ttl, and [`run`](Self::run) stops a body still running then.
     pub fn renew(mut self, renew: bool) -> Self {
         self.renew = renew;
+        self
+    }
+
+    /// Whether waiters are served in arrival order: waiters queue in Redis, and a release hands
+    /// the lock straight to the oldest live waiter. Default: the manager's
+    /// [`default_fair`](LockManagerBuilder::default_fair) (`false` unless changed). Only a
+    /// request for one key can be fair.
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = Some(fair);
         self
     }
 
