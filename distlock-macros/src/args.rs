@@ -1,5 +1,5 @@
 //! The attribute's arguments as a spanned model: `KEYS, ttl = .., wait = .., renew = ..,
-//! manager = .., crate = ".."`, each option set at most once.
+//! fair = .., manager = .., crate = ".."`, each option set at most once.
 
 use proc_macro2::Span;
 use syn::parse::{Parse, ParseStream};
@@ -12,7 +12,7 @@ use crate::check::Errors;
 const MAX_TTL_MS: u64 = 365 * 24 * 60 * 60 * 1000;
 
 /// The options the attribute accepts, for "unknown option" messages.
-pub(crate) const OPTIONS: &str = "`ttl`, `wait`, `renew`, `manager`, `crate`";
+pub(crate) const OPTIONS: &str = "`ttl`, `wait`, `renew`, `fair`, `manager`, `crate`";
 
 /// The parsed attribute.
 pub(crate) struct Args {
@@ -21,6 +21,7 @@ pub(crate) struct Args {
     pub(crate) ttl: Option<Millis>,
     pub(crate) wait: Option<Millis>,
     pub(crate) renew: Option<syn::LitBool>,
+    pub(crate) fair: Option<syn::LitBool>,
     pub(crate) manager: Option<Expr>,
     pub(crate) krate: Option<syn::Path>,
 }
@@ -53,6 +54,7 @@ impl Parse for Parsed {
             ttl: None,
             wait: None,
             renew: None,
+            fair: None,
             manager: None,
             krate: None,
         };
@@ -107,7 +109,7 @@ impl Args {
             return Err(syn::Error::new_spanned(
                 &name,
                 match key.as_str() {
-                    "ttl" | "wait" | "renew" | "manager" | "crate" => {
+                    "ttl" | "wait" | "renew" | "fair" | "manager" | "crate" => {
                         format!("`{key}` needs a value: `{key} = ...`")
                     }
                     _ => format!("unknown option `{key}`; valid options are {OPTIONS}"),
@@ -133,13 +135,9 @@ impl Args {
             "ttl" => set_once(&mut self.ttl, duration(&value, "ttl", false)?, duplicate),
             "wait" => set_once(&mut self.wait, duration(&value, "wait", true)?, duplicate),
             "renew" => set_once(&mut self.renew, boolean(&value, "renew")?, duplicate),
+            "fair" => set_once(&mut self.fair, boolean(&value, "fair")?, duplicate),
             "manager" => set_once(&mut self.manager, value, duplicate),
             "crate" => set_once(&mut self.krate, path(&value)?, duplicate),
-            "fair" => Err(syn::Error::new_spanned(
-                &name,
-                "`fair` is not available yet: fair hand-off arrives with waiter notifications; \
-                 remove it for now",
-            )),
             _ => Err(syn::Error::new_spanned(
                 &name,
                 format!("unknown option `{key}`; valid options are {OPTIONS}"),
@@ -317,7 +315,42 @@ fn path(value: &Expr) -> syn::Result<syn::Path> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_with_unit;
+    use super::{parse_with_unit, Args, Parsed};
+
+    /// The attribute's arguments, and the option errors' messages.
+    fn parse(attr: &str) -> (Args, Vec<String>) {
+        let Parsed { args, errors } = syn::parse_str(attr).expect("the keys parse");
+        let messages = match errors.finish() {
+            Ok(()) => Vec::new(),
+            Err(error) => error.into_iter().map(|e| e.to_string()).collect(),
+        };
+        (args, messages)
+    }
+
+    #[test]
+    fn fair_takes_a_bool_once() {
+        let (args, errors) = parse(r#""a:{id}", fair = true"#);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(args.fair.is_some_and(|fair| fair.value));
+        let (args, errors) = parse(r#""a:{id}", fair = false"#);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(args.fair.is_some_and(|fair| !fair.value));
+        assert!(parse(r#""a:{id}""#).0.fair.is_none());
+
+        assert_eq!(
+            parse(r#""a:{id}", fair = "yes""#).1,
+            ["`fair` takes `true` or `false`"]
+        );
+        assert_eq!(
+            parse(r#""a:{id}", fair = true, fair = false"#).1,
+            ["`fair` is given twice"]
+        );
+        assert_eq!(
+            parse(r#""a:{id}", fair"#).1,
+            ["`fair` needs a value: `fair = ...`"]
+        );
+        assert!(parse(r#""a:{id}", fiar = true"#).1[0].contains("`renew`, `fair`, `manager`"));
+    }
 
     #[test]
     fn durations_with_units() {

@@ -1,5 +1,6 @@
-//! Checks across the attribute and the fn: an `async fn` returning a `Result`, and every
-//! placeholder naming a parameter. All problems are reported at once, each on its own token.
+//! Checks across the attribute and the fn: an `async fn` returning a `Result`, every
+//! placeholder naming a parameter, and `fair = true` on a single key. All problems are
+//! reported at once, each on its own token.
 
 use syn::spanned::Spanned;
 use syn::{ReturnType, Type};
@@ -29,6 +30,21 @@ pub(crate) fn signature(item: &LockedFn, errors: &mut Errors) {
                     "`#[distributed_lock]` functions must return `Result<T, E>`, not `impl Trait`",
                 ));
             }
+        }
+    }
+}
+
+/// Checks options against each other and the keys: `fair = true` locks a single key.
+pub(crate) fn options(args: &Args, errors: &mut Errors) {
+    // Fair waiters queue on one lock key; a lease over several keys has no single queue to
+    // wait in, so it cannot keep arrival order. Literals are counted as written.
+    if let Some(fair) = args.fair.as_ref().filter(|fair| fair.value) {
+        if args.keys.len() > 1 {
+            errors.push(syn::Error::new_spanned(
+                fair,
+                "`fair = true` needs a single key: waiters queue on one key at a time, so \
+                 several keys cannot be fair; lock one key, or drop `fair`",
+            ));
         }
     }
 }
@@ -131,5 +147,32 @@ impl Errors {
 
     pub(crate) fn finish(self) -> syn::Result<()> {
         self.0.map_or(Ok(()), Err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{options, Errors};
+    use crate::args::Parsed;
+
+    fn option_errors(attr: &str) -> Vec<String> {
+        let parsed: Parsed = syn::parse_str(attr).expect("the keys parse");
+        let mut errors = Errors::default();
+        options(&parsed.args, &mut errors);
+        match errors.finish() {
+            Ok(()) => Vec::new(),
+            Err(error) => error.into_iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn fair_needs_a_single_key() {
+        assert!(option_errors(r#""a:{id}", fair = true"#).is_empty());
+        assert!(option_errors(r#"["a:{id}"], fair = true"#).is_empty());
+        assert!(option_errors(r#"["a:{id}", "b:{id}"], fair = false"#).is_empty());
+        assert!(option_errors(r#"["a:{id}", "b:{id}"]"#).is_empty());
+        let errors = option_errors(r#"["a:{id}", "b:{id}"], fair = true"#);
+        assert_eq!(errors.len(), 1);
+        assert!(errors[0].starts_with("`fair = true` needs a single key"));
     }
 }

@@ -47,6 +47,10 @@ pub(crate) fn expand(args: &Args, templates: &[Template], item: &LockedFn) -> To
     let ttl = option_duration(args.ttl.as_ref());
     let wait = option_duration(args.wait.as_ref());
     let renew = args.renew.as_ref().is_none_or(syn::LitBool::value);
+    let fair = match &args.fair {
+        Some(fair) => quote!(::core::option::Option::Some(#fair)),
+        None => quote!(::core::option::Option::None),
+    };
     let body = rebrace(&item.body);
 
     quote! {
@@ -57,7 +61,7 @@ pub(crate) fn expand(args: &Args, templates: &[Template], item: &LockedFn) -> To
             #private::run(
                 #manager_local,
                 #keys_local,
-                #private::Options { ttl: #ttl, wait: #wait, renew: #renew, fair: ::core::option::Option::None },
+                #private::Options { ttl: #ttl, wait: #wait, renew: #renew, fair: #fair },
                 #on_error,
                 // Boxed once, so nesting annotated calls does not multiply the future's size.
                 ::std::boxed::Box::pin(async move {

@@ -40,10 +40,12 @@ use proc_macro::TokenStream;
 /// | `ttl` | lease length: integer seconds (`ttl = 30`) or a string with a unit (`"1500ms"`, `"2s"`, `"5m"`, `"1h"`); at least 10 ms | the manager's default ttl (30 s unless set with its builder) |
 /// | `wait` | how long to wait for a held lock, same forms; `wait = 0` tries once (try-lock) | the manager's default wait (10 s unless set with its builder) |
 /// | `renew` | `true` / `false`: extend the lease every ttl/3 while the body runs | `true` |
+/// | `fair` | `true` / `false`: serve waiters in arrival order, handing the lock straight to the oldest live waiter; one key only | the manager's (`false` unless `LockManagerBuilder::default_fair` changes it) |
 /// | `manager` | an expression yielding a `LockManager`, `&LockManager` or `Arc<LockManager>`; may use the parameters and `self` (`manager = &self.locks`) | the manager installed with `set_default_manager` |
 /// | `crate` | path of the runtime crate as a string, for a renamed dependency (`crate = "lock"`) | `"::distlock_runtime"` |
 ///
-/// Any other option, a duplicate, or a malformed value is a compile error on its token.
+/// Any other option, a duplicate, a malformed value, or `fair = true` with several keys is a
+/// compile error on its token.
 ///
 /// # The fn
 /// It must be `async` and return `Result<T, E>` where `E: From<LockError>` (a type alias of such
@@ -72,6 +74,7 @@ pub fn distributed_lock(attr: TokenStream, item: TokenStream) -> TokenStream {
     let args = match syn::parse::<args::Parsed>(attr) {
         Ok(parsed) => {
             errors.extend(parsed.errors);
+            check::options(&parsed.args, &mut errors);
             Some(parsed.args)
         }
         Err(error) => {

@@ -228,6 +228,17 @@ impl LeaseState {
         };
     }
 
+    /// A release handed the key over with `claim` as its expiry, at a moment known to be no
+    /// earlier than `start` on this host's clock; renewals (the first one due at once when
+    /// `claim` is shorter) extend it to `ttl`.
+    pub(crate) fn handed(&self, start: Instant, claim: Duration, ttl: Duration) {
+        *lock(&self.validity) = Validity {
+            until: start + validity(claim),
+            ttl,
+            sent: start,
+        };
+    }
+
     /// Redis set the keys' expiry to `ttl` by a request sent at `sent`. Returns whether this
     /// answer now defines the lease (false for an answer older than the current one). A lease
     /// once lost, or whose validity ran out before this answer, stays lost: there was a moment

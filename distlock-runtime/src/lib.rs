@@ -93,8 +93,8 @@ mod wait;
 pub use error::LockError;
 pub use lease::Lease;
 pub use manager::{
-    default_manager, set_default_manager, LockManager, LockManagerBuilder, LockRequest, MAX_TTL,
-    MIN_TTL,
+    default_manager, set_default_manager, LockManager, LockManagerBuilder, LockRequest, LockStats,
+    HANDOFF_CLAIM, MAX_TTL, MIN_TTL,
 };
 pub use reentrancy::{current_fencing_token, current_lease, CurrentLease};
 

@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use crate::lease::{Lease, LeaseState};
 use crate::notify::Notifications;
 use crate::renew::{self, Renewals};
 use crate::scripts::{self, Acquire};
-use crate::wait::Waiter;
+use crate::wait::{Waiter, Wake};
 use crate::{reentrancy, LockError};
 
 /// The shortest lease accepted: below this the clock-drift margin eats the whole lease.
@@ -68,8 +69,29 @@ struct Inner {
     fence_key: String,
     default_ttl: Duration,
     default_wait: Duration,
+    default_fair: bool,
+    stats: Counters,
     /// The URL without its password, for Debug.
     endpoint: String,
+}
+
+#[derive(Default)]
+struct Counters {
+    acquire_requests: AtomicU64,
+    handed_over: AtomicU64,
+}
+
+/// What a [`LockManager`] did so far (all its clones together), from [`LockManager::stats`]:
+/// for metrics, and to see how contended locks behave.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockStats {
+    /// Acquire requests sent to Redis: one per attempt, so under contention more than the
+    /// leases acquired.
+    pub acquire_requests: u64,
+    /// Fair leases acquired by hand-off: a release gave the lock straight to the waiter,
+    /// which learned it by notification, without another acquire request.
+    pub handed_over: u64,
 }
 
 impl LockManager {
@@ -138,6 +160,29 @@ impl LockManager {
         redis_key
     }
 
+    /// The fair queue of the lock key `redis_key` (see `scripts::FAIR_QUEUE`): the list of
+    /// waiting tokens and the hash of their entries.
+    fn queue_keys(&self, redis_key: &str) -> [String; 2] {
+        let key = redis_key
+            .strip_prefix(self.inner.prefix.as_str())
+            .and_then(|k| k.strip_prefix("lock:"))
+            .unwrap_or(redis_key);
+        let prefix = &self.inner.prefix;
+        [
+            format!("{prefix}queue:{key}"),
+            format!("{prefix}waiters:{key}"),
+        ]
+    }
+
+    /// Counts of what this manager (and its clones) did so far.
+    pub fn stats(&self) -> LockStats {
+        let stats = &self.inner.stats;
+        LockStats {
+            acquire_requests: stats.acquire_requests.load(Ordering::Relaxed),
+            handed_over: stats.handed_over.load(Ordering::Relaxed),
+        }
+    }
+
     pub(crate) fn redis(&self) -> &Redis {
         &self.inner.redis
     }
@@ -152,25 +197,34 @@ impl LockManager {
         ttl: Duration,
         wait: Duration,
         renew: bool,
+        fair: bool,
     ) -> Result<Lease, LockError> {
         let redis_keys: Arc<[String]> = keys.iter().map(|k| self.redis_key(k)).collect();
         let token: Arc<str> = new_token().into();
         let state = Arc::new(LeaseState::new(ttl));
         // Registered before the request goes out: an acquired lease can never miss renewal.
-        let registration = renew.then(|| {
+        let mut registration = renew.then(|| {
             self.inner.renewals.register(
                 Arc::clone(&redis_keys),
                 Arc::clone(&token),
                 Arc::clone(&state),
             )
         });
-        let request = AcquireRequest::new(&redis_keys, &self.inner.fence_key, &token, ttl);
+        let request = if fair {
+            AcquireRequest::Fair(FairRequest::new(self, &redis_keys[0], &token, ttl))
+        } else {
+            AcquireRequest::new(&redis_keys, &self.inner.fence_key, &token, ttl)
+        };
 
         let started = Instant::now();
         let deadline = started
             .checked_add(wait)
             .unwrap_or_else(|| started + Duration::from_secs(100 * 365 * 86_400));
-        let mut waiter = Waiter::new(deadline, self.inner.notifications.as_ref());
+        let mut waiter = Waiter::new(
+            deadline,
+            self.inner.notifications.as_ref(),
+            fair.then(|| Arc::clone(&token)),
+        );
         let mut in_doubt = InDoubt {
             manager: self,
             redis_keys: &redis_keys,
@@ -178,50 +232,48 @@ impl LockManager {
             ttl,
             armed: false,
         };
+        // A fair waiter stays in the key's queue between attempts, and may be handed the lock
+        // at any moment: leaving early must release (which also leaves the queue).
+        let mut queued = false;
+        // When the last fair attempt was sent, and Redis's clock when it ran: dates a hand-off.
+        let mut calibration = None;
         let mut attempts = 0u32;
         loop {
             attempts += 1;
+            if fair {
+                waiter.before_attempt(&redis_keys[0]);
+            }
             let sent = Instant::now();
             // If this call is cancelled or fails while the request is out, the lock may have
             // been taken: release it (by token) rather than leave it until its ttl.
             in_doubt.armed = true;
-            let answer = match request.send(self.redis(), &token).await {
-                Ok(answer) => answer,
+            self.inner
+                .stats
+                .acquire_requests
+                .fetch_add(1, Ordering::Relaxed);
+            let answer = match request.send(self.redis(), &token, deadline, sent).await {
+                Ok((answer, server_ms)) => {
+                    if let Some(server_ms) = server_ms {
+                        calibration = Some((sent, server_ms));
+                    }
+                    answer
+                }
                 Err(error) => {
                     // Redis answered with an error: the request was refused, not maybe applied.
                     if let LockError::Redis { source, .. } = &error {
-                        in_doubt.armed = crate::conn::is_connection_failure(source);
+                        in_doubt.armed = queued || crate::conn::is_connection_failure(source);
                     }
                     return Err(error);
                 }
             };
-            in_doubt.armed = false;
-            match answer {
+            in_doubt.armed = queued;
+            let fencing_token = match answer {
                 Acquire::Acquired { fencing_token } => {
                     state.acquired(sent, ttl);
-                    if state.is_lost() {
-                        // The answer came after the lease it granted had run out.
-                        in_doubt.armed = true;
-                        return Err(LockError::RedisTimeout {
-                            op: "acquire (answered after the lease had expired)",
-                            after: sent.elapsed(),
-                        });
-                    }
                     if let Some(registration) = &registration {
                         registration.schedule(sent, ttl);
                     }
-                    if attempts > 1 {
-                        tracing::debug!(keys = ?keys, waited = ?(sent - started), attempts, "distlock acquired after waiting");
-                    }
-                    return Ok(Lease::new(
-                        self.clone(),
-                        keys,
-                        redis_keys.clone(),
-                        token.clone(),
-                        fencing_token,
-                        state,
-                        registration,
-                    ));
+                    fencing_token
                 }
                 Acquire::Held {
                     first_held,
@@ -231,15 +283,66 @@ impl LockManager {
                     if wait.is_zero() {
                         return Err(LockError::NotAcquired { key: key() });
                     }
+                    queued = fair;
+                    in_doubt.armed = queued;
                     let held_key = redis_keys.get(first_held).map_or("", String::as_str);
-                    if !waiter.wait(held_key, remaining).await {
-                        return Err(LockError::Timeout {
-                            key: key(),
-                            waited: started.elapsed(),
-                        });
+                    let handoff = match waiter.wait(held_key, remaining).await {
+                        Wake::Retry => continue,
+                        Wake::Deadline => {
+                            return Err(LockError::Timeout {
+                                key: key(),
+                                waited: started.elapsed(),
+                            })
+                        }
+                        Wake::Handed(handoff) => handoff,
+                    };
+                    let Some(start) = handoff_start(calibration, handoff.server_ms) else {
+                        continue;
+                    };
+                    state.handed(start, handoff.claim, ttl);
+                    if state.is_lost() {
+                        // Learned too late to trust the claim: an attempt confirms or requeues.
+                        continue;
                     }
+                    self.inner.stats.handed_over.fetch_add(1, Ordering::Relaxed);
+                    // A claim shorter than the ttl is extended to the ttl at once.
+                    let claimed = (handoff.claim < ttl).then(Instant::now);
+                    match (&registration, claimed) {
+                        (Some(registration), Some(now)) => registration.schedule_at(now),
+                        (Some(registration), None) => registration.schedule(start, ttl),
+                        (None, Some(_)) => {
+                            registration = Some(self.inner.renewals.register_once(
+                                Arc::clone(&redis_keys),
+                                Arc::clone(&token),
+                                Arc::clone(&state),
+                            ));
+                        }
+                        (None, None) => {}
+                    }
+                    handoff.fencing_token
                 }
+            };
+            if state.is_lost() {
+                // The answer came after the lease it granted had run out.
+                in_doubt.armed = true;
+                return Err(LockError::RedisTimeout {
+                    op: "acquire (answered after the lease had expired)",
+                    after: sent.elapsed(),
+                });
             }
+            in_doubt.armed = false;
+            if attempts > 1 {
+                tracing::debug!(keys = ?keys, waited = ?started.elapsed(), attempts, "distlock acquired after waiting");
+            }
+            return Ok(Lease::new(
+                self.clone(),
+                keys,
+                redis_keys.clone(),
+                token.clone(),
+                fencing_token,
+                state,
+                registration,
+            ));
         }
     }
 
@@ -250,8 +353,10 @@ impl LockManager {
         token: &str,
     ) -> Result<usize, LockError> {
         let mut invocation = scripts::RELEASE.prepare_invoke();
+        invocation.key(self.inner.fence_key.as_str());
         for key in redis_keys {
-            invocation.key(key.as_str());
+            let [queue, waiters] = self.queue_keys(key);
+            invocation.key(key.as_str()).key(queue).key(waiters);
         }
         invocation.arg(token);
         self.redis()
@@ -312,7 +417,40 @@ enum AcquireRequest {
     One(redis::Pipeline),
     /// Several keys: the all-or-nothing script.
     All(redis::ScriptInvocation<'static>),
+    /// One key, fairly: the queueing script.
+    Fair(FairRequest),
 }
+
+/// The fair acquire script's keys and fixed arguments; the wait left is added per attempt.
+struct FairRequest {
+    keys: [String; 4],
+    token: Arc<str>,
+    ttl_ms: u64,
+    claim_ms: u64,
+}
+
+impl FairRequest {
+    fn new(manager: &LockManager, redis_key: &str, token: &Arc<str>, ttl: Duration) -> Self {
+        let [queue, waiters] = manager.queue_keys(redis_key);
+        Self {
+            keys: [
+                redis_key.to_owned(),
+                queue,
+                waiters,
+                manager.inner.fence_key.clone(),
+            ],
+            token: Arc::clone(token),
+            ttl_ms: renew::millis(ttl),
+            claim_ms: renew::millis(ttl.min(HANDOFF_CLAIM)),
+        }
+    }
+}
+
+/// How long a lock handed to a fair waiter is held for it before the waiter extends it to its
+/// ttl. A hand-off to a waiter that is gone (crashed, or its process stalled) costs the queue
+/// at most this long (plus a quarter, the next waiter's slack) before the next waiter takes
+/// the lock.
+pub const HANDOFF_CLAIM: Duration = Duration::from_secs(2);
 
 impl AcquireRequest {
     fn new(redis_keys: &[String], fence_key: &str, token: &str, ttl: Duration) -> Self {
@@ -332,9 +470,36 @@ impl AcquireRequest {
         Self::All(invocation)
     }
 
-    async fn send(&self, redis: &Redis, token: &str) -> Result<Acquire, LockError> {
+    /// Sends one attempt; returns the answer and, for a fair attempt, Redis's clock (ms).
+    async fn send(
+        &self,
+        redis: &Redis,
+        token: &str,
+        deadline: Instant,
+        now: Instant,
+    ) -> Result<(Acquire, Option<u64>), LockError> {
         match self {
-            Self::All(invocation) => redis.invoke("acquire", Request::Script(invocation)).await,
+            Self::All(invocation) => Ok((
+                redis.invoke("acquire", Request::Script(invocation)).await?,
+                None,
+            )),
+            Self::Fair(fair) => {
+                let mut invocation = scripts::ACQUIRE_FAIR.prepare_invoke();
+                for key in &fair.keys {
+                    invocation.key(key.as_str());
+                }
+                let wait_ms = u64::try_from(deadline.saturating_duration_since(now).as_millis())
+                    .unwrap_or(u64::MAX);
+                invocation
+                    .arg(&*fair.token)
+                    .arg(fair.ttl_ms)
+                    .arg(fair.claim_ms)
+                    .arg(wait_ms);
+                let answer: scripts::FairAnswer = redis
+                    .invoke("acquire", Request::Script(&invocation))
+                    .await?;
+                Ok((answer.acquire, Some(answer.server_ms)))
+            }
             Self::One(pipeline) => {
                 let answer = redis
                     .invoke("acquire", Request::Pipeline(pipeline))
@@ -352,13 +517,31 @@ impl AcquireRequest {
                         }
                         other => other,
                     })?;
-                scripts::acquire_one_answer(answer, token).map_err(|e| LockError::Redis {
-                    op: "acquire",
-                    source: redis::RedisError::from(e),
-                })
+                let answer =
+                    scripts::acquire_one_answer(answer, token).map_err(|e| LockError::Redis {
+                        op: "acquire",
+                        source: redis::RedisError::from(e),
+                    })?;
+                Ok((answer, None))
             }
         }
     }
+}
+
+/// The earliest moment (on this host's clock) a hand-off at Redis time `server_ms` can have
+/// happened, from an attempt sent at `sent` that ran at Redis time `ran_ms`: Redis's clock has
+/// advanced `server_ms - ran_ms` since a moment after `sent`. Allows 1% clock-rate drift and
+/// 1 ms for the millisecond resolution. `None` without a dated attempt.
+fn handoff_start(calibration: Option<(Instant, u64)>, server_ms: u64) -> Option<Instant> {
+    let (sent, ran_ms) = calibration?;
+    let start = if server_ms >= ran_ms {
+        let elapsed = Duration::from_millis(server_ms - ran_ms);
+        (sent + elapsed - elapsed / 100).checked_sub(Duration::from_millis(1))?
+    } else {
+        let before = Duration::from_millis(ran_ms - server_ms);
+        sent.checked_sub(before + before / 100 + Duration::from_millis(1))?
+    };
+    Some(start.min(Instant::now()))
 }
 
 /// Releases a lock whose acquire request may have reached Redis when the acquire did not finish.
@@ -451,8 +634,9 @@ impl LockRequest {
     pub async fn acquire(self) -> Result<Lease, LockError> {
         let keys = prepare_keys(self.keys)?;
         check_ttl(self.ttl)?;
+        let fair = fair_for(&self.manager, self.fair, &keys)?;
         self.manager
-            .acquire(keys, self.ttl, self.wait, self.renew)
+            .acquire(keys, self.ttl, self.wait, self.renew, fair)
             .await
     }
 
@@ -476,6 +660,7 @@ impl LockRequest {
     pub async fn run<F: Future>(self, body: F) -> Result<F::Output, LockError> {
         let keys = prepare_keys(self.keys)?;
         check_ttl(self.ttl)?;
+        let fair = fair_for(&self.manager, self.fair, &keys)?;
         let manager = self.manager;
         let missing = reentrancy::not_held(manager.id(), &keys);
         if missing.is_empty() {
@@ -485,7 +670,7 @@ impl LockRequest {
             tracing::debug_span!("distlock", keys = ?keys, fencing_token = tracing::field::Empty);
         async move {
             let lease = manager
-                .acquire(missing.into(), self.ttl, self.wait, self.renew)
+                .acquire(missing.into(), self.ttl, self.wait, self.renew, fair)
                 .await?;
             let fencing_token = lease.fencing_token();
             tracing::Span::current().record("fencing_token", fencing_token);
@@ -510,6 +695,27 @@ impl LockRequest {
         }
         .instrument(span)
         .await
+    }
+}
+
+/// Whether a request for `keys` (sorted, de-duplicated) is served fairly: as asked, else by the
+/// manager's default, which applies to single-key requests only.
+fn fair_for(
+    manager: &LockManager,
+    asked: Option<bool>,
+    keys: &[String],
+) -> Result<bool, LockError> {
+    match asked {
+        Some(true) if keys.len() > 1 => Err(LockError::InvalidConfig {
+            what: "fair",
+            reason: format!(
+                "a fair request takes one key, not {}: waiters queue on one key at a time, and \
+                 queueing on several at once could deadlock; lock one key fairly, or drop .fair(true)",
+                keys.len()
+            ),
+        }),
+        Some(fair) => Ok(fair),
+        None => Ok(manager.inner.default_fair && keys.len() == 1),
     }
 }
 
@@ -572,6 +778,7 @@ fn new_token() -> String {
 /// | [`prefix`](Self::prefix) | `"distlock:"` |
 /// | [`default_ttl`](Self::default_ttl) | 30 s |
 /// | [`default_wait`](Self::default_wait) | 10 s |
+/// | [`default_fair`](Self::default_fair) | `false` |
 /// | [`pool_size`](Self::pool_size) | 8 connections |
 /// | [`connect_timeout`](Self::connect_timeout) | 2 s |
 /// | [`response_timeout`](Self::response_timeout) | 1 s |
@@ -594,6 +801,7 @@ pub struct LockManagerBuilder {
     prefix: String,
     default_ttl: Duration,
     default_wait: Duration,
+    default_fair: bool,
     pool_size: usize,
     connect_timeout: Duration,
     response_timeout: Duration,
@@ -612,6 +820,7 @@ impl Default for LockManagerBuilder {
             prefix: "distlock:".to_owned(),
             default_ttl: Duration::from_secs(30),
             default_wait: Duration::from_secs(10),
+            default_fair: false,
             pool_size: 8,
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(1),
@@ -663,6 +872,15 @@ impl LockManagerBuilder {
     /// How long requests that do not set a wait wait for a held lock. Default 10 s.
     pub fn default_wait(mut self, wait: Duration) -> Self {
         self.default_wait = wait;
+        self
+    }
+
+    /// Whether single-key requests that do not say are fair (see [`LockRequest::fair`]).
+    /// Default `false`: a fair acquire costs a Lua script call even when the lock is free,
+    /// where an unfair one is three plain commands, and unfair waiters are already woken by
+    /// notification rather than polling.
+    pub fn default_fair(mut self, fair: bool) -> Self {
+        self.default_fair = fair;
         self
     }
 
@@ -751,6 +969,8 @@ impl LockManagerBuilder {
                 prefix: self.prefix,
                 default_ttl: self.default_ttl,
                 default_wait: self.default_wait,
+                default_fair: self.default_fair,
+                stats: Counters::default(),
                 endpoint,
             }),
         })

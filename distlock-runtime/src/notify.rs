@@ -1,6 +1,8 @@
 //! Release notifications: the release script `PUBLISH`es on each lock key it deletes (the
 //! channel is the key's name), and one subscriber connection per manager hands each
-//! notification to one local waiter of that key, oldest first.
+//! notification to one local waiter of that key, oldest first. A release that hands the lock to
+//! a fair waiter publishes a hand-off message instead (see [`Handoff`]): it goes to that waiter
+//! alone, and tells the next waiter in line to watch the hand-off's claim.
 //!
 //! A waiter takes a [`Ticket`] (its place in the key's queue) and makes sure the manager is
 //! subscribed to the key before its next attempt, so a release between an attempt and the
@@ -18,6 +20,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::conn::{lock, Timeouts};
+use crate::scripts::Handoff;
 
 /// The notification side of one manager.
 pub(crate) struct Notifications {
@@ -61,8 +64,22 @@ struct Channel {
 #[derive(Default)]
 struct Slot {
     wake: Notify,
-    /// A notification was handed to this waiter and not yet taken.
+    /// The owner token of a fair waiter, which hand-off messages name.
+    token: Option<Arc<str>>,
+    /// A plain notification was handed to this waiter and not yet taken.
     woken: AtomicBool,
+    /// Hand-off news for a fair waiter, not yet taken.
+    news: Mutex<News>,
+}
+
+/// What a fair waiter learned from hand-off messages.
+#[derive(Default)]
+pub(crate) struct News {
+    /// The lock was handed to this waiter.
+    pub(crate) handed: Option<Handoff>,
+    /// This waiter is next in line: try again once the current hand-off's claim would have
+    /// lapsed, in case its recipient is gone.
+    pub(crate) watch_until: Option<tokio::time::Instant>,
 }
 
 /// A waiter's place in a key's queue; leaving it (drop) passes on a notification it did not
@@ -86,9 +103,13 @@ impl Notifications {
         }
     }
 
-    /// Joins the queue of waiters for the lock key `channel`.
-    pub(crate) fn enqueue(&self, channel: &str) -> Ticket {
-        let slot = Arc::new(Slot::default());
+    /// Joins the queue of waiters for the lock key `channel`; a fair waiter gives its owner
+    /// `token`, so hand-off messages naming it reach it.
+    pub(crate) fn enqueue(&self, channel: &str, token: Option<Arc<str>>) -> Ticket {
+        let slot = Arc::new(Slot {
+            token,
+            ..Slot::default()
+        });
         lock(&self.hub.state)
             .channels
             .entry(channel.to_owned())
@@ -103,6 +124,13 @@ impl Notifications {
     }
 }
 
+impl Notifications {
+    /// Whether notifications for the lock key `channel` reach this manager now.
+    pub(crate) fn subscribed(&self, channel: &str) -> bool {
+        self.hub.subscribed(channel)
+    }
+}
+
 impl Ticket {
     /// The key this ticket waits for.
     pub(crate) fn channel(&self) -> &str {
@@ -111,12 +139,7 @@ impl Ticket {
 
     /// Whether notifications for the key reach this manager now.
     pub(crate) fn subscribed(&self) -> bool {
-        let state = lock(&self.hub.state);
-        state.sink.is_some()
-            && state
-                .channels
-                .get(&self.channel)
-                .is_some_and(|c| c.subscribed_on == Some(state.connection))
+        self.hub.subscribed(&self.channel)
     }
 
     /// Subscribes the manager to the key (connecting first if needed), bounded by the manager's
@@ -150,11 +173,17 @@ impl Ticket {
         true
     }
 
-    /// Waits for a notification handed to this waiter (or one handed before it started
-    /// waiting), then takes it.
-    pub(crate) async fn woken(&self) {
+    /// Waits for a notification or hand-off news for this waiter (or one that came before it
+    /// started waiting). Takes a plain notification and says whether there was one; news stays
+    /// for [`Ticket::news`].
+    pub(crate) async fn woken(&self) -> bool {
         self.slot.wake.notified().await;
-        self.slot.woken.store(false, Ordering::SeqCst);
+        self.slot.woken.swap(false, Ordering::SeqCst)
+    }
+
+    /// Takes the hand-off news for this waiter.
+    pub(crate) fn news(&self) -> News {
+        std::mem::take(&mut *lock(&self.slot.news))
     }
 }
 
@@ -186,6 +215,15 @@ impl Drop for Ticket {
 }
 
 impl Hub {
+    fn subscribed(&self, channel: &str) -> bool {
+        let state = lock(&self.state);
+        state.sink.is_some()
+            && state
+                .channels
+                .get(channel)
+                .is_some_and(|c| c.subscribed_on == Some(state.connection))
+    }
+
     fn connected(&self) -> Option<(PubSubSink, u64)> {
         let state = lock(&self.state);
         state.sink.clone().map(|sink| (sink, state.connection))
@@ -246,9 +284,14 @@ async fn deliver(
         };
         let Some(hub) = hub.upgrade() else { return };
         let Some(message) = message else { break };
+        let handoff = Handoff::parse(message.get_payload_bytes());
         let mut state = lock(&hub.state);
-        if let Some(channel) = state.channels.get_mut(message.get_channel_name()) {
-            wake_one(channel);
+        let Some(channel) = state.channels.get_mut(message.get_channel_name()) else {
+            continue;
+        };
+        match handoff {
+            None => wake_one(channel),
+            Some(handoff) => deliver_handoff(channel, handoff),
         }
     }
     let Some(hub) = hub.upgrade() else { return };
@@ -265,6 +308,30 @@ async fn deliver(
     }
     drop(state);
     tracing::debug!("distlock subscriber connection closed; waiters will resubscribe");
+}
+
+/// Gives a hand-off to its recipient, if it waits here, and tells the next waiter in line to
+/// watch the claim. Other waiters are not woken: the lock is not free.
+fn deliver_handoff(channel: &Channel, handoff: Handoff) {
+    let named = |name: &str| {
+        channel
+            .waiters
+            .iter()
+            .find(|s| s.token.as_deref() == Some(name))
+    };
+    if let Some(next) = Some(handoff.next.as_str())
+        .filter(|n| !n.is_empty())
+        .and_then(named)
+    {
+        // Some slack past the claim: the recipient's extension may be on its way.
+        let until = tokio::time::Instant::now() + handoff.claim + handoff.claim / 4;
+        lock(&next.news).watch_until = Some(until);
+        next.wake.notify_one();
+    }
+    if let Some(recipient) = named(&handoff.token) {
+        lock(&recipient.news).handed = Some(handoff);
+        recipient.wake.notify_one();
+    }
 }
 
 /// Wakes the oldest waiter of `channel` that has no notification pending.

@@ -58,6 +58,9 @@ struct Entry {
     state: Arc<LeaseState>,
     /// When to renew next; `None` while the acquire request is still out.
     due: Option<Instant>,
+    /// Extend once, then leave the registry: the claim of a lease without renewal that was
+    /// handed over for a claim time shorter than its ttl.
+    once: bool,
 }
 
 /// A lease's place in the renewal registry; dropping it stops the lease's renewal at once.
@@ -86,6 +89,29 @@ impl Renewals {
         token: Arc<str>,
         state: Arc<LeaseState>,
     ) -> Registration {
+        self.insert(keys, token, state, false)
+    }
+
+    /// Registers a lease without renewal for one extension to its ttl, due now: it was handed
+    /// over for a shorter claim time.
+    pub(crate) fn register_once(
+        &self,
+        keys: Arc<[String]>,
+        token: Arc<str>,
+        state: Arc<LeaseState>,
+    ) -> Registration {
+        let registration = self.insert(keys, token, state, true);
+        registration.schedule_at(Instant::now());
+        registration
+    }
+
+    fn insert(
+        &self,
+        keys: Arc<[String]>,
+        token: Arc<str>,
+        state: Arc<LeaseState>,
+        once: bool,
+    ) -> Registration {
         let mut registry = lock(&self.shared.registry);
         registry.next_id += 1;
         let id = registry.next_id;
@@ -96,6 +122,7 @@ impl Renewals {
                 token,
                 state,
                 due: None,
+                once,
             },
         );
         start_driver(&self.shared, &mut registry);
@@ -110,7 +137,11 @@ impl Registration {
     /// The keys' expiry was set to `ttl` by a request sent at `sent` (the acquire, or a manual
     /// extend): renew a third of `ttl` after it.
     pub(crate) fn schedule(&self, sent: Instant, ttl: Duration) {
-        let due = sent + interval(ttl);
+        self.schedule_at(sent + interval(ttl));
+    }
+
+    /// Renew at `due` (now, for a lease handed over for a short claim time).
+    pub(crate) fn schedule_at(&self, due: Instant) {
         let mut registry = lock(&self.shared.registry);
         if let Some(entry) = registry.leases.get_mut(&self.id) {
             entry.due = Some(due);
@@ -301,6 +332,10 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
                 if entry.state.is_lost_flag() {
                     Event::ExpiredBeforeRenewal
                 } else {
+                    if entry.once {
+                        registry.leases.remove(&lease.id);
+                        continue;
+                    }
                     if current {
                         entry.due = Some(sent + interval(lease.ttl));
                     }

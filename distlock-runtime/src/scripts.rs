@@ -90,26 +90,139 @@ pub(crate) fn acquire_one_answer(
     }
 }
 
-/// Deletes the lock keys this owner still holds; never touches a key owned by someone else.
+/// Lua shared by the scripts that can hand a lock over to a fair waiter.
 ///
-/// KEYS: the lock keys. ARGV[1]: the owner token.
-/// Returns the number of keys deleted. A key that is not a string (overwritten by someone) is
-/// not ours and is skipped (`pcall`), so it cannot keep the others from being released. Each
-/// deleted key is announced with `PUBLISH` on the channel of the key's name, for waiters.
-pub(crate) static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
-        r"
-local deleted = 0
-for i = 1, #KEYS do
-  if redis.pcall('GET', KEYS[i]) == ARGV[1] then
-    redis.call('DEL', KEYS[i])
-    redis.call('PUBLISH', KEYS[i], '')
-    deleted = deleted + 1
+/// A fair queue is two keys beside the lock key `L`: `Q`, a list of waiting owner tokens in
+/// arrival order, and `W`, a hash from each waiting token to its entry `"deadline_ms claim_ms"`
+/// (Redis server time after which the waiter has given up; how long a hand-off to it holds
+/// before it must confirm). `F` is the fencing counter.
+const FAIR_QUEUE: &str = r"
+local function server_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- The token of the oldest waiter whose deadline is after now; stale entries in front are
+-- dropped. nil when none is left.
+local function first_live(Q, W, now)
+  while true do
+    local head = redis.call('LINDEX', Q, 0)
+    if not head then return nil end
+    local entry = redis.pcall('HGET', W, head)
+    local deadline = type(entry) == 'string' and tonumber(string.match(entry, '^(%d+) ')) or 0
+    if deadline > now then return head end
+    redis.call('LPOP', Q)
+    redis.pcall('HDEL', W, head)
   end
 end
-return deleted
-",
-    )
+-- Gives the lock L (free, or held by the caller) to the oldest live waiter: L is set to its
+-- token for its claim time, and a message on L's channel tells it (and the waiter after it,
+-- which watches the claim) so. Returns false when no live waiter is left.
+local function serve(L, Q, W, F, now)
+  local head = first_live(Q, W, now)
+  if not head then
+    redis.call('DEL', Q, W)
+    return false
+  end
+  local claim = string.match(redis.call('HGET', W, head), ' (%d+)$')
+  redis.call('LPOP', Q)
+  redis.call('HDEL', W, head)
+  local fence = redis.call('INCR', F)
+  redis.call('SET', L, head, 'PX', claim)
+  local next = first_live(Q, W, now) or ''
+  redis.call('PUBLISH', L, string.format('h %s %d %.0f %s %s', head, fence, now, claim, next))
+  return true
+end
+";
+
+/// Releases the lock keys this owner still holds; never touches a key owned by someone else.
+///
+/// KEYS[1]: the fencing counter; then for each lock key three keys: the lock key, its fair
+/// queue and its queue's entries (see [`FAIR_QUEUE`]).
+/// ARGV[1]: the owner token.
+/// Returns the number of lock keys this owner held. Each one is handed to the oldest live fair
+/// waiter if its queue has one (a `h ...` message on the key's channel), else deleted and
+/// announced with an empty message on the key's channel, for waiters. The owner also leaves any
+/// queue it waits in, so a fair waiter that gives up releases with this same script. A key that
+/// is not a string (overwritten by someone) is not ours and is skipped (`pcall`), so it cannot
+/// keep the others from being released.
+pub(crate) static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(&format!(
+        "{FAIR_QUEUE}{}",
+        r"
+local token, F = ARGV[1], KEYS[1]
+local released, now = 0, nil
+for i = 2, #KEYS, 3 do
+  local L, Q, W = KEYS[i], KEYS[i + 1], KEYS[i + 2]
+  if redis.pcall('HDEL', W, token) == 1 then redis.call('LREM', Q, 1, token) end
+  if redis.pcall('GET', L) == token then
+    released = released + 1
+    local served = false
+    if redis.call('EXISTS', Q) == 1 then
+      now = now or server_ms()
+      served = serve(L, Q, W, F, now)
+    end
+    if not served then
+      redis.call('DEL', L)
+      redis.call('PUBLISH', L, '')
+    end
+  end
+end
+return released
+"
+    ))
+});
+
+/// Takes one lock key fairly: only when it is free and no live waiter arrived first; otherwise
+/// joins the key's queue, to be handed the lock by a release.
+///
+/// KEYS: the lock key, its queue, its queue's entries, the fencing counter (see [`FAIR_QUEUE`]).
+/// ARGV[1]: the owner token; ARGV[2]: the ttl in ms; ARGV[3]: the claim time of a hand-off in
+/// ms; ARGV[4]: how much longer this caller waits, in ms.
+/// Returns `{1, fencing_token, now_ms}` when the caller holds the key now with `PX ttl`: it was
+/// free and the caller first in line, or it had been handed to the caller (whose attempt
+/// confirms the hand-off; the fencing token is then the counter's current value, which is at
+/// least the one drawn for the hand-off and below every later owner's).
+/// `{0, pttl, now_ms}` when the caller is queued (once, keeping its place on later attempts)
+/// behind the holder, whose remaining PTTL in ms is `pttl` (-1: no expiry); a caller that does
+/// not wait (ARGV[4] is 0) is not queued. If the key was free
+/// but another waiter was first in line, it is handed to that waiter first. `now_ms` is Redis
+/// server time, which lets the caller date a hand-off it learns of by message.
+/// The queue keys expire once no waiter in them can still be waiting.
+pub(crate) static ACQUIRE_FAIR: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(&format!(
+        "{FAIR_QUEUE}{}",
+        r"
+local L, Q, W, F = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local token, ttl, claim, wait = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local now = server_ms()
+local owner = redis.call('GET', L)
+if owner == token then
+  redis.call('PEXPIRE', L, ttl)
+  local fence = tonumber(redis.call('GET', F)) or redis.call('INCR', F)
+  return {1, fence, now}
+end
+if not owner then
+  local head = first_live(Q, W, now)
+  if not head or head == token then
+    if head then
+      redis.call('LPOP', Q)
+      redis.call('HDEL', W, token)
+    end
+    local fence = redis.call('INCR', F)
+    redis.call('SET', L, token, 'PX', ttl)
+    return {1, fence, now}
+  end
+  serve(L, Q, W, F, now)
+end
+if wait <= 0 then return {0, redis.call('PTTL', L), now} end
+if redis.call('HEXISTS', W, token) == 0 then redis.call('RPUSH', Q, token) end
+redis.call('HSET', W, token, string.format('%.0f %s', now + wait, claim))
+local keep = wait + tonumber(claim)
+if redis.call('PTTL', Q) < keep then redis.call('PEXPIRE', Q, keep) end
+if redis.call('PTTL', W) < keep then redis.call('PEXPIRE', W, keep) end
+return {0, redis.call('PTTL', L), now}
+"
+    ))
 });
 
 /// Extends several leases in one call, each only if its owner still holds every one of its keys.
@@ -154,6 +267,82 @@ pub(crate) enum Acquire {
         /// The longest remaining lifetime among the held keys, if they all have one.
         remaining: Option<std::time::Duration>,
     },
+}
+
+/// What the fair acquire script answered, with the Redis server time it ran at (ms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FairAnswer {
+    pub(crate) acquire: Acquire,
+    pub(crate) server_ms: u64,
+}
+
+impl redis::FromRedisValue for FairAnswer {
+    fn from_redis_value(v: redis::Value) -> Result<Self, redis::ParsingError> {
+        let fields: Vec<i64> = redis::FromRedisValue::from_redis_value(v)?;
+        let (acquire, now) = match fields.as_slice() {
+            [1, fence, now] => (
+                Acquire::Acquired {
+                    fencing_token: u64::try_from(*fence)
+                        .map_err(|_| redis::ParsingError::from("negative fencing token"))?,
+                },
+                now,
+            ),
+            [0, pttl, now] => (
+                Acquire::Held {
+                    first_held: 0,
+                    remaining: u64::try_from(*pttl)
+                        .ok()
+                        .map(std::time::Duration::from_millis),
+                },
+                now,
+            ),
+            _ => {
+                return Err(redis::ParsingError::from(
+                    "unexpected fair acquire script reply",
+                ))
+            }
+        };
+        Ok(Self {
+            acquire,
+            server_ms: u64::try_from(*now)
+                .map_err(|_| redis::ParsingError::from("negative server time"))?,
+        })
+    }
+}
+
+/// A hand-off message: the lock was given to `token`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Handoff {
+    /// The waiter the lock was handed to.
+    pub(crate) token: String,
+    pub(crate) fencing_token: u64,
+    /// Redis server time of the hand-off, in ms.
+    pub(crate) server_ms: u64,
+    /// How long the lock is held for the waiter before it must be extended.
+    pub(crate) claim: std::time::Duration,
+    /// The next live waiter in line, which watches the claim; empty when none.
+    pub(crate) next: String,
+}
+
+impl Handoff {
+    /// Parses a message from the release channel: `None` for a plain release (empty) or
+    /// anything not a hand-off.
+    pub(crate) fn parse(message: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(message).ok()?;
+        let mut fields = text.strip_prefix("h ")?.split(' ');
+        let token = fields.next()?.to_owned();
+        let fencing_token = fields.next()?.parse().ok()?;
+        let server_ms = fields.next()?.parse().ok()?;
+        let claim = std::time::Duration::from_millis(fields.next()?.parse().ok()?);
+        let next = fields.next().unwrap_or_default().to_owned();
+        Some(Self {
+            token,
+            fencing_token,
+            server_ms,
+            claim,
+            next,
+        })
+    }
 }
 
 impl redis::FromRedisValue for Acquire {

@@ -8,12 +8,19 @@
 //! or the deadline. Without notifications (or while the subscriber connection is down), jittered
 //! exponential backoff: 1 ms doubling to 50 ms, never past the holder's expiry or the deadline.
 //! One last attempt is always made at the deadline.
+//!
+//! A fair waiter is queued in Redis by its attempt, and is woken by the hand-off that makes it
+//! the owner (no further attempt needed), or, when it is next in line, at the end of the
+//! current hand-off's claim (in case that recipient is gone), besides the holder's expiry and
+//! the deadline.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::notify::{Notifications, Ticket};
+use crate::scripts::Handoff;
 
 /// First backoff step.
 const FIRST: Duration = Duration::from_millis(1);
@@ -22,69 +29,109 @@ const CAP: Duration = Duration::from_millis(50);
 /// With notifications, how long to sleep on a held key that has no expiry before looking again.
 const NO_EXPIRY_CHECK: Duration = Duration::from_secs(1);
 
+/// What ended a wait.
+#[derive(Debug)]
+pub(crate) enum Wake {
+    /// Try to acquire again.
+    Retry,
+    /// A release handed the lock to this (fair) waiter.
+    Handed(Handoff),
+    /// The deadline has passed.
+    Deadline,
+}
+
 /// Paces one caller's attempts on a held lock.
 pub(crate) struct Waiter<'a> {
     deadline: Instant,
     step: Duration,
     notifications: Option<&'a Notifications>,
+    /// The owner token of a fair waiter.
+    fair: Option<Arc<str>>,
     ticket: Option<Ticket>,
 }
 
 impl<'a> Waiter<'a> {
-    /// A waiter that gives up at `deadline`, woken by `notifications` when there are some.
-    pub(crate) fn new(deadline: Instant, notifications: Option<&'a Notifications>) -> Self {
+    /// A waiter that gives up at `deadline`, woken by `notifications` when there are some;
+    /// `fair` is the owner token of a fair waiter, which hand-offs name.
+    pub(crate) fn new(
+        deadline: Instant,
+        notifications: Option<&'a Notifications>,
+        fair: Option<Arc<str>>,
+    ) -> Self {
         Self {
             deadline,
             step: FIRST,
             notifications,
+            fair,
             ticket: None,
         }
     }
 
-    /// Sleeps until the next attempt on the held lock key `key` (its Redis name).
-    /// `holder_remaining` is the holder's remaining lifetime, if Redis reported one. Returns
-    /// `false` without sleeping when the deadline has passed.
-    pub(crate) async fn wait(&mut self, key: &str, holder_remaining: Option<Duration>) -> bool {
+    /// Called before each attempt on `key`: a fair waiter whose manager already receives the
+    /// key's notifications takes its place among the local waiters first, so a hand-off made
+    /// right after its attempt queues it (and published before the attempt's answer is read)
+    /// finds it.
+    pub(crate) fn before_attempt(&mut self, key: &str) {
+        if let (Some(notifications), Some(token)) = (self.notifications, &self.fair) {
+            if self.ticket.is_none() && notifications.subscribed(key) {
+                self.ticket = Some(notifications.enqueue(key, Some(Arc::clone(token))));
+            }
+        }
+    }
+
+    /// Sleeps until the next attempt on the held lock key `key` (its Redis name), or until a
+    /// release hands the lock to this fair waiter. `holder_remaining` is the holder's remaining
+    /// lifetime, if Redis reported one.
+    pub(crate) async fn wait(&mut self, key: &str, holder_remaining: Option<Duration>) -> Wake {
         let now = Instant::now();
         if now >= self.deadline {
-            return false;
+            return Wake::Deadline;
         }
         let Some(notifications) = self.notifications else {
             return self.back_off(holder_remaining).await;
         };
         if self.ticket.as_ref().is_none_or(|t| t.channel() != key) {
             self.ticket = None;
-            self.ticket = Some(notifications.enqueue(key));
+            self.ticket = Some(notifications.enqueue(key, self.fair.clone()));
         }
         let Some(ticket) = &self.ticket else {
             return self.back_off(holder_remaining).await;
         };
         if !ticket.subscribed() {
             if ticket.subscribe().await {
-                // Subscribed now: try again at once, so a release just before is not missed.
-                return true;
+                // Subscribed now: try again at once, so a release (or hand-off) just before is
+                // not missed.
+                return Wake::Retry;
             }
             return self.back_off(holder_remaining).await;
         }
-        let until = holder_remaining
+        let mut until = holder_remaining
             .map_or(now + NO_EXPIRY_CHECK, |r| {
                 now + r + Duration::from_millis(1)
             })
             .min(self.deadline);
-        tokio::select! {
-            () = ticket.woken() => {}
-            () = tokio::time::sleep_until(until) => {}
+        loop {
+            let news = ticket.news();
+            if let Some(handoff) = news.handed {
+                return Wake::Handed(handoff);
+            }
+            if let Some(watch) = news.watch_until {
+                until = until.min(watch);
+            }
+            tokio::select! {
+                plain = ticket.woken() => if plain { return Wake::Retry },
+                () = tokio::time::sleep_until(until) => return Wake::Retry,
+            }
         }
-        true
     }
 
-    async fn back_off(&mut self, holder_remaining: Option<Duration>) -> bool {
+    async fn back_off(&mut self, holder_remaining: Option<Duration>) -> Wake {
         match self.next_delay(Instant::now(), holder_remaining) {
             Some(delay) => {
                 tokio::time::sleep(delay).await;
-                true
+                Wake::Retry
             }
-            None => false,
+            None => Wake::Deadline,
         }
     }
 
@@ -116,7 +163,7 @@ mod tests {
     #[test]
     fn delays_grow_to_the_cap_and_stay_within_jitter_bounds() {
         let now = Instant::now();
-        let mut waiter = Waiter::new(now + Duration::from_secs(60), None);
+        let mut waiter = Waiter::new(now + Duration::from_secs(60), None, None);
         let mut expected = FIRST;
         for _ in 0..12 {
             let delay = waiter.next_delay(now, None).unwrap();
@@ -132,7 +179,7 @@ mod tests {
     #[test]
     fn never_sleeps_past_the_holders_expiry_or_the_deadline() {
         let now = Instant::now();
-        let mut waiter = Waiter::new(now + Duration::from_millis(30), None);
+        let mut waiter = Waiter::new(now + Duration::from_millis(30), None, None);
         waiter.step = CAP;
         let delay = waiter
             .next_delay(now, Some(Duration::from_millis(3)))
@@ -147,7 +194,7 @@ mod tests {
     #[test]
     fn gives_up_at_the_deadline() {
         let now = Instant::now();
-        let mut waiter = Waiter::new(now + Duration::from_millis(5), None);
+        let mut waiter = Waiter::new(now + Duration::from_millis(5), None, None);
         assert!(waiter
             .next_delay(now + Duration::from_millis(5), None)
             .is_none());

@@ -97,11 +97,15 @@ impl RedisServer {
 
     /// How many requests clients sent, from `INFO commandstats`, for single-key operations:
     /// every command counts except INFO itself and those that run as parts of one distlock
-    /// request (`GET`, `INCR`, `PTTL`, `DEL`, `PEXPIRE`, `PUBLISH` inside scripts, or after the `SET` of the
-    /// single-key acquire, which is `SET`, `INCR`, `PTTL` in one write and counts as its `SET`).
-    /// The multi-key acquire script's inner `SET`s would count too: measure single keys with it.
+    /// request (`GET`, `INCR`, `PTTL`, `DEL`, `PEXPIRE`, `PUBLISH` and the fair queue's
+    /// commands inside scripts, or after the `SET` of the single-key acquire, which is `SET`,
+    /// `INCR`, `PTTL` in one write and counts as its `SET`). The multi-key acquire script's inner
+    /// `SET`s would count too: measure single keys with it.
     pub fn requests(&self) -> u64 {
-        const PARTS: [&str; 7] = ["get", "incr", "pttl", "del", "pexpire", "publish", "info"];
+        const PARTS: [&str; 16] = [
+            "get", "incr", "pttl", "del", "pexpire", "publish", "info", "exists", "time", "hdel",
+            "hget", "hset", "hexists", "lrem", "lpop", "lindex",
+        ];
         let info = self.command(&["INFO", "commandstats"]);
         info.lines()
             .filter_map(|line| {

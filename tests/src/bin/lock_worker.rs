@@ -2,7 +2,10 @@
 //!
 //! `lock_worker count URL KEY COUNTER N`: N times, under the lock on KEY, read COUNTER with GET,
 //! yield, and write it back plus one with SET (a deliberately non-atomic increment).
+//! `lock_worker count-fair URL KEY COUNTER N`: the same with fair locking.
 //! `lock_worker count-attr URL KEY COUNTER N`: the same through a `#[distributed_lock]` fn.
+//! `lock_worker wait-fair URL KEY`: wait (fairly, up to 60 s) for the lock on KEY, print
+//! `acquired`, and hold it until killed.
 //! `lock_worker hold URL KEY TTL_MS`: take the lock with renewal, print `acquired`, then sleep
 //! until killed.
 
@@ -43,7 +46,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect::<Vec<_>>()
         .as_slice()
     {
-        ["count", url, key, counter, n] => {
+        [mode @ ("count" | "count-fair"), url, key, counter, n] => {
+            let fair = *mode == "count-fair";
             let locks = LockManager::from_url(url)?;
             let mut conn = redis::Client::open(*url)?
                 .get_multiplexed_async_connection()
@@ -53,6 +57,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 locks
                     .lock(*key)
                     .wait(Duration::from_secs(60))
+                    .fair(fair)
                     .run(async move {
                         let value: i64 = conn.get::<_, Option<i64>>(*counter).await?.unwrap_or(0);
                         tokio::task::yield_now().await;
@@ -74,6 +79,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let _: () = conn.incr(format!("{counter}:done"), 1).await?;
             Ok(())
         }
+        ["wait-fair", url, key] => {
+            let locks = LockManager::from_url(url)?;
+            let lease = locks
+                .lock(*key)
+                .fair(true)
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await?;
+            println!("acquired {}", lease.fencing_token());
+            std::io::stdout().flush()?;
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            lease.release().await?;
+            Ok(())
+        }
         ["hold", url, key, ttl_ms] => {
             let locks = LockManager::from_url(url)?;
             let lease = locks
@@ -88,7 +107,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok(())
         }
         _ => Err(
-            "usage: lock_worker count|count-attr URL KEY COUNTER N | hold URL KEY TTL_MS".into(),
+            "usage: lock_worker count|count-fair|count-attr URL KEY COUNTER N | hold URL KEY TTL_MS \
+             | wait-fair URL KEY".into(),
         ),
     }
 }

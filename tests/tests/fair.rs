@@ -1,0 +1,260 @@
+//! Fair locks: waiters queue in Redis and a release hands the lock straight to the oldest live
+//! waiter; waiters that die or give up do not stall the queue for longer than the documented
+//! bound (`HANDOFF_CLAIM` and a quarter more).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use distlock_runtime::{LockError, LockManager, HANDOFF_CLAIM};
+use distlock_tests::{eventually, warm_up, RedisServer};
+use redis::AsyncCommands;
+
+/// How many waiters are queued in Redis for `key` (default prefix).
+async fn queued(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> usize {
+    conn.llen(format!("distlock:queue:{key}")).await.unwrap()
+}
+
+/// Waits until `n` waiters are queued for `key`.
+async fn until_queued(conn: &redis::aio::MultiplexedConnection, key: &str, n: usize) {
+    let found = eventually(Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        async move { queued(&mut conn, key).await == n }
+    })
+    .await;
+    assert!(found.is_some(), "{n} waiters queued for {key}");
+}
+
+/// Waits until some manager subscribes to the release channel of `key`, and a little more so
+/// the attempt it makes right after subscribing has been answered.
+async fn until_subscribed(conn: &redis::aio::MultiplexedConnection, key: &str) {
+    let channel = format!("distlock:lock:{key}");
+    let found = eventually(Duration::from_secs(5), || {
+        let (mut conn, channel) = (conn.clone(), channel.clone());
+        async move {
+            let counts: Vec<(String, u64)> = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            counts.first().is_some_and(|(_, n)| *n > 0)
+        }
+    })
+    .await;
+    assert!(found.is_some(), "a manager subscribed to {channel}");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// Spawns a fair waiter on `key` that records `name` in `order` when it gets the lock, holds it
+/// for `hold`, and returns when it got the lock.
+fn fair_waiter(
+    locks: &LockManager,
+    key: &'static str,
+    name: usize,
+    order: &Arc<Mutex<Vec<usize>>>,
+    hold: Duration,
+) -> tokio::task::JoinHandle<Result<Instant, LockError>> {
+    let (locks, order) = (locks.clone(), Arc::clone(order));
+    tokio::spawn(async move {
+        let lease = locks
+            .lock(key)
+            .fair(true)
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await?;
+        let acquired = Instant::now();
+        order.lock().unwrap().push(name);
+        tokio::time::sleep(hold).await;
+        lease.release().await?;
+        Ok(acquired)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_waiters_are_served_in_the_order_they_queued() {
+    let server = RedisServer::start();
+    let managers: Vec<LockManager> = (0..4).map(|_| server.manager()).collect();
+    for locks in &managers {
+        warm_up(locks).await;
+    }
+    let conn = server.client().await;
+    let holder = managers[0].lock("fifo").fair(true).acquire().await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..20 {
+        // Waiters of several managers (processes), interleaved, each queued before the next.
+        let locks = &managers[i % managers.len()];
+        waiters.push(fair_waiter(locks, "fifo", i, &order, Duration::ZERO));
+        until_queued(&conn, "fifo", i + 1).await;
+    }
+    let requests_before: u64 = managers.iter().map(|m| m.stats().acquire_requests).sum();
+    holder.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap().expect("every waiter got the lock");
+    }
+    assert_eq!(*order.lock().unwrap(), (0..20).collect::<Vec<_>>());
+    // Each lock went over by hand-off, with no further acquire request.
+    let handed: u64 = managers.iter().map(|m| m.stats().handed_over).sum();
+    assert_eq!(handed, 20);
+    let requests_after: u64 = managers.iter().map(|m| m.stats().acquire_requests).sum();
+    assert_eq!(requests_after, requests_before);
+    let mut conn = conn;
+    assert_eq!(queued(&mut conn, "fifo").await, 0);
+    assert!(!conn
+        .exists::<_, bool>("distlock:waiters:fifo")
+        .await
+        .unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_killed_mid_queue_delays_the_next_by_one_claim_at_most() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    warm_up(&locks).await;
+    let conn = server.client().await;
+    let holder = locks.lock("killed").fair(true).acquire().await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let first = fair_waiter(&locks, "killed", 1, &order, Duration::from_millis(50));
+    until_queued(&conn, "killed", 1).await;
+    // The second waiter is another process, killed while it waits in the queue.
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lock_worker"))
+        .args(["wait-fair", &server.url(), "killed"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    until_queued(&conn, "killed", 2).await;
+    let third = fair_waiter(&locks, "killed", 3, &order, Duration::ZERO);
+    until_queued(&conn, "killed", 3).await;
+    child.kill().await.unwrap();
+
+    holder.release().await.unwrap();
+    let first_at = first.await.unwrap().unwrap();
+    // The first waiter holds 50 ms, then the lock is handed to the dead one; its claim lapses
+    // and the third waiter, next in line and watching, takes the lock.
+    let third_at = third.await.unwrap().unwrap();
+    let delay = third_at - first_at;
+    let bound = HANDOFF_CLAIM + HANDOFF_CLAIM / 4 + Duration::from_millis(500);
+    assert!(
+        delay >= HANDOFF_CLAIM && delay <= bound,
+        "the third waiter got the lock {delay:?} after the first (bound {bound:?})"
+    );
+    assert_eq!(*order.lock().unwrap(), [1, 3]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_that_give_up_or_are_cancelled_leave_the_queue() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    warm_up(&locks).await;
+    let conn = server.client().await;
+    let holder = locks.lock("leave").fair(true).acquire().await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let first = fair_waiter(&locks, "leave", 1, &order, Duration::from_millis(20));
+    until_queued(&conn, "leave", 1).await;
+    let impatient = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .lock("leave")
+                .fair(true)
+                .wait(Duration::from_millis(200))
+                .acquire()
+                .await
+        }
+    });
+    until_queued(&conn, "leave", 2).await;
+    let cancelled = fair_waiter(&locks, "leave", 99, &order, Duration::ZERO);
+    until_queued(&conn, "leave", 3).await;
+    let last = fair_waiter(&locks, "leave", 4, &order, Duration::ZERO);
+    until_queued(&conn, "leave", 4).await;
+    cancelled.abort();
+    assert!(matches!(
+        impatient.await.unwrap(),
+        Err(LockError::Timeout { .. })
+    ));
+    until_queued(&conn, "leave", 2).await;
+
+    holder.release().await.unwrap();
+    let first_at = first.await.unwrap().unwrap();
+    let last_at = last.await.unwrap().unwrap();
+    assert!(
+        last_at - first_at < Duration::from_millis(500),
+        "the last waiter waited {:?} after the first: a departed waiter stalled the queue",
+        last_at - first_at
+    );
+    assert_eq!(*order.lock().unwrap(), [1, 4]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_lease_is_extended_from_its_claim_to_its_ttl_also_without_renewal() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    warm_up(&locks).await;
+    let mut conn = server.client().await;
+    let holder = locks.lock("claim").fair(true).acquire().await.unwrap();
+    let waiting = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .lock("claim")
+                .fair(true)
+                .renew(false)
+                .ttl(Duration::from_secs(10))
+                .acquire()
+                .await
+        }
+    });
+    until_queued(&conn, "claim", 1).await;
+    until_subscribed(&conn, "claim").await;
+    holder.release().await.unwrap();
+    let lease = waiting.await.unwrap().unwrap();
+    assert_eq!(locks.stats().handed_over, 1);
+    let extended = eventually(Duration::from_secs(1), || {
+        let mut conn = conn.clone();
+        async move {
+            let pttl: i64 = conn.pttl("distlock:lock:claim").await.unwrap();
+            pttl > i64::try_from(HANDOFF_CLAIM.as_millis()).unwrap()
+        }
+    })
+    .await;
+    assert!(extended.is_some(), "the claim was extended to the ttl");
+    tokio::time::sleep(HANDOFF_CLAIM + Duration::from_millis(200)).await;
+    assert!(!lease.is_lost());
+    let pttl: i64 = conn.pttl("distlock:lock:claim").await.unwrap();
+    assert!(pttl > 7_000 && pttl <= 10_000, "pttl {pttl}");
+    lease.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_locks_exclude_across_processes() {
+    let server = RedisServer::start();
+    let url = server.url();
+    distlock_tests::run_processes(
+        env!("CARGO_BIN_EXE_lock_worker"),
+        &["count-fair", &url, "fair-xproc", "fair-counter", "100"],
+        3,
+    )
+    .await;
+    let mut conn = server.client().await;
+    let total: i64 = conn.get("fair-counter").await.unwrap();
+    assert_eq!(total, 300);
+}
+
+#[tokio::test]
+async fn a_fair_request_for_several_keys_is_refused() {
+    let locks = LockManager::from_url("redis://127.0.0.1:1").unwrap();
+    let error = locks
+        .lock_all(["a", "b"])
+        .fair(true)
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, LockError::InvalidConfig { what: "fair", .. }),
+        "{error}"
+    );
+}
