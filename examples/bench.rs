@@ -48,6 +48,9 @@ struct Cli {
     /// Processes (contended).
     #[arg(long, default_value_t = 1)]
     procs: u32,
+    /// Fair locking (contended): waiters queue and each release hands the lock to the oldest.
+    #[arg(long)]
+    fair: bool,
     /// Seconds of contention (contended) or of holding (held).
     #[arg(long, default_value_t = 5)]
     seconds: u64,
@@ -69,6 +72,8 @@ struct Cli {
 enum Scenario {
     Raw,
     Uncontended,
+    /// `uncontended` with `fair(true)`.
+    UncontendedFair,
     Macro,
     Contended,
     Held,
@@ -212,13 +217,14 @@ async fn raw_cycles(conn: &mut MultiplexedConnection, n: u32) -> Fallible<Cycles
     Ok(cycles)
 }
 
-async fn uncontended_cycles(locks: &LockManager, n: u32) -> Fallible<Cycles> {
+async fn uncontended_cycles(locks: &LockManager, n: u32, fair: bool) -> Fallible<Cycles> {
     let mut cycles = Cycles::default();
     let started = Instant::now();
     for _ in 0..n {
         let t = Instant::now();
         let lease = locks
             .lock("uncontended")
+            .fair(fair)
             .acquire()
             .await
             .map_err(|e| e.to_string())?;
@@ -256,7 +262,8 @@ async fn run_scenario(
 ) -> Fallible<Cycles> {
     match scenario {
         Scenario::Raw => raw_cycles(conn, n).await,
-        Scenario::Uncontended => uncontended_cycles(locks, n).await,
+        Scenario::Uncontended => uncontended_cycles(locks, n, false).await,
+        Scenario::UncontendedFair => uncontended_cycles(locks, n, true).await,
         Scenario::Macro => macro_cycles(locks, n).await,
         Scenario::Contended | Scenario::Held => Err("not a cycle scenario".into()),
     }
@@ -266,6 +273,7 @@ fn scenario_name(s: Scenario) -> &'static str {
     match s {
         Scenario::Raw => "raw",
         Scenario::Uncontended => "uncontended",
+        Scenario::UncontendedFair => "uncontended-fair",
         Scenario::Macro => "macro",
         Scenario::Contended => "contended",
         Scenario::Held => "held",
@@ -338,7 +346,12 @@ async fn compare(cli: &Cli, url: &str) -> Fallible<()> {
     let results = measure(
         cli,
         url,
-        &[Scenario::Raw, Scenario::Uncontended, Scenario::Macro],
+        &[
+            Scenario::Raw,
+            Scenario::Uncontended,
+            Scenario::Macro,
+            Scenario::UncontendedFair,
+        ],
     )
     .await?;
     // The machine's speed drifts (other tenants, frequency scaling); scenarios run back to back
@@ -354,7 +367,7 @@ async fn compare(cli: &Cli, url: &str) -> Fallible<()> {
         ratios.sort_by(f64::total_cmp);
         ratios.get(ratios.len() / 2).copied().unwrap_or(f64::NAN)
     };
-    let (uncontended, via_macro) = (ratio(1, 0), ratio(2, 1));
+    let (uncontended, via_macro, fair) = (ratio(1, 0), ratio(2, 1), ratio(3, 0));
     if cli.json {
         println!(
             "{}",
@@ -363,8 +376,10 @@ async fn compare(cli: &Cli, url: &str) -> Fallible<()> {
                 "raw": cycle_row("raw", &results[0].1),
                 "uncontended": cycle_row("uncontended", &results[1].1),
                 "macro": cycle_row("macro", &results[2].1),
+                "uncontended_fair": cycle_row("uncontended-fair", &results[3].1),
                 "uncontended_over_raw": uncontended,
                 "macro_over_uncontended": via_macro,
+                "uncontended_fair_over_raw": fair,
             })
         );
     } else {
@@ -374,6 +389,7 @@ async fn compare(cli: &Cli, url: &str) -> Fallible<()> {
             "uncontended / raw     = {uncontended:.3}  (median of per-round throughput ratios)"
         );
         println!("macro / uncontended   = {via_macro:.3}");
+        println!("uncontended-fair / raw = {fair:.3}");
     }
     Ok(())
 }
@@ -394,6 +410,20 @@ struct WorkerReport {
     acquisitions: Vec<Acquisition>,
     violations: u64,
     timeouts: u64,
+    /// Acquire requests sent (attempts), from the managers' stats.
+    acquire_requests: u64,
+    /// Acquisitions by hand-off (fair), from the managers' stats.
+    handed_over: u64,
+}
+
+impl WorkerReport {
+    fn merge(&mut self, part: WorkerReport) {
+        self.acquisitions.extend(part.acquisitions);
+        self.violations += part.violations;
+        self.timeouts += part.timeouts;
+        self.acquire_requests += part.acquire_requests;
+        self.handed_over += part.handed_over;
+    }
 }
 
 const CONTENDED_KEY: &str = "contended";
@@ -410,6 +440,7 @@ async fn run_workers(cli: &Cli, url: &str, base: u32, prefix: &str) -> Fallible<
     let deadline = tokio::time::Instant::now() + Duration::from_secs(cli.seconds.min(86_400));
     let marker = format!("{prefix}marker");
     let seq_key = format!("{prefix}seq");
+    let fair = cli.fair;
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..cli.workers {
         let (locks, mut conn, marker, seq_key) =
@@ -418,7 +449,7 @@ async fn run_workers(cli: &Cli, url: &str, base: u32, prefix: &str) -> Fallible<
             let mut report = WorkerReport::default();
             while tokio::time::Instant::now() < deadline {
                 let t = Instant::now();
-                let lease = match locks.lock(CONTENDED_KEY).acquire().await {
+                let lease = match locks.lock(CONTENDED_KEY).fair(fair).acquire().await {
                     Ok(lease) => lease,
                     Err(e) if e.is_contention() => {
                         report.timeouts += 1;
@@ -463,11 +494,11 @@ async fn run_workers(cli: &Cli, url: &str, base: u32, prefix: &str) -> Fallible<
     }
     let mut all = WorkerReport::default();
     while let Some(joined) = tasks.join_next().await {
-        let report = joined.map_err(|e| e.to_string())??;
-        all.acquisitions.extend(report.acquisitions);
-        all.violations += report.violations;
-        all.timeouts += report.timeouts;
+        all.merge(joined.map_err(|e| e.to_string())??);
     }
+    let stats = locks.stats();
+    all.acquire_requests = stats.acquire_requests;
+    all.handed_over = stats.handed_over;
     Ok(all)
 }
 
@@ -501,7 +532,21 @@ async fn command_calls(conn: &mut MultiplexedConnection, command: &str) -> Falli
 async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
     let prefix = format!("distlock-bench:{}:", std::process::id());
     let mut conn = connection(url).await?;
-    let set_before = command_calls(&mut conn, "set").await?;
+    // The same run's sequential rate: one worker, one process, same lock options.
+    let sequential = Cli {
+        workers: 1,
+        ..cli.clone()
+    };
+    let started = Instant::now();
+    let single = run_workers(&sequential, url, 0, &format!("{prefix}w1:")).await?;
+    let sequential_per_s = single.acquisitions.len() as f64 / started.elapsed().as_secs_f64();
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{prefix}w1:seq"))
+        .arg(format!("{prefix}w1:fence"))
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+
     let started = Instant::now();
     let mut report = WorkerReport::default();
     if cli.procs <= 1 {
@@ -520,6 +565,7 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
                     .args(["--seconds", &cli.seconds.to_string()])
                     .args(["--redis-url", url])
                     .args(["--worker-base", &base.to_string()])
+                    .args(cli.fair.then_some("--fair"))
                     .env("DISTLOCK_BENCH_PREFIX", &prefix)
                     .stdout(std::process::Stdio::piped())
                     .kill_on_drop(true)
@@ -535,15 +581,10 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
             }
             let part: WorkerReport =
                 serde_json::from_slice(&out.stdout).map_err(|e| format!("worker output: {e}"))?;
-            report.acquisitions.extend(part.acquisitions);
-            report.violations += part.violations;
-            report.timeouts += part.timeouts;
+            report.merge(part);
         }
     }
     let elapsed = started.elapsed();
-    let sets = command_calls(&mut conn, "set")
-        .await?
-        .saturating_sub(set_before);
     let _: () = redis::cmd("DEL")
         .arg(format!("{prefix}seq"))
         .arg(format!("{prefix}fence"))
@@ -587,17 +628,22 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         .checked_div(u32::try_from(n).unwrap_or(u32::MAX))
         .unwrap_or_default();
     let acquisitions_per_s = n as f64 / elapsed.as_secs_f64();
-    // A single-key acquire attempt is one `SET NX GET`; each critical section adds one `SET NX`
-    // (the exclusion marker).
-    let attempts = (sets.saturating_sub(n as u64)) as f64 / (n.max(1) as f64);
+    let attempts = report.acquire_requests as f64 / (n.max(1) as f64);
     let handoff_share = handoffs as f64 / (n.saturating_sub(1).max(1) as f64);
+    let p99_over_mean = quantile(&waits, 0.99).as_secs_f64() / mean_wait.as_secs_f64().max(1e-9);
+    let vs_sequential = acquisitions_per_s / sequential_per_s.max(1e-9);
     let row = json!({
         "scenario": "contended",
+        "fair": cli.fair,
         "workers": cli.workers,
         "procs": cli.procs.max(1),
         "seconds": cli.seconds,
         "acquisitions": n,
         "acquisitions_per_s": acquisitions_per_s.round(),
+        "sequential_per_s": sequential_per_s.round(),
+        "vs_sequential": vs_sequential,
+        "handed_over": report.handed_over,
+        "wait_p99_over_mean": p99_over_mean,
         "wait_mean_ms": ms(mean_wait),
         "wait_p50_ms": ms(quantile(&waits, 0.5)),
         "wait_p99_ms": ms(quantile(&waits, 0.99)),
@@ -613,12 +659,14 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         println!("{row}");
     } else {
         println!(
-            "contended: {} workers in {} process(es), {} s on one key",
+            "contended{}: {} workers in {} process(es), {} s on one key",
+            if cli.fair { " (fair)" } else { "" },
             cli.workers,
             cli.procs.max(1),
             cli.seconds
         );
         println!("  acquisitions            {n} ({acquisitions_per_s:.0}/s)");
+        println!("  1 worker, same run      {sequential_per_s:.0}/s  (ratio {vs_sequential:.2})");
         println!(
             "  wait mean/p50/p99/max   {:.1} / {:.1} / {:.1} / {:.1} ms",
             ms(mean_wait),
@@ -626,7 +674,9 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
             ms(quantile(&waits, 0.99)),
             ms(quantile(&waits, 1.0))
         );
+        println!("  p99 / mean wait         {p99_over_mean:.2}");
         println!("  attempts/acquisition    {attempts:.2}");
+        println!("  by hand-off             {}", report.handed_over);
         println!("  hand-off share          {handoff_share:.3}");
         println!("  Jain fairness           {jain:.3}");
         println!("  violations              {}", report.violations);

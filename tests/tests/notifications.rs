@@ -17,6 +17,15 @@ fn subscriber_connections(server: &RedisServer) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_racing_the_subscription_is_never_missed() {
+    release_racing_the_subscription(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_hand_off_racing_the_subscription_is_never_missed() {
+    release_racing_the_subscription(true).await;
+}
+
+async fn release_racing_the_subscription(fair: bool) {
     let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let holder = server.manager();
@@ -36,6 +45,7 @@ async fn a_release_racing_the_subscription_is_never_missed() {
             async move {
                 let lease = waiter
                     .lock("race")
+                    .fair(fair)
                     .wait(Duration::from_secs(2))
                     .acquire()
                     .await;
@@ -64,6 +74,15 @@ async fn a_release_racing_the_subscription_is_never_missed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_recover_when_the_subscriber_connection_is_killed() {
+    subscriber_connection_killed(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_waiters_recover_when_the_subscriber_connection_is_killed() {
+    subscriber_connection_killed(true).await;
+}
+
+async fn subscriber_connection_killed(fair: bool) {
     let _load = distlock_tests::heavy().await;
     let server = RedisServer::start();
     let locks = server.manager();
@@ -79,6 +98,7 @@ async fn waiters_recover_when_the_subscriber_connection_is_killed() {
         waiters.push(tokio::spawn(async move {
             locks
                 .lock("killed-sub")
+                .fair(fair)
                 .wait(Duration::from_secs(20))
                 .run(tokio::time::sleep(Duration::from_millis(2)))
                 .await
@@ -107,6 +127,15 @@ async fn waiters_recover_when_the_subscriber_connection_is_killed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_hundred_waiters_all_acquire_through_one_subscriber_connection() {
+    five_hundred_waiters(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_fair_waiters_all_acquire_through_one_subscriber_connection() {
+    five_hundred_waiters(true).await;
+}
+
+async fn five_hundred_waiters(fair: bool) {
     let _load = distlock_tests::heavy().await;
     let server = RedisServer::start();
     let locks = server.manager();
@@ -117,6 +146,7 @@ async fn five_hundred_waiters_all_acquire_through_one_subscriber_connection() {
         waiters.push(tokio::spawn(async move {
             locks
                 .lock("crowded")
+                .fair(fair)
                 .wait(Duration::from_secs(10))
                 .run(async move {
                     inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
