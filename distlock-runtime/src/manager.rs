@@ -498,7 +498,8 @@ impl AcquireRequest {
                 let answer: scripts::FairAnswer = redis
                     .invoke("acquire", Request::Script(&invocation))
                     .await?;
-                Ok((answer.acquire, Some(answer.server_ms)))
+                // 0: acquired on the uncontended path, undated.
+                Ok((answer.acquire, Some(answer.server_ms).filter(|&ms| ms > 0)))
             }
             Self::One(pipeline) => {
                 let answer = redis

@@ -182,6 +182,7 @@ return released
 /// free and the caller first in line, or it had been handed to the caller (whose attempt
 /// confirms the hand-off; the fencing token is then the counter's current value, which is at
 /// least the one drawn for the hand-off and below every later owner's).
+/// (`now_ms` is 0 when the key was free with no queue: the answer needs no date then.)
 /// `{0, pttl, now_ms}` when the caller is queued (once, keeping its place on later attempts)
 /// behind the holder, whose remaining PTTL in ms is `pttl` (-1: no expiry); a caller that does
 /// not wait (ARGV[4] is 0) is not queued. If the key was free
@@ -194,8 +195,14 @@ pub(crate) static ACQUIRE_FAIR: LazyLock<redis::Script> = LazyLock::new(|| {
         r"
 local L, Q, W, F = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local token, ttl, claim, wait = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local now = server_ms()
 local owner = redis.call('GET', L)
+if not owner and redis.call('EXISTS', Q) == 0 then
+  -- Free, and nobody queued: the uncontended path.
+  local fence = redis.call('INCR', F)
+  redis.call('SET', L, token, 'PX', ttl)
+  return {1, fence, 0}
+end
+local now = server_ms()
 if owner == token then
   redis.call('PEXPIRE', L, ttl)
   local fence = tonumber(redis.call('GET', F)) or redis.call('INCR', F)

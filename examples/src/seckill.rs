@@ -240,7 +240,7 @@ impl Shop {
 
 /// The purchase under the product's distributed lock: at most one buyer per product at a
 /// time, fleet-wide, so the unprotected read-check-write below is safe.
-#[distributed_lock("seckill:{product_id}", ttl = 5, manager = &shop.locks)]
+#[distributed_lock("seckill:{product_id}", ttl = 5, fair = true, manager = &shop.locks)]
 async fn purchase_locked(
     shop: &ShopInner,
     product_id: u64,
