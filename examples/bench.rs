@@ -4,17 +4,21 @@
 //! - `raw`: the floor. `SET NX PX` + an owner-checked delete script, sequential, on the same
 //!   client and connection type distlock uses (one redis-rs multiplexed connection).
 //! - `uncontended`: one task, `acquire` + `release` on one key (fencing token included).
+//! - `uncontended-fair`: the same with `fair(true)`.
 //! - `macro`: the same cycle through a `#[distributed_lock]` fn.
-//! - `contended`: W workers (across P processes with `--procs`) on one key, each critical
-//!   section checking exclusion with a `SET NX` marker.
+//! - `contended`: W workers (across P processes with `--procs`; fair with `--fair`) on one key,
+//!   each critical section checking exclusion with a `SET NX` marker. A one-worker phase with
+//!   the same options runs first, and the contended rate is reported as a ratio of it.
 //! - `held`: K leases held (and renewed) at once for a while.
 //!
-//! `--compare` runs `raw`, `uncontended` and `macro` interleaved (50 rounds, each scenario back
-//! to back in every round) and prints the median of the per-round throughput ratios.
+//! `--compare` runs `raw`, `uncontended`, `macro` and `uncontended-fair` interleaved (50
+//! rounds, each scenario back to back in every round) and prints the median of the per-round
+//! throughput ratios.
 //! Redis: `--redis-url`, else as the seckill demo finds one (REDIS_URL, 127.0.0.1:6379, or a
-//! throwaway redis-server). Attempts per acquisition (`contended`) and renewal round trips
-//! (`held`) are read from the server's `INFO commandstats`: give the bench a Redis of its own,
-//! or other clients' commands count too.
+//! throwaway redis-server). Attempts per acquisition (`contended`) are the managers' own count
+//! of acquire requests sent ([`LockManager::stats`]); renewal round trips (`held`) are read
+//! from the server's `INFO commandstats`: give the bench a Redis of its own, or other clients'
+//! commands count too.
 
 use std::collections::HashMap;
 use std::process::ExitCode;

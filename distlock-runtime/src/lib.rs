@@ -77,6 +77,37 @@
 //!   subscriber connection per manager, one local waiter woken per release, oldest first), and
 //!   also at the holder's expiry; a lost notification costs latency, never a hang. A manager
 //!   built on a caller's pool has no client to subscribe with: its waiters poll with backoff.
+//!
+//! # Fair locks
+//! By default a released lock goes to whichever waiter asks first after the release, which may
+//! be the task that just released it. A fair request (`fair = true` on the attribute,
+//! [`LockRequest::fair`], or [`LockManagerBuilder::default_fair`]) serves waiters in arrival
+//! order instead:
+//! - A fair waiter that finds the key held joins the key's queue in Redis (`{prefix}queue:{key}`
+//!   and `{prefix}waiters:{key}`, gone when the queue empties or its last waiter's wait has
+//!   passed). A free key is taken only if no live waiter queued first.
+//! - A release hands the lock straight to the oldest live waiter: the release script sets the
+//!   key to that waiter's token and publishes the hand-off, and the waiter's body starts when the
+//!   notification arrives, without another acquire request.
+//! - Every queue entry carries its waiter's deadline and is skipped once it has passed; a waiter
+//!   that gives up or is cancelled leaves the queue (and passes on a hand-off it was given) from
+//!   a background task.
+//! - A hand-off holds the key for [`HANDOFF_CLAIM`] (2 s, or the ttl if shorter); the new
+//!   holder extends it to its ttl in the background. If the waiter is gone (its process
+//!   crashed), the claim lapses and the next waiter in line, told by the same message to watch
+//!   it, takes the lock: a crashed waiter delays the queue by at most 2.5 s. (Should the waiter
+//!   told to watch be gone as well, the others notice at the latest when the holder's expiry
+//!   they last saw comes.)
+//! - A hand-off is dated by Redis's clock (each fair attempt returns it), so the new holder's
+//!   lease validity is still counted from a moment known to precede Redis setting its expiry.
+//!
+//! Fair is not the default because it costs a Lua script call per acquire even when the lock
+//! is free (an unfair acquire is three plain commands), a crashed waiter delays a fair queue by
+//! up to 2.5 s where it costs unfair waiters nothing, and unfair waiters are already woken by
+//! notification rather than polling. Under contention fair wins on every count (the README's
+//! performance section has the figures): use it for hot keys. Only single-key requests can be
+//! fair; fair and unfair requests on one key can be mixed, and then queued fair waiters go
+//! first.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

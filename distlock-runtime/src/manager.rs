@@ -1112,6 +1112,22 @@ mod tests {
     }
 
     #[test]
+    fn a_hand_off_is_dated_no_later_than_redis_made_it() {
+        let sent = Instant::now() - Duration::from_secs(5);
+        // Redis ran the attempt at 1,000,000 ms and handed over 3,000 ms later on its clock:
+        // at least 3 s less 1% drift and 1 ms resolution after the attempt was sent.
+        let start = handoff_start(Some((sent, 1_000_000)), 1_003_000).unwrap();
+        assert_eq!(start, sent + Duration::from_millis(3_000 - 30 - 1));
+        // A hand-off dated before the attempt ran (another attempt's date) reaches back.
+        let start = handoff_start(Some((sent, 1_000_000)), 999_000).unwrap();
+        assert_eq!(start, sent - Duration::from_millis(1_000 + 10 + 1));
+        // Never later than now, whatever Redis's clock says.
+        let start = handoff_start(Some((sent, 1_000_000)), 1_000_000 + 60_000).unwrap();
+        assert!(start <= Instant::now());
+        assert!(handoff_start(None, 1_000_000).is_none());
+    }
+
+    #[test]
     fn tokens_are_128_bit_hex_and_distinct() {
         let a = new_token();
         let b = new_token();

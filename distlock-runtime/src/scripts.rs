@@ -371,3 +371,26 @@ impl redis::FromRedisValue for Acquire {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hand_off_messages_parse_and_plain_releases_do_not() {
+        let handoff = Handoff::parse(b"h 0af3 17 1795000000123 2000 9bc1").unwrap();
+        assert_eq!(
+            handoff,
+            Handoff {
+                token: "0af3".into(),
+                fencing_token: 17,
+                server_ms: 1_795_000_000_123,
+                claim: std::time::Duration::from_secs(2),
+                next: "9bc1".into(),
+            }
+        );
+        assert_eq!(Handoff::parse(b"h a 1 2 3 ").unwrap().next, "");
+        assert!(Handoff::parse(b"").is_none());
+        assert!(Handoff::parse(b"h a x 2 3 ").is_none());
+    }
+}

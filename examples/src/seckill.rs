@@ -3,7 +3,8 @@
 //!
 //! The purchase is the classic read-check-write that oversells without a lock. Four strategies
 //! run it side by side:
-//! - `lock`: the read-check-write inside a `#[distributed_lock("seckill:{product_id}")]` fn;
+//! - `lock`: the read-check-write inside a `#[distributed_lock("seckill:{product_id}", fair = true)]`
+//!   fn (buyers served in arrival order);
 //! - `none`: the same code with no lock (shows the oversell);
 //! - `optimistic`: `WATCH` / `MULTI` / `EXEC`, retried on conflict;
 //! - `lua`: one atomic script (the ceiling a lock cannot reach: no lock round trips at all).

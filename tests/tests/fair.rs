@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use distlock_runtime::{LockError, LockManager, HANDOFF_CLAIM};
+use distlock_runtime::{distributed_lock, LockError, LockManager, HANDOFF_CLAIM};
 use distlock_tests::{eventually, warm_up, RedisServer};
 use redis::AsyncCommands;
 
@@ -257,4 +257,40 @@ async fn a_fair_request_for_several_keys_is_refused() {
         matches!(error, LockError::InvalidConfig { what: "fair", .. }),
         "{error}"
     );
+}
+
+/// Records `name` in `order` under the fair lock on `key`.
+#[distributed_lock("{key}", fair = true, wait = 20, manager = locks)]
+async fn served(
+    locks: &LockManager,
+    key: &str,
+    name: usize,
+    order: &Mutex<Vec<usize>>,
+) -> Result<(), LockError> {
+    order.lock().unwrap().push(name);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attribute_serves_fair_waiters_in_arrival_order() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    warm_up(&locks).await;
+    let conn = server.client().await;
+    let holder = locks.lock("attr-fifo").acquire().await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut calls = Vec::new();
+    for i in 0..8 {
+        let (locks, order) = (locks.clone(), Arc::clone(&order));
+        calls.push(tokio::spawn(async move {
+            served(&locks, "attr-fifo", i, &order).await
+        }));
+        until_queued(&conn, "attr-fifo", i + 1).await;
+    }
+    holder.release().await.unwrap();
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..8).collect::<Vec<_>>());
+    assert_eq!(locks.stats().handed_over, 8);
 }
