@@ -12,7 +12,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use distlock_runtime::{distributed_lock, LockError, LockManager};
+use distlock_runtime::{distributed_lock, Lease, LockError, LockManager};
 use redis::AsyncCommands;
 
 #[derive(Debug, thiserror::Error)]
@@ -87,11 +87,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .wait(Duration::from_secs(60))
                 .acquire()
                 .await?;
-            println!("acquired {}", lease.fencing_token());
-            std::io::stdout().flush()?;
-            tokio::time::sleep(Duration::from_secs(3600)).await;
-            lease.release().await?;
-            Ok(())
+            hold_until_killed(lease).await
         }
         ["hold", url, key, ttl_ms] => {
             let locks = LockManager::from_url(url)?;
@@ -100,15 +96,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .ttl(Duration::from_millis(ttl_ms.parse()?))
                 .acquire()
                 .await?;
-            println!("acquired {}", lease.fencing_token());
-            std::io::stdout().flush()?;
-            tokio::time::sleep(Duration::from_secs(3600)).await;
-            lease.release().await?;
-            Ok(())
+            hold_until_killed(lease).await
         }
         _ => Err(
             "usage: lock_worker count|count-fair|count-attr URL KEY COUNTER N | hold URL KEY TTL_MS \
              | wait-fair URL KEY".into(),
         ),
     }
+}
+
+/// Prints `acquired TOKEN` and holds `lease` (renewed) until the process is killed.
+async fn hold_until_killed(lease: Lease) -> Result<(), Box<dyn std::error::Error>> {
+    println!("acquired {}", lease.fencing_token());
+    std::io::stdout().flush()?;
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    lease.release().await?;
+    Ok(())
 }
