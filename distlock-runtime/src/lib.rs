@@ -106,8 +106,9 @@
 //! up to 2.5 s where it costs unfair waiters nothing, and unfair waiters are already woken by
 //! notification rather than polling. Under contention fair wins on every count (the README's
 //! performance section has the figures): use it for hot keys. Only single-key requests can be
-//! fair; fair and unfair requests on one key can be mixed, and then queued fair waiters go
-//! first.
+//! fair. Fair and unfair requests on one key can be mixed: every release then hands the key
+//! to a queued fair waiter if there is one, so unfair waiters go after the queue (an unfair
+//! request can still take a key whose holder's lease expired before the queue's head does).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

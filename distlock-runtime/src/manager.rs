@@ -175,6 +175,15 @@ impl LockManager {
     }
 
     /// Counts of what this manager (and its clones) did so far.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// let before = locks.stats();
+    /// locks.lock("report").acquire().await?.release().await?;
+    /// let after = locks.stats();
+    /// println!("attempts: {}", after.acquire_requests - before.acquire_requests);
+    /// # Ok(()) }
+    /// ```
     pub fn stats(&self) -> LockStats {
         let stats = &self.inner.stats;
         LockStats {
@@ -616,9 +625,19 @@ impl LockRequest {
     }
 
     /// Whether waiters are served in arrival order: waiters queue in Redis, and a release hands
-    /// the lock straight to the oldest live waiter. Default: the manager's
+    /// the lock straight to the oldest live waiter, which starts without another acquire
+    /// request (see the crate docs, "Fair locks"). Default: the manager's
     /// [`default_fair`](LockManagerBuilder::default_fair) (`false` unless changed). Only a
-    /// request for one key can be fair.
+    /// request for one key can be fair: [`acquire`](Self::acquire) and [`run`](Self::run)
+    /// refuse `fair(true)` with several keys ([`LockError::InvalidConfig`]).
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// // Buyers of one hot product are served first come, first served.
+    /// let lease = locks.lock("stock:sku-1").fair(true).acquire().await?;
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn fair(mut self, fair: bool) -> Self {
         self.fair = Some(fair);
         self
