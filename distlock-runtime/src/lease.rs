@@ -166,7 +166,7 @@ impl Drop for Lease {
                 Arc::clone(&self.redis_keys),
                 Arc::clone(&self.token),
                 self.state.ttl(),
-                false,
+                crate::manager::Leaving::Dropped,
             );
         }
     }

@@ -239,7 +239,9 @@ impl LockManager {
             redis_keys: &redis_keys,
             token: &token,
             ttl,
+            fair,
             armed: false,
+            in_flight: false,
         };
         // A fair waiter stays in the key's queue between attempts, and may be handed the lock
         // at any moment: leaving early must release (which also leaves the queue).
@@ -256,6 +258,7 @@ impl LockManager {
             // If this call is cancelled or fails while the request is out, the lock may have
             // been taken: release it (by token) rather than leave it until its ttl.
             in_doubt.armed = true;
+            in_doubt.in_flight = true;
             self.inner
                 .stats
                 .acquire_requests
@@ -269,12 +272,18 @@ impl LockManager {
                 }
                 Err(error) => {
                     // Redis answered with an error: the request was refused, not maybe applied.
+                    // A fair script may have queued the token before failing (scripts are not
+                    // rolled back), so a fair waiter still leaves the queue.
                     if let LockError::Redis { source, .. } = &error {
-                        in_doubt.armed = queued || crate::conn::is_connection_failure(source);
+                        if !crate::conn::is_connection_failure(source) {
+                            in_doubt.in_flight = false;
+                            in_doubt.armed = fair;
+                        }
                     }
                     return Err(error);
                 }
             };
+            in_doubt.in_flight = false;
             in_doubt.armed = queued;
             let fencing_token = match answer {
                 Acquire::Acquired { fencing_token } => {
@@ -295,7 +304,7 @@ impl LockManager {
                     queued = fair;
                     in_doubt.armed = queued;
                     let held_key = redis_keys.get(first_held).map_or("", String::as_str);
-                    let handoff = match waiter.wait(held_key, remaining).await {
+                    let handoff = match waiter.wait(held_key, remaining, sent).await {
                         Wake::Retry => continue,
                         Wake::Deadline => {
                             return Err(LockError::Timeout {
@@ -305,14 +314,16 @@ impl LockManager {
                         }
                         Wake::Handed(handoff) => handoff,
                     };
-                    let Some(start) = handoff_start(calibration, handoff.server_ms) else {
+                    let trusted = handoff_start(calibration, handoff.server_ms).filter(|start| {
+                        *start + crate::lease::validity(handoff.claim)
+                            > Instant::now() + Duration::from_millis(1)
+                    });
+                    let Some(start) = trusted else {
+                        // Learned too late to trust the claim (or undated): an attempt
+                        // confirms the hand-off, or queues again if it lapsed.
                         continue;
                     };
                     state.handed(start, handoff.claim, ttl);
-                    if state.is_lost() {
-                        // Learned too late to trust the claim: an attempt confirms or requeues.
-                        continue;
-                    }
                     self.inner.stats.handed_over.fetch_add(1, Ordering::Relaxed);
                     // A claim shorter than the ttl is extended to the ttl at once.
                     let claimed = (handoff.claim < ttl).then(Instant::now);
@@ -374,16 +385,15 @@ impl LockManager {
     }
 
     /// Releases from a spawned task: the fallback when a lease is dropped instead of released,
-    /// or an acquire ended without knowing whether it took the lock (`in_doubt`). Retries failed
-    /// attempts until `ttl` from now, when the keys have expired anyway. An in-doubt release that
-    /// found nothing is repeated twice, a response timeout apart: the acquire may still be on its
-    /// way on the connection that was given up, behind this release on a fresh one.
+    /// or an acquire ended without knowing whether it took the lock, or a fair waiter left its
+    /// queue (see [`Leaving`]). Retries failed attempts until `ttl` from now, when the keys have
+    /// expired anyway.
     pub(crate) fn release_in_background(
         &self,
         redis_keys: Arc<[String]>,
         token: Arc<str>,
         ttl: Duration,
-        in_doubt: bool,
+        leaving: Leaving,
     ) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(
@@ -397,11 +407,18 @@ impl LockManager {
         let response_timeout = self.redis().response_timeout();
         runtime.spawn(async move {
             let mut pause = Duration::from_millis(50);
-            let mut repeats_if_nothing = if in_doubt { 2 } else { 0 };
+            let mut repeats = match leaving {
+                Leaving::InFlight | Leaving::InFlightFair => 2,
+                Leaving::Dropped | Leaving::Queued => 0,
+            };
             loop {
                 let error = match manager.release_keys(&redis_keys, &token).await {
-                    Ok(0) if repeats_if_nothing > 0 && Instant::now() < give_up => {
-                        repeats_if_nothing -= 1;
+                    Ok(released)
+                        if repeats > 0
+                            && (released == 0 || leaving == Leaving::InFlightFair)
+                            && Instant::now() < give_up =>
+                    {
+                        repeats -= 1;
                         tokio::time::sleep(response_timeout).await;
                         continue;
                     }
@@ -497,8 +514,10 @@ impl AcquireRequest {
                 for key in &fair.keys {
                     invocation.key(key.as_str());
                 }
+                // At most a century: the script does arithmetic on it in Lua numbers.
                 let wait_ms = u64::try_from(deadline.saturating_duration_since(now).as_millis())
-                    .unwrap_or(u64::MAX);
+                    .unwrap_or(u64::MAX)
+                    .min(100 * 365 * 86_400_000);
                 invocation
                     .arg(&*fair.token)
                     .arg(fair.ttl_ms)
@@ -554,23 +573,51 @@ fn handoff_start(calibration: Option<(Instant, u64)>, server_ms: u64) -> Option<
     Some(start.min(Instant::now()))
 }
 
-/// Releases a lock whose acquire request may have reached Redis when the acquire did not finish.
+/// Why a release runs in the background, which decides how often it is repeated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Leaving {
+    /// A lease dropped instead of released: released once.
+    Dropped,
+    /// An acquire request may still be on its way, on the connection that was given up, behind
+    /// this release on a fresh one: a release that found nothing is repeated twice, a response
+    /// timeout apart.
+    InFlight,
+    /// A fair acquire request may still be on its way: even after a release that found the key
+    /// (handed over meanwhile), it could queue the token again or take the key, so the release
+    /// is repeated twice whatever it finds.
+    InFlightFair,
+    /// A fair waiter left between attempts: one release takes it out of the queue and passes on
+    /// a hand-off it was given.
+    Queued,
+}
+
+/// Releases a lock whose acquire request may have reached Redis when the acquire did not
+/// finish, and takes a fair waiter that leaves out of its queue.
 struct InDoubt<'a> {
     manager: &'a LockManager,
     redis_keys: &'a Arc<[String]>,
     token: &'a Arc<str>,
     ttl: Duration,
+    fair: bool,
+    /// Release on drop.
     armed: bool,
+    /// An acquire request is out (or was given up unanswered).
+    in_flight: bool,
 }
 
 impl Drop for InDoubt<'_> {
     fn drop(&mut self) {
         if self.armed {
+            let leaving = match (self.in_flight, self.fair) {
+                (true, true) => Leaving::InFlightFair,
+                (true, false) => Leaving::InFlight,
+                (false, _) => Leaving::Queued,
+            };
             self.manager.release_in_background(
                 Arc::clone(self.redis_keys),
                 Arc::clone(self.token),
                 self.ttl,
-                true,
+                leaving,
             );
         }
     }

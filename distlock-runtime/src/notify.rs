@@ -56,8 +56,9 @@ struct State {
 #[derive(Default)]
 struct Channel {
     waiters: VecDeque<Arc<Slot>>,
-    /// The connection the channel is subscribed on, if any.
-    subscribed_on: Option<u64>,
+    /// The connection the channel is subscribed on, if any, and since when (after Redis
+    /// confirmed the subscription).
+    subscribed_on: Option<(u64, tokio::time::Instant)>,
 }
 
 /// One waiting caller.
@@ -74,12 +75,12 @@ struct Slot {
 
 /// What a fair waiter learned from hand-off messages.
 #[derive(Default)]
-pub(crate) struct News {
+struct News {
     /// The lock was handed to this waiter.
-    pub(crate) handed: Option<Handoff>,
-    /// This waiter is next in line: try again once the current hand-off's claim would have
-    /// lapsed, in case its recipient is gone.
-    pub(crate) watch_until: Option<tokio::time::Instant>,
+    handed: Option<Handoff>,
+    /// This waiter watches the latest hand-off: try again once its claim would have lapsed, in
+    /// case its recipient is gone.
+    watch_until: Option<tokio::time::Instant>,
 }
 
 /// A waiter's place in a key's queue; leaving it (drop) passes on a notification it did not
@@ -127,7 +128,7 @@ impl Notifications {
 impl Notifications {
     /// Whether notifications for the lock key `channel` reach this manager now.
     pub(crate) fn subscribed(&self, channel: &str) -> bool {
-        self.hub.subscribed(channel)
+        self.hub.subscribed_since(channel).is_some()
     }
 }
 
@@ -137,9 +138,9 @@ impl Ticket {
         &self.channel
     }
 
-    /// Whether notifications for the key reach this manager now.
-    pub(crate) fn subscribed(&self) -> bool {
-        self.hub.subscribed(&self.channel)
+    /// Since when notifications for the key reach this manager, if they do now.
+    pub(crate) fn subscribed_since(&self) -> Option<tokio::time::Instant> {
+        self.hub.subscribed_since(&self.channel)
     }
 
     /// Subscribes the manager to the key (connecting first if needed), bounded by the manager's
@@ -147,7 +148,7 @@ impl Ticket {
     pub(crate) async fn subscribe(&self) -> bool {
         let hub = &self.hub;
         let _changing = hub.changes.lock().await;
-        if self.subscribed() {
+        if self.subscribed_since().is_some() {
             return true;
         }
         let (mut sink, connection) = match hub.connected() {
@@ -168,7 +169,7 @@ impl Ticket {
             return false;
         }
         if let Some(channel) = state.channels.get_mut(&self.channel) {
-            channel.subscribed_on = Some(connection);
+            channel.subscribed_on = Some((connection, tokio::time::Instant::now()));
         }
         true
     }
@@ -181,9 +182,14 @@ impl Ticket {
         self.slot.woken.swap(false, Ordering::SeqCst)
     }
 
-    /// Takes the hand-off news for this waiter.
-    pub(crate) fn news(&self) -> News {
-        std::mem::take(&mut *lock(&self.slot.news))
+    /// Takes a hand-off to this waiter, if one came.
+    pub(crate) fn take_handed(&self) -> Option<Handoff> {
+        lock(&self.slot.news).handed.take()
+    }
+
+    /// When this waiter should look at the latest hand-off's claim, if it watches one.
+    pub(crate) fn watch(&self) -> Option<tokio::time::Instant> {
+        lock(&self.slot.news).watch_until
     }
 }
 
@@ -197,6 +203,16 @@ impl Drop for Ticket {
         if self.slot.woken.load(Ordering::SeqCst) {
             // This waiter leaves with a notification it did not use: the next one gets it.
             wake_one(channel);
+        }
+        let watch = lock(&self.slot.news).watch_until;
+        if let Some(until) = watch.filter(|&until| until > tokio::time::Instant::now()) {
+            // Nor does the claim it watched go unwatched.
+            if let Some(heir) = channel.waiters.iter().find(|s| s.token.is_some()) {
+                let mut news = lock(&heir.news);
+                news.watch_until = news.watch_until.max(Some(until));
+                drop(news);
+                heir.wake.notify_one();
+            }
         }
         if channel.waiters.is_empty() {
             let was_subscribed = channel.subscribed_on.take().is_some();
@@ -215,13 +231,13 @@ impl Drop for Ticket {
 }
 
 impl Hub {
-    fn subscribed(&self, channel: &str) -> bool {
+    fn subscribed_since(&self, channel: &str) -> Option<tokio::time::Instant> {
         let state = lock(&self.state);
-        state.sink.is_some()
-            && state
-                .channels
-                .get(channel)
-                .is_some_and(|c| c.subscribed_on == Some(state.connection))
+        state.sink.as_ref()?;
+        match state.channels.get(channel)?.subscribed_on {
+            Some((connection, since)) if connection == state.connection => Some(since),
+            _ => None,
+        }
     }
 
     fn connected(&self) -> Option<(PubSubSink, u64)> {
@@ -310,8 +326,11 @@ async fn deliver(
     tracing::debug!("distlock subscriber connection closed; waiters will resubscribe");
 }
 
-/// Gives a hand-off to its recipient, if it waits here, and tells the next waiter in line to
-/// watch the claim. Other waiters are not woken: the lock is not free.
+/// Gives a hand-off to its recipient, if it waits here, and has the claim watched: by the next
+/// waiter in line if it waits here, and by this process's oldest other fair waiter (so the
+/// claim stays watched when the next waiter's process is gone too). A watcher tries again once
+/// the claim would have lapsed; a newer hand-off replaces the one it watched. Other waiters are
+/// not woken: the lock is not free.
 fn deliver_handoff(channel: &Channel, handoff: Handoff) {
     let named = |name: &str| {
         channel
@@ -319,14 +338,22 @@ fn deliver_handoff(channel: &Channel, handoff: Handoff) {
             .iter()
             .find(|s| s.token.as_deref() == Some(name))
     };
-    if let Some(next) = Some(handoff.next.as_str())
+    // Some slack past the claim: the recipient's extension may be on its way.
+    let until = tokio::time::Instant::now() + handoff.claim + handoff.claim / 4;
+    let next = Some(handoff.next.as_str())
         .filter(|n| !n.is_empty())
-        .and_then(named)
-    {
-        // Some slack past the claim: the recipient's extension may be on its way.
-        let until = tokio::time::Instant::now() + handoff.claim + handoff.claim / 4;
-        lock(&next.news).watch_until = Some(until);
-        next.wake.notify_one();
+        .and_then(named);
+    let oldest = channel
+        .waiters
+        .iter()
+        .find(|s| s.token.is_some() && s.token.as_deref() != Some(handoff.token.as_str()));
+    for watcher in next.into_iter().chain(oldest) {
+        // A watcher already sleeping until an earlier watch finds this one when it wakes; only
+        // one without a watch needs waking to take it into account.
+        let unwatched = lock(&watcher.news).watch_until.replace(until).is_none();
+        if unwatched {
+            watcher.wake.notify_one();
+        }
     }
     if let Some(recipient) = named(&handoff.token) {
         lock(&recipient.news).handed = Some(handoff);

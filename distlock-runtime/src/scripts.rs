@@ -225,8 +225,8 @@ if wait <= 0 then return {0, redis.call('PTTL', L), now} end
 if redis.call('HEXISTS', W, token) == 0 then redis.call('RPUSH', Q, token) end
 redis.call('HSET', W, token, string.format('%.0f %s', now + wait, claim))
 local keep = wait + tonumber(claim)
-if redis.call('PTTL', Q) < keep then redis.call('PEXPIRE', Q, keep) end
-if redis.call('PTTL', W) < keep then redis.call('PEXPIRE', W, keep) end
+if redis.call('PTTL', Q) < keep then redis.call('PEXPIRE', Q, string.format('%.0f', keep)) end
+if redis.call('PTTL', W) < keep then redis.call('PEXPIRE', W, string.format('%.0f', keep)) end
 return {0, redis.call('PTTL', L), now}
 "
     ))

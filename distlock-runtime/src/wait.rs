@@ -48,6 +48,8 @@ pub(crate) struct Waiter<'a> {
     /// The owner token of a fair waiter.
     fair: Option<Arc<str>>,
     ticket: Option<Ticket>,
+    /// The watch time (of a hand-off's claim) this waiter already woke for.
+    watched: Option<Instant>,
 }
 
 impl<'a> Waiter<'a> {
@@ -64,6 +66,7 @@ impl<'a> Waiter<'a> {
             notifications,
             fair,
             ticket: None,
+            watched: None,
         }
     }
 
@@ -81,8 +84,18 @@ impl<'a> Waiter<'a> {
 
     /// Sleeps until the next attempt on the held lock key `key` (its Redis name), or until a
     /// release hands the lock to this fair waiter. `holder_remaining` is the holder's remaining
-    /// lifetime, if Redis reported one.
-    pub(crate) async fn wait(&mut self, key: &str, holder_remaining: Option<Duration>) -> Wake {
+    /// lifetime, if Redis reported one; `sent` is when the attempt that found the key held was
+    /// sent.
+    pub(crate) async fn wait(
+        &mut self,
+        key: &str,
+        holder_remaining: Option<Duration>,
+        sent: Instant,
+    ) -> Wake {
+        // A hand-off that came counts, also at the deadline.
+        if let Some(handoff) = self.ticket.as_ref().and_then(Ticket::take_handed) {
+            return Wake::Handed(handoff);
+        }
         let now = Instant::now();
         if now >= self.deadline {
             return Wake::Deadline;
@@ -97,30 +110,44 @@ impl<'a> Waiter<'a> {
         let Some(ticket) = &self.ticket else {
             return self.back_off(holder_remaining).await;
         };
-        if !ticket.subscribed() {
-            if ticket.subscribe().await {
-                // Subscribed now: try again at once, so a release (or hand-off) just before is
-                // not missed.
-                return Wake::Retry;
+        match ticket.subscribed_since() {
+            None => {
+                if ticket.subscribe().await {
+                    // Subscribed now: try again at once, so a release (or hand-off) just before
+                    // is not missed.
+                    return Wake::Retry;
+                }
+                return self.back_off(holder_remaining).await;
             }
-            return self.back_off(holder_remaining).await;
+            // Subscribed (by another waiter) only after the attempt went out: a release in
+            // between reached nobody, so try once more.
+            Some(since) if since >= sent => return Wake::Retry,
+            Some(_) => {}
         }
-        let mut until = holder_remaining
+        let holder_until = holder_remaining
             .map_or(now + NO_EXPIRY_CHECK, |r| {
                 now + r + Duration::from_millis(1)
             })
             .min(self.deadline);
         loop {
-            let news = ticket.news();
-            if let Some(handoff) = news.handed {
+            if let Some(handoff) = ticket.take_handed() {
                 return Wake::Handed(handoff);
             }
-            if let Some(watch) = news.watch_until {
-                until = until.min(watch);
-            }
+            let watch = ticket.watch().filter(|w| Some(*w) != self.watched);
+            let until = watch.map_or(holder_until, |w| holder_until.min(w));
             tokio::select! {
                 plain = ticket.woken() => if plain { return Wake::Retry },
-                () = tokio::time::sleep_until(until) => return Wake::Retry,
+                () = tokio::time::sleep_until(until) => {
+                    let now = Instant::now();
+                    if now < holder_until && ticket.watch().is_some_and(|w| w > now) {
+                        // A newer hand-off replaced the one watched: watch that instead.
+                        continue;
+                    }
+                    if watch.is_some_and(|w| w <= now) {
+                        self.watched = watch;
+                    }
+                    return Wake::Retry;
+                }
             }
         }
     }

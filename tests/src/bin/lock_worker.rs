@@ -4,8 +4,8 @@
 //! yield, and write it back plus one with SET (a deliberately non-atomic increment).
 //! `lock_worker count-fair URL KEY COUNTER N`: the same with fair locking.
 //! `lock_worker count-attr URL KEY COUNTER N`: the same through a `#[distributed_lock]` fn.
-//! `lock_worker wait-fair URL KEY`: wait (fairly, up to 60 s) for the lock on KEY, print
-//! `acquired`, and hold it until killed.
+//! `lock_worker wait-fair URL KEY N`: N tasks, one after the other, wait (fairly, up to 60 s)
+//! for the lock on KEY; the first to get it prints `acquired` and holds it until killed.
 //! `lock_worker hold URL KEY TTL_MS`: take the lock with renewal, print `acquired`, then sleep
 //! until killed.
 
@@ -79,14 +79,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let _: () = conn.incr(format!("{counter}:done"), 1).await?;
             Ok(())
         }
-        ["wait-fair", url, key] => {
+        ["wait-fair", url, key, n] => {
             let locks = LockManager::from_url(url)?;
-            let lease = locks
-                .lock(*key)
-                .fair(true)
-                .wait(Duration::from_secs(60))
-                .acquire()
-                .await?;
+            let mut waiters = tokio::task::JoinSet::new();
+            for _ in 0..n.parse::<u32>()? {
+                let (locks, key) = (locks.clone(), key.to_string());
+                waiters.spawn(async move {
+                    locks
+                        .lock(key)
+                        .fair(true)
+                        .wait(Duration::from_secs(60))
+                        .acquire()
+                        .await
+                });
+                // Queued in a known order.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let lease = waiters.join_next().await.ok_or("no waiter")???;
             hold_until_killed(lease).await
         }
         ["hold", url, key, ttl_ms] => {
@@ -100,7 +109,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         _ => Err(
             "usage: lock_worker count|count-fair|count-attr URL KEY COUNTER N | hold URL KEY TTL_MS \
-             | wait-fair URL KEY".into(),
+             | wait-fair URL KEY N".into(),
         ),
     }
 }
