@@ -321,12 +321,12 @@ fn cycle_row(name: &str, c: &Cycles) -> serde_json::Value {
 
 fn print_cycles(results: &[(Scenario, Cycles)]) {
     println!(
-        "{:<12} {:>8} {:>12} {:>10} {:>10}",
+        "{:<16} {:>8} {:>12} {:>10} {:>10}",
         "scenario", "cycles", "cycles/s", "p50", "p99"
     );
     for (s, c) in results {
         println!(
-            "{:<12} {:>8} {:>12.0} {:>8.1}us {:>8.1}us",
+            "{:<16} {:>8} {:>12.0} {:>8.1}us {:>8.1}us",
             scenario_name(*s),
             c.latencies.len(),
             c.per_second(),
@@ -390,9 +390,9 @@ async fn compare(cli: &Cli, url: &str) -> Fallible<()> {
         print_cycles(&results);
         println!();
         println!(
-            "uncontended / raw     = {uncontended:.3}  (median of per-round throughput ratios)"
+            "uncontended / raw      = {uncontended:.3}  (median of per-round throughput ratios)"
         );
-        println!("macro / uncontended   = {via_macro:.3}");
+        println!("macro / uncontended    = {via_macro:.3}");
         println!("uncontended-fair / raw = {fair:.3}");
     }
     Ok(())

@@ -94,10 +94,12 @@
 //!   a background task.
 //! - A hand-off holds the key for [`HANDOFF_CLAIM`] (2 s, or the ttl if shorter); the new
 //!   holder extends it to its ttl in the background. If the waiter is gone (its process
-//!   crashed), the claim lapses and the next waiter in line, told by the same message to watch
-//!   it, takes the lock: a crashed waiter delays the queue by at most 2.5 s. (Should the waiter
-//!   told to watch be gone as well, the others notice at the latest when the holder's expiry
-//!   they last saw comes.)
+//!   crashed), the claim lapses and a watcher takes the lock: the hand-off message tells the
+//!   next waiter in line, and the oldest fair waiter of every process that waits, to try again
+//!   once the claim (plus a quarter) has passed. Each crashed waiter at the head of the queue
+//!   delays it by at most 2.5 s, as long as some process with a live waiter of the key is
+//!   subscribed to its notifications. (A fair waiter whose manager has no notifications, built
+//!   on a caller's pool, polls, and notices a lapsed claim at its next poll.)
 //! - A hand-off is dated by Redis's clock (each fair attempt returns it), so the new holder's
 //!   lease validity is still counted from a moment known to precede Redis setting its expiry.
 //!
