@@ -358,3 +358,51 @@ async fn a_fair_waiter_with_an_endless_wait_queues_with_an_expiry() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_that_gives_up_passes_its_watch_on() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    warm_up(&locks).await;
+    let conn = server.client().await;
+    let holder = locks.lock("heir").fair(true).acquire().await.unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lock_worker"))
+        .args(["wait-fair", &server.url(), "heir", "1"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    until_queued(&conn, "heir", 1).await;
+    // This waiter will watch the hand-off to the dead one, then give up before its claim lapses.
+    let impatient = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .lock("heir")
+                .fair(true)
+                .wait(Duration::from_millis(1500))
+                .acquire()
+                .await
+        }
+    });
+    until_queued(&conn, "heir", 2).await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let last = fair_waiter(&locks, "heir", 2, &order, Duration::ZERO);
+    until_queued(&conn, "heir", 3).await;
+    child.kill().await.unwrap();
+
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    assert!(matches!(
+        impatient.await.unwrap(),
+        Err(LockError::Timeout { .. })
+    ));
+    let acquired = last.await.unwrap().unwrap();
+    let bound = HANDOFF_CLAIM + HANDOFF_CLAIM / 4 + Duration::from_millis(500);
+    assert!(
+        acquired - released <= bound,
+        "the last waiter got the lock {:?} after the release (bound {bound:?})",
+        acquired - released
+    );
+}
