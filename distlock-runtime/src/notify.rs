@@ -2,11 +2,13 @@
 //! channel is the key's name), and one subscriber connection per manager hands each
 //! notification to one local waiter of that key, oldest first. A release that hands the lock to
 //! a fair waiter publishes a hand-off message instead (see [`Handoff`]): it goes to that waiter
-//! alone, and tells the next waiter in line to watch the hand-off's claim.
+//! alone, and has the hand-off's claim watched by the next waiter in line and by the oldest
+//! fair waiter of each process (a watcher that leaves passes its watch on).
 //!
 //! A waiter takes a [`Ticket`] (its place in the key's queue) and makes sure the manager is
 //! subscribed to the key before its next attempt, so a release between an attempt and the
-//! subscription cannot be missed. A subscription is shared by all local waiters of a key and
+//! subscription cannot be missed (nor one before a subscription that another waiter made after
+//! this waiter's attempt went out: [`Ticket::subscribed_since`] tells). A subscription is shared by all local waiters of a key and
 //! dropped with the last of them. When the subscriber connection breaks, every waiter is woken
 //! to try again, and the next one to wait connects anew; a lost notification costs latency
 //! (waiters also wake at the holder's expiry), never a hang.
@@ -175,8 +177,8 @@ impl Ticket {
     }
 
     /// Waits for a notification or hand-off news for this waiter (or one that came before it
-    /// started waiting). Takes a plain notification and says whether there was one; news stays
-    /// for [`Ticket::news`].
+    /// started waiting). Takes a plain notification and says whether there was one; hand-off
+    /// news stays for [`Ticket::take_handed`] and [`Ticket::watch`].
     pub(crate) async fn woken(&self) -> bool {
         self.slot.wake.notified().await;
         self.slot.woken.swap(false, Ordering::SeqCst)

@@ -10,9 +10,8 @@
 //! One last attempt is always made at the deadline.
 //!
 //! A fair waiter is queued in Redis by its attempt, and is woken by the hand-off that makes it
-//! the owner (no further attempt needed), or, when it is next in line, at the end of the
-//! current hand-off's claim (in case that recipient is gone), besides the holder's expiry and
-//! the deadline.
+//! the owner (no further attempt needed), or, when it watches the current hand-off, at the end
+//! of its claim (in case that recipient is gone), besides the holder's expiry and the deadline.
 
 use std::sync::Arc;
 use std::time::Duration;
