@@ -220,7 +220,7 @@ impl LockManager {
             )
         });
         let request = if fair {
-            AcquireRequest::Fair(FairRequest::new(self, &redis_keys[0], &token, ttl))
+            AcquireRequest::Fair(FairRequest::new(self, &redis_keys[0], ttl))
         } else {
             AcquireRequest::new(&redis_keys, &self.inner.fence_key, &token, ttl)
         };
@@ -251,9 +251,7 @@ impl LockManager {
         let mut attempts = 0u32;
         loop {
             attempts += 1;
-            if fair {
-                waiter.before_attempt(&redis_keys[0]);
-            }
+            waiter.before_attempt(&redis_keys[0]);
             let sent = Instant::now();
             // If this call is cancelled or fails while the request is out, the lock may have
             // been taken: release it (by token) rather than leave it until its ttl.
@@ -447,16 +445,16 @@ enum AcquireRequest {
     Fair(FairRequest),
 }
 
-/// The fair acquire script's keys and fixed arguments; the wait left is added per attempt.
+/// The fair acquire script's keys and fixed arguments; the token and the wait left are added
+/// per attempt.
 struct FairRequest {
     keys: [String; 4],
-    token: Arc<str>,
     ttl_ms: u64,
     claim_ms: u64,
 }
 
 impl FairRequest {
-    fn new(manager: &LockManager, redis_key: &str, token: &Arc<str>, ttl: Duration) -> Self {
+    fn new(manager: &LockManager, redis_key: &str, ttl: Duration) -> Self {
         let [queue, waiters] = manager.queue_keys(redis_key);
         Self {
             keys: [
@@ -465,7 +463,6 @@ impl FairRequest {
                 waiters,
                 manager.inner.fence_key.clone(),
             ],
-            token: Arc::clone(token),
             ttl_ms: renew::millis(ttl),
             claim_ms: renew::millis(ttl.min(HANDOFF_CLAIM)),
         }
@@ -519,7 +516,7 @@ impl AcquireRequest {
                     .unwrap_or(u64::MAX)
                     .min(100 * 365 * 86_400_000);
                 invocation
-                    .arg(&*fair.token)
+                    .arg(token)
                     .arg(fair.ttl_ms)
                     .arg(fair.claim_ms)
                     .arg(wait_ms);

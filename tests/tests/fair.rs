@@ -156,17 +156,13 @@ async fn waiters_that_give_up_or_are_cancelled_leave_the_queue() {
     let order = Arc::new(Mutex::new(Vec::new()));
     let first = fair_waiter(&locks, "leave", 1, &order, Duration::from_millis(20));
     until_queued(&conn, "leave", 1).await;
-    let impatient = tokio::spawn({
-        let locks = locks.clone();
-        async move {
-            locks
-                .lock("leave")
-                .fair(true)
-                .wait(Duration::from_millis(200))
-                .acquire()
-                .await
-        }
-    });
+    let impatient = tokio::spawn(
+        locks
+            .lock("leave")
+            .fair(true)
+            .wait(Duration::from_millis(200))
+            .acquire(),
+    );
     until_queued(&conn, "leave", 2).await;
     let cancelled = fair_waiter(&locks, "leave", 99, &order, Duration::ZERO);
     until_queued(&conn, "leave", 3).await;
@@ -198,18 +194,14 @@ async fn a_handed_lease_is_extended_from_its_claim_to_its_ttl_also_without_renew
     warm_up(&locks).await;
     let mut conn = server.client().await;
     let holder = locks.lock("claim").fair(true).acquire().await.unwrap();
-    let waiting = tokio::spawn({
-        let locks = locks.clone();
-        async move {
-            locks
-                .lock("claim")
-                .fair(true)
-                .renew(false)
-                .ttl(Duration::from_secs(10))
-                .acquire()
-                .await
-        }
-    });
+    let waiting = tokio::spawn(
+        locks
+            .lock("claim")
+            .fair(true)
+            .renew(false)
+            .ttl(Duration::from_secs(10))
+            .acquire(),
+    );
     until_queued(&conn, "claim", 1).await;
     until_subscribed(&conn, "claim").await;
     holder.release().await.unwrap();
@@ -305,19 +297,15 @@ async fn a_hand_off_learned_too_late_to_trust_is_confirmed_by_an_attempt() {
     warm_up(&locks).await;
     let conn = server.client().await;
     let holder = locks.lock("late").fair(true).acquire().await.unwrap();
-    let waiting = tokio::spawn({
-        let locks = locks.clone();
-        async move {
-            // A 20 ms claim, dated against an attempt 3 s before the hand-off: the 1% drift
-            // allowance (30 ms) exceeds it, so the message alone cannot be trusted.
-            locks
-                .lock("late")
-                .fair(true)
-                .ttl(Duration::from_millis(20))
-                .acquire()
-                .await
-        }
-    });
+    let waiting = tokio::spawn(
+        // A 20 ms claim, dated against an attempt 3 s before the hand-off: the 1% drift
+        // allowance (30 ms) exceeds it, so the message alone cannot be trusted.
+        locks
+            .lock("late")
+            .fair(true)
+            .ttl(Duration::from_millis(20))
+            .acquire(),
+    );
     until_queued(&conn, "late", 1).await;
     until_subscribed(&conn, "late").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -333,17 +321,13 @@ async fn a_fair_waiter_with_an_endless_wait_queues_with_an_expiry() {
     let locks = server.manager();
     let mut conn = server.client().await;
     let holder = locks.lock("endless").fair(true).acquire().await.unwrap();
-    let waiting = tokio::spawn({
-        let locks = locks.clone();
-        async move {
-            locks
-                .lock("endless")
-                .fair(true)
-                .wait(Duration::from_millis(u64::MAX))
-                .acquire()
-                .await
-        }
-    });
+    let waiting = tokio::spawn(
+        locks
+            .lock("endless")
+            .fair(true)
+            .wait(Duration::from_millis(u64::MAX))
+            .acquire(),
+    );
     until_queued(&conn, "endless", 1).await;
     for key in ["distlock:queue:endless", "distlock:waiters:endless"] {
         let pttl: i64 = conn.pttl(key).await.unwrap();
@@ -375,17 +359,13 @@ async fn a_watcher_that_gives_up_passes_its_watch_on() {
         .unwrap();
     until_queued(&conn, "heir", 1).await;
     // This waiter will watch the hand-off to the dead one, then give up before its claim lapses.
-    let impatient = tokio::spawn({
-        let locks = locks.clone();
-        async move {
-            locks
-                .lock("heir")
-                .fair(true)
-                .wait(Duration::from_millis(1500))
-                .acquire()
-                .await
-        }
-    });
+    let impatient = tokio::spawn(
+        locks
+            .lock("heir")
+            .fair(true)
+            .wait(Duration::from_millis(1500))
+            .acquire(),
+    );
     until_queued(&conn, "heir", 2).await;
     let order = Arc::new(Mutex::new(Vec::new()));
     let last = fair_waiter(&locks, "heir", 2, &order, Duration::ZERO);
