@@ -86,24 +86,38 @@ pub(crate) fn templates(args: &Args, item: &LockedFn, errors: &mut Errors) -> Ve
 /// values never contain one, so the rendered key splits back into the same values, and distinct
 /// arguments never render the same key. `"{a}{b}"` would render `ab` for both `("a", "b")` and
 /// `("ab", "")`.
+/// Characters that can separate two placeholders: the runtime's escaping turns each of them
+/// into `%XX` inside a value, so a value never contains one, and the first one after a value
+/// marks where it ends. `%` is not among them: escaping writes it into values.
+pub(crate) const SEPARATORS: [char; 3] = [':', '{', '}'];
+
 fn unseparated_placeholders(template: &Template) -> Option<String> {
     let mut previous: Option<&str> = None;
     let mut separated = true;
+    let mut percent = false;
     for part in &template.parts {
         match part {
             Part::Text(text) => {
-                separated |= text.contains([':', '{', '}', '%']);
+                separated |= text.contains(SEPARATORS);
+                percent |= text.contains('%');
             }
             Part::Placeholder { root, .. } => {
                 if let (Some(before), false) = (previous, separated) {
+                    let why = if percent {
+                        "; `%` does not separate them, because values are percent-encoded \
+                         and contain `%` themselves"
+                    } else {
+                        ""
+                    };
                     return Some(format!(
                         "placeholders `{{{before}}}` and `{{{root}}}` need a `:` between \
                          them (as in \"{{{before}}}:{{{root}}}\"), or different arguments could \
-                         render the same key"
+                         render the same key{why}"
                     ));
                 }
                 previous = Some(root);
                 separated = false;
+                percent = false;
             }
         }
     }
@@ -152,8 +166,37 @@ impl Errors {
 
 #[cfg(test)]
 mod tests {
-    use super::{options, Errors};
+    use super::{options, unseparated_placeholders, Errors};
     use crate::args::Parsed;
+    use crate::key::Template;
+
+    fn separated(template: &str) -> Result<(), String> {
+        let literal = syn::LitStr::new(template, proc_macro2::Span::call_site());
+        let template = Template::parse(&literal).expect("the template parses");
+        unseparated_placeholders(&template).map_or(Ok(()), Err)
+    }
+
+    #[test]
+    fn placeholders_need_a_separator_that_escaping_never_writes() {
+        for ok in [
+            "{a}:{b}",
+            "{a}-:-{b}",
+            "{a}{{{b}",
+            "{a}}}{b}",
+            "x{a}y",
+            "{a}%",
+            "%{a}",
+        ] {
+            assert_eq!(separated(ok), Ok(()), "{ok}");
+        }
+        for bad in ["{a}{b}", "{a}-{b}", "{a}.{b}", "{a}/{b}"] {
+            assert!(separated(bad).is_err(), "{bad}");
+        }
+        let percent = separated("{a}%{b}").unwrap_err();
+        assert!(percent.contains("`%` does not separate them"), "{percent}");
+        // `%` beside a real separator is fine.
+        assert_eq!(separated("{a}%:{b}"), Ok(()));
+    }
 
     fn option_errors(attr: &str) -> Vec<String> {
         let parsed: Parsed = syn::parse_str(attr).expect("the keys parse");

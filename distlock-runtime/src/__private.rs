@@ -191,6 +191,18 @@ mod tests {
     }
 
     #[test]
+    fn escaped_values_never_contain_a_separator() {
+        // The attribute accepts these between two placeholders (distlock-macros'
+        // `check::SEPARATORS`): sound only because no escaped value ever contains one.
+        const SEPARATORS: [char; 3] = [':', '{', '}'];
+        let every_char: String = (0..=0x10FFFF).filter_map(char::from_u32).collect();
+        let rendered = render_key(&[KeyPart::Value(&every_char)]);
+        assert!(!rendered.contains(SEPARATORS), "{rendered:.80}");
+        // And escaping does write `%`, so `%` can never be one.
+        assert!(render_key(&[KeyPart::Value(&"50%")]).contains('%'));
+    }
+
+    #[test]
     fn distinct_arguments_never_render_the_same_key() {
         // Without escaping, ("a:b", "c") and ("a", "b:c") would both render "a:b:c".
         let render = |x: &str, y: &str| {
