@@ -4,12 +4,34 @@
 //! The purchase is the classic read-check-write that oversells without a lock. Four strategies
 //! run it side by side:
 //! - `lock`: the read-check-write inside a `#[distributed_lock("seckill:{product_id}", fair = true)]`
-//!   fn (buyers served in arrival order);
-//! - `none`: the same code with no lock (shows the oversell);
+//!   fn (buyers served in arrival order), its read and write fenced (below);
+//! - `none`: the same code with no lock and no fencing (shows the oversell);
 //! - `optimistic`: `WATCH` / `MULTI` / `EXEC`, retried on conflict;
 //! - `lua`: one atomic script (the ceiling a lock cannot reach: no lock round trips at all).
+//!
+//! # Why the `lock` strategy fences its read and its write
+//!
+//! A lease cannot stop a holder that stops running. A holder paused past its ttl (a GC pause, a
+//! blocked thread, SIGSTOP, a suspended VM) has lost its lock in Redis, and another buyer holds
+//! it, but the paused holder does not know until it runs again, and by then its next command may
+//! already be on the wire: an unfenced write would land on top of the newer holder's work and
+//! oversell. distlock then reports the lease lost (`LockError::LeaseLost`), but only once it
+//! runs again, which can be after the write went out: renewal and lease-loss detection make the
+//! window short, only the storage can close it. So every access of the `lock` strategy to a
+//! product carries the lease's fencing token ([`distlock_runtime::current_fencing_token`];
+//! every later holder of the key has a greater one), and the product keeps the newest token
+//! that touched it (its `fence` field). One script
+//! (`FENCED_READ`) reads the product and records the token there, refusing a token older than
+//! the recorded one; another (`FENCED_WRITE`) writes only if no newer token has touched the
+//! product since. The read is fenced too, not only the write: fencing the write alone still lets
+//! a stale write land between a newer holder's read and its write, which then writes from a
+//! stock it read before the stale sale. A refused access changes nothing and the purchase fails
+//! with [`ShopError::Stale`] (HTTP 503, `"stale"`): the buyer may simply try again.
+//!
+//! This is the pattern to copy: the lock makes buyers take turns, the fencing token makes a
+//! turn that ran out harmless.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Duration;
 
 use axum::extract::rejection::{JsonRejection, PathRejection};
@@ -73,6 +95,8 @@ struct ShopInner {
     pool: deadpool_redis::Pool,
     strategy: Strategy,
     prefix: String,
+    /// Test-only: runs just before a purchase writes (see [`Shop::pause_before_write`]).
+    pause_before_write: OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 /// What a purchase came to.
@@ -106,6 +130,22 @@ pub enum ShopError {
     /// The optimistic strategy kept conflicting until its deadline.
     #[error("too many conflicting buyers; try again")]
     Busy,
+    /// The `lock` strategy's lease ran out before its read or write reached the product, and a
+    /// newer lease has used the product since: the product refused this stale access and
+    /// nothing was bought. Trying again is safe.
+    #[error(
+        "product {product}: this purchase's lease ran out and a newer holder (fencing token \
+         {newest}) has used the product since, so its access with token {token} was refused and \
+         nothing was bought; try again"
+    )]
+    Stale {
+        /// The product.
+        product: u64,
+        /// The fencing token of this purchase's lease.
+        token: u64,
+        /// The newest fencing token the product has seen.
+        newest: u64,
+    },
 }
 
 impl Shop {
@@ -149,8 +189,18 @@ impl Shop {
                 pool,
                 strategy,
                 prefix: prefix.to_owned(),
+                pause_before_write: OnceLock::new(),
             }),
         })
+    }
+
+    /// Test-only: `hook` runs on the purchase's thread between a purchase's checks and its
+    /// write (at most one hook per shop; later calls are ignored). A hook that blocks the thread
+    /// plays a holder paused past its lease (GC pause, SIGSTOP), which the fencing must make
+    /// harmless: see `examples/tests/seckill.rs`.
+    #[doc(hidden)]
+    pub fn pause_before_write(&self, hook: impl Fn() + Send + Sync + 'static) {
+        let _ = self.inner.pause_before_write.set(Box::new(hook));
     }
 
     /// This shop's strategy.
@@ -173,7 +223,8 @@ impl Shop {
             .with_state(self.clone())
     }
 
-    /// Creates (or resets) a product with `stock` units.
+    /// Creates (or resets) a product with `stock` units. A reset keeps the product's `fence`, so
+    /// a holder whose lease ran out before the reset still cannot write after it.
     ///
     /// # Errors
     /// When Redis fails.
@@ -226,13 +277,14 @@ impl Shop {
     /// One purchase of one unit by `user_id`, with this shop's strategy.
     ///
     /// # Errors
-    /// [`ShopError::Lock`] when the lock could not be had (busy, or Redis down);
-    /// [`ShopError::Busy`] when optimistic retries ran out; Redis errors.
+    /// [`ShopError::Lock`] when the lock could not be had (busy, or Redis down) or was lost;
+    /// [`ShopError::Stale`] when the lock's lease ran out and a newer holder used the product
+    /// first; [`ShopError::Busy`] when optimistic retries ran out; Redis errors.
     pub async fn purchase(&self, product_id: u64, user_id: u64) -> Result<Outcome, ShopError> {
         let shop = &*self.inner;
         match shop.strategy {
             Strategy::Lock => purchase_locked(shop, product_id, user_id).await,
-            Strategy::None => shop.read_check_write(product_id, user_id).await,
+            Strategy::None => shop.read_check_write(product_id, user_id, None).await,
             Strategy::Optimistic => shop.optimistic(product_id, user_id).await,
             Strategy::Lua => shop.scripted(product_id, user_id).await,
         }
@@ -240,20 +292,69 @@ impl Shop {
 }
 
 /// The purchase under the product's distributed lock: at most one buyer per product at a
-/// time, fleet-wide, so the unprotected read-check-write below is safe.
+/// time, fleet-wide, while leases hold; the lease's fencing token makes the product refuse this
+/// buyer's read-check-write once a newer holder has used it (see the module docs).
 #[distributed_lock("seckill:{product_id}", ttl = 5, fair = true, manager = &shop.locks)]
 async fn purchase_locked(
     shop: &ShopInner,
     product_id: u64,
     user_id: u64,
 ) -> Result<Outcome, ShopError> {
-    shop.read_check_write(product_id, user_id).await
+    // The key as the attribute renders it; the body only ever runs under a lease on it.
+    let token = distlock_runtime::current_fencing_token(&format!("seckill:{product_id}"))
+        .expect("a #[distributed_lock] body runs under the lease on its key");
+    shop.read_check_write(product_id, user_id, Some(token))
+        .await
 }
 
 struct Keys {
     product: String,
     buyers: String,
 }
+
+/// The `lock` strategy's read: refused once a newer lease used the product, else records this
+/// lease's token in the product's `fence`, so that older leases are refused from then on.
+///
+/// KEYS[1]: the product hash; KEYS[2]: its buyers set.
+/// ARGV[1]: the lease's fencing token, in decimal; ARGV[2]: the user id.
+/// Returns `{0, newest, 0}` when the product's `fence` holds a newer token, `newest` (nothing
+/// read or recorded); else `{1, stock, bought}`: the stock (nil: no such product, and nothing
+/// is recorded) and 1 if the user bought already, 0 if not.
+///
+/// Tokens are compared as Lua numbers, exact for every token below 2^53 (Redis server time in
+/// microseconds is about 2^51); the token is stored as the decimal string it came as.
+static FENCED_READ: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
+local newest = redis.call('HGET', KEYS[1], 'fence')
+if newest and tonumber(newest) > tonumber(ARGV[1]) then return {0, newest, 0} end
+local stock = redis.call('HGET', KEYS[1], 'stock')
+if stock then redis.call('HSET', KEYS[1], 'fence', ARGV[1]) end
+return {1, stock, redis.call('SISMEMBER', KEYS[2], ARGV[2])}
+",
+    )
+});
+
+/// The `lock` strategy's write: the sale, unless a newer lease used the product since this
+/// lease's [`FENCED_READ`].
+///
+/// KEYS[1]: the product hash; KEYS[2]: its buyers set.
+/// ARGV[1]: the lease's fencing token, in decimal; ARGV[2]: the user id; ARGV[3]: the new stock.
+/// Returns nil once the sale is written (stock set, `sold` + 1, buyer added, token recorded in
+/// `fence`); the newest token the product has seen, when it is newer than ARGV[1] (nothing
+/// written). An equal token is this lease's own read.
+static FENCED_WRITE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
+local newest = redis.call('HGET', KEYS[1], 'fence')
+if newest and tonumber(newest) > tonumber(ARGV[1]) then return newest end
+redis.call('HSET', KEYS[1], 'stock', ARGV[3], 'fence', ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'sold', 1)
+redis.call('SADD', KEYS[2], ARGV[2])
+return false
+",
+    )
+});
 
 impl ShopInner {
     fn keys(&self, product_id: u64) -> Keys {
@@ -264,15 +365,48 @@ impl ShopInner {
     }
 
     /// Read the stock, check it and the buyer, write the new stock: correct only when nobody
-    /// else runs it for the same product at the same time.
-    async fn read_check_write(&self, product_id: u64, user_id: u64) -> Result<Outcome, ShopError> {
+    /// else runs it for the same product at the same time. With a fencing token, the read and
+    /// the write go through [`FENCED_READ`] and [`FENCED_WRITE`], which refuse them (as
+    /// [`ShopError::Stale`]) once a newer token has used the product.
+    async fn read_check_write(
+        &self,
+        product_id: u64,
+        user_id: u64,
+        fencing_token: Option<u64>,
+    ) -> Result<Outcome, ShopError> {
         let keys = self.keys(product_id);
         let mut conn = self.conn.clone();
-        let (stock, bought): (Option<i64>, bool) = redis::pipe()
-            .hget(&keys.product, "stock")
-            .sismember(&keys.buyers, user_id)
-            .query_async(&mut conn)
-            .await?;
+        let stale = |token, newest| ShopError::Stale {
+            product: product_id,
+            token,
+            newest,
+        };
+        let (stock, bought): (Option<i64>, bool) = match fencing_token {
+            None => {
+                redis::pipe()
+                    .hget(&keys.product, "stock")
+                    .sismember(&keys.buyers, user_id)
+                    .query_async(&mut conn)
+                    .await?
+            }
+            Some(token) => {
+                // The second value is the stock when read, the newest token when refused.
+                let (read, value, bought): (i64, Option<i64>, bool) = FENCED_READ
+                    .key(&keys.product)
+                    .key(&keys.buyers)
+                    .arg(token)
+                    .arg(user_id)
+                    .invoke_async(&mut conn)
+                    .await?;
+                if read == 0 {
+                    let newest = value
+                        .and_then(|n| u64::try_from(n).ok())
+                        .unwrap_or_default();
+                    return Err(stale(token, newest));
+                }
+                (value, bought)
+            }
+        };
         let Some(stock) = stock else {
             return Ok(Outcome::UnknownProduct);
         };
@@ -284,13 +418,33 @@ impl ShopInner {
         }
         // The order is "processed" here: other buyers run meanwhile.
         tokio::task::yield_now().await;
+        if let Some(pause) = self.pause_before_write.get() {
+            pause();
+        }
         let remaining = stock - 1;
-        redis::pipe()
-            .hset(&keys.product, "stock", remaining)
-            .hincr(&keys.product, "sold", 1)
-            .sadd(&keys.buyers, user_id)
-            .exec_async(&mut conn)
-            .await?;
+        match fencing_token {
+            None => {
+                redis::pipe()
+                    .hset(&keys.product, "stock", remaining)
+                    .hincr(&keys.product, "sold", 1)
+                    .sadd(&keys.buyers, user_id)
+                    .exec_async(&mut conn)
+                    .await?;
+            }
+            Some(token) => {
+                let newest: Option<u64> = FENCED_WRITE
+                    .key(&keys.product)
+                    .key(&keys.buyers)
+                    .arg(token)
+                    .arg(user_id)
+                    .arg(remaining)
+                    .invoke_async(&mut conn)
+                    .await?;
+                if let Some(newest) = newest {
+                    return Err(stale(token, newest));
+                }
+            }
+        }
         Ok(Outcome::Bought { remaining })
     }
 
@@ -347,7 +501,7 @@ impl ShopInner {
 
     /// The whole purchase as one script: atomic on the server, no lock needed.
     async fn scripted(&self, product_id: u64, user_id: u64) -> Result<Outcome, ShopError> {
-        static PURCHASE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        static PURCHASE: LazyLock<redis::Script> = LazyLock::new(|| {
             // KEYS[1]: product hash, KEYS[2]: buyers set. ARGV[1]: user id.
             // Returns -1 unknown product, -2 already bought, -3 sold out, else the stock left.
             redis::Script::new(
@@ -414,7 +568,9 @@ pub struct BuyRequest {
 /// The JSON body of every purchase answer.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct BuyResponse {
-    /// `bought`, `sold_out`, `already_bought`, `busy`, `unknown_product` or `error`.
+    /// `bought`, `sold_out`, `already_bought`, `busy`, `stale` (a lease ran out and the
+    /// product refused the purchase; nothing was bought, try again), `unknown_product` or
+    /// `error`.
     pub status: String,
     /// Units left, when bought.
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -523,6 +679,13 @@ async fn buy(
             Some(format!("no product {id}")),
         ),
         Err(ShopError::Busy) => answer(StatusCode::SERVICE_UNAVAILABLE, "busy", None, None),
+        // Nothing was written: the buyer may try again, like busy, but this is no contention.
+        Err(e @ ShopError::Stale { .. }) => answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "stale",
+            None,
+            Some(e.to_string()),
+        ),
         Err(ShopError::Lock(e)) if e.is_contention() => answer(
             StatusCode::SERVICE_UNAVAILABLE,
             "busy",

@@ -1,10 +1,15 @@
-//! The seckill service over HTTP, against a real redis-server: two instances, each with its own
-//! lock manager, 500 buyers, stock 100.
+//! The seckill service against a real redis-server: over HTTP (two instances, each with its own
+//! lock manager, 500 buyers, stock 100), and the `lock` strategy's fencing against a holder
+//! paused past its lease.
 
 use std::collections::HashSet;
+use std::sync::mpsc;
+use std::sync::Mutex;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
-use distlock_examples::seckill::{BuyResponse, ProductReport, Shop, Strategy};
+use distlock_examples::seckill::{BuyResponse, Outcome, ProductReport, Shop, ShopError, Strategy};
+use distlock_runtime::LockError;
 use distlock_tests::RedisServer;
 
 /// Starts an instance on a loopback port; returns its base URL.
@@ -161,4 +166,148 @@ async fn malformed_requests_get_4xx_json_errors() {
             .unwrap_or_else(|e| panic!("{what}: body is not JSON: {e}"));
         assert!(body.get("status").is_some(), "{what}: {body}");
     }
+}
+
+/// A `lock` purchase on an instance of its own, whose holder stops dead between its checks and
+/// its write, as in a GC pause or SIGSTOP: the instance runs on its own thread and
+/// current-thread runtime, and the pause blocks that thread, so nothing of it runs (renewal
+/// included) until [`PausedPurchase::resume`].
+struct PausedPurchase {
+    paused: mpsc::Receiver<()>,
+    resume: mpsc::Sender<()>,
+    thread: JoinHandle<Result<Outcome, ShopError>>,
+}
+
+impl PausedPurchase {
+    /// Starts the purchase and returns once it holds the lock, has read, and is paused.
+    fn start(redis_url: String, product: u64, user: u64) -> Self {
+        let (paused_tx, paused) = mpsc::channel();
+        let (resume, resume_rx) = mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let shop = Shop::connect(&redis_url, Strategy::Lock, "seckill-test:")
+                    .await
+                    .unwrap();
+                let resume_rx = Mutex::new(resume_rx);
+                shop.pause_before_write(move || {
+                    let _ = paused_tx.send(());
+                    let _ = resume_rx
+                        .lock()
+                        .unwrap()
+                        .recv_timeout(Duration::from_secs(60));
+                });
+                shop.purchase(product, user).await
+            })
+        });
+        let purchase = Self {
+            paused,
+            resume,
+            thread,
+        };
+        purchase
+            .paused
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the purchase reaches its write and pauses");
+        purchase
+    }
+
+    /// Lets the paused holder run on; returns what its purchase came to.
+    fn resume(self) -> Result<Outcome, ShopError> {
+        let Self { resume, thread, .. } = self;
+        resume.send(()).unwrap();
+        thread.join().unwrap()
+    }
+}
+
+/// A paused holder's purchase must fail, not report a sale: refused by the product
+/// ([`ShopError::Stale`]), or stopped by the runtime when it notices the lease is gone.
+fn assert_refused(late: &Result<Outcome, ShopError>) {
+    assert!(
+        matches!(
+            late,
+            Err(ShopError::Stale { .. } | ShopError::Lock(LockError::LeaseLost { .. }))
+        ),
+        "the paused holder's purchase must fail as stale (or lease lost), got {late:?}"
+    );
+}
+
+/// The `lock` strategy's write is fenced: a holder that stopped running past its lease, while
+/// others bought, cannot land its write when it runs again (the lease alone cannot stop it).
+#[test]
+fn a_holder_paused_past_its_lease_cannot_sell_after_newer_holders_did() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let shop = runtime
+        .block_on(Shop::connect(
+            &server.url(),
+            Strategy::Lock,
+            "seckill-test:",
+        ))
+        .unwrap();
+    runtime.block_on(shop.create(9, 2)).unwrap();
+
+    // User 1's holder read stock 2 and stops dead before writing 1.
+    let paused = PausedPurchase::start(server.url(), 9, 1);
+    // Its lease (ttl 5 s) lapses in Redis unrenewed; meanwhile another instance sells the two
+    // units, each buyer under a newer lease.
+    for (user, remaining) in [(2, 1), (3, 0)] {
+        let outcome = runtime.block_on(shop.purchase(9, user));
+        assert_eq!(
+            outcome.unwrap(),
+            Outcome::Bought { remaining },
+            "user {user}"
+        );
+    }
+    // The paused holder resumes with its write (stock 1, one more sold) on the way.
+    let late = paused.resume();
+
+    let report = runtime.block_on(shop.report(9)).unwrap().unwrap();
+    assert_eq!(
+        (report.stock, report.sold, report.oversold, report.buyers),
+        (0, 2, 0, 2),
+        "(stock, sold, oversold, buyers) after the paused holder resumed: its late write \
+         landed (stock went back up, one unit oversold); it returned {late:?}"
+    );
+    assert_refused(&late);
+}
+
+/// The `lock` strategy's read is fenced too: a newer holder's read already refuses the stale
+/// holder, so its write cannot slip in before the newer holder's write.
+#[test]
+fn a_stale_write_between_a_newer_holders_read_and_write_is_refused() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let shop = runtime
+        .block_on(Shop::connect(
+            &server.url(),
+            Strategy::Lock,
+            "seckill-test:",
+        ))
+        .unwrap();
+    runtime.block_on(shop.create(9, 2)).unwrap();
+    // A first sale (the product's `fence` now holds an older token than both holders below).
+    let first = runtime.block_on(shop.purchase(9, 0));
+    assert_eq!(first.unwrap(), Outcome::Bought { remaining: 1 });
+
+    // User 1's holder read stock 1 and stops dead; its lease lapses; user 2's holder gets the
+    // lock, reads stock 1 too, and pauses just before its own write.
+    let stale = PausedPurchase::start(server.url(), 9, 1);
+    let newer = PausedPurchase::start(server.url(), 9, 2);
+    // The stale holder's write comes between the newer holder's read and write: fencing the
+    // write alone would let both land (the last unit sold twice), so the read is fenced too.
+    let late = stale.resume();
+    assert_eq!(newer.resume().unwrap(), Outcome::Bought { remaining: 0 });
+
+    let report = runtime.block_on(shop.report(9)).unwrap().unwrap();
+    assert_eq!(
+        (report.stock, report.sold, report.oversold, report.buyers),
+        (0, 2, 0, 2),
+        "(stock, sold, oversold, buyers) after a stale write between a newer holder's read and \
+         write; the stale purchase returned {late:?}"
+    );
+    assert_refused(&late);
 }
