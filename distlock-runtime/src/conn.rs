@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use deadpool_redis::{Pool, PoolError};
 use redis::aio::MultiplexedConnection;
-use redis::{FromRedisValue, Pipeline, ScriptInvocation};
+use redis::{FromRedisValue, ScriptInvocation};
 
 use crate::LockError;
 
@@ -35,24 +35,22 @@ pub(crate) struct Redis {
     bounded_connections: bool,
 }
 
-/// What [`Redis::invoke`] sends: a script (by `EVALSHA`, reloaded on `NOSCRIPT`) or a
-/// pipeline (sent in one write; atomic when built with `.atomic()`).
-#[derive(Clone, Copy)]
-pub(crate) enum Request<'a> {
-    Script(&'a ScriptInvocation<'a>),
-    Pipeline(&'a Pipeline),
+/// A call that failed, and how far its request got.
+#[derive(Debug)]
+pub(crate) struct Failed {
+    pub(crate) error: LockError,
+    pub(crate) reached: Reached,
 }
 
-impl Request<'_> {
-    async fn send<T: FromRedisValue>(
-        self,
-        conn: &mut MultiplexedConnection,
-    ) -> redis::RedisResult<T> {
-        match self {
-            Self::Script(invocation) => invocation.invoke_async(conn).await,
-            Self::Pipeline(pipeline) => pipeline.query_async(conn).await,
-        }
-    }
+/// How far a failed request got, which decides whether what it would have written may be there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reached {
+    /// Never sent: no connection could be had.
+    No,
+    /// Sent, or maybe sent, with no answer: it may still arrive and run.
+    Maybe,
+    /// Redis ran it and answered with an error.
+    Answered,
 }
 
 /// Which connection a call used, and whether it was kept from an earlier call.
@@ -97,39 +95,68 @@ impl Redis {
     pub(crate) async fn invoke<T: FromRedisValue>(
         &self,
         op: &'static str,
-        request: Request<'_>,
+        script: &ScriptInvocation<'_>,
     ) -> Result<T, LockError> {
+        self.call(op, script).await.map_err(|failed| failed.error)
+    }
+
+    /// [`Redis::invoke`], saying on failure whether the request may have reached Redis.
+    pub(crate) async fn call<T: FromRedisValue>(
+        &self,
+        op: &'static str,
+        script: &ScriptInvocation<'_>,
+    ) -> Result<T, Failed> {
         let after = self.timeouts.response;
         let mut may_retry = true;
+        // Whether an earlier try may have reached Redis.
+        let mut sent = Reached::No;
         loop {
-            let (checkout, mut conn) = self.connection(op).await?;
-            let call = request.send(&mut conn);
+            let (checkout, mut conn) = match self.connection(op).await {
+                Ok(connection) => connection,
+                Err(error) => {
+                    return Err(Failed {
+                        error,
+                        reached: sent,
+                    })
+                }
+            };
+            let call = script.invoke_async(&mut conn);
             let answer = if self.bounded_connections {
                 Some(call.await)
             } else {
                 tokio::time::timeout(after, call).await.ok()
+            };
+            let failed = |error| Failed {
+                error,
+                reached: Reached::Maybe,
             };
             match answer {
                 Some(Ok(value)) => return Ok(value),
                 Some(Err(source)) if source.is_timeout() => {
                     // The connection's own response timeout fired.
                     self.forget(checkout.generation);
-                    return Err(LockError::RedisTimeout { op, after });
+                    return Err(failed(LockError::RedisTimeout { op, after }));
                 }
                 Some(Err(source)) => {
                     if !is_connection_failure(&source) {
-                        return Err(LockError::Redis { op, source });
+                        // Redis ran the request and answered with an error (or an answer we
+                        // could not read): whatever it wrote before failing stays written.
+                        return Err(Failed {
+                            error: LockError::Redis { op, source },
+                            reached: Reached::Answered,
+                        });
                     }
                     self.forget(checkout.generation);
                     if !(checkout.reused && may_retry) {
-                        return Err(LockError::Redis { op, source });
+                        return Err(failed(LockError::Redis { op, source }));
                     }
                     may_retry = false;
+                    sent = Reached::Maybe;
                 }
                 None => {
                     // The connection may be stuck behind a hung server: send nothing more on it.
                     self.forget(checkout.generation);
-                    return Err(LockError::RedisTimeout { op, after });
+                    return Err(failed(LockError::RedisTimeout { op, after }));
                 }
             }
         }

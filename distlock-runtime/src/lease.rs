@@ -8,7 +8,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::conn::{lock, Request};
+use crate::conn::lock;
+use crate::keys::LockKeys;
 use crate::manager::LockManager;
 use crate::renew::{self, Registration};
 use crate::{scripts, LockError};
@@ -35,7 +36,7 @@ use crate::{scripts, LockError};
 pub struct Lease {
     manager: LockManager,
     keys: Arc<[String]>,
-    redis_keys: Arc<[String]>,
+    redis_keys: Arc<[LockKeys]>,
     token: Arc<str>,
     fencing_token: u64,
     state: Arc<LeaseState>,
@@ -47,7 +48,7 @@ impl Lease {
     pub(crate) fn new(
         manager: LockManager,
         keys: Arc<[String]>,
-        redis_keys: Arc<[String]>,
+        redis_keys: Arc<[LockKeys]>,
         token: Arc<str>,
         fencing_token: u64,
         state: Arc<LeaseState>,
@@ -72,8 +73,9 @@ impl Lease {
 
     /// The fencing token drawn when this lease was acquired: one number for all its keys,
     /// strictly greater than that of every earlier lease on any of them (from any client, also
-    /// after an expiry). Storage that remembers the highest token it accepted can reject a
-    /// holder that lost its lease.
+    /// after an expiry, and after Redis lost its data: see the crate docs, "Fencing tokens").
+    /// Storage that remembers the highest token it accepted can reject a holder that lost its
+    /// lease.
     pub fn fencing_token(&self) -> u64 {
         self.fencing_token
     }
@@ -100,19 +102,15 @@ impl Lease {
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
         crate::manager::check_ttl(ttl)?;
         let mut invocation = scripts::EXTEND.prepare_invoke();
-        for key in self.redis_keys.iter() {
-            invocation.key(key.as_str());
+        for keys in self.redis_keys.iter() {
+            invocation.key(keys.lock.as_str());
         }
         invocation
             .arg(&*self.token)
             .arg(renew::millis(ttl))
             .arg(self.redis_keys.len());
         let sent = Instant::now();
-        let owned: Vec<i64> = self
-            .manager
-            .redis()
-            .invoke("extend", Request::Script(&invocation))
-            .await?;
+        let owned: Vec<i64> = self.manager.redis().invoke("extend", &invocation).await?;
         if owned.first() == Some(&1) {
             let current = self.state.renewed(sent, ttl);
             if self.state.is_lost() {
@@ -144,7 +142,7 @@ impl Lease {
         self.renewal = None;
         let deleted = self
             .manager
-            .release_keys(&self.redis_keys, &self.token)
+            .release_keys(&self.redis_keys, &self.token, false)
             .await?;
         self.released = true;
         if deleted < self.redis_keys.len() {

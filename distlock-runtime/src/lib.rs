@@ -116,6 +116,7 @@
 
 mod conn;
 mod error;
+mod keys;
 mod lease;
 mod manager;
 mod notify;

@@ -11,7 +11,8 @@ use deadpool_redis::{Pool, Runtime};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::conn::{Redis, Request, Timeouts};
+use crate::conn::{Reached, Redis, Timeouts};
+use crate::keys::LockKeys;
 use crate::lease::{Lease, LeaseState};
 use crate::notify::Notifications;
 use crate::renew::{self, Renewals};
@@ -31,8 +32,8 @@ pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 /// `Send + Sync`. Build one per process at startup and keep it, or install it with
 /// [`set_default_manager`] for the `#[distributed_lock]` attribute.
 ///
-/// Locks live under `{prefix}lock:{key}` and the fencing counter under `{prefix}fence`; the
-/// default prefix is `distlock:`.
+/// Locks live under `{prefix}lock:{key}`, each with its fencing counter under
+/// `{prefix}fence:{key}`; the default prefix is `distlock:`. Every key distlock writes expires.
 ///
 /// Its connection and its renewal task run on the Tokio runtime where it is first used, and are
 /// made again on the current runtime when that one shuts down. Use a manager from one runtime
@@ -66,7 +67,6 @@ struct Inner {
     /// with): its waiters poll.
     notifications: Option<Notifications>,
     prefix: String,
-    fence_key: String,
     default_ttl: Duration,
     default_wait: Duration,
     default_fair: bool,
@@ -152,26 +152,12 @@ impl LockManager {
 
     /// The Redis key that holds the lock on `key`.
     pub fn redis_key(&self, key: &str) -> String {
-        let prefix = &self.inner.prefix;
-        let mut redis_key = String::with_capacity(prefix.len() + 5 + key.len());
-        redis_key.push_str(prefix);
-        redis_key.push_str("lock:");
-        redis_key.push_str(key);
-        redis_key
+        self.lock_keys(key).lock
     }
 
-    /// The fair queue of the lock key `redis_key` (see `scripts::FAIR_QUEUE`): the list of
-    /// waiting tokens and the hash of their entries.
-    fn queue_keys(&self, redis_key: &str) -> [String; 2] {
-        let key = redis_key
-            .strip_prefix(self.inner.prefix.as_str())
-            .and_then(|k| k.strip_prefix("lock:"))
-            .unwrap_or(redis_key);
-        let prefix = &self.inner.prefix;
-        [
-            format!("{prefix}queue:{key}"),
-            format!("{prefix}waiters:{key}"),
-        ]
+    /// Every Redis key of the lock on `key`.
+    pub(crate) fn lock_keys(&self, key: &str) -> LockKeys {
+        LockKeys::new(&self.inner.prefix, key)
     }
 
     /// Counts of what this manager (and its clones) did so far.
@@ -204,11 +190,12 @@ impl LockManager {
         &self,
         keys: Arc<[String]>,
         ttl: Duration,
+        started: Instant,
         wait: Duration,
         renew: bool,
         fair: bool,
     ) -> Result<Lease, LockError> {
-        let redis_keys: Arc<[String]> = keys.iter().map(|k| self.redis_key(k)).collect();
+        let redis_keys: Arc<[LockKeys]> = keys.iter().map(|k| self.lock_keys(k)).collect();
         let token: Arc<str> = new_token().into();
         let state = Arc::new(LeaseState::new(ttl));
         // Registered before the request goes out: an acquired lease can never miss renewal.
@@ -220,12 +207,11 @@ impl LockManager {
             )
         });
         let request = if fair {
-            AcquireRequest::Fair(FairRequest::new(self, &redis_keys[0], ttl))
+            AcquireRequest::Fair(FairRequest::new(&redis_keys[0], ttl))
         } else {
-            AcquireRequest::new(&redis_keys, &self.inner.fence_key, &token, ttl)
+            AcquireRequest::new(&redis_keys, &token, ttl)
         };
 
-        let started = Instant::now();
         let deadline = started
             .checked_add(wait)
             .unwrap_or_else(|| started + Duration::from_secs(100 * 365 * 86_400));
@@ -251,7 +237,10 @@ impl LockManager {
         let mut attempts = 0u32;
         loop {
             attempts += 1;
-            waiter.before_attempt(&redis_keys[0]);
+            // A fair attempt stores a new secret in the queue; only a hand-off made after it
+            // (by the release script, which alone can read it) shows it.
+            let secret: Option<Arc<str>> = fair.then(|| new_token().into());
+            waiter.before_attempt(&redis_keys[0].lock, secret.clone());
             let sent = Instant::now();
             // If this call is cancelled or fails while the request is out, the lock may have
             // been taken: release it (by token) rather than leave it until its ttl.
@@ -261,24 +250,30 @@ impl LockManager {
                 .stats
                 .acquire_requests
                 .fetch_add(1, Ordering::Relaxed);
-            let answer = match request.send(self.redis(), &token, deadline, sent).await {
+            let answer = match request
+                .send(self.redis(), &token, secret.as_deref(), deadline, sent)
+                .await
+            {
                 Ok((answer, server_ms)) => {
                     if let Some(server_ms) = server_ms {
                         calibration = Some((sent, server_ms));
                     }
                     answer
                 }
-                Err(error) => {
-                    // Redis answered with an error: the request was refused, not maybe applied.
-                    // A fair script may have queued the token before failing (scripts are not
-                    // rolled back), so a fair waiter still leaves the queue.
-                    if let LockError::Redis { source, .. } = &error {
-                        if !crate::conn::is_connection_failure(source) {
+                Err(failed) => {
+                    match failed.reached {
+                        // Never sent: nothing to undo, but a queued fair waiter still leaves.
+                        Reached::No => {
                             in_doubt.in_flight = false;
-                            in_doubt.armed = fair;
+                            in_doubt.armed = queued;
                         }
+                        // Ran and failed: scripts are not rolled back, so whatever it wrote
+                        // (a lock, a queue entry) is released by token, once.
+                        Reached::Answered => in_doubt.in_flight = false,
+                        // May still arrive: released, and again in case it runs later.
+                        Reached::Maybe => {}
                     }
-                    return Err(error);
+                    return Err(failed.error);
                 }
             };
             in_doubt.in_flight = false;
@@ -301,7 +296,7 @@ impl LockManager {
                     }
                     queued = fair;
                     in_doubt.armed = queued;
-                    let held_key = redis_keys.get(first_held).map_or("", String::as_str);
+                    let held_key = redis_keys.get(first_held).map_or("", |k| k.lock.as_str());
                     let handoff = match waiter.wait(held_key, remaining, sent).await {
                         Wake::Retry => continue,
                         Wake::Deadline => {
@@ -364,22 +359,25 @@ impl LockManager {
         }
     }
 
-    /// Deletes the keys still held by `token`; returns how many were.
+    /// Deletes the keys still held by `token` (handing each to its oldest fair waiter, if it
+    /// has one); returns how many were. With `queued`, `token` also leaves the keys' fair
+    /// queues: a fair waiter that gives up, or whose attempt may have queued it.
     pub(crate) async fn release_keys(
         &self,
-        redis_keys: &[String],
+        redis_keys: &[LockKeys],
         token: &str,
+        queued: bool,
     ) -> Result<usize, LockError> {
         let mut invocation = scripts::RELEASE.prepare_invoke();
-        invocation.key(self.inner.fence_key.as_str());
-        for key in redis_keys {
-            let [queue, waiters] = self.queue_keys(key);
-            invocation.key(key.as_str()).key(queue).key(waiters);
+        for keys in redis_keys {
+            invocation
+                .key(keys.lock.as_str())
+                .key(keys.queue.as_str())
+                .key(keys.waiters.as_str())
+                .key(keys.fence.as_str());
         }
-        invocation.arg(token);
-        self.redis()
-            .invoke("release", Request::Script(&invocation))
-            .await
+        invocation.arg(token).arg(if queued { "1" } else { "0" });
+        self.redis().invoke("release", &invocation).await
     }
 
     /// Releases from a spawned task: the fallback when a lease is dropped instead of released,
@@ -388,14 +386,14 @@ impl LockManager {
     /// expired anyway.
     pub(crate) fn release_in_background(
         &self,
-        redis_keys: Arc<[String]>,
+        redis_keys: Arc<[LockKeys]>,
         token: Arc<str>,
         ttl: Duration,
         leaving: Leaving,
     ) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(
-                keys = ?redis_keys,
+                keys = ?lock_names(&redis_keys),
                 "distlock lease dropped outside a Tokio runtime; it expires after its ttl"
             );
             return;
@@ -410,7 +408,8 @@ impl LockManager {
                 Leaving::Dropped | Leaving::Queued => 0,
             };
             loop {
-                let error = match manager.release_keys(&redis_keys, &token).await {
+                let queued = matches!(leaving, Leaving::Queued | Leaving::InFlightFair);
+                let error = match manager.release_keys(&redis_keys, &token, queued).await {
                     Ok(released)
                         if repeats > 0
                             && (released == 0 || leaving == Leaving::InFlightFair)
@@ -423,11 +422,18 @@ impl LockManager {
                     Ok(_) => return,
                     Err(error) => error,
                 };
-                if Instant::now() + pause >= give_up {
-                    tracing::warn!(keys = ?redis_keys, %error, "distlock release failed; the lock expires after its ttl");
+                // Redis refusing the release (an ACL, say) refuses it again: only an outage
+                // is worth waiting out.
+                let outage = match &error {
+                    LockError::RedisTimeout { .. } => true,
+                    LockError::Redis { source, .. } => crate::conn::is_connection_failure(source),
+                    _ => false,
+                };
+                if !outage || Instant::now() + pause >= give_up {
+                    tracing::warn!(keys = ?lock_names(&redis_keys), %error, "distlock release failed; the lock expires after its ttl");
                     return;
                 }
-                tracing::debug!(keys = ?redis_keys, %error, "distlock background release failed; retrying");
+                tracing::debug!(keys = ?lock_names(&redis_keys), %error, "distlock background release failed; retrying");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(1));
             }
@@ -435,18 +441,21 @@ impl LockManager {
     }
 }
 
+/// The lock keys' Redis names, for logs.
+fn lock_names(redis_keys: &[LockKeys]) -> Vec<&str> {
+    redis_keys.iter().map(|k| k.lock.as_str()).collect()
+}
+
 /// The acquire request of one lease, built once and sent at every attempt.
 enum AcquireRequest {
-    /// One key: three plain commands in one write.
-    One(redis::Pipeline),
-    /// Several keys: the all-or-nothing script.
+    /// The all-or-nothing script, for one key or several.
     All(redis::ScriptInvocation<'static>),
     /// One key, fairly: the queueing script.
     Fair(FairRequest),
 }
 
-/// The fair acquire script's keys and fixed arguments; the token and the wait left are added
-/// per attempt.
+/// The fair acquire script's keys and fixed arguments; the token, the wait left and the
+/// attempt's secret are added per attempt.
 struct FairRequest {
     keys: [String; 4],
     ttl_ms: u64,
@@ -454,14 +463,13 @@ struct FairRequest {
 }
 
 impl FairRequest {
-    fn new(manager: &LockManager, redis_key: &str, ttl: Duration) -> Self {
-        let [queue, waiters] = manager.queue_keys(redis_key);
+    fn new(keys: &LockKeys, ttl: Duration) -> Self {
         Self {
             keys: [
-                redis_key.to_owned(),
-                queue,
-                waiters,
-                manager.inner.fence_key.clone(),
+                keys.lock.clone(),
+                keys.queue.clone(),
+                keys.waiters.clone(),
+                keys.fence.clone(),
             ],
             ttl_ms: renew::millis(ttl),
             claim_ms: renew::millis(ttl.min(HANDOFF_CLAIM)),
@@ -476,20 +484,15 @@ impl FairRequest {
 pub const HANDOFF_CLAIM: Duration = Duration::from_secs(2);
 
 impl AcquireRequest {
-    fn new(redis_keys: &[String], fence_key: &str, token: &str, ttl: Duration) -> Self {
-        if let [key] = redis_keys {
-            return Self::One(scripts::acquire_one(
-                key,
-                fence_key,
-                token,
-                renew::millis(ttl),
-            ));
-        }
+    fn new(redis_keys: &[LockKeys], token: &str, ttl: Duration) -> Self {
         let mut invocation = scripts::ACQUIRE.prepare_invoke();
-        for key in redis_keys {
-            invocation.key(key.as_str());
+        for keys in redis_keys {
+            invocation.key(keys.lock.as_str());
         }
-        invocation.key(fence_key).arg(token).arg(renew::millis(ttl));
+        for keys in redis_keys {
+            invocation.key(keys.fence.as_str());
+        }
+        invocation.arg(token).arg(renew::millis(ttl));
         Self::All(invocation)
     }
 
@@ -498,14 +501,15 @@ impl AcquireRequest {
         &self,
         redis: &Redis,
         token: &str,
+        secret: Option<&str>,
         deadline: Instant,
         now: Instant,
-    ) -> Result<(Acquire, Option<u64>), LockError> {
-        match self {
-            Self::All(invocation) => Ok((
-                redis.invoke("acquire", Request::Script(invocation)).await?,
-                None,
-            )),
+    ) -> Result<(Acquire, Option<u64>), crate::conn::Failed> {
+        let answer = match self {
+            Self::All(invocation) => redis
+                .call("acquire", invocation)
+                .await
+                .map(|answer| (answer, None)),
             Self::Fair(fair) => {
                 let mut invocation = scripts::ACQUIRE_FAIR.prepare_invoke();
                 for key in &fair.keys {
@@ -519,38 +523,28 @@ impl AcquireRequest {
                     .arg(token)
                     .arg(fair.ttl_ms)
                     .arg(fair.claim_ms)
-                    .arg(wait_ms);
-                let answer: scripts::FairAnswer = redis
-                    .invoke("acquire", Request::Script(&invocation))
-                    .await?;
-                // 0: acquired on the uncontended path, undated.
-                Ok((answer.acquire, Some(answer.server_ms).filter(|&ms| ms > 0)))
-            }
-            Self::One(pipeline) => {
-                let answer = redis
-                    .invoke("acquire", Request::Pipeline(pipeline))
+                    .arg(wait_ms)
+                    .arg(secret.unwrap_or_default());
+                redis
+                    .call::<scripts::FairAnswer>("acquire", &invocation)
                     .await
-                    .map_err(|error| match error {
-                        // Redis before 7.0 refuses `SET ... NX GET` as a syntax error.
-                        LockError::Redis { source, .. }
-                            if !crate::conn::is_connection_failure(&source)
-                                && source.to_string().contains("syntax error") =>
-                        {
-                            LockError::Redis {
-                                op: "acquire (SET NX GET was refused: distlock needs Redis 7.0 or newer)",
-                                source,
-                            }
-                        }
-                        other => other,
-                    })?;
-                let answer =
-                    scripts::acquire_one_answer(answer, token).map_err(|e| LockError::Redis {
-                        op: "acquire",
-                        source: redis::RedisError::from(e),
-                    })?;
-                Ok((answer, None))
+                    .map(|answer| (answer.acquire, Some(answer.server_ms)))
             }
-        }
+        };
+        answer.map_err(|mut failed| {
+            // Redis before 7.0 cannot compile a script that declares itself with `#!lua`.
+            if let LockError::Redis { source, .. } = &failed.error {
+                let text = source.to_string();
+                if text.contains("Error compiling script") && text.contains("'#'") {
+                    let source = source.clone();
+                    failed.error = LockError::Redis {
+                        op: "acquire (the script was refused: distlock needs Redis 7.0 or newer)",
+                        source,
+                    };
+                }
+            }
+            failed
+        })
     }
 }
 
@@ -592,7 +586,7 @@ pub(crate) enum Leaving {
 /// finish, and takes a fair waiter that leaves out of its queue.
 struct InDoubt<'a> {
     manager: &'a LockManager,
-    redis_keys: &'a Arc<[String]>,
+    redis_keys: &'a Arc<[LockKeys]>,
     token: &'a Arc<str>,
     ttl: Duration,
     fair: bool,
@@ -700,7 +694,7 @@ impl LockRequest {
         check_ttl(self.ttl)?;
         let fair = fair_for(&self.manager, self.fair, &keys)?;
         self.manager
-            .acquire(keys, self.ttl, self.wait, self.renew, fair)
+            .acquire(keys, self.ttl, Instant::now(), self.wait, self.renew, fair)
             .await
     }
 
@@ -719,6 +713,13 @@ impl LockRequest {
     /// that can wait on a task that waits on this one; the wait then ends in
     /// [`LockError::Timeout`]: take all keys in the outer call to avoid it.
     ///
+    /// Re-entry is for strict nesting only: calls for a held key that run side by side on one
+    /// task (`join!`, `select!`, `FuturesUnordered` inside the body) are separate critical
+    /// sections and never overlap. The first one borrows the key from the enclosing body until
+    /// it ends; the others wait for it (within their `wait`, failing with
+    /// [`LockError::Timeout`], or [`LockError::NotAcquired`] with a zero wait), while calls
+    /// nested inside the first re-enter at once.
+    ///
     /// # Errors
     /// Those of [`acquire`](Self::acquire), and [`LockError::LeaseLost`].
     pub async fn run<F: Future>(self, body: F) -> Result<F::Output, LockError> {
@@ -726,22 +727,22 @@ impl LockRequest {
         check_ttl(self.ttl)?;
         let fair = fair_for(&self.manager, self.fair, &keys)?;
         let manager = self.manager;
-        let missing = reentrancy::not_held(manager.id(), &keys);
-        if missing.is_empty() {
-            return Ok(body.await);
+        let started = Instant::now();
+        let entry = reentrancy::enter(manager.id(), &keys, started, self.wait).await?;
+        if entry.missing().is_empty() {
+            return Ok(entry.scope(None, body).await);
         }
         let span =
             tracing::debug_span!("distlock", keys = ?keys, fencing_token = tracing::field::Empty);
         async move {
+            let missing: Arc<[String]> = entry.missing().into();
             let lease = manager
-                .acquire(missing.into(), self.ttl, self.wait, self.renew, fair)
+                .acquire(missing, self.ttl, started, self.wait, self.renew, fair)
                 .await?;
             let fencing_token = lease.fencing_token();
             tracing::Span::current().record("fencing_token", fencing_token);
-            let scoped = reentrancy::scope(
-                manager.id(),
-                Arc::clone(lease.shared_keys()),
-                fencing_token,
+            let scoped = entry.scope(
+                Some((Arc::clone(lease.shared_keys()), fencing_token)),
                 body,
             );
             let outcome = tokio::select! {
@@ -824,14 +825,11 @@ pub(crate) fn check_ttl(ttl: Duration) -> Result<(), LockError> {
     Ok(())
 }
 
-/// A random 128-bit owner token, as 32 hex digits. Drawn from a per-thread generator seeded
-/// from the OS (fastrand), so taking a lock costs no system call.
+/// A random 128-bit owner token (a uuid v4 from the OS random source, as 32 hex digits). Not from
+/// a seeded per-thread generator: a fork, a restored VM snapshot or a call that reseeds such a
+/// generator would repeat its tokens, and an acquire that finds its own token counts as success.
 fn new_token() -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let bits = fastrand::u128(..);
-    (0..32)
-        .map(|i| char::from(HEX[((bits >> (124 - 4 * i)) & 0xf) as usize]))
-        .collect()
+    uuid::Uuid::new_v4().simple().to_string()
 }
 
 /// Builds a [`LockManager`]. Every timeout is finite by default.
@@ -1029,7 +1027,6 @@ impl LockManagerBuilder {
                 renewals: Renewals::new(Arc::clone(&redis)),
                 notifications,
                 redis,
-                fence_key: format!("{}fence", self.prefix),
                 prefix: self.prefix,
                 default_ttl: self.default_ttl,
                 default_wait: self.default_wait,
@@ -1191,11 +1188,12 @@ mod tests {
     }
 
     #[test]
-    fn tokens_are_128_bit_hex_and_distinct() {
+    fn tokens_are_uuid_v4_hex_and_distinct() {
         let a = new_token();
         let b = new_token();
         assert_eq!(a.len(), 32);
         assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(a.as_bytes()[12], b'4', "version 4: {a}");
         assert_ne!(a, b);
     }
 
@@ -1212,13 +1210,13 @@ mod tests {
     }
 
     #[test]
-    fn locks_live_under_the_prefix_and_the_counter_apart_from_them() {
+    fn locks_live_under_the_prefix_each_with_its_own_counter() {
         let locks = LockManager::builder()
             .url("redis://127.0.0.1:1")
             .prefix("app:")
             .build()
             .unwrap();
         assert_eq!(locks.redis_key("fence"), "app:lock:fence");
-        assert_eq!(locks.inner.fence_key, "app:fence");
+        assert_eq!(locks.lock_keys("fence").fence, "app:fence:fence");
     }
 }

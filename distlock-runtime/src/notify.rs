@@ -69,6 +69,8 @@ struct Slot {
     wake: Notify,
     /// The owner token of a fair waiter, which hand-off messages name.
     token: Option<Arc<str>>,
+    /// The secret of the fair waiter's latest attempt, which a real hand-off to it shows.
+    secret: Mutex<Secrets>,
     /// A plain notification was handed to this waiter and not yet taken.
     woken: AtomicBool,
     /// Hand-off news for a fair waiter, not yet taken.
@@ -107,10 +109,20 @@ impl Notifications {
     }
 
     /// Joins the queue of waiters for the lock key `channel`; a fair waiter gives its owner
-    /// `token`, so hand-off messages naming it reach it.
-    pub(crate) fn enqueue(&self, channel: &str, token: Option<Arc<str>>) -> Ticket {
+    /// `token` and its latest attempt's `secret`, so hand-off messages naming it (and showing
+    /// the secret) reach it.
+    pub(crate) fn enqueue(
+        &self,
+        channel: &str,
+        token: Option<Arc<str>>,
+        secret: Option<Arc<str>>,
+    ) -> Ticket {
         let slot = Arc::new(Slot {
             token,
+            secret: Mutex::new(Secrets {
+                latest: secret,
+                earlier: None,
+            }),
             ..Slot::default()
         });
         lock(&self.hub.state)
@@ -182,6 +194,12 @@ impl Ticket {
     pub(crate) async fn woken(&self) -> bool {
         self.slot.wake.notified().await;
         self.slot.woken.swap(false, Ordering::SeqCst)
+    }
+
+    /// From now on, accepts only hand-offs that show `secret` (a new attempt stored it).
+    pub(crate) fn expect_secret(&self, secret: Option<Arc<str>>) {
+        let mut secrets = lock(&self.slot.secret);
+        secrets.earlier = std::mem::replace(&mut secrets.latest, secret);
     }
 
     /// Takes a hand-off to this waiter, if one came.
@@ -309,7 +327,7 @@ async fn deliver(
         };
         match handoff {
             None => wake_one(channel),
-            Some(handoff) => deliver_handoff(channel, handoff),
+            Some(handoff) => deliver_handoff(channel, message.get_channel_name(), handoff),
         }
     }
     let Some(hub) = hub.upgrade() else { return };
@@ -333,13 +351,34 @@ async fn deliver(
 /// claim stays watched when the next waiter's process is gone too). A watcher tries again once
 /// the claim would have lapsed; a newer hand-off replaces the one it watched. Other waiters are
 /// not woken: the lock is not free.
-fn deliver_handoff(channel: &Channel, handoff: Handoff) {
+///
+/// Anyone allowed to publish on the channel can name a waiter, so a hand-off reaches its
+/// recipient only if it shows the secret of the recipient's latest attempt, which only the
+/// release script can read (in the queue). One showing the attempt before (made before the
+/// latest attempt ran, which then finds the lock handed over) is dropped quietly; any other is
+/// forged, and dropped with a warning.
+fn deliver_handoff(channel: &Channel, handoff_channel: &str, handoff: Handoff) {
     let named = |name: &str| {
         channel
             .waiters
             .iter()
             .find(|s| s.token.as_deref() == Some(name))
     };
+    let recipient = named(&handoff.token);
+    if let Some(recipient) = recipient {
+        match lock(&recipient.secret).check(&handoff.secret) {
+            Secret::Latest => {}
+            Secret::Earlier => return,
+            Secret::Unknown => {
+                tracing::warn!(
+                    channel = %handoff_channel,
+                    "distlock ignored a hand-off message without its waiter's secret: it was not \
+                     published by distlock's release script"
+                );
+                return;
+            }
+        }
+    }
     // Some slack past the claim: the recipient's extension may be on its way.
     let until = tokio::time::Instant::now() + handoff.claim + handoff.claim / 4;
     let next = Some(handoff.next.as_str())
@@ -357,9 +396,40 @@ fn deliver_handoff(channel: &Channel, handoff: Handoff) {
             watcher.wake.notify_one();
         }
     }
-    if let Some(recipient) = named(&handoff.token) {
+    if let Some(recipient) = recipient {
         lock(&recipient.news).handed = Some(handoff);
         recipient.wake.notify_one();
+    }
+}
+
+/// The secrets of a fair waiter's latest two attempts.
+#[derive(Default)]
+struct Secrets {
+    latest: Option<Arc<str>>,
+    earlier: Option<Arc<str>>,
+}
+
+/// Which attempt's secret a hand-off showed.
+enum Secret {
+    Latest,
+    Earlier,
+    Unknown,
+}
+
+impl Secrets {
+    fn check(&self, shown: &str) -> Secret {
+        let is = |secret: &Option<Arc<str>>| {
+            secret
+                .as_deref()
+                .is_some_and(|secret| !secret.is_empty() && secret == shown)
+        };
+        if is(&self.latest) {
+            Secret::Latest
+        } else if is(&self.earlier) {
+            Secret::Earlier
+        } else {
+            Secret::Unknown
+        }
     }
 }
 

@@ -1,30 +1,67 @@
 //! The task-local record of the leases a task holds through `run`, for re-entrancy and
 //! [`current_lease`].
 //!
-//! Every `run` body is polled inside a frame naming the lease it runs under; frames link to the
-//! frame of the enclosing `run`. A nested `run` on the same task and the same manager (or a clone
-//! of it) consults the chain: keys already held are not requested again. The record follows the
+//! Every `run` body is polled inside a frame naming the keys it holds; frames link to the frame
+//! of the enclosing `run`. A nested `run` on the same task and the same manager (or a clone of
+//! it) consults the chain: keys already held are not requested again. The record follows the
 //! task, not the thread: a future moved to `tokio::spawn` starts with an empty record.
+//!
+//! Re-entry is for strict nesting only. Futures polled side by side on one task (`join!`,
+//! `select!`, `FuturesUnordered`) all see the same enclosing frame, and each would otherwise
+//! re-enter it at once: two critical sections on one key at the same time. So a re-entering
+//! call *borrows* each held key from the nearest frame that holds it, for as long as its body
+//! runs, and runs that body in a frame of its own that now holds the key. A sibling asking for
+//! a key that is lent out waits until it comes back (up to its `wait`, like any waiter), while a
+//! call nested inside the borrower finds the borrower's frame first and re-enters at once.
+//! Borrowing every held key of a request happens in one step, so siblings asking for the same
+//! keys in different orders cannot deadlock each other.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::conn::lock;
+use crate::LockError;
 
 tokio::task_local! {
     static HELD: Arc<Frame>;
 }
 
-/// One `run` on the current task.
-pub(crate) struct Frame {
-    pub(crate) manager_id: u64,
-    pub(crate) keys: Arc<[String]>,
-    pub(crate) fencing_token: u64,
+/// One `run` body on the current task: the keys it holds, and the frame it runs inside.
+struct Frame {
+    /// Unique per frame, to name it in the record of loans.
+    id: u64,
+    manager_id: u64,
+    keys: Arc<[String]>,
+    /// The fencing token of the lease this frame took; `None` for a re-entry, whose keys are
+    /// held by frames above it.
+    fencing_token: Option<u64>,
     parent: Option<Arc<Frame>>,
+    /// Shared by every frame of the task's chain.
+    loans: Arc<Loans>,
 }
 
 impl Frame {
     fn chain(self: &Arc<Self>) -> impl Iterator<Item = &Frame> {
         std::iter::successors(Some(&**self), |frame| frame.parent.as_deref())
     }
+
+    /// The nearest frame of the chain that holds `key` through `manager_id`.
+    fn holder(self: &Arc<Self>, manager_id: u64, key: &str) -> Option<&Frame> {
+        self.chain()
+            .find(|f| f.manager_id == manager_id && f.keys.iter().any(|k| k == key))
+    }
+}
+
+/// Which keys of which frames are lent to a re-entering call whose body is running.
+#[derive(Default)]
+struct Loans {
+    /// (frame id, key) pairs.
+    lent: Mutex<Vec<(u64, String)>>,
+    returned: Notify,
 }
 
 /// The innermost frame of the current task, if it is inside a `run`.
@@ -32,35 +69,173 @@ fn innermost() -> Option<Arc<Frame>> {
     HELD.try_with(Arc::clone).ok()
 }
 
-/// Of `keys` (sorted), those this task does not already hold through `manager_id`.
-pub(crate) fn not_held(manager_id: u64, keys: &[String]) -> Vec<String> {
-    let Some(frame) = innermost() else {
-        return keys.to_vec();
-    };
-    keys.iter()
-        .filter(|key| {
-            !frame
-                .chain()
-                .any(|f| f.manager_id == manager_id && f.keys.contains(key))
-        })
-        .cloned()
-        .collect()
+/// What a `run` found when it looked for its keys on the current task: the keys it borrowed
+/// from enclosing bodies (held until this is dropped) and the keys it must still acquire.
+pub(crate) struct Entry {
+    manager_id: u64,
+    parent: Option<Arc<Frame>>,
+    borrowed: Vec<String>,
+    missing: Vec<String>,
+    loan: Option<Loan>,
 }
 
-/// Runs `body` with a new innermost frame for a lease on `keys`.
-pub(crate) async fn scope<F: Future>(
+/// Keys lent out of their frames; dropping it gives them back and wakes waiting siblings.
+struct Loan {
+    loans: Arc<Loans>,
+    taken: Vec<(u64, String)>,
+}
+
+impl Drop for Loan {
+    fn drop(&mut self) {
+        lock(&self.loans.lent).retain(|pair| !self.taken.contains(pair));
+        self.loans.returned.notify_waiters();
+    }
+}
+
+/// Looks up `keys` (sorted) for a `run` through `manager_id` on the current task, borrowing
+/// the held ones. A key lent to a sibling is waited for until `started + wait`; with a zero
+/// `wait`, not at all.
+///
+/// # Errors
+/// [`LockError::NotAcquired`] (zero wait) or [`LockError::Timeout`] when a sibling still uses
+/// a held key.
+pub(crate) async fn enter(
     manager_id: u64,
-    keys: Arc<[String]>,
-    fencing_token: u64,
-    body: F,
-) -> F::Output {
-    let frame = Arc::new(Frame {
+    keys: &[String],
+    started: Instant,
+    wait: Duration,
+) -> Result<Entry, LockError> {
+    let Some(innermost) = innermost() else {
+        return Ok(Entry {
+            manager_id,
+            parent: None,
+            borrowed: Vec::new(),
+            missing: keys.to_vec(),
+            loan: None,
+        });
+    };
+    let mut wanted = Vec::new();
+    let mut borrowed = Vec::new();
+    let mut missing = Vec::new();
+    for key in keys {
+        match innermost.holder(manager_id, key) {
+            Some(frame) => {
+                wanted.push((frame.id, key.clone()));
+                borrowed.push(key.clone());
+            }
+            None => missing.push(key.clone()),
+        }
+    }
+    let loan = if wanted.is_empty() {
+        None
+    } else {
+        Some(borrow(&innermost.loans, wanted, started, wait).await?)
+    };
+    Ok(Entry {
         manager_id,
-        keys,
-        fencing_token,
-        parent: innermost(),
-    });
-    HELD.scope(frame, body).await
+        parent: Some(innermost),
+        borrowed,
+        missing,
+        loan,
+    })
+}
+
+/// Takes every pair in `wanted` out of `loans` at once, waiting while any is lent out.
+async fn borrow(
+    loans: &Arc<Loans>,
+    wanted: Vec<(u64, String)>,
+    started: Instant,
+    wait: Duration,
+) -> Result<Loan, LockError> {
+    let deadline = started.checked_add(wait);
+    loop {
+        let returned = loans.returned.notified();
+        tokio::pin!(returned);
+        // Registered before looking, so a return right after the look is not missed.
+        returned.as_mut().enable();
+        let busy = {
+            let mut lent = lock(&loans.lent);
+            match wanted.iter().find(|pair| lent.contains(pair)) {
+                Some((_, key)) => key.clone(),
+                None => {
+                    lent.extend(wanted.iter().cloned());
+                    return Ok(Loan {
+                        loans: Arc::clone(loans),
+                        taken: wanted,
+                    });
+                }
+            }
+        };
+        if wait.is_zero() {
+            return Err(LockError::NotAcquired { key: busy });
+        }
+        let timed_out = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, returned).await.is_err(),
+            None => {
+                returned.await;
+                false
+            }
+        };
+        if timed_out {
+            return Err(LockError::Timeout {
+                key: busy,
+                waited: started.elapsed(),
+            });
+        }
+    }
+}
+
+impl Entry {
+    /// The keys no enclosing body holds: they need a lease of their own.
+    pub(crate) fn missing(&self) -> &[String] {
+        &self.missing
+    }
+
+    /// Runs `body` holding the borrowed keys and, if given, a new lease on the missing ones
+    /// (its keys and fencing token); the borrowed keys go back when the body ends or is dropped.
+    pub(crate) async fn scope<F: Future>(
+        self,
+        lease: Option<(Arc<[String]>, u64)>,
+        body: F,
+    ) -> F::Output {
+        let Self {
+            manager_id,
+            parent,
+            borrowed,
+            missing: _,
+            loan,
+        } = self;
+        let loans = parent
+            .as_ref()
+            .map_or_else(Arc::default, |p| Arc::clone(&p.loans));
+        let mut frame = parent;
+        if !borrowed.is_empty() {
+            frame = Some(Arc::new(Frame {
+                id: crate::conn::next_id(),
+                manager_id,
+                keys: borrowed.into(),
+                fencing_token: None,
+                parent: frame,
+                loans: Arc::clone(&loans),
+            }));
+        }
+        if let Some((keys, fencing_token)) = lease {
+            frame = Some(Arc::new(Frame {
+                id: crate::conn::next_id(),
+                manager_id,
+                keys,
+                fencing_token: Some(fencing_token),
+                parent: frame,
+                loans,
+            }));
+        }
+        let output = match frame {
+            Some(frame) => HELD.scope(frame, body).await,
+            None => body.await,
+        };
+        drop(loan);
+        output
+    }
 }
 
 /// The lease the current task's innermost [`run`](crate::LockRequest::run) body holds.
@@ -100,20 +275,24 @@ impl CurrentLease {
 /// # Ok(()) }
 /// ```
 pub fn current_lease() -> Option<CurrentLease> {
-    innermost().map(|frame| CurrentLease {
-        keys: Arc::clone(&frame.keys),
-        fencing_token: frame.fencing_token,
-    })
+    let innermost = innermost()?;
+    let lease = innermost.chain().find_map(|frame| {
+        frame.fencing_token.map(|fencing_token| CurrentLease {
+            keys: Arc::clone(&frame.keys),
+            fencing_token,
+        })
+    });
+    lease
 }
 
 /// Inside a locked body: the fencing token of the innermost lease of this task that holds `key`
 /// (the key as given to the lock, without the manager's prefix), or `None` if no lease of this
 /// task holds it.
 pub fn current_fencing_token(key: &str) -> Option<u64> {
-    let frame = innermost()?;
-    let token = frame
+    let innermost = innermost()?;
+    let token = innermost
         .chain()
-        .find(|f| f.keys.iter().any(|k| k == key))
-        .map(|f| f.fencing_token);
+        .filter(|frame| frame.keys.iter().any(|k| k == key))
+        .find_map(|frame| frame.fencing_token);
     token
 }

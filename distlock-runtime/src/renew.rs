@@ -18,7 +18,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::conn::{lock, Redis, Request};
+use crate::conn::{lock, Redis};
+use crate::keys::LockKeys;
 use crate::lease::LeaseState;
 use crate::scripts;
 
@@ -53,7 +54,7 @@ struct Registry {
 }
 
 struct Entry {
-    keys: Arc<[String]>,
+    keys: Arc<[LockKeys]>,
     token: Arc<str>,
     state: Arc<LeaseState>,
     /// When to renew next; `None` while the acquire request is still out.
@@ -85,7 +86,7 @@ impl Renewals {
     /// Must be called inside a Tokio runtime (it may start the driver task).
     pub(crate) fn register(
         &self,
-        keys: Arc<[String]>,
+        keys: Arc<[LockKeys]>,
         token: Arc<str>,
         state: Arc<LeaseState>,
     ) -> Registration {
@@ -96,7 +97,7 @@ impl Renewals {
     /// over for a shorter claim time.
     pub(crate) fn register_once(
         &self,
-        keys: Arc<[String]>,
+        keys: Arc<[LockKeys]>,
         token: Arc<str>,
         state: Arc<LeaseState>,
     ) -> Registration {
@@ -107,7 +108,7 @@ impl Renewals {
 
     fn insert(
         &self,
-        keys: Arc<[String]>,
+        keys: Arc<[LockKeys]>,
         token: Arc<str>,
         state: Arc<LeaseState>,
         once: bool,
@@ -180,7 +181,7 @@ fn retry_delay(ttl: Duration) -> Duration {
 /// One lease of a batch, copied out of the registry so no lock is held across the round trip.
 struct Due {
     id: u64,
-    keys: Arc<[String]>,
+    keys: Arc<[LockKeys]>,
     token: Arc<str>,
     ttl: Duration,
     due: Instant,
@@ -300,8 +301,8 @@ fn collect_due(shared: &Shared) -> Collected {
 async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
     let mut invocation = scripts::EXTEND.prepare_invoke();
     for lease in &batch {
-        for key in lease.keys.iter() {
-            invocation.key(key.as_str());
+        for keys in lease.keys.iter() {
+            invocation.key(keys.lock.as_str());
         }
         invocation
             .arg(&*lease.token)
@@ -309,10 +310,7 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
             .arg(lease.keys.len());
     }
     let sent = Instant::now();
-    let answer: Result<Vec<i64>, _> = shared
-        .redis
-        .invoke("renew", Request::Script(&invocation))
-        .await;
+    let answer: Result<Vec<i64>, _> = shared.redis.invoke("renew", &invocation).await;
     let now = Instant::now();
     let failure = match &answer {
         Ok(owned) if owned.len() == batch.len() => None,
@@ -375,7 +373,8 @@ enum Event {
 }
 
 impl Event {
-    fn log(&self, keys: &[String]) {
+    fn log(&self, keys: &[LockKeys]) {
+        let keys: Vec<&str> = keys.iter().map(|k| k.lock.as_str()).collect();
         match self {
             Self::Late(late_by) => tracing::warn!(
                 ?keys,

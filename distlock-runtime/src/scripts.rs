@@ -7,100 +7,91 @@
 
 use std::sync::LazyLock;
 
-/// Takes every lock key at once, or none.
+/// Lua shared by every script that draws a fencing token.
 ///
-/// KEYS[1..n]: the lock keys, sorted and de-duplicated; KEYS[n+1]: the fencing counter.
+/// Each lock key `L` has a counter `F` beside it holding the last token drawn for it. A token
+/// is one more than the greatest counter of the lease's keys, and at least Redis's clock in
+/// microseconds (`TIME`): after Redis lost a counter (a restart without persistence, a failover
+/// to a replica that missed the write, an eviction), tokens go on from the clock instead of
+/// starting again from 1, so they keep rising as long as Redis's clock does. A counter lives
+/// `keep_ms` (the lease's ttl) after its last draw, and longer when the token is ahead of the
+/// clock (more than one draw per microsecond), so an expired counter never held a value the
+/// clock has not passed: no key lives forever per lock name.
+///
+/// Tokens stay below 2^53, so Lua numbers hold them exactly; Redis writes a number argument of
+/// `redis.call` with all its digits (Lua's own `tostring` would not).
+const FENCE: &str = r"
+-- Redis's clock, in microseconds.
+local function clock_us()
+  local t = redis.call('TIME')
+  return t[1] * 1000000 + t[2]
+end
+-- Draws one token for the counters KEYS[from..to] at Redis time now_us; each is set to it.
+local function draw(from, to, keep_ms, now_us)
+  local token = now_us
+  for i = from, to do
+    local last = tonumber(redis.call('GET', KEYS[i]))
+    if last and last >= token then token = last + 1 end
+  end
+  local keep = keep_ms
+  if token > now_us then keep = keep + math.ceil((token - now_us) / 1000) end
+  for i = from, to do redis.call('SET', KEYS[i], token, 'PX', keep) end
+  return token
+end
+";
+
+/// Takes every lock key at once, or none: the acquire of every request that is not fair, for
+/// one key or several.
+///
+/// KEYS: the lock keys `L1..Ln` (sorted, de-duplicated), then their fencing counters `F1..Fn`
+/// in the same order (see [`FENCE`]).
 /// ARGV[1]: the owner token; ARGV[2]: the ttl in milliseconds.
-/// Returns `{1, fencing_token}` when every key was free (or already held by this token, so a
-/// retried request after a lost answer is harmless) and is now set with `PX ttl`;
+/// Returns the fencing token (an integer) when every key was free (or already held by this
+/// token, so a retried request after a lost answer is harmless) and is now set with `PX ttl`;
 /// `{0, i, pttl}` when some key is held by another owner, where `i` is the 1-based index of the
 /// first held key and `pttl` the longest remaining PTTL among the held keys in ms (-1 when a held
-/// key has no expiry).
+/// key has no expiry). Nothing is written then.
+///
+/// Declared with `#!lua` (Redis 7.0): Redis checks memory and key permissions before the script
+/// runs, so an acquire it refuses has written nothing; an acquire that fails after it wrote is
+/// released by token (see `manager::InDoubt`).
 pub(crate) static ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
+    redis::Script::new(&format!(
+        "#!lua\n{FENCE}{}",
         r"
-local n = #KEYS - 1
-local first, longest = 0, 0
+local n = #KEYS / 2
+local first = 0
 for i = 1, n do
   local owner = redis.call('GET', KEYS[i])
-  if owner and owner ~= ARGV[1] then
-    if first == 0 then first = i end
-    local pttl = redis.call('PTTL', KEYS[i])
-    if pttl < 0 then longest = -1 elseif longest >= 0 and pttl > longest then longest = pttl end
+  if owner and owner ~= ARGV[1] then first = i break end
+end
+if first > 0 then
+  local longest = 0
+  for i = first, n do
+    local owner = redis.call('GET', KEYS[i])
+    if owner and owner ~= ARGV[1] then
+      local pttl = redis.call('PTTL', KEYS[i])
+      if pttl < 0 then longest = -1 elseif longest >= 0 and pttl > longest then longest = pttl end
+    end
   end
+  return {0, first, longest}
 end
-if first > 0 then return {0, first, longest} end
-local fence = redis.call('INCR', KEYS[n + 1])
-for i = 1, n do
-  redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
-end
-return {1, fence}
-",
-    )
+local token = draw(n + 1, 2 * n, ARGV[2], clock_us())
+for i = 1, n do redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
+return token
+"
+    ))
 });
-
-/// Takes one lock key without Lua: the common single-key acquire. Lua has a fixed cost per
-/// call, and so does `MULTI`/`EXEC`; three plain commands in one write cost the least.
-///
-/// `SET key token NX PX ttl GET; INCR fence; PTTL key` (`NX` with `GET` needs Redis 7.0).
-/// `SET` answers the key's previous value: none, so the key is now ours; our own token, so a
-/// retried request already took it; anything else, so it is held and `PTTL` says for how long.
-///
-/// Why the fencing number needs no transaction: this connection's `INCR` runs after its `SET`
-/// and before its reply. The lease is only used if that reply arrives within the lease's
-/// validity (counted from before the send, see `LeaseState`), so the `INCR` ran before the key
-/// could expire; the next owner's `SET`, and so its `INCR`, comes after this key is released or
-/// expired, and draws a greater number. Failed attempts draw numbers too, leaving gaps only.
-pub(crate) fn acquire_one(key: &str, fence_key: &str, token: &str, ttl_ms: u64) -> redis::Pipeline {
-    // Sized up front: growing the argument buffers one push at a time costs more than the
-    // rest of building the request.
-    let mut set = redis::Cmd::with_capacity(7, 32 + key.len() + token.len());
-    set.arg("SET")
-        .arg(key)
-        .arg(token)
-        .arg("NX")
-        .arg("PX")
-        .arg(ttl_ms)
-        .arg("GET");
-    let mut incr = redis::Cmd::with_capacity(2, 4 + fence_key.len());
-    incr.arg("INCR").arg(fence_key);
-    let mut pttl = redis::Cmd::with_capacity(2, 4 + key.len());
-    pttl.arg("PTTL").arg(key);
-    let mut pipe = redis::Pipeline::with_capacity(3);
-    pipe.add_command(set).add_command(incr).add_command(pttl);
-    pipe
-}
-
-/// What [`acquire_one`] answered, for the owner of `token`.
-pub(crate) fn acquire_one_answer(
-    (previous, fence, pttl): (Option<String>, i64, i64),
-    token: &str,
-) -> Result<Acquire, redis::ParsingError> {
-    match previous {
-        Some(owner) if owner != token => Ok(Acquire::Held {
-            first_held: 0,
-            remaining: u64::try_from(pttl)
-                .ok()
-                .map(std::time::Duration::from_millis),
-        }),
-        _ => Ok(Acquire::Acquired {
-            fencing_token: u64::try_from(fence)
-                .map_err(|_| redis::ParsingError::from("negative fencing token".to_owned()))?,
-        }),
-    }
-}
 
 /// Lua shared by the scripts that can hand a lock over to a fair waiter.
 ///
 /// A fair queue is two keys beside the lock key `L`: `Q`, a list of waiting owner tokens in
-/// arrival order, and `W`, a hash from each waiting token to its entry `"deadline_ms claim_ms"`
-/// (Redis server time after which the waiter has given up; how long a hand-off to it holds
-/// before it must confirm). `F` is the fencing counter.
+/// arrival order, and `W`, a hash from each waiting token to its entry
+/// `"deadline_ms claim_ms secret"` (Redis server time after which the waiter has given up; how
+/// long a hand-off to it holds before it must confirm; a random value from the waiter's latest
+/// attempt that only a hand-off made by this script can show it). The lock's fencing counter
+/// (see [`FENCE`]) is named by its index in `KEYS`.
 const FAIR_QUEUE: &str = r"
-local function server_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 -- The token of the oldest waiter whose deadline is after now; stale entries in front are
 -- dropped. nil when none is left.
 local function first_live(Q, W, now)
@@ -115,53 +106,55 @@ local function first_live(Q, W, now)
   end
 end
 -- Gives the lock L (free, or held by the caller) to the oldest live waiter: L is set to its
--- token for its claim time, and a message on L's channel tells it (and the waiter after it,
--- which watches the claim) so. Returns false when no live waiter is left.
-local function serve(L, Q, W, F, now)
+-- token for its claim time (drawing a fencing token from the counter KEYS[f]), and a message
+-- on L's channel tells it (and the waiter after it, which watches the claim) so, with the
+-- waiter's secret as proof that the message comes from here. Returns false when no live
+-- waiter is left.
+local function serve(L, Q, W, f, now_us)
+  local now = math.floor(now_us / 1000)
   local head = first_live(Q, W, now)
   if not head then
     redis.call('DEL', Q, W)
     return false
   end
-  local claim = string.match(redis.call('HGET', W, head), ' (%d+)$')
+  local claim, secret = string.match(redis.call('HGET', W, head), '^%d+ (%d+) ?(%x*)$')
   redis.call('LPOP', Q)
   redis.call('HDEL', W, head)
-  local fence = redis.call('INCR', F)
+  local fence = draw(f, f, claim, now_us)
   redis.call('SET', L, head, 'PX', claim)
   local next = first_live(Q, W, now) or ''
-  redis.call('PUBLISH', L, string.format('h %s %d %.0f %s %s', head, fence, now, claim, next))
+  redis.call('PUBLISH', L,
+    string.format('h %s %.0f %.0f %s %s %s', head, fence, now, claim, next, secret))
   return true
 end
 ";
 
 /// Releases the lock keys this owner still holds; never touches a key owned by someone else.
 ///
-/// KEYS[1]: the fencing counter; then for each lock key three keys: the lock key, its fair
-/// queue and its queue's entries (see [`FAIR_QUEUE`]).
-/// ARGV[1]: the owner token.
+/// KEYS: for each lock key four keys: the lock key, its fair queue, its queue's entries (see
+/// [`FAIR_QUEUE`]) and its fencing counter.
+/// ARGV[1]: the owner token; ARGV[2]: `1` when the owner may be queued as a fair waiter (one
+/// that gives up, or whose attempt's outcome is unknown), which then leaves the queue too.
 /// Returns the number of lock keys this owner held. Each one is handed to the oldest live fair
 /// waiter if its queue has one (a `h ...` message on the key's channel), else deleted and
-/// announced with an empty message on the key's channel, for waiters. The owner also leaves any
-/// queue it waits in, so a fair waiter that gives up releases with this same script. A key that
-/// is not a string (overwritten by someone) is not ours and is skipped (`pcall`), so it cannot
-/// keep the others from being released.
+/// announced with an empty message on the key's channel, for waiters. A key that is not a
+/// string (overwritten by someone) is not ours and is skipped (`pcall`), so it cannot keep the
+/// others from being released.
+///
+/// `allow-oom`: a release frees memory overall, and must complete under memory pressure rather
+/// than stop half way through a hand-off.
 pub(crate) static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(&format!(
-        "{FAIR_QUEUE}{}",
+        "#!lua flags=allow-oom\n{FENCE}{FAIR_QUEUE}{}",
         r"
-local token, F = ARGV[1], KEYS[1]
-local released, now = 0, nil
-for i = 2, #KEYS, 3 do
+local token, queued = ARGV[1], ARGV[2] == '1'
+local released = 0
+for i = 1, #KEYS, 4 do
   local L, Q, W = KEYS[i], KEYS[i + 1], KEYS[i + 2]
-  if redis.pcall('HDEL', W, token) == 1 then redis.call('LREM', Q, 1, token) end
+  if queued and redis.pcall('HDEL', W, token) == 1 then redis.call('LREM', Q, 1, token) end
   if redis.pcall('GET', L) == token then
     released = released + 1
-    local served = false
-    if redis.call('EXISTS', Q) == 1 then
-      now = now or server_ms()
-      served = serve(L, Q, W, F, now)
-    end
-    if not served then
+    if redis.call('EXISTS', Q) == 0 or not serve(L, Q, W, i + 3, clock_us()) then
       redis.call('DEL', L)
       redis.call('PUBLISH', L, '')
     end
@@ -175,14 +168,13 @@ return released
 /// Takes one lock key fairly: only when it is free and no live waiter arrived first; otherwise
 /// joins the key's queue, to be handed the lock by a release.
 ///
-/// KEYS: the lock key, its queue, its queue's entries, the fencing counter (see [`FAIR_QUEUE`]).
+/// KEYS: the lock key, its queue, its queue's entries, its fencing counter (see [`FAIR_QUEUE`]).
 /// ARGV[1]: the owner token; ARGV[2]: the ttl in ms; ARGV[3]: the claim time of a hand-off in
-/// ms; ARGV[4]: how much longer this caller waits, in ms.
+/// ms; ARGV[4]: how much longer this caller waits, in ms; ARGV[5]: this attempt's secret (hex),
+/// which a hand-off to this caller will show.
 /// Returns `{1, fencing_token, now_ms}` when the caller holds the key now with `PX ttl`: it was
 /// free and the caller first in line, or it had been handed to the caller (whose attempt
-/// confirms the hand-off; the fencing token is then the counter's current value, which is at
-/// least the one drawn for the hand-off and below every later owner's).
-/// (`now_ms` is 0 when the key was free with no queue: the answer needs no date then.)
+/// confirms the hand-off and draws a new fencing token, greater than the hand-off's).
 /// `{0, pttl, now_ms}` when the caller is queued (once, keeping its place on later attempts)
 /// behind the holder, whose remaining PTTL in ms is `pttl` (-1: no expiry); a caller that does
 /// not wait (ARGV[4] is 0) is not queued. If the key was free
@@ -191,21 +183,17 @@ return released
 /// The queue keys expire once no waiter in them can still be waiting.
 pub(crate) static ACQUIRE_FAIR: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(&format!(
-        "{FAIR_QUEUE}{}",
+        "#!lua\n{FENCE}{FAIR_QUEUE}{}",
         r"
-local L, Q, W, F = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local token, ttl, claim, wait = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local L, Q, W = KEYS[1], KEYS[2], KEYS[3]
+local token, ttl, claim, wait, secret = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local now_us = clock_us()
+local now = math.floor(now_us / 1000)
 local owner = redis.call('GET', L)
-if not owner and redis.call('EXISTS', Q) == 0 then
-  -- Free, and nobody queued: the uncontended path.
-  local fence = redis.call('INCR', F)
+if owner == token or (not owner and redis.call('EXISTS', Q) == 0) then
+  -- Ours already (a hand-off, or a retried request), or free with nobody queued.
+  local fence = draw(4, 4, ttl, now_us)
   redis.call('SET', L, token, 'PX', ttl)
-  return {1, fence, 0}
-end
-local now = server_ms()
-if owner == token then
-  redis.call('PEXPIRE', L, ttl)
-  local fence = tonumber(redis.call('GET', F)) or redis.call('INCR', F)
   return {1, fence, now}
 end
 if not owner then
@@ -215,15 +203,15 @@ if not owner then
       redis.call('LPOP', Q)
       redis.call('HDEL', W, token)
     end
-    local fence = redis.call('INCR', F)
+    local fence = draw(4, 4, ttl, now_us)
     redis.call('SET', L, token, 'PX', ttl)
     return {1, fence, now}
   end
-  serve(L, Q, W, F, now)
+  serve(L, Q, W, 4, now_us)
 end
 if wait <= 0 then return {0, redis.call('PTTL', L), now} end
 if redis.call('HEXISTS', W, token) == 0 then redis.call('RPUSH', Q, token) end
-redis.call('HSET', W, token, string.format('%.0f %s', now + wait, claim))
+redis.call('HSET', W, token, string.format('%.0f %s %s', now + wait, claim, secret))
 local keep = wait + tonumber(claim)
 if redis.call('PTTL', Q) < keep then redis.call('PEXPIRE', Q, string.format('%.0f', keep)) end
 if redis.call('PTTL', W) < keep then redis.call('PEXPIRE', W, string.format('%.0f', keep)) end
@@ -329,6 +317,9 @@ pub(crate) struct Handoff {
     pub(crate) claim: std::time::Duration,
     /// The next live waiter in line, which watches the claim; empty when none.
     pub(crate) next: String,
+    /// The secret the recipient's latest attempt stored in the queue: a message without it was
+    /// not made by the release script.
+    pub(crate) secret: String,
 }
 
 impl Handoff {
@@ -342,24 +333,28 @@ impl Handoff {
         let server_ms = fields.next()?.parse().ok()?;
         let claim = std::time::Duration::from_millis(fields.next()?.parse().ok()?);
         let next = fields.next().unwrap_or_default().to_owned();
+        let secret = fields.next().unwrap_or_default().to_owned();
         Some(Self {
             token,
             fencing_token,
             server_ms,
             claim,
             next,
+            secret,
         })
     }
 }
 
 impl redis::FromRedisValue for Acquire {
     fn from_redis_value(v: redis::Value) -> Result<Self, redis::ParsingError> {
+        if let redis::Value::Int(fence) = v {
+            return Ok(Self::Acquired {
+                fencing_token: u64::try_from(fence)
+                    .map_err(|_| redis::ParsingError::from("negative fencing token"))?,
+            });
+        }
         let fields: Vec<i64> = redis::FromRedisValue::from_redis_value(v)?;
         match fields.as_slice() {
-            [1, fence] => Ok(Self::Acquired {
-                fencing_token: u64::try_from(*fence)
-                    .map_err(|_| redis::ParsingError::from("negative fencing token"))?,
-            }),
             [0, index, pttl] => Ok(Self::Held {
                 first_held: usize::try_from(*index - 1)
                     .map_err(|_| redis::ParsingError::from("bad key index"))?,
@@ -378,7 +373,7 @@ mod tests {
 
     #[test]
     fn hand_off_messages_parse_and_plain_releases_do_not() {
-        let handoff = Handoff::parse(b"h 0af3 17 1795000000123 2000 9bc1").unwrap();
+        let handoff = Handoff::parse(b"h 0af3 17 1795000000123 2000 9bc1 5e").unwrap();
         assert_eq!(
             handoff,
             Handoff {
@@ -387,9 +382,11 @@ mod tests {
                 server_ms: 1_795_000_000_123,
                 claim: std::time::Duration::from_secs(2),
                 next: "9bc1".into(),
+                secret: "5e".into(),
             }
         );
-        assert_eq!(Handoff::parse(b"h a 1 2 3 ").unwrap().next, "");
+        let last_in_line = Handoff::parse(b"h a 1 2 3  5e").unwrap();
+        assert_eq!((&*last_in_line.next, &*last_in_line.secret), ("", "5e"));
         assert!(Handoff::parse(b"").is_none());
         assert!(Handoff::parse(b"h a x 2 3 ").is_none());
     }

@@ -46,6 +46,8 @@ pub(crate) struct Waiter<'a> {
     notifications: Option<&'a Notifications>,
     /// The owner token of a fair waiter.
     fair: Option<Arc<str>>,
+    /// The secret of the fair waiter's latest attempt.
+    secret: Option<Arc<str>>,
     ticket: Option<Ticket>,
     /// The watch time (of a hand-off's claim) this waiter already woke for.
     watched: Option<Instant>,
@@ -64,19 +66,26 @@ impl<'a> Waiter<'a> {
             step: FIRST,
             notifications,
             fair,
+            secret: None,
             ticket: None,
             watched: None,
         }
     }
 
-    /// Called before each attempt on `key`: a fair waiter whose manager already receives the
-    /// key's notifications takes its place among the local waiters first, so a hand-off made
-    /// right after its attempt queues it (and published before the attempt's answer is read)
-    /// finds it.
-    pub(crate) fn before_attempt(&mut self, key: &str) {
+    /// Called before each attempt on `key`, with a fair attempt's `secret`: a fair waiter
+    /// whose manager already receives the key's notifications takes its place among the local
+    /// waiters first, so a hand-off made right after its attempt queues it (and published before
+    /// the attempt's answer is read) finds it. From now on only a hand-off showing `secret` is
+    /// accepted.
+    pub(crate) fn before_attempt(&mut self, key: &str, secret: Option<Arc<str>>) {
+        self.secret = secret;
+        if let Some(ticket) = &self.ticket {
+            ticket.expect_secret(self.secret.clone());
+        }
         if let (Some(notifications), Some(token)) = (self.notifications, &self.fair) {
             if self.ticket.is_none() && notifications.subscribed(key) {
-                self.ticket = Some(notifications.enqueue(key, Some(Arc::clone(token))));
+                self.ticket =
+                    Some(notifications.enqueue(key, Some(Arc::clone(token)), self.secret.clone()));
             }
         }
     }
@@ -104,7 +113,7 @@ impl<'a> Waiter<'a> {
         };
         if self.ticket.as_ref().is_none_or(|t| t.channel() != key) {
             self.ticket = None;
-            self.ticket = Some(notifications.enqueue(key, self.fair.clone()));
+            self.ticket = Some(notifications.enqueue(key, self.fair.clone(), self.secret.clone()));
         }
         let Some(ticket) = &self.ticket else {
             return self.back_off(holder_remaining).await;

@@ -15,6 +15,8 @@ use distlock_runtime::LockManager;
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,
+    /// Arguments given to [`RedisServer::start_with`], kept for restarts.
+    extra: Vec<String>,
     paused: bool,
 }
 
@@ -24,17 +26,45 @@ impl RedisServer {
     /// # Panics
     /// When `redis-server` is not on PATH or no server could be started.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with `extra` arguments after the harness's own (`--replicaof HOST PORT`,
+    /// say), and waits until it answers PING.
+    ///
+    /// # Panics
+    /// When `redis-server` is not on PATH or no server could be started.
+    pub fn start_with(extra: &[&str]) -> Self {
         for _ in 0..20 {
             let port = free_port();
-            if let Some(child) = spawn_on(port) {
+            if let Some(child) = spawn_on(port, extra) {
                 return Self {
                     child: Some(child),
                     port,
+                    extra: extra.iter().map(|s| (*s).to_owned()).collect(),
                     paused: false,
                 };
             }
         }
         panic!("could not start redis-server on a free port (is redis-server on PATH?)");
+    }
+
+    /// A replica of `primary`, once its first synchronisation has finished.
+    ///
+    /// # Panics
+    /// When the replica does not come up or does not catch up within 10 s.
+    pub fn start_replica_of(primary: &RedisServer) -> Self {
+        let port = primary.port.to_string();
+        let replica = Self::start_with(&["--replicaof", "127.0.0.1", &port]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !replica
+            .command(&["INFO", "replication"])
+            .contains("master_link_status:up")
+        {
+            assert!(Instant::now() < deadline, "replica of {port} did not sync");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        replica
     }
 
     /// The server's port.
@@ -95,16 +125,14 @@ impl RedisServer {
         resp_command(self.port, args).expect("command on test redis")
     }
 
-    /// How many requests clients sent, from `INFO commandstats`, for single-key operations:
-    /// every command counts except INFO itself and those that run as parts of one distlock
-    /// request (`GET`, `INCR`, `PTTL`, `DEL`, `PEXPIRE`, `PUBLISH` and the fair queue's
-    /// commands inside scripts, or after the `SET` of the single-key acquire, which is `SET`,
-    /// `INCR`, `PTTL` in one write and counts as its `SET`). The multi-key acquire script's inner
-    /// `SET`s would count too: measure single keys with it.
+    /// How many requests clients sent, from `INFO commandstats`: every command counts except
+    /// INFO itself and those that run inside distlock's scripts (`GET`, `SET`, `PTTL`, `TIME`,
+    /// the fair queue's commands and the rest), so each distlock request counts once. A test's
+    /// own commands of those kinds are not counted either.
     pub fn requests(&self) -> u64 {
-        const PARTS: [&str; 16] = [
-            "get", "incr", "pttl", "del", "pexpire", "publish", "info", "exists", "time", "hdel",
-            "hget", "hset", "hexists", "lrem", "lpop", "lindex",
+        const PARTS: [&str; 17] = [
+            "get", "set", "pttl", "del", "pexpire", "publish", "info", "exists", "time", "hdel",
+            "hget", "hset", "hexists", "lrem", "lpop", "lindex", "rpush",
         ];
         let info = self.command(&["INFO", "commandstats"]);
         info.lines()
@@ -148,7 +176,8 @@ impl RedisServer {
         self.kill();
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if let Some(child) = spawn_on(self.port) {
+            let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+            if let Some(child) = spawn_on(self.port, &extra) {
                 self.child = Some(child);
                 return;
             }
@@ -199,8 +228,9 @@ fn free_port() -> u16 {
         .expect("bind a free loopback port")
 }
 
-/// Starts redis-server on `port`; `None` if it did not come up (the port was taken, say).
-fn spawn_on(port: u16) -> Option<Child> {
+/// Starts redis-server on `port` with `extra` arguments; `None` if it did not come up (the port
+/// was taken, say).
+fn spawn_on(port: u16, extra: &[&str]) -> Option<Child> {
     let mut child = Command::new("redis-server")
         .args([
             "--port",
@@ -216,6 +246,7 @@ fn spawn_on(port: u16) -> Option<Child> {
             "--loglevel",
             "warning",
         ])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -248,10 +248,10 @@ async fn a_callers_pool_switched_to_another_database_does_not_move_the_locks() {
         .unwrap();
 }
 
-/// A stand-in for a Redis older than 7.0: it refuses `SET ... NX GET` with a syntax error and
-/// answers everything else plainly.
+/// A stand-in for a Redis older than 7.0: it cannot compile a script that starts with a `#!lua`
+/// line (as Redis 6.2 answers) and answers everything else plainly.
 fn old_redis() -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::{BufRead, BufReader, Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let server = std::thread::spawn(move || {
@@ -269,15 +269,20 @@ fn old_redis() -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
             let count: usize = line.trim_start_matches('*').trim().parse().unwrap_or(0);
             let mut args = Vec::new();
             for _ in 0..count {
-                let (mut len, mut arg) = (String::new(), String::new());
+                let mut len = String::new();
                 reader.read_line(&mut len).unwrap();
-                reader.read_line(&mut arg).unwrap();
-                args.push(arg.trim_end().to_ascii_uppercase());
+                let len: usize = len.trim_start_matches('$').trim().parse().unwrap_or(0);
+                // Scripts span lines: read the argument by its length, then its CRLF.
+                let mut arg = vec![0; len + 2];
+                reader.read_exact(&mut arg).unwrap();
+                args.push(String::from_utf8_lossy(&arg[..len]).to_ascii_uppercase());
             }
             let reply: &[u8] = match args.first().map(String::as_str) {
-                Some("SET") => b"-ERR syntax error\r\n",
-                Some("INCR") => b":1\r\n",
-                Some("PTTL") => b":-2\r\n",
+                Some("EVALSHA") => b"-NOSCRIPT No matching script. Please use EVAL.\r\n",
+                Some("EVAL" | "SCRIPT") => {
+                    b"-ERR Error compiling script (new function): user_script:1: \
+                    unexpected symbol near '#'\r\n"
+                }
                 _ => b"+OK\r\n",
             };
             if writer.write_all(reply).is_err() {

@@ -386,3 +386,77 @@ async fn a_watcher_that_gives_up_passes_its_watch_on() {
         acquired - released
     );
 }
+
+#[tokio::test]
+async fn a_forged_hand_off_message_does_not_start_a_fair_waiter() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    // A client that may publish on any channel but read or write no key.
+    let acl = server.command(&[
+        "ACL",
+        "SETUSER",
+        "mallory",
+        "on",
+        ">mallory-password",
+        "resetchannels",
+        "&*",
+        "-@all",
+        "+publish",
+    ]);
+    assert!(acl.starts_with("+OK"), "{acl}");
+    let mut mallory = redis::Client::open(format!(
+        "redis://mallory:mallory-password@127.0.0.1:{}",
+        server.port()
+    ))
+    .unwrap()
+    .get_multiplexed_async_connection()
+    .await
+    .unwrap();
+
+    let locks = server.manager();
+    let holder = locks.lock("vault").acquire().await.unwrap();
+    let waiter = {
+        let locks = server.manager();
+        tokio::spawn(async move {
+            locks
+                .lock("vault")
+                .fair(true)
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        })
+    };
+    let mut conn = server.client().await;
+    until_queued(&conn, "vault", 1).await;
+    until_subscribed(&conn, "vault").await;
+    // Tokens of queued waiters travel in hand-off messages: assume the forger knows this one.
+    let token: String = conn.lindex("distlock:queue:vault", 0).await.unwrap();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now_ms = secs * 1000 + micros / 1000;
+    for forged in [
+        format!("h {token} 999999 {now_ms} 2000 "),
+        format!("h {token} 999999 {now_ms} 2000  {token}"),
+        format!("h {token} 999999 {now_ms} 2000  00000000000000000000000000000000"),
+    ] {
+        let _: i64 = mallory
+            .publish("distlock:lock:vault", forged)
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter started its body on a forged hand-off while the holder still holds the lock: {:?}",
+        waiter.await
+    );
+    // A real release still hands the lock over.
+    let held_token = holder.fencing_token();
+    holder.release().await.unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("handed over after the real release")
+        .unwrap()
+        .unwrap();
+    assert!(lease.fencing_token() > held_token);
+    lease.release().await.unwrap();
+}

@@ -3,6 +3,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use distlock_runtime::LockError;
 use distlock_tests::RedisServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -72,4 +73,139 @@ async fn a_token_drawn_after_an_expiry_is_greater() {
     // A different key of the same prefix also moves forward.
     let other = second.lock("other").acquire().await.unwrap();
     assert!(other.fencing_token() > next.fencing_token());
+}
+
+/// Takes and releases `n` leases on `key`; returns the greatest fencing token drawn.
+async fn draw_tokens(locks: &distlock_runtime::LockManager, key: &str, n: usize) -> u64 {
+    let mut greatest = 0;
+    for _ in 0..n {
+        let lease = locks.lock(key).acquire().await.unwrap();
+        assert!(lease.fencing_token() > greatest);
+        greatest = lease.fencing_token();
+        lease.release().await.unwrap();
+    }
+    greatest
+}
+
+#[tokio::test]
+async fn tokens_keep_rising_after_redis_restarts_without_persistence() {
+    let mut server = RedisServer::start();
+    let locks = server.manager();
+    let before = draw_tokens(&locks, "fenced", 20).await;
+    // Everything Redis held is gone: locks, counters, queues.
+    server.restart();
+    let mut after = None;
+    for _ in 0..20 {
+        // The first call may find the manager's old connection dead.
+        if let Ok(lease) = locks.try_lock("fenced").acquire().await {
+            after = Some(lease.fencing_token());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let after = after.expect("a lock after the restart");
+    assert!(
+        after > before,
+        "fencing token went from {before} before the restart to {after} after it"
+    );
+}
+
+#[tokio::test]
+async fn tokens_keep_rising_after_failover_to_a_replica_that_missed_writes() {
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_replica_of(&primary);
+    let on_primary = primary.manager();
+    draw_tokens(&on_primary, "fenced", 5).await;
+    // Everything so far has reached the replica.
+    assert!(primary.command(&["WAIT", "1", "2000"]).starts_with(":1"));
+    // The replica is cut off and promoted; the primary goes on granting leases meanwhile, and
+    // the replica never sees them.
+    assert!(replica
+        .command(&["REPLICAOF", "NO", "ONE"])
+        .starts_with("+OK"));
+    let last_on_primary = draw_tokens(&on_primary, "fenced", 5).await;
+    // Clients fail over to the promoted replica (a moved DNS name or virtual IP, say).
+    let on_replica = replica.manager();
+    let first_on_replica = on_replica
+        .try_lock("fenced")
+        .acquire()
+        .await
+        .expect("the key is free on the promoted replica")
+        .fencing_token();
+    assert!(
+        first_on_replica > last_on_primary,
+        "fencing token went from {last_on_primary} on the old primary to {first_on_replica} \
+         on the promoted replica"
+    );
+}
+
+/// Every key in the server, with its PTTL.
+async fn keys_with_pttl(server: &RedisServer) -> Vec<(String, i64)> {
+    let mut conn = server.client().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut listed = Vec::new();
+    for key in keys {
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        listed.push((key, pttl));
+    }
+    listed
+}
+
+#[tokio::test]
+async fn every_key_a_lock_writes_expires() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let ttl = Duration::from_millis(300);
+    // A plain lease, a lease on several keys, and a fair queue with a waiter that gives up.
+    let held = locks
+        .lock("one")
+        .ttl(ttl)
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let both = locks
+        .lock_all(["two", "three"])
+        .ttl(ttl)
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let queued = locks
+        .lock("one")
+        .fair(true)
+        .wait(Duration::from_millis(100))
+        .acquire()
+        .await;
+    assert!(
+        matches!(queued, Err(LockError::Timeout { .. })),
+        "{queued:?}"
+    );
+    let keys = keys_with_pttl(&server).await;
+    assert!(!keys.is_empty());
+    for (key, pttl) in &keys {
+        // -2: gone between the listing and the PTTL (the waiter's queue entry, say).
+        assert_ne!(*pttl, -1, "{key} has no expiry: {keys:?}");
+    }
+    both.release().await.unwrap();
+    drop(held);
+    // Nothing is left once the leases' ttl has passed.
+    let empty = distlock_tests::eventually(Duration::from_secs(3), || async {
+        keys_with_pttl(&server).await.is_empty()
+    })
+    .await;
+    assert!(
+        empty.is_some(),
+        "keys left behind: {:?}",
+        keys_with_pttl(&server).await
+    );
 }

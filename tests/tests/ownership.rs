@@ -203,3 +203,57 @@ async fn bad_input_gets_its_own_clear_error() {
         }
     ));
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_reseeded_thread_rng_never_gives_two_leases_one_owner_token() {
+    // Anything in the process may seed the thread's fastrand generator (a test, a library, a
+    // fork or a restored VM snapshot repeating its state): owner tokens must not follow it.
+    let server = RedisServer::start();
+    let first = server.manager();
+    let second = server.manager();
+    fastrand::seed(7);
+    let held = first.try_lock("job").acquire().await.unwrap();
+    fastrand::seed(7);
+    let stolen = second.try_lock("job").acquire().await;
+    assert!(
+        matches!(stolen, Err(LockError::NotAcquired { .. })),
+        "a second holder of a held lock: {stolen:?}"
+    );
+    held.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_acquire_that_fails_part_way_leaves_no_lock_behind() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    // A user allowed the lock keys but nothing else the acquire touches: an acquire that writes
+    // the lock and then fails must not leave it held by nobody until its ttl.
+    let acl = server.command(&[
+        "ACL",
+        "SETUSER",
+        "app",
+        "on",
+        ">app-password",
+        "~distlock:lock:*",
+        "+@all",
+    ]);
+    assert!(acl.starts_with("+OK"), "{acl}");
+    let port = server.port();
+    let locks = LockManager::builder()
+        .url(format!("redis://app:app-password@127.0.0.1:{port}"))
+        .response_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let outcome = locks
+        .lock("job")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await;
+    assert!(outcome.is_err(), "{outcome:?}");
+    let conn = server.client().await;
+    let gone = until_gone(&conn, "distlock:lock:job", Duration::from_secs(2)).await;
+    assert!(
+        gone.is_some(),
+        "the lock key is held by nobody for its 30 s ttl after {outcome:?}"
+    );
+}
