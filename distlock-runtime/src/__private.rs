@@ -5,7 +5,8 @@ use std::fmt::{self, Display, Write};
 use std::future::Future;
 use std::time::Duration;
 
-use crate::{LockError, LockManager};
+use crate::error::LockError;
+use crate::manager::LockManager;
 
 /// The options written in the attribute; `None` keeps the manager's default.
 #[derive(Debug, Clone, Copy)]

@@ -9,15 +9,17 @@
 //! changing its state (`SELECT`, `MULTI`) under the manager; it is `SELECT`ed to the database of
 //! its connection info when taken. A connection that fails or stops answering is dropped, and
 //! the next call takes a fresh one. No connection is ever reserved while a body runs.
+//!
+//! It also turns a URL into that pool (and says where it points without the password).
 
 use std::sync::Mutex;
 use std::time::Duration;
 
-use deadpool_redis::{Pool, PoolError};
+use deadpool_redis::{Pool, PoolError, Runtime};
 use redis::aio::MultiplexedConnection;
 use redis::{FromRedisValue, ScriptInvocation};
 
-use crate::LockError;
+use crate::error::LockError;
 
 /// The timeouts every Redis call is bounded by.
 #[derive(Debug, Clone, Copy)]
@@ -256,6 +258,11 @@ pub(crate) fn next_id() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
+/// A duration as whole milliseconds for `PX` / `PEXPIRE` (at least 1).
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
 /// True when the error says the connection itself is unusable, not that the command failed.
 pub(crate) fn is_connection_failure(err: &redis::RedisError) -> bool {
     err.is_io_error()
@@ -269,4 +276,82 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Parses a Redis URL; returns the connection info and the URL with its password masked.
+pub(crate) fn parse_url(url: &str) -> Result<(redis::ConnectionInfo, String), LockError> {
+    let mut parsed = url::Url::parse(url).map_err(|e| LockError::InvalidUrl {
+        reason: format!("{e}; expected redis://[user:password@]host[:port][/db]"),
+    })?;
+    match parsed.scheme() {
+        "redis" | "rediss" | "redis+unix" | "unix" | "valkey" | "valkeys" => {}
+        other => {
+            return Err(LockError::InvalidUrl {
+                reason: format!(
+                    "scheme `{other}:` is not a Redis scheme; use redis://host:port, \
+                     rediss:// for TLS, or unix:///path/to/socket"
+                ),
+            })
+        }
+    }
+    let password = parsed.password().map(str::to_owned);
+    let info = redis::IntoConnectionInfo::into_connection_info(parsed.clone()).map_err(|e| {
+        let mut reason = e.to_string();
+        if let Some(password) = password.as_deref().filter(|p| !p.is_empty()) {
+            reason = reason.replace(password, "***");
+        }
+        LockError::InvalidUrl { reason }
+    })?;
+    if password.is_some() {
+        let _ = parsed.set_password(Some("***"));
+    }
+    // Query parameters can carry credentials too (`unix:///sock?pass=...`): never show them.
+    if parsed.query().is_some() {
+        parsed.set_query(Some("..."));
+    }
+    Ok((info, parsed.to_string()))
+}
+
+/// The pool the builder creates for a URL: every connection bounded by `timeouts`.
+pub(crate) fn create_pool(
+    info: redis::ConnectionInfo,
+    size: usize,
+    timeouts: Timeouts,
+) -> Result<Pool, LockError> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeouts.connect))
+        .set_response_timeout(Some(timeouts.response));
+    let manager = deadpool_redis::Manager::new_with_config(info, config).map_err(|e| {
+        LockError::InvalidUrl {
+            reason: e.to_string(),
+        }
+    })?;
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(timeouts.pool_wait))
+        .create_timeout(Some(timeouts.connect))
+        .recycle_timeout(Some(timeouts.response))
+        .build()
+        .map_err(|e| LockError::InvalidConfig {
+            what: "pool",
+            reason: e.to_string(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_without_leaking_the_password() {
+        let (_, shown) = parse_url("redis://app:s3cret@127.0.0.1:6380/2").unwrap();
+        assert_eq!(shown, "redis://app:***@127.0.0.1:6380/2");
+        assert!(parse_url("unix:///run/redis.sock").is_ok());
+        let (_, shown) = parse_url("unix:///run/redis.sock?db=1&pass=s3cret").unwrap();
+        assert!(!shown.contains("s3cret"), "{shown}");
+        let err = parse_url("postgres://app:s3cret@db/0").unwrap_err();
+        assert!(err.to_string().contains("`postgres:`"), "{err}");
+        assert!(!err.to_string().contains("s3cret"));
+    }
 }

@@ -2,17 +2,20 @@
 //! was lost.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-use crate::conn::lock;
+use crate::conn::millis;
+use crate::context::Context;
+use crate::error::LockError;
 use crate::keys::LockKeys;
-use crate::manager::LockManager;
-use crate::renew::{self, Registration};
-use crate::{scripts, LockError};
+use crate::release::{release_in_background, release_keys, Leaving};
+use crate::renew::Registration;
+use crate::scripts;
+use crate::validity::check_ttl;
+use crate::validity::LeaseState;
 
 /// A lock held in Redis on one or more keys, until it is released, dropped or lost.
 ///
@@ -34,7 +37,7 @@ use crate::{scripts, LockError};
 /// ```
 #[must_use = "dropping a Lease releases the lock (from a background task); keep it while the critical section runs"]
 pub struct Lease {
-    manager: LockManager,
+    manager: Arc<Context>,
     keys: Arc<[String]>,
     redis_keys: Arc<[LockKeys]>,
     token: Arc<str>,
@@ -46,7 +49,7 @@ pub struct Lease {
 
 impl Lease {
     pub(crate) fn new(
-        manager: LockManager,
+        manager: Arc<Context>,
         keys: Arc<[String]>,
         redis_keys: Arc<[LockKeys]>,
         token: Arc<str>,
@@ -100,14 +103,14 @@ impl Lease {
     /// re-created; the lease is marked lost); [`LockError::InvalidConfig`] for a ttl under 10 ms;
     /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked.
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
-        crate::manager::check_ttl(ttl)?;
+        check_ttl(ttl)?;
         let mut invocation = scripts::EXTEND.prepare_invoke();
         for keys in self.redis_keys.iter() {
             invocation.key(keys.lock.as_str());
         }
         invocation
             .arg(&*self.token)
-            .arg(renew::millis(ttl))
+            .arg(millis(ttl))
             .arg(self.redis_keys.len());
         let sent = Instant::now();
         let owned: Vec<i64> = self.manager.redis().invoke("extend", &invocation).await?;
@@ -140,10 +143,7 @@ impl Lease {
     /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked.
     pub async fn release(mut self) -> Result<(), LockError> {
         self.renewal = None;
-        let deleted = self
-            .manager
-            .release_keys(&self.redis_keys, &self.token, false)
-            .await?;
+        let deleted = release_keys(&self.manager, &self.redis_keys, &self.token, false).await?;
         self.released = true;
         if deleted < self.redis_keys.len() {
             tracing::debug!(keys = ?self.keys, deleted, "distlock lease had already expired in part");
@@ -160,11 +160,12 @@ impl Drop for Lease {
     fn drop(&mut self) {
         if !self.released {
             self.renewal = None;
-            self.manager.release_in_background(
+            release_in_background(
+                &self.manager,
                 Arc::clone(&self.redis_keys),
                 Arc::clone(&self.token),
                 self.state.ttl(),
-                crate::manager::Leaving::Dropped,
+                Leaving::Dropped,
             );
         }
     }
@@ -178,161 +179,5 @@ impl fmt::Debug for Lease {
             .field("fencing_token", &self.fencing_token)
             .field("lost", &self.is_lost())
             .finish_non_exhaustive()
-    }
-}
-
-/// What a lease and its renewal share: until when it is valid, its ttl, and whether it was lost.
-pub(crate) struct LeaseState {
-    lost: CancellationToken,
-    validity: Mutex<Validity>,
-}
-
-#[derive(Clone, Copy)]
-struct Validity {
-    until: Instant,
-    ttl: Duration,
-    /// When the request that set this expiry was sent: an answer to an older request (a
-    /// renewal overtaken by a manual `extend`, say) must not overwrite it.
-    sent: Instant,
-}
-
-impl LeaseState {
-    /// A lease being requested with `ttl`; valid from when [`LeaseState::acquired`] is called.
-    pub(crate) fn new(ttl: Duration) -> Self {
-        Self {
-            lost: CancellationToken::new(),
-            validity: Mutex::new(Validity {
-                until: Instant::now(),
-                ttl,
-                sent: Instant::now(),
-            }),
-        }
-    }
-
-    pub(crate) fn ttl(&self) -> Duration {
-        lock(&self.validity).ttl
-    }
-
-    pub(crate) fn valid_until(&self) -> Instant {
-        lock(&self.validity).until
-    }
-
-    /// The acquire request sent at `sent` took the keys with `ttl`.
-    pub(crate) fn acquired(&self, sent: Instant, ttl: Duration) {
-        *lock(&self.validity) = Validity {
-            until: sent + validity(ttl),
-            ttl,
-            sent,
-        };
-    }
-
-    /// A release handed the key over with `claim` as its expiry, at a moment known to be no
-    /// earlier than `start` on this host's clock; renewals (the first one due at once when
-    /// `claim` is shorter) extend it to `ttl`.
-    pub(crate) fn handed(&self, start: Instant, claim: Duration, ttl: Duration) {
-        *lock(&self.validity) = Validity {
-            until: start + validity(claim),
-            ttl,
-            sent: start,
-        };
-    }
-
-    /// Redis set the keys' expiry to `ttl` by a request sent at `sent`. Returns whether this
-    /// answer now defines the lease (false for an answer older than the current one). A lease
-    /// once lost, or whose validity ran out before this answer, stays lost: there was a moment
-    /// when this owner could not know it held the lock.
-    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) -> bool {
-        let mut current = lock(&self.validity);
-        if self.lost.is_cancelled() || current.until <= Instant::now() {
-            self.lost.cancel();
-            return false;
-        }
-        if sent < current.sent {
-            return false;
-        }
-        *current = Validity {
-            until: sent + validity(ttl),
-            ttl,
-            sent,
-        };
-        true
-    }
-
-    /// Whether the lease was marked lost (without checking the clock).
-    pub(crate) fn is_lost_flag(&self) -> bool {
-        self.lost.is_cancelled()
-    }
-
-    pub(crate) fn mark_lost(&self) {
-        self.lost.cancel();
-    }
-
-    /// Whether the lease is lost; running out of validity loses it for good.
-    pub(crate) fn is_lost(&self) -> bool {
-        if self.lost.is_cancelled() {
-            return true;
-        }
-        let current = lock(&self.validity);
-        if current.until <= Instant::now() {
-            // Under the validity lock, so a renewal cannot revive it in between.
-            self.lost.cancel();
-            return true;
-        }
-        false
-    }
-
-    pub(crate) async fn lost(&self) {
-        loop {
-            let until = self.valid_until();
-            tokio::select! {
-                () = self.lost.cancelled() => return,
-                () = tokio::time::sleep_until(until) => {
-                    // A renewal may have moved the deadline while we slept.
-                    if self.is_lost() {
-                        return;
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// How long a lease of `ttl` is trusted, counted from when its request was sent: the ttl less a
-/// margin for the drift between this host's clock and Redis's (1% + 2 ms, as in Redlock).
-pub(crate) fn validity(ttl: Duration) -> Duration {
-    ttl.saturating_sub(ttl / 100 + Duration::from_millis(2))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_older_answer_never_overwrites_a_newer_one() {
-        let state = LeaseState::new(Duration::from_secs(30));
-        let start = Instant::now();
-        state.acquired(start, Duration::from_secs(30));
-        let early = start + Duration::from_millis(1);
-        let late = start + Duration::from_millis(2);
-        // A manual extend to 600 ms (sent late) is answered before a 30 s renewal sent earlier.
-        assert!(state.renewed(late, Duration::from_millis(600)));
-        assert!(!state.renewed(early, Duration::from_secs(30)));
-        assert_eq!(state.ttl(), Duration::from_millis(600));
-        assert_eq!(
-            state.valid_until(),
-            late + validity(Duration::from_millis(600))
-        );
-    }
-
-    #[test]
-    fn a_lease_past_its_validity_stays_lost() {
-        let state = LeaseState::new(Duration::from_millis(10));
-        state.acquired(
-            Instant::now() - Duration::from_secs(1),
-            Duration::from_millis(10),
-        );
-        assert!(state.is_lost());
-        assert!(!state.renewed(Instant::now(), Duration::from_secs(30)));
-        assert!(state.is_lost());
     }
 }

@@ -114,24 +114,33 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod acquire;
+mod builder;
 mod conn;
+mod context;
 mod error;
+mod fair;
+mod fence;
 mod keys;
 mod lease;
 mod manager;
 mod notify;
 mod reentrancy;
+mod release;
 mod renew;
+mod request;
 mod scripts;
+mod validity;
 mod wait;
 
+pub use builder::LockManagerBuilder;
 pub use error::LockError;
+pub use fair::HANDOFF_CLAIM;
 pub use lease::Lease;
-pub use manager::{
-    default_manager, set_default_manager, LockManager, LockManagerBuilder, LockRequest, LockStats,
-    HANDOFF_CLAIM, MAX_TTL, MIN_TTL,
-};
+pub use manager::{default_manager, set_default_manager, LockManager, LockStats};
 pub use reentrancy::{current_fencing_token, current_lease, CurrentLease};
+pub use request::LockRequest;
+pub use validity::{MAX_TTL, MIN_TTL};
 
 /// Re-exported so callers can build a pool with the same deadpool-redis version.
 pub use deadpool_redis;

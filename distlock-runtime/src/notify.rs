@@ -1,9 +1,8 @@
 //! Release notifications: the release script `PUBLISH`es on each lock key it deletes (the
 //! channel is the key's name), and one subscriber connection per manager hands each
 //! notification to one local waiter of that key, oldest first. A release that hands the lock to
-//! a fair waiter publishes a hand-off message instead (see [`Handoff`]): it goes to that waiter
-//! alone, and has the hand-off's claim watched by the next waiter in line and by the oldest
-//! fair waiter of each process (a watcher that leaves passes its watch on).
+//! a fair waiter publishes a hand-off message instead, which `fair.rs` routes (to its recipient,
+//! and to the waiters that watch its claim; a watcher that leaves passes its watch on).
 //!
 //! A waiter takes a [`Ticket`] (its place in the key's queue) and makes sure the manager is
 //! subscribed to the key before its next attempt, so a release between an attempt and the
@@ -22,7 +21,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::conn::{lock, Timeouts};
-use crate::scripts::Handoff;
+use crate::fair::{self, FairWaiter, Handoff};
 
 /// The notification side of one manager.
 pub(crate) struct Notifications {
@@ -67,24 +66,10 @@ struct Channel {
 #[derive(Default)]
 struct Slot {
     wake: Notify,
-    /// The owner token of a fair waiter, which hand-off messages name.
-    token: Option<Arc<str>>,
-    /// The secret of the fair waiter's latest attempt, which a real hand-off to it shows.
-    secret: Mutex<Secrets>,
     /// A plain notification was handed to this waiter and not yet taken.
     woken: AtomicBool,
-    /// Hand-off news for a fair waiter, not yet taken.
-    news: Mutex<News>,
-}
-
-/// What a fair waiter learned from hand-off messages.
-#[derive(Default)]
-struct News {
-    /// The lock was handed to this waiter.
-    handed: Option<Handoff>,
-    /// This waiter watches the latest hand-off: try again once its claim would have lapsed, in
-    /// case its recipient is gone.
-    watch_until: Option<tokio::time::Instant>,
+    /// What a fair waiter keeps for hand-offs; `None` for other waiters.
+    fair: Option<FairWaiter>,
 }
 
 /// A waiter's place in a key's queue; leaving it (drop) passes on a notification it did not
@@ -118,11 +103,7 @@ impl Notifications {
         secret: Option<Arc<str>>,
     ) -> Ticket {
         let slot = Arc::new(Slot {
-            token,
-            secret: Mutex::new(Secrets {
-                latest: secret,
-                earlier: None,
-            }),
+            fair: token.map(|token| FairWaiter::new(token, secret)),
             ..Slot::default()
         });
         lock(&self.hub.state)
@@ -198,18 +179,19 @@ impl Ticket {
 
     /// From now on, accepts only hand-offs that show `secret` (a new attempt stored it).
     pub(crate) fn expect_secret(&self, secret: Option<Arc<str>>) {
-        let mut secrets = lock(&self.slot.secret);
-        secrets.earlier = std::mem::replace(&mut secrets.latest, secret);
+        if let Some(fair) = &self.slot.fair {
+            fair.expect_secret(secret);
+        }
     }
 
     /// Takes a hand-off to this waiter, if one came.
     pub(crate) fn take_handed(&self) -> Option<Handoff> {
-        lock(&self.slot.news).handed.take()
+        self.slot.fair.as_ref()?.take_handed()
     }
 
     /// When this waiter should look at the latest hand-off's claim, if it watches one.
     pub(crate) fn watch(&self) -> Option<tokio::time::Instant> {
-        lock(&self.slot.news).watch_until
+        self.slot.fair.as_ref()?.watch()
     }
 }
 
@@ -224,13 +206,15 @@ impl Drop for Ticket {
             // This waiter leaves with a notification it did not use: the next one gets it.
             wake_one(channel);
         }
-        let watch = lock(&self.slot.news).watch_until;
+        let watch = self.slot.fair.as_ref().and_then(FairWaiter::watch);
         if let Some(until) = watch.filter(|&until| until > tokio::time::Instant::now()) {
             // Nor does the claim it watched go unwatched.
-            if let Some(heir) = channel.waiters.iter().find(|s| s.token.is_some()) {
-                let mut news = lock(&heir.news);
-                news.watch_until = news.watch_until.max(Some(until));
-                drop(news);
+            let heir = channel
+                .waiters
+                .iter()
+                .find_map(|s| Some((s.fair.as_ref()?, s)));
+            if let Some((fair, heir)) = heir {
+                fair.inherit_watch(until);
                 heir.wake.notify_one();
             }
         }
@@ -327,7 +311,14 @@ async fn deliver(
         };
         match handoff {
             None => wake_one(channel),
-            Some(handoff) => deliver_handoff(channel, message.get_channel_name(), handoff),
+            Some(handoff) => {
+                let fair_waiters: Vec<_> = channel
+                    .waiters
+                    .iter()
+                    .filter_map(|s| Some((s.fair.as_ref()?, &s.wake)))
+                    .collect();
+                fair::deliver(message.get_channel_name(), handoff, &fair_waiters);
+            }
         }
     }
     let Some(hub) = hub.upgrade() else { return };
@@ -344,93 +335,6 @@ async fn deliver(
     }
     drop(state);
     tracing::debug!("distlock subscriber connection closed; waiters will resubscribe");
-}
-
-/// Gives a hand-off to its recipient, if it waits here, and has the claim watched: by the next
-/// waiter in line if it waits here, and by this process's oldest other fair waiter (so the
-/// claim stays watched when the next waiter's process is gone too). A watcher tries again once
-/// the claim would have lapsed; a newer hand-off replaces the one it watched. Other waiters are
-/// not woken: the lock is not free.
-///
-/// Anyone allowed to publish on the channel can name a waiter, so a hand-off reaches its
-/// recipient only if it shows the secret of the recipient's latest attempt, which only the
-/// release script can read (in the queue). One showing the attempt before (made before the
-/// latest attempt ran, which then finds the lock handed over) is dropped quietly; any other is
-/// forged, and dropped with a warning.
-fn deliver_handoff(channel: &Channel, handoff_channel: &str, handoff: Handoff) {
-    let named = |name: &str| {
-        channel
-            .waiters
-            .iter()
-            .find(|s| s.token.as_deref() == Some(name))
-    };
-    let recipient = named(&handoff.token);
-    if let Some(recipient) = recipient {
-        match lock(&recipient.secret).check(&handoff.secret) {
-            Secret::Latest => {}
-            Secret::Earlier => return,
-            Secret::Unknown => {
-                tracing::warn!(
-                    channel = %handoff_channel,
-                    "distlock ignored a hand-off message without its waiter's secret: it was not \
-                     published by distlock's release script"
-                );
-                return;
-            }
-        }
-    }
-    // Some slack past the claim: the recipient's extension may be on its way.
-    let until = tokio::time::Instant::now() + handoff.claim + handoff.claim / 4;
-    let next = Some(handoff.next.as_str())
-        .filter(|n| !n.is_empty())
-        .and_then(named);
-    let oldest = channel
-        .waiters
-        .iter()
-        .find(|s| s.token.is_some() && s.token.as_deref() != Some(handoff.token.as_str()));
-    for watcher in next.into_iter().chain(oldest) {
-        // A watcher already sleeping until an earlier watch finds this one when it wakes; only
-        // one without a watch needs waking to take it into account.
-        let unwatched = lock(&watcher.news).watch_until.replace(until).is_none();
-        if unwatched {
-            watcher.wake.notify_one();
-        }
-    }
-    if let Some(recipient) = recipient {
-        lock(&recipient.news).handed = Some(handoff);
-        recipient.wake.notify_one();
-    }
-}
-
-/// The secrets of a fair waiter's latest two attempts.
-#[derive(Default)]
-struct Secrets {
-    latest: Option<Arc<str>>,
-    earlier: Option<Arc<str>>,
-}
-
-/// Which attempt's secret a hand-off showed.
-enum Secret {
-    Latest,
-    Earlier,
-    Unknown,
-}
-
-impl Secrets {
-    fn check(&self, shown: &str) -> Secret {
-        let is = |secret: &Option<Arc<str>>| {
-            secret
-                .as_deref()
-                .is_some_and(|secret| !secret.is_empty() && secret == shown)
-        };
-        if is(&self.latest) {
-            Secret::Latest
-        } else if is(&self.earlier) {
-            Secret::Earlier
-        } else {
-            Secret::Unknown
-        }
-    }
 }
 
 /// Wakes the oldest waiter of `channel` that has no notification pending.

@@ -18,13 +18,12 @@
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
 use crate::conn::lock;
-use crate::LockError;
+use crate::error::LockError;
+use crate::wait::Wait;
 
 tokio::task_local! {
     static HELD: Arc<Frame>;
@@ -93,8 +92,8 @@ impl Drop for Loan {
 }
 
 /// Looks up `keys` (sorted) for a `run` through `manager_id` on the current task, borrowing
-/// the held ones. A key lent to a sibling is waited for until `started + wait`; with a zero
-/// `wait`, not at all.
+/// the held ones. A key lent to a sibling is waited for within `wait` (not at all for a
+/// try-lock).
 ///
 /// # Errors
 /// [`LockError::NotAcquired`] (zero wait) or [`LockError::Timeout`] when a sibling still uses
@@ -102,8 +101,7 @@ impl Drop for Loan {
 pub(crate) async fn enter(
     manager_id: u64,
     keys: &[String],
-    started: Instant,
-    wait: Duration,
+    wait: Wait,
 ) -> Result<Entry, LockError> {
     let Some(innermost) = innermost() else {
         return Ok(Entry {
@@ -129,7 +127,7 @@ pub(crate) async fn enter(
     let loan = if wanted.is_empty() {
         None
     } else {
-        Some(borrow(&innermost.loans, wanted, started, wait).await?)
+        Some(borrow(&innermost.loans, wanted, wait).await?)
     };
     Ok(Entry {
         manager_id,
@@ -144,10 +142,9 @@ pub(crate) async fn enter(
 async fn borrow(
     loans: &Arc<Loans>,
     wanted: Vec<(u64, String)>,
-    started: Instant,
-    wait: Duration,
+    wait: Wait,
 ) -> Result<Loan, LockError> {
-    let deadline = started.checked_add(wait);
+    let deadline = wait.deadline();
     loop {
         let returned = loans.returned.notified();
         tokio::pin!(returned);
@@ -166,20 +163,13 @@ async fn borrow(
                 }
             }
         };
-        if wait.is_zero() {
+        if wait.is_try() {
             return Err(LockError::NotAcquired { key: busy });
         }
-        let timed_out = match deadline {
-            Some(deadline) => tokio::time::timeout_at(deadline, returned).await.is_err(),
-            None => {
-                returned.await;
-                false
-            }
-        };
-        if timed_out {
+        if tokio::time::timeout_at(deadline, returned).await.is_err() {
             return Err(LockError::Timeout {
                 key: busy,
-                waited: started.elapsed(),
+                waited: wait.started.elapsed(),
             });
         }
     }

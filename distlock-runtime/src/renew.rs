@@ -18,10 +18,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::conn::{lock, Redis};
+use crate::conn::{lock, millis, Redis};
 use crate::keys::LockKeys;
-use crate::lease::LeaseState;
 use crate::scripts;
+use crate::validity::LeaseState;
 
 /// How many leases one renewal script call carries at most. A batch holds Redis for roughly
 /// 1 to 2 µs per key, so 10,000 leases cost one ~15 ms call per renewal interval.
@@ -399,9 +399,4 @@ impl Event {
             ),
         }
     }
-}
-
-/// A duration as whole milliseconds for `PX` / `PEXPIRE` (at least 1).
-pub(crate) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }

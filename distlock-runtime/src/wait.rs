@@ -1,4 +1,5 @@
-//! How a waiter learns when to try a held lock again.
+//! How long a request waits ([`Wait`]), and how a waiter learns when to try a held lock again
+//! ([`Waiter`]).
 //!
 //! The one seam between the acquire loop and the waiting strategy: [`Waiter::wait`] sleeps until
 //! the next attempt is worth making, or says the caller's deadline has passed. With release
@@ -18,8 +19,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::fair::Handoff;
 use crate::notify::{Notifications, Ticket};
-use crate::scripts::Handoff;
 
 /// First backoff step.
 const FIRST: Duration = Duration::from_millis(1);
@@ -27,6 +28,31 @@ const FIRST: Duration = Duration::from_millis(1);
 const CAP: Duration = Duration::from_millis(50);
 /// With notifications, how long to sleep on a held key that has no expiry before looking again.
 const NO_EXPIRY_CHECK: Duration = Duration::from_secs(1);
+
+/// How long a request waits: from when it started, for how long. Zero is a try-lock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wait {
+    pub(crate) started: Instant,
+    pub(crate) limit: Duration,
+}
+
+impl Wait {
+    pub(crate) fn new(started: Instant, limit: Duration) -> Self {
+        Self { started, limit }
+    }
+
+    /// When the wait runs out (a century away for an endless one).
+    pub(crate) fn deadline(&self) -> Instant {
+        self.started
+            .checked_add(self.limit)
+            .unwrap_or_else(|| self.started + Duration::from_secs(100 * 365 * 86_400))
+    }
+
+    /// A try-lock: one look, no waiting.
+    pub(crate) fn is_try(&self) -> bool {
+        self.limit.is_zero()
+    }
+}
 
 /// What ended a wait.
 #[derive(Debug)]

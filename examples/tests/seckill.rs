@@ -235,11 +235,8 @@ fn assert_refused(late: &Result<Outcome, ShopError>) {
     );
 }
 
-/// The `lock` strategy's write is fenced: a holder that stopped running past its lease, while
-/// others bought, cannot land its write when it runs again (the lease alone cannot stop it).
-#[test]
-fn a_holder_paused_past_its_lease_cannot_sell_after_newer_holders_did() {
-    let server = RedisServer::start();
+/// A `lock` instance on `server`, on a runtime of the test's, with product 9 in stock twice.
+fn lock_shop(server: &RedisServer) -> (tokio::runtime::Runtime, Shop) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let shop = runtime
         .block_on(Shop::connect(
@@ -249,6 +246,15 @@ fn a_holder_paused_past_its_lease_cannot_sell_after_newer_holders_did() {
         ))
         .unwrap();
     runtime.block_on(shop.create(9, 2)).unwrap();
+    (runtime, shop)
+}
+
+/// The `lock` strategy's write is fenced: a holder that stopped running past its lease, while
+/// others bought, cannot land its write when it runs again (the lease alone cannot stop it).
+#[test]
+fn a_holder_paused_past_its_lease_cannot_sell_after_newer_holders_did() {
+    let server = RedisServer::start();
+    let (runtime, shop) = lock_shop(&server);
 
     // User 1's holder read stock 2 and stops dead before writing 1.
     let paused = PausedPurchase::start(server.url(), 9, 1);
@@ -280,15 +286,7 @@ fn a_holder_paused_past_its_lease_cannot_sell_after_newer_holders_did() {
 #[test]
 fn a_stale_write_between_a_newer_holders_read_and_write_is_refused() {
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let shop = runtime
-        .block_on(Shop::connect(
-            &server.url(),
-            Strategy::Lock,
-            "seckill-test:",
-        ))
-        .unwrap();
-    runtime.block_on(shop.create(9, 2)).unwrap();
+    let (runtime, shop) = lock_shop(&server);
     // A first sale (the product's `fence` now holds an older token than both holders below).
     let first = runtime.block_on(shop.purchase(9, 0));
     assert_eq!(first.unwrap(), Outcome::Bought { remaining: 1 });

@@ -1,0 +1,333 @@
+//! The acquire state machine, and the in-doubt release policy.
+//!
+//! One acquire makes attempts until it holds every key, the wait runs out, or Redis fails:
+//! each attempt is one script call ([`scripts::ACQUIRE`], or the fair queue's); between
+//! attempts a [`Waiter`] sleeps until a release notification, the holder's expiry or the
+//! deadline, and a fair waiter may be handed the lock instead (see `fair.rs`).
+//!
+//! **In doubt.** A request that may have taken the lock, when the acquire does not end with a
+//! lease, is released by its token, so no lock is left held by nobody until its ttl:
+//! - the call is cancelled or times out while its request is out: released, and again after a
+//!   response timeout in case the request runs late ([`Leaving::InFlight`]);
+//! - Redis ran it and answered with an error (scripts are not rolled back): released once;
+//! - the request was never sent (no connection): nothing to undo;
+//! - a fair waiter that leaves between attempts releases once, which takes it out of the
+//!   queue and passes on a hand-off it was given ([`Leaving::Queued`]).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::conn::{millis, Failed, Reached, Redis};
+use crate::context::Context;
+use crate::error::LockError;
+use crate::fair::{handoff_start, FairAnswer, FairRequest};
+use crate::keys::LockKeys;
+use crate::lease::Lease;
+use crate::release::{release_in_background, Leaving};
+use crate::scripts::{self, Acquire};
+use crate::validity::{validity, LeaseState};
+use crate::wait::{Wait, Waiter, Wake};
+
+/// Takes the locks on `keys` (sorted, de-duplicated) for `ttl`, waiting within `wait`: the
+/// state machine behind every request, fair or not.
+pub(crate) async fn acquire(
+    context: &Arc<Context>,
+    keys: Arc<[String]>,
+    ttl: Duration,
+    wait: Wait,
+    renew: bool,
+    fair: bool,
+) -> Result<Lease, LockError> {
+    let redis_keys: Arc<[LockKeys]> = keys.iter().map(|k| context.lock_keys(k)).collect();
+    let token: Arc<str> = new_token().into();
+    let state = Arc::new(LeaseState::new(ttl));
+    // Registered before the request goes out: an acquired lease can never miss renewal.
+    let mut registration = renew.then(|| {
+        context.renewals.register(
+            Arc::clone(&redis_keys),
+            Arc::clone(&token),
+            Arc::clone(&state),
+        )
+    });
+    let request = if fair {
+        AcquireRequest::Fair(FairRequest::new(&redis_keys[0], ttl))
+    } else {
+        AcquireRequest::new(&redis_keys, &token, ttl)
+    };
+
+    let started = wait.started;
+    let deadline = wait.deadline();
+    let mut waiter = Waiter::new(
+        deadline,
+        context.notifications.as_ref(),
+        fair.then(|| Arc::clone(&token)),
+    );
+    let mut in_doubt = InDoubt {
+        context,
+        redis_keys: &redis_keys,
+        token: &token,
+        ttl,
+        fair,
+        armed: false,
+        in_flight: false,
+    };
+    // A fair waiter stays in the key's queue between attempts, and may be handed the lock
+    // at any moment: leaving early must release (which also leaves the queue).
+    let mut queued = false;
+    // When the last fair attempt was sent, and Redis's clock when it ran: dates a hand-off.
+    let mut calibration = None;
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        // A fair attempt stores a new secret in the queue; only a hand-off made after it
+        // (by the release script, which alone can read it) shows it.
+        let secret: Option<Arc<str>> = fair.then(|| new_token().into());
+        waiter.before_attempt(&redis_keys[0].lock, secret.clone());
+        let sent = Instant::now();
+        // If this call is cancelled or fails while the request is out, the lock may have
+        // been taken: release it (by token) rather than leave it until its ttl.
+        in_doubt.armed = true;
+        in_doubt.in_flight = true;
+        context
+            .stats
+            .acquire_requests
+            .fetch_add(1, Ordering::Relaxed);
+        let answer = match request
+            .send(context.redis(), &token, secret.as_deref(), deadline, sent)
+            .await
+        {
+            Ok((answer, server_ms)) => {
+                if let Some(server_ms) = server_ms {
+                    calibration = Some((sent, server_ms));
+                }
+                answer
+            }
+            Err(failed) => {
+                match failed.reached {
+                    // Never sent: nothing to undo, but a queued fair waiter still leaves.
+                    Reached::No => {
+                        in_doubt.in_flight = false;
+                        in_doubt.armed = queued;
+                    }
+                    // Ran and failed: scripts are not rolled back, so whatever it wrote
+                    // (a lock, a queue entry) is released by token, once.
+                    Reached::Answered => in_doubt.in_flight = false,
+                    // May still arrive: released, and again in case it runs later.
+                    Reached::Maybe => {}
+                }
+                return Err(failed.error);
+            }
+        };
+        in_doubt.in_flight = false;
+        in_doubt.armed = queued;
+        let fencing_token = match answer {
+            Acquire::Acquired { fencing_token } => {
+                state.acquired(sent, ttl);
+                if let Some(registration) = &registration {
+                    registration.schedule(sent, ttl);
+                }
+                fencing_token
+            }
+            Acquire::Held {
+                first_held,
+                remaining,
+            } => {
+                let key = || keys.get(first_held).cloned().unwrap_or_default();
+                if wait.is_try() {
+                    return Err(LockError::NotAcquired { key: key() });
+                }
+                queued = fair;
+                in_doubt.armed = queued;
+                let held_key = redis_keys.get(first_held).map_or("", |k| k.lock.as_str());
+                let handoff = match waiter.wait(held_key, remaining, sent).await {
+                    Wake::Retry => continue,
+                    Wake::Deadline => {
+                        return Err(LockError::Timeout {
+                            key: key(),
+                            waited: started.elapsed(),
+                        })
+                    }
+                    Wake::Handed(handoff) => handoff,
+                };
+                let trusted = handoff_start(calibration, handoff.server_ms).filter(|start| {
+                    *start + validity(handoff.claim) > Instant::now() + Duration::from_millis(1)
+                });
+                let Some(start) = trusted else {
+                    // Learned too late to trust the claim (or undated): an attempt
+                    // confirms the hand-off, or queues again if it lapsed.
+                    continue;
+                };
+                state.handed(start, handoff.claim, ttl);
+                context.stats.handed_over.fetch_add(1, Ordering::Relaxed);
+                // A claim shorter than the ttl is extended to the ttl at once.
+                let claimed = (handoff.claim < ttl).then(Instant::now);
+                match (&registration, claimed) {
+                    (Some(registration), Some(now)) => registration.schedule_at(now),
+                    (Some(registration), None) => registration.schedule(start, ttl),
+                    (None, Some(_)) => {
+                        registration = Some(context.renewals.register_once(
+                            Arc::clone(&redis_keys),
+                            Arc::clone(&token),
+                            Arc::clone(&state),
+                        ));
+                    }
+                    (None, None) => {}
+                }
+                handoff.fencing_token
+            }
+        };
+        if state.is_lost() {
+            // The answer came after the lease it granted had run out.
+            in_doubt.armed = true;
+            return Err(LockError::RedisTimeout {
+                op: "acquire (answered after the lease had expired)",
+                after: sent.elapsed(),
+            });
+        }
+        in_doubt.armed = false;
+        if attempts > 1 {
+            tracing::debug!(keys = ?keys, waited = ?started.elapsed(), attempts, "distlock acquired after waiting");
+        }
+        return Ok(Lease::new(
+            Arc::clone(context),
+            keys,
+            redis_keys.clone(),
+            token.clone(),
+            fencing_token,
+            state,
+            registration,
+        ));
+    }
+}
+
+/// The acquire request of one lease, built once and sent at every attempt.
+enum AcquireRequest {
+    /// The all-or-nothing script, for one key or several.
+    All(redis::ScriptInvocation<'static>),
+    /// One key, fairly: the queueing script.
+    Fair(FairRequest),
+}
+
+impl AcquireRequest {
+    fn new(redis_keys: &[LockKeys], token: &str, ttl: Duration) -> Self {
+        let mut invocation = scripts::ACQUIRE.prepare_invoke();
+        for keys in redis_keys {
+            invocation.key(keys.lock.as_str());
+        }
+        for keys in redis_keys {
+            invocation.key(keys.fence.as_str());
+        }
+        invocation.arg(token).arg(millis(ttl));
+        Self::All(invocation)
+    }
+
+    /// Sends one attempt; returns the answer and, for a fair attempt, Redis's clock (ms).
+    async fn send(
+        &self,
+        redis: &Redis,
+        token: &str,
+        secret: Option<&str>,
+        deadline: Instant,
+        now: Instant,
+    ) -> Result<(Acquire, Option<u64>), Failed> {
+        let answer = match self {
+            Self::All(invocation) => redis
+                .call("acquire", invocation)
+                .await
+                .map(|answer| (answer, None)),
+            Self::Fair(fair) => {
+                let wait_left = deadline.saturating_duration_since(now);
+                fair.send(redis, token, secret.unwrap_or_default(), wait_left)
+                    .await
+                    .map(|answer| match answer {
+                        FairAnswer::Acquired {
+                            fencing_token,
+                            server_ms,
+                        } => (Acquire::Acquired { fencing_token }, Some(server_ms)),
+                        FairAnswer::Queued {
+                            remaining,
+                            server_ms,
+                        } => (
+                            Acquire::Held {
+                                first_held: 0,
+                                remaining,
+                            },
+                            Some(server_ms),
+                        ),
+                    })
+            }
+        };
+        answer.map_err(|mut failed| {
+            // Redis before 7.0 cannot compile a script that declares itself with `#!lua`.
+            if let LockError::Redis { source, .. } = &failed.error {
+                let text = source.to_string();
+                if text.contains("Error compiling script") && text.contains("'#'") {
+                    let source = source.clone();
+                    failed.error = LockError::Redis {
+                        op: "acquire (the script was refused: distlock needs Redis 7.0 or newer)",
+                        source,
+                    };
+                }
+            }
+            failed
+        })
+    }
+}
+
+/// Releases a lock whose acquire request may have reached Redis when the acquire did not
+/// finish, and takes a fair waiter that leaves out of its queue.
+struct InDoubt<'a> {
+    context: &'a Arc<Context>,
+    redis_keys: &'a Arc<[LockKeys]>,
+    token: &'a Arc<str>,
+    ttl: Duration,
+    fair: bool,
+    /// Release on drop.
+    armed: bool,
+    /// An acquire request is out (or was given up unanswered).
+    in_flight: bool,
+}
+
+impl Drop for InDoubt<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let leaving = match (self.in_flight, self.fair) {
+                (true, true) => Leaving::InFlightFair,
+                (true, false) => Leaving::InFlight,
+                (false, _) => Leaving::Queued,
+            };
+            release_in_background(
+                self.context,
+                Arc::clone(self.redis_keys),
+                Arc::clone(self.token),
+                self.ttl,
+                leaving,
+            );
+        }
+    }
+}
+
+/// A random 128-bit owner token (a uuid v4 from the OS random source, as 32 hex digits). Not from
+/// a seeded per-thread generator: a fork, a restored VM snapshot or a call that reseeds such a
+/// generator would repeat its tokens, and an acquire that finds its own token counts as success.
+fn new_token() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_uuid_v4_hex_and_distinct() {
+        let a = new_token();
+        let b = new_token();
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(a.as_bytes()[12], b'4', "version 4: {a}");
+        assert_ne!(a, b);
+    }
+}

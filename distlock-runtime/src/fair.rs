@@ -1,0 +1,475 @@
+//! The fair hand-off protocol, end to end: how waiters queue in Redis, how a release hands the
+//! lock to the oldest live waiter and says so, how the waiter trusts and dates that message, and
+//! how a crashed recipient's claim is watched.
+//!
+//! 1. **Queue.** A fair waiter that finds the key held joins the key's queue (see
+//!    [`FAIR_QUEUE`]): a list of tokens in arrival order, and a hash of each token's entry
+//!    (deadline, claim time, secret). A free key is taken only if no live waiter queued first.
+//! 2. **Hand-off.** A release with a live waiter queued sets the key to that waiter's token for
+//!    a claim time ([`HANDOFF_CLAIM`]), draws its fencing token, and publishes
+//!    `h <token> <fence> <redis_ms> <claim_ms> <next> <secret>` on the key's channel.
+//! 3. **Trust.** Anyone allowed to publish on the channel could name a waiter. The message
+//!    counts only if it shows the secret the waiter's latest attempt stored in the queue
+//!    (128 random bits, new at every attempt), which only a client that can read the queue's
+//!    keys (the release script) knows: [`FairWaiter::check`]. The trust boundary is key access:
+//!    a client that can read the queue can also take the lock itself.
+//! 4. **Dating.** The new holder counts its lease from a moment known to precede Redis setting
+//!    the key: [`handoff_start`] maps the message's Redis time onto this host's clock through
+//!    the Redis time of the waiter's own last attempt. A message too old to trust is confirmed by
+//!    one attempt instead (which finds the key already the waiter's).
+//! 5. **Claim.** The recipient extends the key from its claim to its ttl at once. A recipient
+//!    that is gone (its process crashed) leaves the claim to lapse; the message names the next
+//!    waiter in line, which watches the claim, and the oldest fair waiter of every subscribed
+//!    process watches it too ([`deliver`]); a watcher retries once the claim (plus a quarter)
+//!    has passed. Each crashed waiter at the head of the queue costs the queue at most that long.
+
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::conn::{lock, millis, Failed, Redis};
+use crate::fence::FENCE;
+use crate::keys::LockKeys;
+
+/// How long a lock handed to a fair waiter is held for it before the waiter extends it to its
+/// ttl. A hand-off to a waiter that is gone (crashed, or its process stalled) costs the queue
+/// at most this long (plus a quarter, the next waiter's slack) before the next waiter takes
+/// the lock.
+pub const HANDOFF_CLAIM: Duration = Duration::from_secs(2);
+
+/// Lua shared by the scripts that can hand a lock over to a fair waiter.
+///
+/// A fair queue is two keys beside the lock key `L`: `Q`, a list of waiting owner tokens in
+/// arrival order, and `W`, a hash from each waiting token to its entry
+/// `"deadline_ms claim_ms secret"` (Redis server time after which the waiter has given up; how
+/// long a hand-off to it holds before it must confirm; a random value from the waiter's latest
+/// attempt that only a hand-off made by this script can show it). The lock's fencing counter
+/// (see `fence.rs`) is named by its index in `KEYS`.
+pub(crate) const FAIR_QUEUE: &str = r"
+-- The token of the oldest waiter whose deadline is after now; stale entries in front are
+-- dropped. nil when none is left.
+local function first_live(Q, W, now)
+  while true do
+    local head = redis.call('LINDEX', Q, 0)
+    if not head then return nil end
+    local entry = redis.pcall('HGET', W, head)
+    local deadline = type(entry) == 'string' and tonumber(string.match(entry, '^(%d+) ')) or 0
+    if deadline > now then return head end
+    redis.call('LPOP', Q)
+    redis.pcall('HDEL', W, head)
+  end
+end
+-- Gives the lock L (free, or held by the caller) to the oldest live waiter: L is set to its
+-- token for its claim time (drawing a fencing token from the counter KEYS[f]), and a message
+-- on L's channel tells it (and the waiter after it, which watches the claim) so, with the
+-- waiter's secret as proof that the message comes from here. Returns false when no live
+-- waiter is left.
+local function serve(L, Q, W, f, now_us)
+  local now = math.floor(now_us / 1000)
+  local head = first_live(Q, W, now)
+  if not head then
+    redis.call('DEL', Q, W)
+    return false
+  end
+  local claim, secret = string.match(redis.call('HGET', W, head), '^%d+ (%d+) ?(%x*)$')
+  redis.call('LPOP', Q)
+  redis.call('HDEL', W, head)
+  local fence = draw(f, f, claim, now_us)
+  redis.call('SET', L, head, 'PX', claim)
+  local next = first_live(Q, W, now) or ''
+  redis.call('PUBLISH', L,
+    string.format('h %s %.0f %.0f %s %s %s', head, fence, now, claim, next, secret))
+  return true
+end
+";
+
+/// Takes one lock key fairly: only when it is free and no live waiter arrived first; otherwise
+/// joins the key's queue, to be handed the lock by a release.
+///
+/// KEYS: the lock key, its queue, its queue's entries, its fencing counter (see [`FAIR_QUEUE`]).
+/// ARGV[1]: the owner token; ARGV[2]: the ttl in ms; ARGV[3]: the claim time of a hand-off in
+/// ms; ARGV[4]: how much longer this caller waits, in ms; ARGV[5]: this attempt's secret (hex),
+/// which a hand-off to this caller will show.
+/// Returns `{1, fencing_token, now_ms}` when the caller holds the key now with `PX ttl`: it was
+/// free and the caller first in line, or it had been handed to the caller (whose attempt
+/// confirms the hand-off and draws a new fencing token, greater than the hand-off's).
+/// `{0, pttl, now_ms}` when the caller is queued (once, keeping its place on later attempts)
+/// behind the holder, whose remaining PTTL in ms is `pttl` (-1: no expiry); a caller that does
+/// not wait (ARGV[4] is 0) is not queued. If the key was free
+/// but another waiter was first in line, it is handed to that waiter first. `now_ms` is Redis
+/// server time, which lets the caller date a hand-off it learns of by message.
+/// The queue keys expire once no waiter in them can still be waiting.
+static ACQUIRE_FAIR: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(&format!(
+        "#!lua\n{FENCE}{FAIR_QUEUE}{}",
+        r"
+local L, Q, W = KEYS[1], KEYS[2], KEYS[3]
+local token, ttl, claim, wait, secret = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local now_us = clock_us()
+local now = math.floor(now_us / 1000)
+local owner = redis.call('GET', L)
+if owner == token or (not owner and redis.call('EXISTS', Q) == 0) then
+  -- Ours already (a hand-off, or a retried request), or free with nobody queued.
+  local fence = draw(4, 4, ttl, now_us)
+  redis.call('SET', L, token, 'PX', ttl)
+  return {1, fence, now}
+end
+if not owner then
+  local head = first_live(Q, W, now)
+  if not head or head == token then
+    if head then
+      redis.call('LPOP', Q)
+      redis.call('HDEL', W, token)
+    end
+    local fence = draw(4, 4, ttl, now_us)
+    redis.call('SET', L, token, 'PX', ttl)
+    return {1, fence, now}
+  end
+  serve(L, Q, W, 4, now_us)
+end
+if wait <= 0 then return {0, redis.call('PTTL', L), now} end
+if redis.call('HEXISTS', W, token) == 0 then redis.call('RPUSH', Q, token) end
+redis.call('HSET', W, token, string.format('%.0f %s %s', now + wait, claim, secret))
+local keep = wait + tonumber(claim)
+if redis.call('PTTL', Q) < keep then redis.call('PEXPIRE', Q, string.format('%.0f', keep)) end
+if redis.call('PTTL', W) < keep then redis.call('PEXPIRE', W, string.format('%.0f', keep)) end
+return {0, redis.call('PTTL', L), now}
+"
+    ))
+});
+
+/// A fair request's queueing script call, built once per acquire: the keys and fixed arguments;
+/// the token, the wait left and the attempt's secret are added per attempt.
+pub(crate) struct FairRequest {
+    keys: [String; 4],
+    ttl_ms: u64,
+    claim_ms: u64,
+}
+
+/// What one fair attempt found, with Redis's clock (ms) when the script ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FairAnswer {
+    /// The caller holds the key now.
+    Acquired { fencing_token: u64, server_ms: u64 },
+    /// The caller is queued behind the holder, whose lease has `remaining` left (if it expires).
+    Queued {
+        remaining: Option<Duration>,
+        server_ms: u64,
+    },
+}
+
+impl FairRequest {
+    pub(crate) fn new(keys: &LockKeys, ttl: Duration) -> Self {
+        Self {
+            keys: [
+                keys.lock.clone(),
+                keys.queue.clone(),
+                keys.waiters.clone(),
+                keys.fence.clone(),
+            ],
+            ttl_ms: millis(ttl),
+            claim_ms: millis(ttl.min(HANDOFF_CLAIM)),
+        }
+    }
+
+    /// One attempt by `token`, which waits `wait_left` more and stores `secret` in its entry.
+    pub(crate) async fn send(
+        &self,
+        redis: &Redis,
+        token: &str,
+        secret: &str,
+        wait_left: Duration,
+    ) -> Result<FairAnswer, Failed> {
+        let mut invocation = ACQUIRE_FAIR.prepare_invoke();
+        for key in &self.keys {
+            invocation.key(key.as_str());
+        }
+        // At most a century: the script does arithmetic on it in Lua numbers.
+        let wait_ms = u64::try_from(wait_left.as_millis())
+            .unwrap_or(u64::MAX)
+            .min(100 * 365 * 86_400_000);
+        invocation
+            .arg(token)
+            .arg(self.ttl_ms)
+            .arg(self.claim_ms)
+            .arg(wait_ms)
+            .arg(secret);
+        redis.call("acquire", &invocation).await
+    }
+}
+
+impl redis::FromRedisValue for FairAnswer {
+    fn from_redis_value(v: redis::Value) -> Result<Self, redis::ParsingError> {
+        let fields: Vec<i64> = redis::FromRedisValue::from_redis_value(v)?;
+        let server_ms = |now: i64| {
+            u64::try_from(now).map_err(|_| redis::ParsingError::from("negative server time"))
+        };
+        match fields.as_slice() {
+            [1, fence, now] => Ok(Self::Acquired {
+                fencing_token: u64::try_from(*fence)
+                    .map_err(|_| redis::ParsingError::from("negative fencing token"))?,
+                server_ms: server_ms(*now)?,
+            }),
+            [0, pttl, now] => Ok(Self::Queued {
+                remaining: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                server_ms: server_ms(*now)?,
+            }),
+            _ => Err(redis::ParsingError::from(
+                "unexpected fair acquire script reply",
+            )),
+        }
+    }
+}
+
+/// A hand-off message: the lock was given to `token`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Handoff {
+    /// The waiter the lock was handed to.
+    pub(crate) token: String,
+    pub(crate) fencing_token: u64,
+    /// Redis server time of the hand-off, in ms.
+    pub(crate) server_ms: u64,
+    /// How long the lock is held for the waiter before it must be extended.
+    pub(crate) claim: Duration,
+    /// The next live waiter in line, which watches the claim; empty when none.
+    pub(crate) next: String,
+    /// The secret the recipient's latest attempt stored in the queue: a message without it was
+    /// not made by the release script.
+    pub(crate) secret: String,
+}
+
+impl Handoff {
+    /// Parses a message from the release channel: `None` for a plain release (empty) or
+    /// anything not a hand-off.
+    pub(crate) fn parse(message: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(message).ok()?;
+        let mut fields = text.strip_prefix("h ")?.split(' ');
+        let token = fields.next()?.to_owned();
+        let fencing_token = fields.next()?.parse().ok()?;
+        let server_ms = fields.next()?.parse().ok()?;
+        let claim = Duration::from_millis(fields.next()?.parse().ok()?);
+        let next = fields.next().unwrap_or_default().to_owned();
+        let secret = fields.next().unwrap_or_default().to_owned();
+        Some(Self {
+            token,
+            fencing_token,
+            server_ms,
+            claim,
+            next,
+            secret,
+        })
+    }
+}
+
+/// The earliest moment (on this host's clock) a hand-off at Redis time `server_ms` can have
+/// happened, from an attempt sent at `sent` that ran at Redis time `ran_ms`: Redis's clock has
+/// advanced `server_ms - ran_ms` since a moment after `sent`. Allows 1% clock-rate drift and
+/// 1 ms for the millisecond resolution. `None` without a dated attempt.
+pub(crate) fn handoff_start(
+    calibration: Option<(Instant, u64)>,
+    server_ms: u64,
+) -> Option<Instant> {
+    let (sent, ran_ms) = calibration?;
+    let start = if server_ms >= ran_ms {
+        let elapsed = Duration::from_millis(server_ms - ran_ms);
+        (sent + elapsed - elapsed / 100).checked_sub(Duration::from_millis(1))?
+    } else {
+        let before = Duration::from_millis(ran_ms - server_ms);
+        sent.checked_sub(before + before / 100 + Duration::from_millis(1))?
+    };
+    Some(start.min(Instant::now()))
+}
+
+/// What a local fair waiter keeps for the subscriber to find: its token (hand-offs name it),
+/// its attempts' secrets (a real hand-off shows one) and the news hand-offs brought it.
+pub(crate) struct FairWaiter {
+    token: Arc<str>,
+    secrets: Mutex<Secrets>,
+    news: Mutex<News>,
+}
+
+/// The secrets of a fair waiter's latest two attempts.
+#[derive(Default)]
+struct Secrets {
+    latest: Option<Arc<str>>,
+    earlier: Option<Arc<str>>,
+}
+
+/// Which attempt's secret a hand-off showed.
+enum Shown {
+    Latest,
+    Earlier,
+    Unknown,
+}
+
+/// What a fair waiter learned from hand-off messages.
+#[derive(Default)]
+struct News {
+    /// The lock was handed to this waiter.
+    handed: Option<Handoff>,
+    /// This waiter watches the latest hand-off: try again once its claim would have lapsed, in
+    /// case its recipient is gone.
+    watch_until: Option<Instant>,
+}
+
+impl FairWaiter {
+    /// The waiter of `token`, whose latest attempt stored `secret`.
+    pub(crate) fn new(token: Arc<str>, secret: Option<Arc<str>>) -> Self {
+        Self {
+            token,
+            secrets: Mutex::new(Secrets {
+                latest: secret,
+                earlier: None,
+            }),
+            news: Mutex::new(News::default()),
+        }
+    }
+
+    /// From now on, a hand-off must show `secret` (a new attempt stored it).
+    pub(crate) fn expect_secret(&self, secret: Option<Arc<str>>) {
+        let mut secrets = lock(&self.secrets);
+        secrets.earlier = std::mem::replace(&mut secrets.latest, secret);
+    }
+
+    fn check(&self, shown: &str) -> Shown {
+        let secrets = lock(&self.secrets);
+        let is = |secret: &Option<Arc<str>>| {
+            secret
+                .as_deref()
+                .is_some_and(|secret| !secret.is_empty() && secret == shown)
+        };
+        if is(&secrets.latest) {
+            Shown::Latest
+        } else if is(&secrets.earlier) {
+            Shown::Earlier
+        } else {
+            Shown::Unknown
+        }
+    }
+
+    /// Takes a hand-off to this waiter, if one came.
+    pub(crate) fn take_handed(&self) -> Option<Handoff> {
+        lock(&self.news).handed.take()
+    }
+
+    /// When this waiter should look at the latest hand-off's claim, if it watches one.
+    pub(crate) fn watch(&self) -> Option<Instant> {
+        lock(&self.news).watch_until
+    }
+
+    /// Takes over a watch of a waiter that left (keeping the later of the two).
+    pub(crate) fn inherit_watch(&self, until: Instant) {
+        let mut news = lock(&self.news);
+        news.watch_until = news.watch_until.max(Some(until));
+    }
+
+    /// Starts watching until `until`; whether this waiter watched nothing before (and so must
+    /// be woken to take it into account).
+    fn start_watch(&self, until: Instant) -> bool {
+        lock(&self.news).watch_until.replace(until).is_none()
+    }
+}
+
+/// Gives a hand-off published on `channel` to its recipient, if it waits in this process, and
+/// has the claim watched: by the next waiter in line if it waits here, and by this process's
+/// oldest other fair waiter (so the claim stays watched when the next waiter's process is gone
+/// too). A watcher tries again once the claim would have lapsed; a newer hand-off replaces the
+/// one it watched. `waiters` are this process's fair waiters of the key, oldest first, each with
+/// the `Notify` that wakes it.
+///
+/// A hand-off reaches its recipient only if it shows the secret of the recipient's latest
+/// attempt. One showing the attempt before (made before the latest attempt ran, which then finds
+/// the lock handed over) is dropped quietly; any other is forged, and dropped with a warning.
+pub(crate) fn deliver(channel: &str, handoff: Handoff, waiters: &[(&FairWaiter, &Notify)]) {
+    let named = |name: &str| waiters.iter().find(|(w, _)| &*w.token == name);
+    let recipient = named(&handoff.token);
+    if let Some((waiter, _)) = recipient {
+        match waiter.check(&handoff.secret) {
+            Shown::Latest => {}
+            Shown::Earlier => return,
+            Shown::Unknown => {
+                tracing::warn!(
+                    %channel,
+                    "distlock ignored a hand-off message without its waiter's secret: it was not \
+                     published by distlock's release script"
+                );
+                return;
+            }
+        }
+    }
+    // Some slack past the claim: the recipient's extension may be on its way.
+    let until = Instant::now() + handoff.claim + handoff.claim / 4;
+    let next = Some(handoff.next.as_str())
+        .filter(|n| !n.is_empty())
+        .and_then(named);
+    let oldest = waiters.iter().find(|(w, _)| *w.token != *handoff.token);
+    for (watcher, wake) in next.into_iter().chain(oldest) {
+        // A watcher already sleeping until an earlier watch finds this one when it wakes; only
+        // one without a watch needs waking to take it into account.
+        if watcher.start_watch(until) {
+            wake.notify_one();
+        }
+    }
+    if let Some((waiter, wake)) = recipient {
+        lock(&waiter.news).handed = Some(handoff);
+        wake.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hand_off_messages_parse_and_plain_releases_do_not() {
+        let handoff = Handoff::parse(b"h 0af3 17 1795000000123 2000 9bc1 5e").unwrap();
+        assert_eq!(
+            handoff,
+            Handoff {
+                token: "0af3".into(),
+                fencing_token: 17,
+                server_ms: 1_795_000_000_123,
+                claim: Duration::from_secs(2),
+                next: "9bc1".into(),
+                secret: "5e".into(),
+            }
+        );
+        let last_in_line = Handoff::parse(b"h a 1 2 3  5e").unwrap();
+        assert_eq!((&*last_in_line.next, &*last_in_line.secret), ("", "5e"));
+        assert!(Handoff::parse(b"").is_none());
+        assert!(Handoff::parse(b"h a x 2 3 ").is_none());
+    }
+
+    #[test]
+    fn a_hand_off_is_dated_no_later_than_redis_made_it() {
+        let sent = Instant::now() - Duration::from_secs(5);
+        // Redis ran the attempt at 1,000,000 ms and handed over 3,000 ms later on its clock:
+        // at least 3 s less 1% drift and 1 ms resolution after the attempt was sent.
+        let start = handoff_start(Some((sent, 1_000_000)), 1_003_000).unwrap();
+        assert_eq!(start, sent + Duration::from_millis(3_000 - 30 - 1));
+        // A hand-off dated before the attempt ran (another attempt's date) reaches back.
+        let start = handoff_start(Some((sent, 1_000_000)), 999_000).unwrap();
+        assert_eq!(start, sent - Duration::from_millis(1_000 + 10 + 1));
+        // Never later than now, whatever Redis's clock says.
+        let start = handoff_start(Some((sent, 1_000_000)), 1_000_000 + 60_000).unwrap();
+        assert!(start <= Instant::now());
+        assert!(handoff_start(None, 1_000_000).is_none());
+    }
+
+    #[test]
+    fn only_a_hand_off_showing_the_latest_secret_reaches_its_waiter() {
+        let waiter = FairWaiter::new("w1".into(), Some("s1".into()));
+        let wake = Notify::new();
+        let handoff = |secret: &str| Handoff::parse(format!("h w1 7 1 2000  {secret}").as_bytes());
+        deliver("k", handoff("forged").unwrap(), &[(&waiter, &wake)]);
+        assert!(waiter.take_handed().is_none());
+        waiter.expect_secret(Some("s2".into()));
+        // Made before the latest attempt ran: that attempt finds the lock handed over.
+        deliver("k", handoff("s1").unwrap(), &[(&waiter, &wake)]);
+        assert!(waiter.take_handed().is_none());
+        deliver("k", handoff("s2").unwrap(), &[(&waiter, &wake)]);
+        assert_eq!(waiter.take_handed().map(|h| h.fencing_token), Some(7));
+    }
+}

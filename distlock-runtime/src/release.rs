@@ -1,0 +1,118 @@
+//! Releasing by token: the release script call, and the background release that repeats it
+//! when nobody waits for the answer (a lease dropped instead of released, an acquire that ended
+//! not knowing whether it took the lock, a fair waiter leaving its queue).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::conn;
+use crate::context::Context;
+use crate::error::LockError;
+use crate::keys::LockKeys;
+use crate::scripts;
+
+/// Deletes the keys still held by `token` (handing each to its oldest fair waiter, if it
+/// has one); returns how many were. With `queued`, `token` also leaves the keys' fair
+/// queues: a fair waiter that gives up, or whose attempt may have queued it.
+pub(crate) async fn release_keys(
+    context: &Context,
+    redis_keys: &[LockKeys],
+    token: &str,
+    queued: bool,
+) -> Result<usize, LockError> {
+    let mut invocation = scripts::RELEASE.prepare_invoke();
+    for keys in redis_keys {
+        invocation
+            .key(keys.lock.as_str())
+            .key(keys.queue.as_str())
+            .key(keys.waiters.as_str())
+            .key(keys.fence.as_str());
+    }
+    invocation.arg(token).arg(if queued { "1" } else { "0" });
+    context.redis().invoke("release", &invocation).await
+}
+
+/// Releases from a spawned task: the fallback when a lease is dropped instead of released,
+/// or an acquire ended without knowing whether it took the lock, or a fair waiter left its
+/// queue (see [`Leaving`]). Retries failed attempts until `ttl` from now, when the keys have
+/// expired anyway.
+pub(crate) fn release_in_background(
+    context: &Arc<Context>,
+    redis_keys: Arc<[LockKeys]>,
+    token: Arc<str>,
+    ttl: Duration,
+    leaving: Leaving,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(
+            keys = ?lock_names(&redis_keys),
+            "distlock lease dropped outside a Tokio runtime; it expires after its ttl"
+        );
+        return;
+    };
+    let context = Arc::clone(context);
+    let give_up = Instant::now() + ttl;
+    let response_timeout = context.redis().response_timeout();
+    runtime.spawn(async move {
+        let mut pause = Duration::from_millis(50);
+        let mut repeats = match leaving {
+            Leaving::InFlight | Leaving::InFlightFair => 2,
+            Leaving::Dropped | Leaving::Queued => 0,
+        };
+        loop {
+            let queued = matches!(leaving, Leaving::Queued | Leaving::InFlightFair);
+            let error = match release_keys(&context, &redis_keys, &token, queued).await {
+                Ok(released)
+                    if repeats > 0
+                        && (released == 0 || leaving == Leaving::InFlightFair)
+                        && Instant::now() < give_up =>
+                {
+                    repeats -= 1;
+                    tokio::time::sleep(response_timeout).await;
+                    continue;
+                }
+                Ok(_) => return,
+                Err(error) => error,
+            };
+            // Redis refusing the release (an ACL, say) refuses it again: only an outage
+            // is worth waiting out.
+            let outage = match &error {
+                LockError::RedisTimeout { .. } => true,
+                LockError::Redis { source, .. } => conn::is_connection_failure(source),
+                _ => false,
+            };
+            if !outage || Instant::now() + pause >= give_up {
+                tracing::warn!(keys = ?lock_names(&redis_keys), %error, "distlock release failed; the lock expires after its ttl");
+                return;
+            }
+            tracing::debug!(keys = ?lock_names(&redis_keys), %error, "distlock background release failed; retrying");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    });
+}
+
+/// The lock keys' Redis names, for logs.
+fn lock_names(redis_keys: &[LockKeys]) -> Vec<&str> {
+    redis_keys.iter().map(|k| k.lock.as_str()).collect()
+}
+
+/// Why a release runs in the background, which decides how often it is repeated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Leaving {
+    /// A lease dropped instead of released: released once.
+    Dropped,
+    /// An acquire request may still be on its way, on the connection that was given up, behind
+    /// this release on a fresh one: a release that found nothing is repeated twice, a response
+    /// timeout apart.
+    InFlight,
+    /// A fair acquire request may still be on its way: even after a release that found the key
+    /// (handed over meanwhile), it could queue the token again or take the key, so the release
+    /// is repeated twice whatever it finds.
+    InFlightFair,
+    /// A fair waiter left between attempts: one release takes it out of the queue and passes on
+    /// a hand-off it was given.
+    Queued,
+}

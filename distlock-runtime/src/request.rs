@@ -1,0 +1,219 @@
+//! [`LockRequest`]: one request for a lock (its keys, ttl, wait, renewal and fairness), checked
+//! and then acquired as a [`Lease`] or run around a body.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::context::Context;
+use crate::error::LockError;
+use crate::lease::Lease;
+use crate::validity::check_ttl;
+use crate::wait::Wait;
+use crate::{acquire, reentrancy};
+
+/// A lock about to be taken: set the ttl, wait and renewal, then [`acquire`](Self::acquire) a
+/// [`Lease`] or [`run`](Self::run) a future under it. Made by
+/// [`LockManager::lock`](crate::LockManager::lock) and its siblings.
+#[must_use = "a LockRequest does nothing until .acquire() or .run(future) is awaited"]
+#[derive(Debug)]
+pub struct LockRequest {
+    manager: Arc<Context>,
+    keys: Vec<String>,
+    ttl: Duration,
+    wait: Duration,
+    renew: bool,
+    /// `None`: the manager's default (for one key).
+    fair: Option<bool>,
+}
+
+impl LockRequest {
+    /// A request for `keys` with the manager's defaults and renewal on.
+    pub(crate) fn new(manager: Arc<Context>, keys: Vec<String>) -> Self {
+        Self {
+            ttl: manager.default_ttl,
+            wait: manager.default_wait,
+            manager,
+            keys,
+            renew: true,
+            fair: None,
+        }
+    }
+
+    /// How long the lease lasts without renewal (Redis expires it then). Default: the manager's
+    /// default ttl (30 s unless the builder changed it). From [`MIN_TTL`](crate::MIN_TTL) to [`MAX_TTL`](crate::MAX_TTL).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long to wait for a held lock before giving up with [`LockError::Timeout`]. Zero tries
+    /// once and fails with [`LockError::NotAcquired`]. Default: the manager's default wait (10 s
+    /// unless the builder changed it).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Whether to extend the lease every ttl/3 while it is held. Default: `true`. Without it the
+    /// lease ends after its ttl, and [`run`](Self::run) stops a body still running then.
+    pub fn renew(mut self, renew: bool) -> Self {
+        self.renew = renew;
+        self
+    }
+
+    /// Whether waiters are served in arrival order: waiters queue in Redis, and a release hands
+    /// the lock straight to the oldest live waiter, which starts without another acquire
+    /// request (see the crate docs, "Fair locks"). Default: the manager's
+    /// [`default_fair`](crate::LockManagerBuilder::default_fair) (`false` unless changed). Only a
+    /// request for one key can be fair: [`acquire`](Self::acquire) and [`run`](Self::run)
+    /// refuse `fair(true)` with several keys ([`LockError::InvalidConfig`]).
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// // Buyers of one hot product are served first come, first served.
+    /// let lease = locks.lock("stock:sku-1").fair(true).acquire().await?;
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = Some(fair);
+        self
+    }
+
+    /// Takes the lock: one round trip when it is free; otherwise waits until it is, or until the
+    /// wait runs out.
+    ///
+    /// # Errors
+    /// [`LockError::NotAcquired`] (wait zero) or [`LockError::Timeout`] when another owner held a
+    /// key throughout; [`LockError::InvalidKey`] / [`LockError::InvalidConfig`] for an empty key
+    /// or a ttl outside [`MIN_TTL`](crate::MIN_TTL)..=[`MAX_TTL`](crate::MAX_TTL); [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis
+    /// cannot be asked within the manager's timeouts.
+    pub async fn acquire(self) -> Result<Lease, LockError> {
+        let keys = prepare_keys(self.keys)?;
+        check_ttl(self.ttl)?;
+        let fair = fair_for(&self.manager, self.fair, &keys)?;
+        let wait = Wait::new(Instant::now(), self.wait);
+        acquire::acquire(&self.manager, keys, self.ttl, wait, self.renew, fair).await
+    }
+
+    /// Takes the lock, runs `body` under it, and releases it whatever happens: when the body
+    /// returns, panics, or this future is dropped (then the release is sent from a spawned task).
+    ///
+    /// If the lease is lost while the body runs (see [`Lease::lost`]), the body is dropped at its
+    /// next await point and the call returns [`LockError::LeaseLost`]. A failed release after a
+    /// finished body does not hide the body's result: it is logged, and the keys expire after
+    /// their ttl.
+    ///
+    /// **Re-entrancy:** inside a `run` body, a `run` on the same task and manager (or a clone)
+    /// for keys this task already holds runs its body at once under the outer lease, without
+    /// asking Redis. If only some of the keys are held, the others are acquired as a new lease
+    /// (waiting as usual) and the held ones stay under the outer lease. Like any nested locking,
+    /// that can wait on a task that waits on this one; the wait then ends in
+    /// [`LockError::Timeout`]: take all keys in the outer call to avoid it.
+    ///
+    /// Re-entry is for strict nesting only: calls for a held key that run side by side on one
+    /// task (`join!`, `select!`, `FuturesUnordered` inside the body) are separate critical
+    /// sections and never overlap. The first one borrows the key from the enclosing body until
+    /// it ends; the others wait for it (within their `wait`, failing with
+    /// [`LockError::Timeout`], or [`LockError::NotAcquired`] with a zero wait), while calls
+    /// nested inside the first re-enter at once.
+    ///
+    /// # Errors
+    /// Those of [`acquire`](Self::acquire), and [`LockError::LeaseLost`].
+    pub async fn run<F: Future>(self, body: F) -> Result<F::Output, LockError> {
+        let keys = prepare_keys(self.keys)?;
+        check_ttl(self.ttl)?;
+        let fair = fair_for(&self.manager, self.fair, &keys)?;
+        let manager = self.manager;
+        let wait = Wait::new(Instant::now(), self.wait);
+        let entry = reentrancy::enter(manager.id, &keys, wait).await?;
+        if entry.missing().is_empty() {
+            return Ok(entry.scope(None, body).await);
+        }
+        let span =
+            tracing::debug_span!("distlock", keys = ?keys, fencing_token = tracing::field::Empty);
+        async move {
+            let missing: Arc<[String]> = entry.missing().into();
+            let lease = acquire::acquire(&manager, missing, self.ttl, wait, self.renew, fair).await?;
+            let fencing_token = lease.fencing_token();
+            tracing::Span::current().record("fencing_token", fencing_token);
+            let scoped = entry.scope(
+                Some((Arc::clone(lease.shared_keys()), fencing_token)),
+                body,
+            );
+            let outcome = tokio::select! {
+                biased;
+                () = lease.lost() => {
+                    tracing::warn!(keys = ?lease.keys(), "distlock lease lost; the body was stopped");
+                    Err(LockError::LeaseLost { keys: lease.keys().to_vec() })
+                }
+                output = scoped => Ok(output),
+            };
+            if let Err(error) = lease.release().await {
+                tracing::warn!(%error, "distlock release failed; the lock expires after its ttl");
+            }
+            outcome
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+/// Whether a request for `keys` (sorted, de-duplicated) is served fairly: as asked, else by the
+/// manager's default, which applies to single-key requests only.
+fn fair_for(manager: &Context, asked: Option<bool>, keys: &[String]) -> Result<bool, LockError> {
+    match asked {
+        Some(true) if keys.len() > 1 => Err(LockError::InvalidConfig {
+            what: "fair",
+            reason: format!(
+                "a fair request takes one key, not {}: waiters queue on one key at a time, and \
+                 queueing on several at once could deadlock; lock one key fairly, or drop .fair(true)",
+                keys.len()
+            ),
+        }),
+        Some(fair) => Ok(fair),
+        None => Ok(manager.default_fair && keys.len() == 1),
+    }
+}
+
+/// Sorts and de-duplicates the keys of a request, refusing unusable ones.
+fn prepare_keys(mut keys: Vec<String>) -> Result<Arc<[String]>, LockError> {
+    if keys.is_empty() {
+        return Err(LockError::InvalidKey {
+            key: String::new(),
+            reason: "no key given: lock_all needs at least one key",
+        });
+    }
+    if let Some(empty) = keys.iter().find(|k| k.is_empty()) {
+        return Err(LockError::InvalidKey {
+            key: empty.clone(),
+            reason: "a lock key must not be empty",
+        });
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    Ok(keys.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_sorted_and_deduplicated_and_empty_ones_refused() {
+        let keys = prepare_keys(vec!["b".into(), "a".into(), "b".into()]).unwrap();
+        assert_eq!(&*keys, ["a", "b"]);
+        assert!(matches!(
+            prepare_keys(vec!["a".into(), String::new()]),
+            Err(LockError::InvalidKey { .. })
+        ));
+        assert!(matches!(
+            prepare_keys(vec![]),
+            Err(LockError::InvalidKey { .. })
+        ));
+    }
+}

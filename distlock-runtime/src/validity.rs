@@ -1,0 +1,210 @@
+//! How long a lease is trusted, and whether it was lost: [`LeaseState`], shared by a lease, its
+//! acquire and its renewal.
+//!
+//! A lease's validity is counted from before the request that set its expiry was sent, less a
+//! margin for the drift between this host's clock and Redis's, so this process gives a lease up
+//! before Redis expires it. What the monotonic clock cannot see (a host suspended, some VM
+//! pauses) it cannot give up in time: fencing tokens are what make such a holder harmless.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::conn::lock;
+use crate::error::LockError;
+
+/// The shortest lease accepted: below this the clock-drift margin eats the whole lease.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+
+/// The longest lease accepted (one year); longer is surely a mistake, and would overflow clocks.
+pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
+/// What a lease and its renewal share: until when it is valid, its ttl, and whether it was lost.
+pub(crate) struct LeaseState {
+    lost: CancellationToken,
+    validity: Mutex<Validity>,
+}
+
+#[derive(Clone, Copy)]
+struct Validity {
+    until: Instant,
+    ttl: Duration,
+    /// When the request that set this expiry was sent: an answer to an older request (a
+    /// renewal overtaken by a manual `extend`, say) must not overwrite it.
+    sent: Instant,
+}
+
+impl LeaseState {
+    /// A lease being requested with `ttl`; valid from when [`LeaseState::acquired`] is called.
+    pub(crate) fn new(ttl: Duration) -> Self {
+        Self {
+            lost: CancellationToken::new(),
+            validity: Mutex::new(Validity {
+                until: Instant::now(),
+                ttl,
+                sent: Instant::now(),
+            }),
+        }
+    }
+
+    pub(crate) fn ttl(&self) -> Duration {
+        lock(&self.validity).ttl
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        lock(&self.validity).until
+    }
+
+    /// The acquire request sent at `sent` took the keys with `ttl`.
+    pub(crate) fn acquired(&self, sent: Instant, ttl: Duration) {
+        *lock(&self.validity) = Validity {
+            until: sent + validity(ttl),
+            ttl,
+            sent,
+        };
+    }
+
+    /// A release handed the key over with `claim` as its expiry, at a moment known to be no
+    /// earlier than `start` on this host's clock; renewals (the first one due at once when
+    /// `claim` is shorter) extend it to `ttl`.
+    pub(crate) fn handed(&self, start: Instant, claim: Duration, ttl: Duration) {
+        *lock(&self.validity) = Validity {
+            until: start + validity(claim),
+            ttl,
+            sent: start,
+        };
+    }
+
+    /// Redis set the keys' expiry to `ttl` by a request sent at `sent`. Returns whether this
+    /// answer now defines the lease (false for an answer older than the current one). A lease
+    /// once lost, or whose validity ran out before this answer, stays lost: there was a moment
+    /// when this owner could not know it held the lock.
+    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) -> bool {
+        let mut current = lock(&self.validity);
+        if self.lost.is_cancelled() || current.until <= Instant::now() {
+            self.lost.cancel();
+            return false;
+        }
+        if sent < current.sent {
+            return false;
+        }
+        *current = Validity {
+            until: sent + validity(ttl),
+            ttl,
+            sent,
+        };
+        true
+    }
+
+    /// Whether the lease was marked lost (without checking the clock).
+    pub(crate) fn is_lost_flag(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
+    pub(crate) fn mark_lost(&self) {
+        self.lost.cancel();
+    }
+
+    /// Whether the lease is lost; running out of validity loses it for good.
+    pub(crate) fn is_lost(&self) -> bool {
+        if self.lost.is_cancelled() {
+            return true;
+        }
+        let current = lock(&self.validity);
+        if current.until <= Instant::now() {
+            // Under the validity lock, so a renewal cannot revive it in between.
+            self.lost.cancel();
+            return true;
+        }
+        false
+    }
+
+    pub(crate) async fn lost(&self) {
+        loop {
+            let until = self.valid_until();
+            tokio::select! {
+                () = self.lost.cancelled() => return,
+                () = tokio::time::sleep_until(until) => {
+                    // A renewal may have moved the deadline while we slept.
+                    if self.is_lost() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How long a lease of `ttl` is trusted, counted from when its request was sent: the ttl less a
+/// margin for the drift between this host's clock and Redis's (1% + 2 ms, as in Redlock).
+pub(crate) fn validity(ttl: Duration) -> Duration {
+    ttl.saturating_sub(ttl / 100 + Duration::from_millis(2))
+}
+
+/// Refuses a ttl outside [`MIN_TTL`]..=[`MAX_TTL`].
+pub(crate) fn check_ttl(ttl: Duration) -> Result<(), LockError> {
+    if ttl > MAX_TTL {
+        return Err(LockError::InvalidConfig {
+            what: "ttl",
+            reason: format!(
+                "{ttl:?} is too long: a lease lasts at most {MAX_TTL:?}; use renewal for long \
+                 critical sections"
+            ),
+        });
+    }
+    if ttl < MIN_TTL {
+        return Err(LockError::InvalidConfig {
+            what: "ttl",
+            reason: format!(
+                "{ttl:?} is too short: a lease must last at least {MIN_TTL:?} (give the \
+                 longest time the critical section may take, or a few seconds with renewal)"
+            ),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_older_answer_never_overwrites_a_newer_one() {
+        let state = LeaseState::new(Duration::from_secs(30));
+        let start = Instant::now();
+        state.acquired(start, Duration::from_secs(30));
+        let early = start + Duration::from_millis(1);
+        let late = start + Duration::from_millis(2);
+        // A manual extend to 600 ms (sent late) is answered before a 30 s renewal sent earlier.
+        assert!(state.renewed(late, Duration::from_millis(600)));
+        assert!(!state.renewed(early, Duration::from_secs(30)));
+        assert_eq!(state.ttl(), Duration::from_millis(600));
+        assert_eq!(
+            state.valid_until(),
+            late + validity(Duration::from_millis(600))
+        );
+    }
+
+    #[test]
+    fn a_lease_past_its_validity_stays_lost() {
+        let state = LeaseState::new(Duration::from_millis(10));
+        state.acquired(
+            Instant::now() - Duration::from_secs(1),
+            Duration::from_millis(10),
+        );
+        assert!(state.is_lost());
+        assert!(!state.renewed(Instant::now(), Duration::from_secs(30)));
+        assert!(state.is_lost());
+    }
+
+    #[test]
+    fn ttls_under_the_minimum_are_refused() {
+        assert!(check_ttl(MIN_TTL).is_ok());
+        assert!(check_ttl(MIN_TTL - Duration::from_nanos(1)).is_err());
+        assert!(check_ttl(Duration::ZERO).is_err());
+        assert!(check_ttl(MAX_TTL).is_ok());
+        assert!(check_ttl(Duration::MAX).is_err());
+    }
+}
