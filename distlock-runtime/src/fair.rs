@@ -61,13 +61,14 @@ local function first_live(Q, W, now)
     redis.pcall('HDEL', W, head)
   end
 end
--- Gives the lock L (free, or held by the caller) to the oldest live waiter: L is set to its
--- token for its claim time (drawing a fencing token from the counter KEYS[f]), and a message
+-- Gives the lock L (free, or held by the caller) to the oldest live waiter at Redis time t (a
+-- TIME reply): L is set to its token for its claim time (drawing a fencing token from the
+-- counter KEYS[f]), and a message
 -- on L's channel tells it (and the waiter after it, which watches the claim) so, with the
 -- waiter's secret as proof that the message comes from here. Returns false when no live
 -- waiter is left.
-local function serve(L, Q, W, f, now_us)
-  local now = math.floor(now_us / 1000)
+local function serve(L, Q, W, f, t)
+  local now = t[1] * 1000 + math.floor(t[2] / 1000)
   local head = first_live(Q, W, now)
   if not head then
     redis.call('DEL', Q, W)
@@ -76,7 +77,7 @@ local function serve(L, Q, W, f, now_us)
   local claim, secret = string.match(redis.call('HGET', W, head), '^%d+ (%d+) ?(%x*)$')
   redis.call('LPOP', Q)
   redis.call('HDEL', W, head)
-  local fence = draw(f, f, claim, now_us)
+  local fence = draw(f, f, claim, t)
   redis.call('SET', L, head, 'PX', claim)
   local next = first_live(Q, W, now) or ''
   redis.call('PUBLISH', L,
@@ -107,12 +108,12 @@ static ACQUIRE_FAIR: LazyLock<redis::Script> = LazyLock::new(|| {
         r"
 local L, Q, W = KEYS[1], KEYS[2], KEYS[3]
 local token, ttl, claim, wait, secret = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
-local now_us = clock_us()
-local now = math.floor(now_us / 1000)
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local owner = redis.call('GET', L)
 if owner == token or (not owner and redis.call('EXISTS', Q) == 0) then
   -- Ours already (a hand-off, or a retried request), or free with nobody queued.
-  local fence = draw(4, 4, ttl, now_us)
+  local fence = draw(4, 4, ttl, t)
   redis.call('SET', L, token, 'PX', ttl)
   return {1, fence, now}
 end
@@ -123,11 +124,11 @@ if not owner then
       redis.call('LPOP', Q)
       redis.call('HDEL', W, token)
     end
-    local fence = draw(4, 4, ttl, now_us)
+    local fence = draw(4, 4, ttl, t)
     redis.call('SET', L, token, 'PX', ttl)
     return {1, fence, now}
   end
-  serve(L, Q, W, 4, now_us)
+  serve(L, Q, W, 4, t)
 end
 if wait <= 0 then return {0, redis.call('PTTL', L), now} end
 if redis.call('HEXISTS', W, token) == 0 then redis.call('RPUSH', Q, token) end

@@ -13,35 +13,37 @@
 //! step, and a failover takes longer than their offsets; a clock set back by hand breaks the
 //! guarantee until the counter has caught up.
 
-/// Lua shared by every script that draws a fencing token.
+/// Lua shared by every script that draws a fencing token: `draw(from, to, keep_ms, t)`, where
+/// `t` is Redis's `TIME` reply.
 ///
 /// Each lock key `L` has a counter `F` beside it holding the last token drawn for it. A token
-/// is one more than the greatest counter of the lease's keys, and at least Redis's clock in
-/// microseconds (`TIME`): after Redis lost a counter (a restart without persistence, a failover
+/// is Redis's clock in microseconds, or one more than the greatest counter of the lease's keys
+/// when that is not less: after Redis lost a counter (a restart without persistence, a failover
 /// to a replica that missed the write, an eviction), tokens go on from the clock instead of
-/// starting again from 1, so they keep rising as long as Redis's clock does. A counter lives
-/// `keep_ms` (the lease's ttl) after its last draw, and longer when the token is ahead of the
-/// clock (more than one draw per microsecond), so an expired counter never held a value the
-/// clock has not passed: no key lives forever per lock name.
+/// starting again from 1, so they keep rising as long as Redis's clock does; while the counter
+/// lives, a clock stepped back cannot make them fall. A counter lives `keep_ms` (the lease's
+/// ttl) after its last draw, and longer when the token is ahead of the clock (more than one draw
+/// per microsecond), so an expired counter never held a value the clock has not passed: no key
+/// lives forever per lock name.
 ///
-/// Tokens stay below 2^53, so Lua numbers hold them exactly; Redis writes a number argument of
-/// `redis.call` with all its digits (Lua's own `tostring` would not).
+/// The common case (the clock is ahead of every counter) costs one `SET ... GET` per counter:
+/// each is set to the clock and answers its last value, and only a counter found ahead makes a
+/// second write. Tokens stay below 2^53, so Lua numbers hold them exactly; they are written as
+/// the digits of `TIME` (Lua's own `tostring` would round them).
 pub(crate) const FENCE: &str = r"
--- Redis's clock, in microseconds.
-local function clock_us()
-  local t = redis.call('TIME')
-  return t[1] * 1000000 + t[2]
-end
--- Draws one token for the counters KEYS[from..to] at Redis time now_us; each is set to it.
-local function draw(from, to, keep_ms, now_us)
+local function draw(from, to, keep_ms, t)
+  local now_us = t[1] * 1000000 + t[2]
   local token = now_us
   for i = from, to do
-    local last = tonumber(redis.call('GET', KEYS[i]))
+    local now_text = t[1] .. string.sub(t[2] + 1000000, 2)
+    local last = tonumber(redis.call('SET', KEYS[i], now_text, 'PX', keep_ms, 'GET'))
     if last and last >= token then token = last + 1 end
   end
-  local keep = keep_ms
-  if token > now_us then keep = keep + math.ceil((token - now_us) / 1000) end
-  for i = from, to do redis.call('SET', KEYS[i], token, 'PX', keep) end
+  if token > now_us then
+    local keep = keep_ms + math.ceil((token - now_us) / 1000)
+    local text = string.format('%.0f', token)
+    for i = from, to do redis.call('SET', KEYS[i], text, 'PX', keep) end
+  end
   return token
 end
 ";

@@ -24,32 +24,39 @@ use crate::fence::FENCE;
 /// key has no expiry). Nothing is written then.
 ///
 /// Declared with `#!lua` (Redis 7.0): Redis checks memory and key permissions before the script
-/// runs, so an acquire it refuses has written nothing; an acquire that fails after it wrote is
-/// released by token (see `acquire.rs`, "in doubt").
+/// runs, so an acquire it refuses has written nothing; an acquire that fails after it wrote (a
+/// counter overwritten with another type, say) is released by token (see `acquire.rs`, "in
+/// doubt"). A retried request that finds its own token takes the key as it is, with a new
+/// fencing token.
 pub(crate) static ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(&format!(
         "#!lua\n{FENCE}{}",
         r"
 local n = #KEYS / 2
-local first = 0
-for i = 1, n do
-  local owner = redis.call('GET', KEYS[i])
-  if owner and owner ~= ARGV[1] then first = i break end
-end
-if first > 0 then
-  local longest = 0
-  for i = first, n do
+if n == 1 then
+  -- One key: take it if free, in one command.
+  local owner = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
+  if owner and owner ~= ARGV[1] then return {0, 1, redis.call('PTTL', KEYS[1])} end
+else
+  local first = 0
+  for i = 1, n do
     local owner = redis.call('GET', KEYS[i])
-    if owner and owner ~= ARGV[1] then
-      local pttl = redis.call('PTTL', KEYS[i])
-      if pttl < 0 then longest = -1 elseif longest >= 0 and pttl > longest then longest = pttl end
-    end
+    if owner and owner ~= ARGV[1] then first = i break end
   end
-  return {0, first, longest}
+  if first > 0 then
+    local longest = 0
+    for i = first, n do
+      local owner = redis.call('GET', KEYS[i])
+      if owner and owner ~= ARGV[1] then
+        local pttl = redis.call('PTTL', KEYS[i])
+        if pttl < 0 then longest = -1 elseif longest >= 0 and pttl > longest then longest = pttl end
+      end
+    end
+    return {0, first, longest}
+  end
+  for i = 1, n do redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
 end
-local token = draw(n + 1, 2 * n, ARGV[2], clock_us())
-for i = 1, n do redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
-return token
+return draw(n + 1, 2 * n, ARGV[2], redis.call('TIME'))
 "
     ))
 });
@@ -70,8 +77,7 @@ return token
 /// than stop half way through a hand-off.
 pub(crate) static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(&format!(
-        "#!lua flags=allow-oom\n{FENCE}{FAIR_QUEUE}{}",
-        r"
+        r"#!lua flags=allow-oom
 local token, queued = ARGV[1], ARGV[2] == '1'
 local released = 0
 for i = 1, #KEYS, 4 do
@@ -79,7 +85,13 @@ for i = 1, #KEYS, 4 do
   if queued and redis.pcall('HDEL', W, token) == 1 then redis.call('LREM', Q, 1, token) end
   if redis.pcall('GET', L) == token then
     released = released + 1
-    if redis.call('EXISTS', Q) == 0 or not serve(L, Q, W, i + 3, clock_us()) then
+    local served = false
+    if redis.call('EXISTS', Q) == 1 then
+      -- Defined here, so a release without a queue spends nothing on them.
+      {FENCE}{FAIR_QUEUE}
+      served = serve(L, Q, W, i + 3, redis.call('TIME'))
+    end
+    if not served then
       redis.call('DEL', L)
       redis.call('PUBLISH', L, '')
     end
