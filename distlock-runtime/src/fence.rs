@@ -26,24 +26,28 @@
 /// per microsecond), so an expired counter never held a value the clock has not passed: no key
 /// lives forever per lock name.
 ///
-/// The common case (the clock is ahead of every counter) costs one `SET ... GET` per counter:
-/// each is set to the clock and answers its last value, and only a counter found ahead makes a
-/// second write. Tokens stay below 2^53, so Lua numbers hold them exactly; they are written as
-/// the digits of `TIME` (Lua's own `tostring` would round them).
+/// The common case (the clock is ahead of every counter) costs one `SET ... GET` per counter and
+/// no number conversion: each counter is set to the clock's digits and answers its last value,
+/// compared as digits (same length, so text order is number order); only a counter found ahead
+/// is parsed, and makes a second write. `draw` returns the token as its digits. Tokens stay
+/// below 2^53, so Lua numbers (and JavaScript's) hold them exactly.
 pub(crate) const FENCE: &str = r"
 local function draw(from, to, keep_ms, t)
-  local now_us = t[1] * 1000000 + t[2]
-  local token = now_us
+  local us = t[2]
+  local now = t[1] .. string.rep('0', 6 - #us) .. us
+  local ahead = nil
   for i = from, to do
-    local now_text = t[1] .. string.sub(t[2] + 1000000, 2)
-    local last = tonumber(redis.call('SET', KEYS[i], now_text, 'PX', keep_ms, 'GET'))
-    if last and last >= token then token = last + 1 end
+    local last = redis.call('SET', KEYS[i], now, 'PX', keep_ms, 'GET')
+    if last and (#last > #now or (#last == #now and last >= now)) then
+      if not ahead or tonumber(last) > ahead then ahead = tonumber(last) end
+    end
   end
-  if token > now_us then
-    local keep = keep_ms + math.ceil((token - now_us) / 1000)
-    local text = string.format('%.0f', token)
-    for i = from, to do redis.call('SET', KEYS[i], text, 'PX', keep) end
-  end
-  return token
+  if not ahead then return now end
+  local token = ahead + 1
+  local now_us = t[1] * 1000000 + us
+  local keep = keep_ms + math.ceil((token - now_us) / 1000)
+  local text = string.format('%.0f', token)
+  for i = from, to do redis.call('SET', KEYS[i], text, 'PX', keep) end
+  return text
 end
 ";

@@ -17,7 +17,7 @@ use crate::fence::FENCE;
 /// KEYS: the lock keys `L1..Ln` (sorted, de-duplicated), then their fencing counters `F1..Fn`
 /// in the same order (see `fence.rs`).
 /// ARGV[1]: the owner token; ARGV[2]: the ttl in milliseconds.
-/// Returns the fencing token (an integer) when every key was free (or already held by this
+/// Returns the fencing token (its decimal digits) when every key was free (or already held by this
 /// token, so a retried request after a lost answer is harmless) and is now set with `PX ttl`;
 /// `{0, i, pttl}` when some key is held by another owner, where `i` is the 1-based index of the
 /// first held key and `pttl` the longest remaining PTTL among the held keys in ms (-1 when a held
@@ -148,10 +148,9 @@ pub(crate) enum Acquire {
 
 impl redis::FromRedisValue for Acquire {
     fn from_redis_value(v: redis::Value) -> Result<Self, redis::ParsingError> {
-        if let redis::Value::Int(fence) = v {
+        if let redis::Value::Int(_) | redis::Value::BulkString(_) = v {
             return Ok(Self::Acquired {
-                fencing_token: u64::try_from(fence)
-                    .map_err(|_| redis::ParsingError::from("negative fencing token"))?,
+                fencing_token: redis::FromRedisValue::from_redis_value(v)?,
             });
         }
         let fields: Vec<i64> = redis::FromRedisValue::from_redis_value(v)?;

@@ -209,3 +209,48 @@ async fn every_key_a_lock_writes_expires() {
         keys_with_pttl(&server).await
     );
 }
+
+#[tokio::test]
+async fn a_counter_ahead_of_the_clock_keeps_tokens_rising() {
+    // As after Redis's clock was set back: the counters hold tokens from its future.
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let mut conn = server.client().await;
+    let (secs, _): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let ahead = (secs + 3600) * 1_000_000;
+    for key in ["one", "both:a"] {
+        let _: () = redis::cmd("SET")
+            .arg(format!("distlock:fence:{key}"))
+            .arg(ahead)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let first = locks.lock("one").acquire().await.unwrap();
+    assert_eq!(first.fencing_token(), ahead + 1);
+    first.release().await.unwrap();
+    let second = locks.lock("one").acquire().await.unwrap();
+    assert_eq!(second.fencing_token(), ahead + 2);
+    // The counter outlives its lease until the clock has caught up with it.
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg("distlock:fence:one")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(pttl > 3_600_000, "counter expires in {pttl} ms");
+    second.release().await.unwrap();
+    // Several keys: one token above every counter, and every counter raised to it.
+    let both = locks
+        .lock_all(["both:a", "both:b"])
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(both.fencing_token(), ahead + 1);
+    let b: u64 = redis::cmd("GET")
+        .arg("distlock:fence:both:b")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(b, ahead + 1);
+    both.release().await.unwrap();
+}
