@@ -138,10 +138,10 @@ impl LockManagerBuilder {
         self
     }
 
-    /// Whether single-key requests that do not say are fair (see [`LockRequest::fair`](crate::LockRequest::fair)).
-    /// Default `false`: a fair acquire costs a Lua script call even when the lock is free,
-    /// where an unfair one is three plain commands, and unfair waiters are already woken by
-    /// notification rather than polling.
+    /// Whether single-key requests that do not say are fair (see
+    /// [`LockRequest::fair`](crate::LockRequest::fair)). Default `false`: a fair acquire's
+    /// script does more work even when the lock is free, and unfair waiters are already woken
+    /// by notification rather than polling.
     pub fn default_fair(mut self, fair: bool) -> Self {
         self.default_fair = fair;
         self

@@ -2,7 +2,8 @@
 //!
 //! One attribute makes an async fn run under a lease held in Redis: taken atomically (one Lua
 //! script, one round trip when free), released only by its owner, extended in the background
-//! while the body runs, with a fencing token that increases on every acquisition.
+//! while the body runs, with a fencing token that increases on every acquisition, also after
+//! Redis lost its data.
 //!
 //! ```no_run
 //! use distlock_runtime::{distributed_lock, LockError, LockManager};
@@ -56,27 +57,55 @@
 //! # Ok(()) }
 //! ```
 //!
-//! distlock needs Redis 7.0 or newer (the single-key acquire uses `SET ... NX GET`).
+//! distlock needs Redis 7.0 or newer (its scripts declare themselves with `#!lua`, and the
+//! single-key acquire uses `SET ... NX GET`).
 //!
 //! # Guarantees
 //! - Mutual exclusion per key while leases are valid. A lease's validity is counted from before
 //!   its request was sent, less a clock-drift margin, so this process gives up a lease before
 //!   Redis expires it.
-//! - A lock is only released or extended by its owner (a random 128-bit token compared in Lua).
+//! - A lock is only released or extended by its owner: a 128-bit token from the operating
+//!   system's random source (a uuid v4, never a seeded or forkable generator), compared in Lua.
 //!   Renewal never re-creates a lock that is gone.
-//! - Fencing tokens strictly increase per key across all clients of one Redis, also after expiry:
-//!   one counter per key prefix (`{prefix}fence`) draws them, so no key is left behind per lock
-//!   name. The counter must survive: a Redis that restarts without persistence, or evicts it
-//!   under an `allkeys-*` maxmemory policy, starts the tokens again from 1.
-//! - No lock outlives its ttl after its holder dies.
+//! - Fencing tokens strictly increase per key, across all clients, also after expiry and after
+//!   Redis lost its data (see [Fencing tokens](#fencing-tokens)).
+//! - No lock outlives its ttl after its holder dies, and every key distlock writes expires.
 //! - Every Redis call is bounded by the manager's timeouts: a Redis that is down or hung is an
-//!   error, never a hang. A call that timed out while acquiring is treated as "maybe acquired"
-//!   and released by token.
+//!   error, never a hang. An acquire that may have taken a lock without returning a lease (its
+//!   call timed out or was cancelled while the request was out, or Redis ran it and answered
+//!   with an error) is released by token in the background; one that never reached Redis
+//!   leaves nothing to release.
 //! - No connection is held while a body runs.
 //! - Waiters are woken by release notifications (`PUBLISH` from the release script, one
 //!   subscriber connection per manager, one local waiter woken per release, oldest first), and
 //!   also at the holder's expiry; a lost notification costs latency, never a hang. A manager
 //!   built on a caller's pool has no client to subscribe with: its waiters poll with backoff.
+//! - Re-entrancy is for strict nesting only: a `run` (or annotated call) nested inside a `run`
+//!   body for keys its task already holds runs at once under the outer lease, but calls that
+//!   run side by side on one task (`join!`, `select!`, `FuturesUnordered` in the body) are
+//!   separate critical sections and never overlap: the first borrows the key until it ends,
+//!   the others wait their turn (see [`LockRequest::run`]).
+//!
+//! # Fencing tokens
+//! A lease can end without its holder noticing in time: a process paused (GC, `SIGSTOP`), a
+//! host suspended, or a VM paused stops the monotonic clock this process counts validity on,
+//! or stops the process itself, and its next write may land after another holder took the
+//! lock. No lock can prevent that; storage can. Pass [`Lease::fencing_token`] (or
+//! [`current_fencing_token`] inside a body) with every write, and have the storage refuse a
+//! token smaller than the greatest it has seen for the resource: a paused holder's late write
+//! is then refused instead of corrupting the newer holder's work (the seckill example does this
+//! in one Lua script).
+//!
+//! Each lock key has a counter beside it (`{prefix}fence:{key}`), and a token is the greater of
+//! Redis's clock in microseconds (`TIME`) and one more than the counter, drawn in the same
+//! script that takes the lock. So tokens keep rising when Redis restarts without persistence,
+//! fails over to a replica that missed the last writes, or evicts the counter: they go on from
+//! the clock. The clock assumption: Redis's wall clock (and a new primary's after a failover)
+//! does not step back by more than the time between the last token drawn before a loss and the
+//! first one after; while the counter lives (a ttl after its last draw), a clock stepped back
+//! cannot make tokens fall at all. Tokens stay below 2^53 (about 1.8 x 10^15 today), so
+//! JavaScript numbers and Lua scripts compare them exactly. A lease on several keys has one
+//! token, greater than every earlier token of each of its keys.
 //!
 //! # Fair locks
 //! By default a released lock goes to whichever waiter asks first after the release, which may
@@ -102,13 +131,18 @@
 //!   on a caller's pool, polls, and notices a lapsed claim at its next poll.)
 //! - A hand-off is dated by Redis's clock (each fair attempt returns it), so the new holder's
 //!   lease validity is still counted from a moment known to precede Redis setting its expiry.
+//! - Trust: anyone allowed to publish on the key's channel could name a waiter in a message. A
+//!   hand-off starts a waiter only if it shows the secret the waiter's latest attempt stored in
+//!   the queue (128 random bits, new at every attempt), which only a client that can read the
+//!   queue's keys (the release script) knows; other messages are dropped with a warning. The
+//!   boundary is key access: a client that can read the queue can take the lock anyway. A
+//!   forged plain release message only makes waiters try again.
 //!
-//! Fair is not the default because it costs a Lua script call per acquire even when the lock
-//! is free (an unfair acquire is three plain commands), a crashed waiter delays a fair queue by
-//! up to 2.5 s where it costs unfair waiters nothing, and unfair waiters are already woken by
-//! notification rather than polling. Under contention fair wins on every count (the README's
-//! performance section has the figures): use it for hot keys. Only single-key requests can be
-//! fair. Fair and unfair requests on one key can be mixed: every release then hands the key
+//! Fair is not the default because its acquire script does more work even when the lock is
+//! free, a crashed waiter delays a fair queue by up to 2.5 s where it costs unfair waiters
+//! nothing, and unfair waiters are already woken by notification rather than polling. Under
+//! contention fair wins on every count (the README's performance section has the figures): use
+//! it for hot keys. Only single-key requests can be fair. Fair and unfair requests on one key can be mixed: every release then hands the key
 //! to a queued fair waiter if there is one, so unfair waiters go after the queue (an unfair
 //! request can still take a key whose holder's lease expired before the queue's head does).
 #![forbid(unsafe_code)]
