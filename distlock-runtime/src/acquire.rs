@@ -10,7 +10,8 @@
 //! - the call is cancelled or times out while its request is out: released, and again after a
 //!   response timeout in case the request runs late ([`Leaving::InFlight`]);
 //! - Redis ran it and answered with an error (scripts are not rolled back): released once;
-//! - the request was never sent (no connection): nothing to undo;
+//! - the request was never sent (no connection), or Redis refused it before running it
+//!   (`READONLY`, `OOM`, a key the user may not touch): nothing to undo;
 //! - a fair waiter that leaves between attempts releases once, which takes it out of the
 //!   queue and passes on a hand-off it was given ([`Leaving::Queued`]).
 
@@ -80,13 +81,19 @@ pub(crate) async fn acquire(
     // When the last fair attempt was sent, and Redis's clock when it ran: dates a hand-off.
     let mut calibration = None;
     let mut attempts = 0u32;
+    // The secret of the latest fair attempt (see `fair.rs`).
+    let mut secret: Option<Arc<str>> = None;
     loop {
         attempts += 1;
-        // A fair attempt stores a new secret in the queue; only a hand-off made after it
-        // (by the release script, which alone can read it) shows it.
-        let secret: Option<Arc<str>> = fair.then(|| new_token().into());
-        waiter.before_attempt(&redis_keys[0].lock, secret.clone());
+        // Taken first: validity is counted from a moment before the request is sent.
         let sent = Instant::now();
+        // A fair attempt that still waits stores a new secret in the queue, and only a
+        // hand-off made after it (by the release script, which alone can read it) is signed
+        // with it. The last attempt, at the deadline, stores nothing: it keeps the secret.
+        if fair && (secret.is_none() || sent < deadline) {
+            secret = Some(new_token().into());
+        }
+        waiter.before_attempt(&redis_keys[0].lock, secret.clone());
         // If this call is cancelled or fails while the request is out, the lock may have
         // been taken: release it (by token) rather than leave it until its ttl.
         in_doubt.armed = true;
@@ -107,8 +114,9 @@ pub(crate) async fn acquire(
             }
             Err(failed) => {
                 match failed.reached {
-                    // Never sent: nothing to undo, but a queued fair waiter still leaves.
-                    Reached::No => {
+                    // Never sent, or refused before it ran: nothing to undo, but a queued fair
+                    // waiter still leaves.
+                    Reached::No | Reached::Refused => {
                         in_doubt.in_flight = false;
                         in_doubt.armed = queued;
                     }

@@ -51,8 +51,22 @@ pub(crate) enum Reached {
     No,
     /// Sent, or maybe sent, with no answer: it may still arrive and run.
     Maybe,
-    /// Redis ran it and answered with an error.
+    /// Redis ran it and answered with an error: whatever it wrote before failing stays
+    /// written (or its answer could not be read).
     Answered,
+    /// Redis refused it before running it (a replica's `READONLY`, `LOADING`, `OOM`, a key the
+    /// user may not touch, a script that does not compile): nothing was written.
+    Refused,
+}
+
+/// Whether a failed request ran on the server: an error raised inside a script says where
+/// (`... script: <sha>, on @user_script:<line>.`), a refusal before the script ran does not,
+/// and an answer that could not be read came from a request that ran.
+fn ran(error: &redis::RedisError) -> bool {
+    match error.kind() {
+        redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType => true,
+        _ => error.to_string().contains("@user_script"),
+    }
 }
 
 /// Which connection a call used, and whether it was kept from an earlier call.
@@ -141,11 +155,14 @@ impl Redis {
                 }
                 Some(Err(source)) => {
                     if !is_connection_failure(&source) {
-                        // Redis ran the request and answered with an error (or an answer we
-                        // could not read): whatever it wrote before failing stays written.
+                        let reached = if ran(&source) {
+                            Reached::Answered
+                        } else {
+                            Reached::Refused
+                        };
                         return Err(Failed {
                             error: LockError::Redis { op, source },
-                            reached: Reached::Answered,
+                            reached,
                         });
                     }
                     self.forget(checkout.generation);

@@ -7,12 +7,18 @@
 //!    (deadline, claim time, secret). A free key is taken only if no live waiter queued first.
 //! 2. **Hand-off.** A release with a live waiter queued sets the key to that waiter's token for
 //!    a claim time ([`HANDOFF_CLAIM`]), draws its fencing token, and publishes
-//!    `h <token> <fence> <redis_ms> <claim_ms> <next> <secret>` on the key's channel.
-//! 3. **Trust.** Anyone allowed to publish on the channel could name a waiter. The message
-//!    counts only if it shows the secret the waiter's latest attempt stored in the queue
-//!    (128 random bits, new at every attempt), which only a client that can read the queue's
-//!    keys (the release script) knows: [`FairWaiter::check`]. The trust boundary is key access:
-//!    a client that can read the queue can also take the lock itself.
+//!    `h <token> <fence> <redis_ms> <claim_ms> <next> <mac>` on the key's channel, where `<mac>`
+//!    is `sha1hex(secret + " " + fields + " " + secret)` over the fields before it.
+//! 3. **Trust.** Anyone allowed to publish on the channel could name a waiter; anyone allowed
+//!    to subscribe sees every message. So a message signs its fields with the secret the
+//!    waiter's latest attempt stored in the queue (128 random bits, new at every attempt, never
+//!    published): only a client that can read the queue's keys (the release script) can sign,
+//!    and the waiter checks the signature before it trusts the claim, the date or the fencing
+//!    token ([`FairWaiter`]). The safety boundary is key access: a client that can read the
+//!    queue can take the lock itself. A client that may publish can still disturb liveness (fake
+//!    release notices make waiters try again; fake hand-offs naming waiters of other processes
+//!    make watchers wait, by at most a claim and a quarter per message), never exclusion or
+//!    fencing.
 //! 4. **Dating.** The new holder counts its lease from a moment known to precede Redis setting
 //!    the key: [`handoff_start`] maps the message's Redis time onto this host's clock through
 //!    the Redis time of the waiter's own last attempt. A message too old to trust is confirmed by
@@ -65,8 +71,8 @@ end
 -- TIME reply): L is set to its token for its claim time (drawing a fencing token from the
 -- counter KEYS[f]), and a message
 -- on L's channel tells it (and the waiter after it, which watches the claim) so, with the
--- waiter's secret as proof that the message comes from here. Returns false when no live
--- waiter is left.
+-- waiter's secret as the key of the message's signature (the secret itself is never
+-- published). Returns false when no live waiter is left.
 local function serve(L, Q, W, f, t)
   local now = t[1] * 1000 + math.floor(t[2] / 1000)
   local head = first_live(Q, W, now)
@@ -80,8 +86,9 @@ local function serve(L, Q, W, f, t)
   local fence = draw(f, f, claim, t)
   redis.call('SET', L, head, 'PX', claim)
   local next = first_live(Q, W, now) or ''
+  local signed = string.format('%s %s %.0f %s %s', head, fence, now, claim, next)
   redis.call('PUBLISH', L,
-    string.format('h %s %.0f %.0f %s %s %s', head, fence, now, claim, next, secret))
+    'h ' .. signed .. ' ' .. redis.sha1hex(secret .. ' ' .. signed .. ' ' .. secret))
   return true
 end
 ";
@@ -236,32 +243,54 @@ pub(crate) struct Handoff {
     pub(crate) claim: Duration,
     /// The next live waiter in line, which watches the claim; empty when none.
     pub(crate) next: String,
-    /// The secret the recipient's latest attempt stored in the queue: a message without it was
-    /// not made by the release script.
-    pub(crate) secret: String,
+    /// The fields the signature covers, as published.
+    pub(crate) signed: String,
+    /// `sha1hex(secret + " " + signed + " " + secret)`, with the secret of the recipient's
+    /// attempt: only the release script, which reads the secret in the queue, can make it.
+    pub(crate) mac: String,
 }
 
 impl Handoff {
     /// Parses a message from the release channel: `None` for a plain release (empty) or
     /// anything not a hand-off.
     pub(crate) fn parse(message: &[u8]) -> Option<Self> {
-        let text = std::str::from_utf8(message).ok()?;
-        let mut fields = text.strip_prefix("h ")?.split(' ');
+        let text = std::str::from_utf8(message).ok()?.strip_prefix("h ")?;
+        let (signed, mac) = text.rsplit_once(' ')?;
+        let mut fields = signed.split(' ');
         let token = fields.next()?.to_owned();
         let fencing_token = fields.next()?.parse().ok()?;
         let server_ms = fields.next()?.parse().ok()?;
         let claim = Duration::from_millis(fields.next()?.parse().ok()?);
-        let next = fields.next().unwrap_or_default().to_owned();
-        let secret = fields.next().unwrap_or_default().to_owned();
+        let next = fields.next()?.to_owned();
+        if fields.next().is_some() {
+            return None;
+        }
         Some(Self {
             token,
             fencing_token,
             server_ms,
             claim,
             next,
-            secret,
+            signed: signed.to_owned(),
+            mac: mac.to_owned(),
         })
     }
+
+    /// Whether `secret` signed this message.
+    fn signed_with(&self, secret: &str) -> bool {
+        !secret.is_empty() && mac(secret, &self.signed) == self.mac
+    }
+}
+
+/// The signature a hand-off with `signed` fields carries for a waiter whose attempt stored
+/// `secret`: the same as the release script's `redis.sha1hex(secret .. ' ' .. signed .. ' ' ..
+/// secret)` (the secret on both sides, so the message cannot be extended).
+fn mac(secret: &str, signed: &str) -> String {
+    let mut sha1 = sha1_smol::Sha1::new();
+    for part in [secret, " ", signed, " ", secret] {
+        sha1.update(part.as_bytes());
+    }
+    sha1.digest().to_string()
 }
 
 /// The earliest moment (on this host's clock) a hand-off at Redis time `server_ms` can have
@@ -328,22 +357,25 @@ impl FairWaiter {
         }
     }
 
-    /// From now on, a hand-off must show `secret` (a new attempt stored it).
+    /// From now on, a hand-off must be signed with `secret` (a new attempt stored it); one
+    /// signed with the secret before is still recognised as genuine.
     pub(crate) fn expect_secret(&self, secret: Option<Arc<str>>) {
         let mut secrets = lock(&self.secrets);
-        secrets.earlier = std::mem::replace(&mut secrets.latest, secret);
+        if secrets.latest != secret {
+            secrets.earlier = std::mem::replace(&mut secrets.latest, secret);
+        }
     }
 
-    fn check(&self, shown: &str) -> Shown {
+    fn check(&self, handoff: &Handoff) -> Shown {
         let secrets = lock(&self.secrets);
-        let is = |secret: &Option<Arc<str>>| {
+        let signed = |secret: &Option<Arc<str>>| {
             secret
                 .as_deref()
-                .is_some_and(|secret| !secret.is_empty() && secret == shown)
+                .is_some_and(|secret| handoff.signed_with(secret))
         };
-        if is(&secrets.latest) {
+        if signed(&secrets.latest) {
             Shown::Latest
-        } else if is(&secrets.earlier) {
+        } else if signed(&secrets.earlier) {
             Shown::Earlier
         } else {
             Shown::Unknown
@@ -380,28 +412,32 @@ impl FairWaiter {
 /// one it watched. `waiters` are this process's fair waiters of the key, oldest first, each with
 /// the `Notify` that wakes it.
 ///
-/// A hand-off reaches its recipient only if it shows the secret of the recipient's latest
-/// attempt. One showing the attempt before (made before the latest attempt ran, which then finds
-/// the lock handed over) is dropped quietly; any other is forged, and dropped with a warning.
+/// A hand-off reaches its recipient only if it is signed with the secret of the recipient's
+/// latest attempt. One signed with the attempt before is genuine but stale (made before the
+/// latest attempt ran, which then finds the lock already the waiter's): its claim is watched,
+/// and the recipient learns of it from that attempt. One signed with neither is forged: dropped
+/// with a warning. A hand-off to a waiter of another process cannot be checked here; watchers
+/// take its claim as at most [`HANDOFF_CLAIM`], so a forged one delays them by little.
 pub(crate) fn deliver(channel: &str, handoff: Handoff, waiters: &[(&FairWaiter, &Notify)]) {
     let named = |name: &str| waiters.iter().find(|(w, _)| &*w.token == name);
-    let recipient = named(&handoff.token);
+    let mut recipient = named(&handoff.token);
     if let Some((waiter, _)) = recipient {
-        match waiter.check(&handoff.secret) {
+        match waiter.check(&handoff) {
             Shown::Latest => {}
-            Shown::Earlier => return,
+            Shown::Earlier => recipient = None,
             Shown::Unknown => {
                 tracing::warn!(
                     %channel,
-                    "distlock ignored a hand-off message without its waiter's secret: it was not \
-                     published by distlock's release script"
+                    "distlock ignored a hand-off message that its waiter's secret did not sign: \
+                     it was not published by distlock's release script"
                 );
                 return;
             }
         }
     }
     // Some slack past the claim: the recipient's extension may be on its way.
-    let until = Instant::now() + handoff.claim + handoff.claim / 4;
+    let claim = handoff.claim.min(HANDOFF_CLAIM);
+    let until = Instant::now() + claim + claim / 4;
     let next = Some(handoff.next.as_str())
         .filter(|n| !n.is_empty())
         .and_then(named);
@@ -425,7 +461,7 @@ mod tests {
 
     #[test]
     fn hand_off_messages_parse_and_plain_releases_do_not() {
-        let handoff = Handoff::parse(b"h 0af3 17 1795000000123 2000 9bc1 5e").unwrap();
+        let handoff = Handoff::parse(b"h 0af3 17 1795000000123 2000 9bc1 5e5e").unwrap();
         assert_eq!(
             handoff,
             Handoff {
@@ -434,13 +470,24 @@ mod tests {
                 server_ms: 1_795_000_000_123,
                 claim: Duration::from_secs(2),
                 next: "9bc1".into(),
-                secret: "5e".into(),
+                signed: "0af3 17 1795000000123 2000 9bc1".into(),
+                mac: "5e5e".into(),
             }
         );
         let last_in_line = Handoff::parse(b"h a 1 2 3  5e").unwrap();
-        assert_eq!((&*last_in_line.next, &*last_in_line.secret), ("", "5e"));
+        assert_eq!((&*last_in_line.next, &*last_in_line.mac), ("", "5e"));
         assert!(Handoff::parse(b"").is_none());
-        assert!(Handoff::parse(b"h a x 2 3 ").is_none());
+        assert!(Handoff::parse(b"h a x 2 3  5e").is_none());
+        assert!(Handoff::parse(b"h a 1 2 3 b c 5e").is_none());
+    }
+
+    #[test]
+    fn signatures_match_redis_sha1hex() {
+        // redis-cli EVAL "return redis.sha1hex('s1 w1 7 1 2000  s1')" 0
+        assert_eq!(
+            mac("s1", "w1 7 1 2000 "),
+            "5e1b258a7c4e17ba261433113442e4cb1d3dbc04"
+        );
     }
 
     #[test]
@@ -460,17 +507,29 @@ mod tests {
     }
 
     #[test]
-    fn only_a_hand_off_showing_the_latest_secret_reaches_its_waiter() {
+    fn only_a_hand_off_signed_with_the_latest_secret_reaches_its_waiter() {
         let waiter = FairWaiter::new("w1".into(), Some("s1".into()));
         let wake = Notify::new();
-        let handoff = |secret: &str| Handoff::parse(format!("h w1 7 1 2000  {secret}").as_bytes());
-        deliver("k", handoff("forged").unwrap(), &[(&waiter, &wake)]);
+        let signed = "w1 7 1 2000 ";
+        let handoff = |mac: String| Handoff::parse(format!("h {signed} {mac}").as_bytes());
+        // Forged: the secret is unknown to the sender, or the signed fields were changed.
+        deliver("k", handoff("0".repeat(40)).unwrap(), &[(&waiter, &wake)]);
+        let altered = Handoff::parse(format!("h w1 9 1 2000  {}", mac("s1", signed)).as_bytes());
+        deliver("k", altered.unwrap(), &[(&waiter, &wake)]);
         assert!(waiter.take_handed().is_none());
         waiter.expect_secret(Some("s2".into()));
         // Made before the latest attempt ran: that attempt finds the lock handed over.
-        deliver("k", handoff("s1").unwrap(), &[(&waiter, &wake)]);
+        deliver(
+            "k",
+            handoff(mac("s1", signed)).unwrap(),
+            &[(&waiter, &wake)],
+        );
         assert!(waiter.take_handed().is_none());
-        deliver("k", handoff("s2").unwrap(), &[(&waiter, &wake)]);
+        deliver(
+            "k",
+            handoff(mac("s2", signed)).unwrap(),
+            &[(&waiter, &wake)],
+        );
         assert_eq!(waiter.take_handed().map(|h| h.fencing_token), Some(7));
     }
 }

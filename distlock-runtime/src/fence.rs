@@ -37,7 +37,13 @@ local function draw(from, to, keep_ms, t)
   local now = t[1] .. string.rep('0', 6 - #us) .. us
   local ahead = nil
   for i = from, to do
-    local last = redis.call('SET', KEYS[i], now, 'PX', keep_ms, 'GET')
+    local last = redis.pcall('SET', KEYS[i], now, 'PX', keep_ms, 'GET')
+    if type(last) == 'table' then
+      -- Not a string (another program's key): it goes on from the clock, and this script
+      -- does not stop half way.
+      redis.call('SET', KEYS[i], now, 'PX', keep_ms)
+      last = false
+    end
     if last and (#last > #now or (#last == #now and last >= now)) then
       if not ahead or tonumber(last) > ahead then ahead = tonumber(last) end
     end

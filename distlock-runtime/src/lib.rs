@@ -131,12 +131,15 @@
 //!   on a caller's pool, polls, and notices a lapsed claim at its next poll.)
 //! - A hand-off is dated by Redis's clock (each fair attempt returns it), so the new holder's
 //!   lease validity is still counted from a moment known to precede Redis setting its expiry.
-//! - Trust: anyone allowed to publish on the key's channel could name a waiter in a message. A
-//!   hand-off starts a waiter only if it shows the secret the waiter's latest attempt stored in
-//!   the queue (128 random bits, new at every attempt), which only a client that can read the
-//!   queue's keys (the release script) knows; other messages are dropped with a warning. The
-//!   boundary is key access: a client that can read the queue can take the lock anyway. A
-//!   forged plain release message only makes waiters try again.
+//! - Trust: anyone allowed to publish on the key's channel could name a waiter in a message,
+//!   and anyone allowed to subscribe sees every message. A hand-off therefore carries a
+//!   signature of its fields keyed by a secret the waiter's latest attempt stored in the queue
+//!   (128 random bits, new at every attempt, never published), and a waiter acts only on a
+//!   hand-off its secret signed; forged or altered ones are dropped with a warning. The safety
+//!   boundary is key access: a client that can read the queue can take the lock anyway. A client
+//!   that may only publish can disturb liveness (fake release notices make waiters try again;
+//!   fake hand-offs naming waiters of other processes make watchers wait, by at most a claim and
+//!   a quarter each), never exclusion or fencing.
 //!
 //! Fair is not the default because its acquire script does more work even when the lock is
 //! free, a crashed waiter delays a fair queue by up to 2.5 s where it costs unfair waiters

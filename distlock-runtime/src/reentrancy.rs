@@ -13,8 +13,11 @@
 //! runs, and runs that body in a frame of its own that now holds the key. A sibling asking for
 //! a key that is lent out waits until it comes back (up to its `wait`, like any waiter), while a
 //! call nested inside the borrower finds the borrower's frame first and re-enters at once.
-//! Borrowing every held key of a request happens in one step, so siblings asking for the same
-//! keys in different orders cannot deadlock each other.
+//! Borrowing every held key of a request happens in one step, and a request that also needs
+//! keys nobody on the task holds takes those from Redis first, so it never keeps a loan while
+//! it waits on Redis. Like any nested locking, a body that holds a key and then asks for one in
+//! another order can still wait on a sibling that does the opposite; the wait ends at its
+//! `wait`.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -68,13 +71,22 @@ fn innermost() -> Option<Arc<Frame>> {
     HELD.try_with(Arc::clone).ok()
 }
 
-/// What a `run` found when it looked for its keys on the current task: the keys it borrowed
-/// from enclosing bodies (held until this is dropped) and the keys it must still acquire.
+/// What a `run` found when it looked for its keys on the current task: the keys enclosing
+/// bodies hold (to borrow) and the keys it must acquire. Becomes an [`Entry`] once borrowed.
+pub(crate) struct Found {
+    manager_id: u64,
+    parent: Option<Arc<Frame>>,
+    /// (holding frame's id, key) of each held key.
+    wanted: Vec<(u64, String)>,
+    missing: Vec<String>,
+}
+
+/// A `run`'s place on the current task: the keys it borrowed (held until this is dropped) and
+/// the frame its body runs in.
 pub(crate) struct Entry {
     manager_id: u64,
     parent: Option<Arc<Frame>>,
     borrowed: Vec<String>,
-    missing: Vec<String>,
     loan: Option<Loan>,
 }
 
@@ -91,51 +103,61 @@ impl Drop for Loan {
     }
 }
 
-/// Looks up `keys` (sorted) for a `run` through `manager_id` on the current task, borrowing
-/// the held ones. A key lent to a sibling is waited for within `wait` (not at all for a
-/// try-lock).
-///
-/// # Errors
-/// [`LockError::NotAcquired`] (zero wait) or [`LockError::Timeout`] when a sibling still uses
-/// a held key.
-pub(crate) async fn enter(
-    manager_id: u64,
-    keys: &[String],
-    wait: Wait,
-) -> Result<Entry, LockError> {
+/// Looks up `keys` (sorted) for a `run` through `manager_id` on the current task: which an
+/// enclosing body holds, which are missing.
+pub(crate) fn find(manager_id: u64, keys: &[String]) -> Found {
     let Some(innermost) = innermost() else {
-        return Ok(Entry {
+        return Found {
             manager_id,
             parent: None,
-            borrowed: Vec::new(),
+            wanted: Vec::new(),
             missing: keys.to_vec(),
-            loan: None,
-        });
+        };
     };
     let mut wanted = Vec::new();
-    let mut borrowed = Vec::new();
     let mut missing = Vec::new();
     for key in keys {
         match innermost.holder(manager_id, key) {
-            Some(frame) => {
-                wanted.push((frame.id, key.clone()));
-                borrowed.push(key.clone());
-            }
+            Some(frame) => wanted.push((frame.id, key.clone())),
             None => missing.push(key.clone()),
         }
     }
-    let loan = if wanted.is_empty() {
-        None
-    } else {
-        Some(borrow(&innermost.loans, wanted, wait).await?)
-    };
-    Ok(Entry {
+    Found {
         manager_id,
         parent: Some(innermost),
-        borrowed,
+        wanted,
         missing,
-        loan,
-    })
+    }
+}
+
+impl Found {
+    /// The keys no enclosing body holds: they need a lease of their own, taken before the held
+    /// keys are borrowed, so that no loan is kept while waiting on Redis (a sibling using a
+    /// held key could be waiting for a key of this request's lease).
+    pub(crate) fn missing(&self) -> &[String] {
+        &self.missing
+    }
+
+    /// Borrows the held keys, waiting within `wait` (not at all for a try-lock) while a sibling
+    /// uses one.
+    ///
+    /// # Errors
+    /// [`LockError::NotAcquired`] (zero wait) or [`LockError::Timeout`] when a sibling still
+    /// uses a held key.
+    pub(crate) async fn borrow(self, wait: Wait) -> Result<Entry, LockError> {
+        let loan = match &self.parent {
+            Some(parent) if !self.wanted.is_empty() => {
+                Some(borrow(&parent.loans, self.wanted.clone(), wait).await?)
+            }
+            _ => None,
+        };
+        Ok(Entry {
+            manager_id: self.manager_id,
+            parent: self.parent,
+            borrowed: self.wanted.into_iter().map(|(_, key)| key).collect(),
+            loan,
+        })
+    }
 }
 
 /// Takes every pair in `wanted` out of `loans` at once, waiting while any is lent out.
@@ -176,11 +198,6 @@ async fn borrow(
 }
 
 impl Entry {
-    /// The keys no enclosing body holds: they need a lease of their own.
-    pub(crate) fn missing(&self) -> &[String] {
-        &self.missing
-    }
-
     /// Runs `body` holding the borrowed keys and, if given, a new lease on the missing ones
     /// (its keys and fencing token); the borrowed keys go back when the body ends or is dropped.
     pub(crate) async fn scope<F: Future>(
@@ -192,7 +209,6 @@ impl Entry {
             manager_id,
             parent,
             borrowed,
-            missing: _,
             loan,
         } = self;
         let loans = parent
@@ -277,7 +293,9 @@ pub fn current_lease() -> Option<CurrentLease> {
 
 /// Inside a locked body: the fencing token of the innermost lease of this task that holds `key`
 /// (the key as given to the lock, without the manager's prefix), or `None` if no lease of this
-/// task holds it.
+/// task holds it. It does not ask which manager took the lease: a task that locks the same key
+/// name through two managers (two Redis servers or prefixes) should use
+/// [`Lease::fencing_token`](crate::Lease::fencing_token) instead.
 pub fn current_fencing_token(key: &str) -> Option<u64> {
     let innermost = innermost()?;
     let token = innermost

@@ -130,15 +130,26 @@ impl LockRequest {
         let fair = fair_for(&self.manager, self.fair, &keys)?;
         let manager = self.manager;
         let wait = Wait::new(Instant::now(), self.wait);
-        let entry = reentrancy::enter(manager.id, &keys, wait).await?;
-        if entry.missing().is_empty() {
+        let found = reentrancy::find(manager.id, &keys);
+        if found.missing().is_empty() {
+            let entry = found.borrow(wait).await?;
             return Ok(entry.scope(None, body).await);
         }
         let span =
             tracing::debug_span!("distlock", keys = ?keys, fencing_token = tracing::field::Empty);
         async move {
-            let missing: Arc<[String]> = entry.missing().into();
+            let missing: Arc<[String]> = found.missing().into();
             let lease = acquire::acquire(&manager, missing, self.ttl, wait, self.renew, fair).await?;
+            // Held keys are borrowed only now: no loan is kept while waiting on Redis.
+            let entry = match found.borrow(wait).await {
+                Ok(entry) => entry,
+                Err(error) => {
+                    if let Err(release) = lease.release().await {
+                        tracing::warn!(error = %release, "distlock release failed; the lock expires after its ttl");
+                    }
+                    return Err(error);
+                }
+            };
             let fencing_token = lease.fencing_token();
             tracing::Span::current().record("fencing_token", fencing_token);
             let scoped = entry.scope(

@@ -460,3 +460,75 @@ async fn a_forged_hand_off_message_does_not_start_a_fair_waiter() {
     assert!(lease.fencing_token() > held_token);
     lease.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_real_hand_off_rewritten_by_a_subscriber_is_refused() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let url = server.url();
+    // A client that sees the channel (as any subscriber with channel rights does) republishes
+    // the real hand-off at once with its own fencing token and a long claim.
+    let attacker_url = url.clone();
+    let attacker = std::thread::spawn(move || {
+        let client = redis::Client::open(attacker_url.as_str()).unwrap();
+        let mut publisher = client.get_connection().unwrap();
+        let mut subscriber = client.get_connection().unwrap();
+        let mut pubsub = subscriber.as_pubsub();
+        pubsub.subscribe("distlock:lock:rewritten").unwrap();
+        loop {
+            let payload: String = pubsub.get_message().unwrap().get_payload().unwrap();
+            if let Some(fields) = payload.strip_prefix("h ") {
+                let f: Vec<&str> = fields.split(' ').collect();
+                let forged = format!(
+                    "h {} 9000000000000000 {} 600000 {} {}",
+                    f[0], f[2], f[4], f[5]
+                );
+                let _: i64 = redis::cmd("PUBLISH")
+                    .arg("distlock:lock:rewritten")
+                    .arg(forged)
+                    .query(&mut publisher)
+                    .unwrap();
+                return;
+            }
+        }
+    });
+    let locks = server.manager();
+    let holder = locks.lock("rewritten").acquire().await.unwrap();
+    // The waiter's thread is busy now and then, so both messages wait for it together.
+    tokio::spawn(async {
+        loop {
+            std::thread::sleep(Duration::from_millis(30));
+            tokio::task::yield_now().await;
+        }
+    });
+    let waiter = {
+        let locks = server.manager();
+        tokio::spawn(async move {
+            locks
+                .lock("rewritten")
+                .fair(true)
+                .ttl(Duration::from_secs(30))
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        })
+    };
+    let mut conn = server.client().await;
+    until_queued(&conn, "rewritten", 1).await;
+    holder.release().await.unwrap();
+    let lease = waiter.await.unwrap().unwrap();
+    attacker.join().unwrap();
+    assert!(
+        lease.fencing_token() < 9_000_000_000_000_000,
+        "the waiter took the rewritten message's fencing token"
+    );
+    // Past the real claim (2 s): the lease must still be held in Redis (it was extended to its
+    // ttl), or know that it is lost; never believe in a lock Redis has expired.
+    tokio::time::sleep(HANDOFF_CLAIM + Duration::from_millis(700)).await;
+    let held: Option<String> = conn.get("distlock:lock:rewritten").await.unwrap();
+    assert!(
+        held.is_some() || lease.is_lost(),
+        "the waiter believes it holds a lock that Redis expired"
+    );
+    lease.release().await.unwrap();
+}

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use distlock_runtime::LockError;
 use distlock_tests::RedisServer;
+use redis::AsyncCommands;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tokens_strictly_increase_over_1000_acquisitions_by_16_tasks() {
@@ -253,4 +254,44 @@ async fn a_counter_ahead_of_the_clock_keeps_tokens_rising() {
         .unwrap();
     assert_eq!(b, ahead + 1);
     both.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_counter_of_another_type_neither_fails_the_acquire_nor_the_hand_off() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let mut conn = server.client().await;
+    // Another program's list where a counter would be.
+    let _: i64 = conn.lpush("distlock:fence:odd", "x").await.unwrap();
+    let lease = locks.lock("odd").acquire().await.expect("acquire");
+    assert!(lease.fencing_token() > 1_000_000_000_000_000);
+    // A release that hands the lock to a fair waiter draws from the counter too.
+    let _: i64 = conn.del("distlock:fence:odd").await.unwrap();
+    let _: i64 = conn.lpush("distlock:fence:odd", "x").await.unwrap();
+    let waiter = {
+        let locks = server.manager();
+        tokio::spawn(async move {
+            locks
+                .lock("odd")
+                .fair(true)
+                .wait(Duration::from_secs(5))
+                .acquire()
+                .await
+        })
+    };
+    let queued = distlock_tests::eventually(Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        async move { conn.llen::<_, i64>("distlock:queue:odd").await.unwrap() == 1 }
+    })
+    .await;
+    assert!(queued.is_some());
+    let held = lease.fencing_token();
+    lease.release().await.expect("release hands the lock over");
+    let next = tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("handed over")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > held);
+    next.release().await.unwrap();
 }

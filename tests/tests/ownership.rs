@@ -257,3 +257,41 @@ async fn an_acquire_that_fails_part_way_leaves_no_lock_behind() {
         "the lock key is held by nobody for its 30 s ttl after {outcome:?}"
     );
 }
+
+/// Script commands a server was sent, from `INFO commandstats`: run, failed or rejected.
+fn script_commands(server: &RedisServer) -> u64 {
+    server
+        .command(&["INFO", "commandstats"])
+        .lines()
+        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_script"))
+        .flat_map(|line| {
+            line.split([':', ',']).filter_map(|field| {
+                let (name, value) = field.split_once('=')?;
+                ["calls", "rejected_calls", "failed_calls"]
+                    .contains(&name)
+                    .then(|| value.parse::<u64>().ok())?
+            })
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn an_acquire_refused_before_it_ran_is_not_released_in_the_background() {
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_replica_of(&primary);
+    // Pointed at a read-only replica (as during a failover): Redis refuses the script before
+    // it runs, so nothing was written and there is nothing to release.
+    let locks = replica.manager();
+    let outcome = locks.lock("job").acquire().await;
+    assert!(
+        matches!(outcome, Err(LockError::Redis { ref source, .. }) if source.to_string().contains("read only replica")),
+        "{outcome:?}"
+    );
+    let after_acquire = script_commands(&replica);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        script_commands(&replica),
+        after_acquire,
+        "a background release followed an acquire that never ran"
+    );
+}

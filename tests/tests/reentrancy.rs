@@ -317,3 +317,46 @@ async fn a_sibling_waits_no_longer_than_its_wait() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_sibling_needing_a_held_and_a_free_key_never_stalls_the_other() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let inner = locks.clone();
+    let started = Instant::now();
+    let (first, second) = locks
+        .lock("z")
+        .run(async move {
+            // Both take their keys in sorted order: `a` (free in Redis), then `z` (held by the
+            // enclosing body). The second takes `a` first and asks for `z` inside.
+            let first = async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                inner
+                    .lock_all(["a", "z"])
+                    .wait(Duration::from_secs(3))
+                    .run(async {})
+                    .await
+            };
+            let second = inner.lock("a").wait(Duration::from_secs(3)).run(async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                inner
+                    .lock("z")
+                    .wait(Duration::from_secs(3))
+                    .run(async {})
+                    .await
+            });
+            tokio::join!(first, second)
+        })
+        .await
+        .unwrap();
+    first.expect("the first sibling got both keys");
+    second
+        .expect("the second sibling")
+        .expect("its nested call re-entered `z`");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "the siblings waited on each other for {:?}",
+        started.elapsed()
+    );
+}
