@@ -126,13 +126,18 @@ fn manager(url: &str) -> Fallible<LockManager> {
         .map_err(|e| e.to_string())
 }
 
-/// Deletes the fencing counter the run's manager left (its locks are released already).
-async fn remove_counter(conn: &mut MultiplexedConnection, locks: &LockManager) -> Fallible<()> {
-    redis::cmd("DEL")
-        .arg(format!("{}fence", locks.prefix()))
-        .exec_async(conn)
-        .await
-        .map_err(|e| e.to_string())
+/// Deletes the fencing counters the run's locks on `keys` left (`{prefix}fence:{key}`; they
+/// would expire a ttl after their last lease anyway). The locks are released already.
+async fn remove_counters<K: AsRef<str>>(
+    conn: &mut MultiplexedConnection,
+    prefix: &str,
+    keys: impl IntoIterator<Item = K>,
+) -> Fallible<()> {
+    let mut del = redis::cmd("DEL");
+    for key in keys {
+        del.arg(format!("{prefix}fence:{}", key.as_ref()));
+    }
+    del.exec_async(conn).await.map_err(|e| e.to_string())
 }
 
 async fn connection(url: &str) -> Fallible<MultiplexedConnection> {
@@ -305,7 +310,7 @@ async fn measure(
             total.add_round(run_scenario(*s, &mut conn, &locks, per_round).await?);
         }
     }
-    remove_counter(&mut conn, &locks).await?;
+    remove_counters(&mut conn, locks.prefix(), ["uncontended", "macro"]).await?;
     Ok(results)
 }
 
@@ -546,7 +551,7 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
     let sequential_per_s = single.acquisitions.len() as f64 / started.elapsed().as_secs_f64();
     let _: () = redis::cmd("DEL")
         .arg(format!("{prefix}w1:seq"))
-        .arg(format!("{prefix}w1:fence"))
+        .arg(format!("{prefix}w1:fence:{CONTENDED_KEY}"))
         .query_async(&mut conn)
         .await
         .map_err(|e| e.to_string())?;
@@ -591,7 +596,7 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
     let elapsed = started.elapsed();
     let _: () = redis::cmd("DEL")
         .arg(format!("{prefix}seq"))
-        .arg(format!("{prefix}fence"))
+        .arg(format!("{prefix}fence:{CONTENDED_KEY}"))
         .query_async(&mut conn)
         .await
         .map_err(|e| e.to_string())?;
@@ -758,7 +763,12 @@ async fn held(cli: &Cli, url: &str) -> Fallible<()> {
     for lease in leases {
         let _ = lease.release().await;
     }
-    remove_counter(&mut conn, &locks).await?;
+    remove_counters(
+        &mut conn,
+        locks.prefix(),
+        (0..cli.leases).map(|i| format!("held:{i}")),
+    )
+    .await?;
     let renewals_per_s = renewals as f64 / hold.as_secs_f64();
     let cpu_share = cpu.map(|c| c.as_secs_f64() / hold.as_secs_f64());
     let row = json!({
