@@ -389,6 +389,31 @@ pub async fn run_processes(exe: &str, args: &[&str], count: usize) {
     }
 }
 
+/// How many fair waiters are queued in Redis for `key` (default prefix).
+///
+/// # Panics
+/// If Redis cannot be asked.
+pub async fn queued(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> usize {
+    redis::cmd("LLEN")
+        .arg(format!("distlock:queue:{key}"))
+        .query_async(conn)
+        .await
+        .expect("LLEN")
+}
+
+/// Waits (at most 5 s) until `n` fair waiters are queued for `key`.
+///
+/// # Panics
+/// If they are not.
+pub async fn until_queued(conn: &redis::aio::MultiplexedConnection, key: &str, n: usize) {
+    let found = eventually(Duration::from_secs(5), || {
+        let mut conn = conn.clone();
+        async move { queued(&mut conn, key).await == n }
+    })
+    .await;
+    assert!(found.is_some(), "{n} waiters queued for {key}");
+}
+
 /// Takes and releases the lock on `key`.
 ///
 /// # Panics

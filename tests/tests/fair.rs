@@ -6,23 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use distlock_runtime::{distributed_lock, LockError, LockManager, HANDOFF_CLAIM};
-use distlock_tests::{eventually, warm_up, RedisServer};
+use distlock_tests::{eventually, queued, until_queued, warm_up, RedisServer};
 use redis::AsyncCommands;
-
-/// How many waiters are queued in Redis for `key` (default prefix).
-async fn queued(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> usize {
-    conn.llen(format!("distlock:queue:{key}")).await.unwrap()
-}
-
-/// Waits until `n` waiters are queued for `key`.
-async fn until_queued(conn: &redis::aio::MultiplexedConnection, key: &str, n: usize) {
-    let found = eventually(Duration::from_secs(5), || {
-        let mut conn = conn.clone();
-        async move { queued(&mut conn, key).await == n }
-    })
-    .await;
-    assert!(found.is_some(), "{n} waiters queued for {key}");
-}
 
 /// Waits until some manager subscribes to the release channel of `key`, and a little more so
 /// the attempt it makes right after subscribing has been answered.

@@ -279,12 +279,7 @@ async fn a_counter_of_another_type_neither_fails_the_acquire_nor_the_hand_off() 
                 .await
         })
     };
-    let queued = distlock_tests::eventually(Duration::from_secs(5), || {
-        let mut conn = conn.clone();
-        async move { conn.llen::<_, i64>("distlock:queue:odd").await.unwrap() == 1 }
-    })
-    .await;
-    assert!(queued.is_some());
+    distlock_tests::until_queued(&conn, "odd", 1).await;
     let held = lease.fencing_token();
     lease.release().await.expect("release hands the lock over");
     let next = tokio::time::timeout(Duration::from_secs(3), waiter)
