@@ -207,6 +207,7 @@ pub(crate) async fn acquire(
             fencing_token,
             state,
             registration,
+            renew,
         ));
     }
 }

@@ -44,6 +44,8 @@ pub struct Lease {
     fencing_token: u64,
     state: Arc<LeaseState>,
     renewal: Option<Registration>,
+    /// Whether the lease was asked to be renewed.
+    renews: bool,
     released: bool,
 }
 
@@ -56,6 +58,7 @@ impl Lease {
         fencing_token: u64,
         state: Arc<LeaseState>,
         renewal: Option<Registration>,
+        renews: bool,
     ) -> Self {
         Self {
             manager,
@@ -65,6 +68,7 @@ impl Lease {
             fencing_token,
             state,
             renewal,
+            renews,
             released: false,
         }
     }
@@ -126,7 +130,7 @@ impl Lease {
             }
             Ok(())
         } else {
-            self.state.mark_lost();
+            self.state.mark_taken();
             Err(LockError::LeaseLost {
                 keys: self.keys.to_vec(),
             })
@@ -151,6 +155,17 @@ impl Lease {
         Ok(())
     }
 
+    /// Why the lease was lost, for the log line of a `run` it stopped.
+    pub(crate) fn loss(&self) -> &'static str {
+        if self.state.was_taken() {
+            "distlock lease lost: the lock was deleted or taken by another owner; the body was stopped"
+        } else if self.renews {
+            "distlock lease lost: it expired before a renewal got through (Redis unreachable, hung or slow); the body was stopped"
+        } else {
+            "distlock lease reached its ttl without renewal (renew = false); the body was stopped"
+        }
+    }
+
     pub(crate) fn shared_keys(&self) -> &Arc<[String]> {
         &self.keys
     }
@@ -165,7 +180,11 @@ impl Drop for Lease {
                 Arc::clone(&self.redis_keys),
                 Arc::clone(&self.token),
                 self.state.ttl(),
-                Leaving::Dropped,
+                if self.state.is_lost() {
+                    Leaving::Lost
+                } else {
+                    Leaving::Dropped
+                },
             );
         }
     }

@@ -59,7 +59,7 @@ pub(crate) fn release_in_background(
         let mut pause = Duration::from_millis(50);
         let mut repeats = match leaving {
             Leaving::InFlight | Leaving::InFlightFair => 2,
-            Leaving::Dropped | Leaving::Queued => 0,
+            Leaving::Dropped | Leaving::Queued | Leaving::Lost => 0,
         };
         loop {
             let queued = matches!(leaving, Leaving::Queued | Leaving::InFlightFair);
@@ -83,6 +83,10 @@ pub(crate) fn release_in_background(
                 LockError::Redis { source, .. } => conn::is_connection_failure(source),
                 _ => false,
             };
+            if leaving == Leaving::Lost {
+                tracing::debug!(keys = ?lock_names(&redis_keys), %error, "distlock could not release a lost lease; its keys expire by themselves");
+                return;
+            }
             if !outage || Instant::now() + pause >= give_up {
                 tracing::warn!(keys = ?lock_names(&redis_keys), %error, "distlock release failed; the lock expires after its ttl");
                 return;
@@ -104,6 +108,9 @@ fn lock_names(redis_keys: &[LockKeys]) -> Vec<&str> {
 pub(crate) enum Leaving {
     /// A lease dropped instead of released: released once.
     Dropped,
+    /// A lease dropped after it was lost: its keys are gone, owned by someone else or about to
+    /// expire, so one attempt is made, and a failure is no news.
+    Lost,
     /// An acquire request may still be on its way, on the connection that was given up, behind
     /// this release on a fresh one: a release that found nothing is repeated twice, a response
     /// timeout apart.

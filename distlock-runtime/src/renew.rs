@@ -4,8 +4,11 @@
 //! renewal) and deregistered synchronously when it is released, dropped or its `run` is
 //! cancelled, so nothing renews a lease its owner has let go. Leases due in the same tick are
 //! extended by one script call; each lease's answer is its own, so a lease found gone is marked
-//! lost without touching the others. Redis errors are retried until the lease's own validity has
-//! run out, then the lease is lost. The driver stops after [`IDLE`] without leases.
+//! lost without touching the others. Redis errors are retried with jittered exponential backoff
+//! (see [`retry_delay`]) until the lease's own validity has run out, then the lease is lost; a
+//! failing Redis is reported once, then at most once a second with a count ([`FailureLog`]), so an
+//! outage costs neither a core nor a flood of log lines. The driver stops after [`IDLE`] without
+//! leases.
 //!
 //! The driver is woken only when a lease becomes due before the driver's planned wake-up, so a
 //! lock cycle that ends before its first renewal costs a registry insert and remove, no task
@@ -39,6 +42,7 @@ struct Shared {
     registry: Mutex<Registry>,
     wake: Notify,
     redis: Arc<Redis>,
+    failures: Mutex<FailureLog>,
 }
 
 #[derive(Default)]
@@ -62,6 +66,8 @@ struct Entry {
     /// Extend once, then leave the registry: the claim of a lease without renewal that was
     /// handed over for a claim time shorter than its ttl.
     once: bool,
+    /// Renewals of this lease that failed in a row; a retry is due exactly when scheduled.
+    failures: u32,
 }
 
 /// A lease's place in the renewal registry; dropping it stops the lease's renewal at once.
@@ -77,6 +83,7 @@ impl Renewals {
                 registry: Mutex::new(Registry::default()),
                 wake: Notify::new(),
                 redis,
+                failures: Mutex::new(FailureLog::default()),
             }),
         }
     }
@@ -124,6 +131,7 @@ impl Renewals {
                 state,
                 due: None,
                 once,
+                failures: 0,
             },
         );
         start_driver(&self.shared, &mut registry);
@@ -173,9 +181,66 @@ pub(crate) fn interval(ttl: Duration) -> Duration {
     ttl / 3
 }
 
-/// How soon to retry a renewal that failed with a Redis error.
-fn retry_delay(ttl: Duration) -> Duration {
-    (interval(ttl) / 4).clamp(Duration::from_millis(5), Duration::from_millis(250))
+/// How soon to retry the renewal of a lease of `ttl` after its `failures`-th failure in a row:
+/// from an eighth of the renewal interval (10 to 250 ms), doubling up to a quarter of the ttl
+/// (at most 2 s), half of it random ("equal jitter"), so leases of many processes do not retry in
+/// step. A lease renewed every ttl/3 has two thirds of its ttl left when the first renewal fails:
+/// enough for several retries before it is lost.
+fn retry_delay(ttl: Duration, failures: u32) -> Duration {
+    let first = (interval(ttl) / 8).clamp(Duration::from_millis(10), Duration::from_millis(250));
+    let cap = (ttl / 4).clamp(first, Duration::from_secs(2));
+    let step = first
+        .saturating_mul(1 << failures.saturating_sub(1).min(16))
+        .min(cap);
+    let half = step / 2;
+    half + Duration::from_nanos(fastrand::u64(0..=half.as_nanos() as u64))
+}
+
+/// Rate-limits the warning for failed renewals: the first failure is logged at once, later ones
+/// at most once a second, with how many failed since the last line.
+#[derive(Default)]
+struct FailureLog {
+    /// When the last warning was logged, while renewals keep failing.
+    warned: Option<Instant>,
+    /// Failed renewal round trips since the last warning.
+    unreported: u64,
+    /// Failed renewal round trips since the last success.
+    since_success: u64,
+}
+
+/// How often a failing Redis is reported while renewals keep failing.
+const WARN_EVERY: Duration = Duration::from_secs(1);
+
+impl FailureLog {
+    /// Counts a failed round trip for `leases` leases; logs it unless a warning was logged less
+    /// than [`WARN_EVERY`] ago.
+    fn failed(&mut self, now: Instant, leases: usize, error: &str) {
+        self.unreported += 1;
+        self.since_success += 1;
+        if self.warned.is_some_and(|warned| now < warned + WARN_EVERY) {
+            return;
+        }
+        tracing::warn!(
+            leases,
+            failures = self.unreported,
+            %error,
+            "distlock lease renewal failed; retrying with backoff until the leases expire"
+        );
+        self.warned = Some(now);
+        self.unreported = 0;
+    }
+
+    /// A round trip succeeded: says so if failures were reported.
+    fn succeeded(&mut self) {
+        if self.warned.take().is_some() {
+            tracing::info!(
+                failures = self.since_success,
+                "distlock lease renewal works again"
+            );
+        }
+        self.unreported = 0;
+        self.since_success = 0;
+    }
 }
 
 /// One lease of a batch, copied out of the registry so no lock is held across the round trip.
@@ -276,7 +341,12 @@ fn collect_due(shared: &Shared) -> Collected {
         // Renewing up to a quarter interval early lets every lease due soon share this round
         // trip; renewed together, they stay due together, so the renewal cost follows the
         // number of distinct intervals, not the number of leases.
-        let slack = interval(ttl) / 4;
+        // A retry after a failure is due exactly when its backoff says.
+        let slack = if entry.failures == 0 {
+            interval(ttl) / 4
+        } else {
+            Duration::ZERO
+        };
         if due <= now + slack && batch.len() < MAX_BATCH {
             batch.push(Due {
                 id,
@@ -318,6 +388,8 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
         Err(error) => Some(error.to_string()),
     };
     let mut events = Vec::new();
+    // The largest lateness among leases renewed late in this batch, and how many.
+    let mut late: Option<(Duration, usize)> = None;
     let mut registry = lock(&shared.registry);
     for (i, lease) in batch.iter().enumerate() {
         // A lease released while its renewal was in flight is simply gone.
@@ -334,11 +406,13 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
                         registry.leases.remove(&lease.id);
                         continue;
                     }
+                    entry.failures = 0;
                     if current {
                         entry.due = Some(sent + interval(lease.ttl));
                     }
                     if sent > lease.due + interval(lease.ttl) / 2 {
-                        events.push((Arc::clone(&entry.keys), Event::Late(sent - lease.due)));
+                        let by = sent - lease.due;
+                        late = Some(late.map_or((by, 1), |(most, n)| (most.max(by), n + 1)));
                     }
                     continue;
                 }
@@ -347,17 +421,32 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
             (Some(error), _) if entry.state.valid_until() <= now => {
                 Event::FailedUntilExpiry(error.clone())
             }
-            (Some(error), _) => {
-                entry.due = Some(now + retry_delay(lease.ttl));
-                events.push((Arc::clone(&entry.keys), Event::Failed(error.clone())));
+            (Some(_), _) => {
+                entry.failures = entry.failures.saturating_add(1);
+                entry.due = Some(now + retry_delay(lease.ttl, entry.failures));
                 continue;
             }
         };
-        entry.state.mark_lost();
+        if matches!(outcome, Event::NotOwned) {
+            entry.state.mark_taken();
+        } else {
+            entry.state.mark_lost();
+        }
         events.push((Arc::clone(&entry.keys), outcome));
         registry.leases.remove(&lease.id);
     }
     drop(registry);
+    match &failure {
+        Some(error) => lock(&shared.failures).failed(now, batch.len(), error),
+        None => lock(&shared.failures).succeeded(),
+    }
+    if let Some((late_by, leases)) = late {
+        tracing::warn!(
+            leases,
+            ?late_by,
+            "distlock leases renewed late; the process or Redis may be overloaded"
+        );
+    }
     for (keys, event) in events {
         event.log(&keys);
     }
@@ -365,8 +454,6 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
 
 /// What a renewal found, logged after the registry lock is released.
 enum Event {
-    Late(Duration),
-    Failed(String),
     NotOwned,
     FailedUntilExpiry(String),
     ExpiredBeforeRenewal,
@@ -376,14 +463,6 @@ impl Event {
     fn log(&self, keys: &[LockKeys]) {
         let keys: Vec<&str> = keys.iter().map(|k| k.lock.as_str()).collect();
         match self {
-            Self::Late(late_by) => tracing::warn!(
-                ?keys,
-                ?late_by,
-                "distlock lease renewed late; the process or Redis may be overloaded"
-            ),
-            Self::Failed(error) => {
-                tracing::warn!(?keys, %error, "distlock lease renewal failed; retrying");
-            }
             Self::NotOwned => tracing::warn!(
                 ?keys,
                 "distlock lease lost: the lock was deleted or taken by another owner"
@@ -397,6 +476,33 @@ impl Event {
                 ?keys,
                 "distlock lease lost: it expired before its renewal was answered"
             ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_with_jitter_up_to_a_cap() {
+        let ttl = Duration::from_secs(30);
+        // 30 s: first step 250 ms, cap 2 s; each delay is between half the step and the step.
+        let mut step = Duration::from_millis(250);
+        for failures in 1..12 {
+            let delay = retry_delay(ttl, failures);
+            assert!(
+                delay >= step / 2 && delay <= step,
+                "failure {failures}: {delay:?} vs {step:?}"
+            );
+            step = (step * 2).min(Duration::from_secs(2));
+        }
+        // A short lease still retries, never in a tight loop, and well within its validity.
+        let short = Duration::from_millis(300);
+        for failures in 1..40 {
+            let delay = retry_delay(short, failures);
+            assert!(delay >= Duration::from_millis(5), "{delay:?}");
+            assert!(delay <= short / 4, "{delay:?}");
         }
     }
 }

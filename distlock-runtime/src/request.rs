@@ -156,18 +156,24 @@ impl LockRequest {
                 Some((Arc::clone(lease.shared_keys()), fencing_token)),
                 body,
             );
-            let outcome = tokio::select! {
+            let output = tokio::select! {
                 biased;
-                () = lease.lost() => {
-                    tracing::warn!(keys = ?lease.keys(), "distlock lease lost; the body was stopped");
-                    Err(LockError::LeaseLost { keys: lease.keys().to_vec() })
-                }
-                output = scoped => Ok(output),
+                () = lease.lost() => None,
+                output = scoped => Some(output),
+            };
+            let Some(output) = output else {
+                let keys = lease.keys().to_vec();
+                tracing::warn!(?keys, "{}", lease.loss());
+                // Return now: Redis may be what failed, and the caller must not wait on it.
+                // Dropping the lease releases it in the background (a key still held by this
+                // owner, after renewal failed, is freed before its ttl once Redis answers).
+                drop(lease);
+                return Err(LockError::LeaseLost { keys });
             };
             if let Err(error) = lease.release().await {
                 tracing::warn!(%error, "distlock release failed; the lock expires after its ttl");
             }
-            outcome
+            Ok(output)
         }
         .instrument(span)
         .await

@@ -24,6 +24,8 @@ pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 /// What a lease and its renewal share: until when it is valid, its ttl, and whether it was lost.
 pub(crate) struct LeaseState {
     lost: CancellationToken,
+    /// Redis said the lock is gone or someone else's (not just: its validity ran out).
+    taken: std::sync::atomic::AtomicBool,
     validity: Mutex<Validity>,
 }
 
@@ -41,6 +43,7 @@ impl LeaseState {
     pub(crate) fn new(ttl: Duration) -> Self {
         Self {
             lost: CancellationToken::new(),
+            taken: std::sync::atomic::AtomicBool::new(false),
             validity: Mutex::new(Validity {
                 until: Instant::now(),
                 ttl,
@@ -105,6 +108,17 @@ impl LeaseState {
 
     pub(crate) fn mark_lost(&self) {
         self.lost.cancel();
+    }
+
+    /// Marks the lease lost because Redis found its lock gone or owned by someone else.
+    pub(crate) fn mark_taken(&self) {
+        self.taken.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.lost.cancel();
+    }
+
+    /// Whether the lease was lost because Redis found its lock gone or someone else's.
+    pub(crate) fn was_taken(&self) -> bool {
+        self.taken.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether the lease is lost; running out of validity loses it for good.

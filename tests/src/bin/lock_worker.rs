@@ -8,6 +8,10 @@
 //! for the lock on KEY; the first to get it prints `acquired` and holds it until killed.
 //! `lock_worker hold URL KEY TTL_MS`: take the lock with renewal, print `acquired`, then sleep
 //! until killed.
+//! `lock_worker outage URL KEY TTL_MS SECS`: with distlock's logs on stderr, run a body that
+//! sleeps SECS under the lock (renewed), printing `acquired` when it starts; print
+//! `outcome OUTCOME after_ms MS` when `run` returns (OUTCOME is `ok`, `lost` or the error), wait
+//! until SECS have passed since the start, then print `cpu_ms MS`, the process's CPU time.
 
 use std::io::Write;
 use std::time::Duration;
@@ -107,9 +111,40 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .await?;
             hold_until_killed(lease).await
         }
+        ["outage", url, key, ttl_ms, secs] => {
+            tracing_subscriber::fmt()
+                .with_writer(std::io::stderr)
+                .with_max_level(tracing::Level::INFO)
+                .with_ansi(false)
+                .init();
+            let started = std::time::Instant::now();
+            let secs = Duration::from_secs(secs.parse()?);
+            let locks = LockManager::from_url(url)?;
+            let outcome = locks
+                .lock(*key)
+                .ttl(Duration::from_millis(ttl_ms.parse()?))
+                .run(async {
+                    println!("acquired");
+                    let _ = std::io::stdout().flush();
+                    tokio::time::sleep(secs).await;
+                })
+                .await;
+            let outcome = match outcome {
+                Ok(()) => "ok".to_owned(),
+                Err(LockError::LeaseLost { .. }) => "lost".to_owned(),
+                Err(other) => other.to_string(),
+            };
+            println!(
+                "outcome {outcome} after_ms {}",
+                started.elapsed().as_millis()
+            );
+            tokio::time::sleep(secs.saturating_sub(started.elapsed())).await;
+            println!("cpu_ms {}", cpu_time()?.as_millis());
+            Ok(())
+        }
         _ => Err(
             "usage: lock_worker count|count-fair|count-attr URL KEY COUNTER N | hold URL KEY TTL_MS \
-             | wait-fair URL KEY N".into(),
+             | wait-fair URL KEY N | outage URL KEY TTL_MS SECS".into(),
         ),
     }
 }
@@ -121,4 +156,19 @@ async fn hold_until_killed(lease: Lease) -> Result<(), Box<dyn std::error::Error
     tokio::time::sleep(Duration::from_secs(3600)).await;
     lease.release().await?;
     Ok(())
+}
+
+/// This process's CPU time so far (user and system), from `/proc/self/stat` (Linux).
+fn cpu_time() -> Result<Duration, Box<dyn std::error::Error>> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // The fields after the command name, which is in parentheses and may contain spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .ok_or("unreadable /proc/self/stat")?
+        .1
+        .split_whitespace()
+        .collect();
+    // utime and stime (fields 14 and 15 of the whole line), in clock ticks of 1/100 s.
+    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    Ok(Duration::from_millis(ticks * 10))
 }

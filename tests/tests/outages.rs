@@ -1,0 +1,127 @@
+//! How distlock behaves while Redis is dead or hung: bounded CPU and logs, calls that end by
+//! their deadlines, and no false alarms for requests that never reached Redis.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use distlock_runtime::LockError;
+use distlock_tests::{warm_up, RedisServer};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+
+/// What one `lock_worker outage` run printed.
+struct OutageRun {
+    /// `run`'s outcome, and when it came (since the worker started).
+    outcome: String,
+    cpu: Duration,
+    /// distlock's log lines.
+    logs: String,
+}
+
+/// Runs `lock_worker outage` on `server` for `secs`, with a lease of `ttl`, and does `then` to
+/// the server once the worker holds the lock.
+async fn outage_run(
+    server: &mut RedisServer,
+    ttl: Duration,
+    secs: u64,
+    then: impl FnOnce(&mut RedisServer),
+) -> OutageRun {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lock_worker"))
+        .args([
+            "outage",
+            &server.url(),
+            "outage",
+            &ttl.as_millis().to_string(),
+            &secs.to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start lock_worker");
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut stderr = child.stderr.take().unwrap();
+    let logs = tokio::spawn(async move {
+        let mut logs = String::new();
+        let _ = stderr.read_to_string(&mut logs).await;
+        logs
+    });
+    let first = stdout.next_line().await.unwrap();
+    assert_eq!(first.as_deref(), Some("acquired"));
+    then(server);
+    let mut outcome = String::new();
+    let mut cpu = None;
+    let lines = async {
+        while let Some(line) = stdout.next_line().await.unwrap() {
+            if let Some(rest) = line.strip_prefix("outcome ") {
+                outcome = rest.to_owned();
+            } else if let Some(ms) = line.strip_prefix("cpu_ms ") {
+                cpu = Some(Duration::from_millis(ms.parse().unwrap()));
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(secs + 30), lines)
+        .await
+        .expect("the worker finished");
+    let status = child.wait().await.unwrap();
+    assert!(status.success(), "{status}");
+    OutageRun {
+        outcome,
+        cpu: cpu.expect("the worker printed its CPU time"),
+        logs: logs.await.unwrap(),
+    }
+}
+
+/// The `after_ms` of an outcome line (`lost after_ms 2010`).
+fn after(outcome: &str) -> Duration {
+    let ms = outcome.rsplit(' ').next().unwrap().parse().unwrap();
+    Duration::from_millis(ms)
+}
+
+#[tokio::test]
+async fn renewal_against_a_dead_redis_backs_off_and_logs_once_a_second() {
+    let _load = distlock_tests::heavy().await;
+    let mut server = RedisServer::start();
+    // A 3 s lease renews at 1 s; with Redis dead its renewal fails from then until the lease is
+    // lost at 3 s. The worker lives 5 s.
+    let run = outage_run(&mut server, Duration::from_secs(3), 5, RedisServer::kill).await;
+    assert!(run.outcome.starts_with("lost "), "{}", run.outcome);
+    let failed = run.logs.matches("lease renewal failed").count();
+    assert!(
+        (1..=4).contains(&failed),
+        "{failed} renewal warnings:\n{}",
+        run.logs
+    );
+    assert_eq!(
+        run.logs
+            .matches("it expired before a renewal got through")
+            .count(),
+        1,
+        "{}",
+        run.logs
+    );
+    // Connecting, the renewals and the logs: well under a tenth of one core over 5 s.
+    assert!(
+        run.cpu < Duration::from_millis(400),
+        "CPU {:?}:\n{}",
+        run.cpu,
+        run.logs
+    );
+}
+
+#[tokio::test]
+async fn a_lease_lost_to_a_hung_redis_returns_when_it_ends() {
+    let _load = distlock_tests::heavy().await;
+    let mut server = RedisServer::start();
+    let ttl = Duration::from_secs(2);
+    let run = outage_run(&mut server, ttl, 4, RedisServer::pause).await;
+    server.resume();
+    assert!(run.outcome.starts_with("lost "), "{}", run.outcome);
+    // Lost at the lease's validity (a little under its ttl after the acquire was sent), and
+    // returned then: not after another response timeout spent on a release that cannot get
+    // through (the release goes on in the background).
+    let took = after(&run.outcome);
+    assert!(
+        took <= ttl + Duration::from_millis(300),
+        "LeaseLost after {took:?}"
+    );
+}
