@@ -1,10 +1,12 @@
 //! The generated wrapper: render the keys, pick the manager, and hand the body to the runtime
 //! in one call. Also the fallback that keeps the user's fn alive beside a compile error.
 
+use std::ops::Range;
+
 use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{format_ident, quote, quote_spanned, ToTokens};
 use syn::visit_mut::VisitMut;
-use syn::{ReturnType, Type};
+use syn::{LitStr, ReturnType, Type};
 
 use crate::args::{Args, Millis};
 use crate::item::LockedFn;
@@ -129,9 +131,9 @@ fn render(template: &Template, private: &TokenStream, item: &LockedFn) -> TokenS
                 ident.set_span(param.map_or(span, |p| span.resolved_at(p.span())));
                 ident.to_token_stream()
             };
-            let fields = fields
-                .iter()
-                .map(|field| match syn::parse_str::<syn::Member>(field) {
+            let fields = fields.iter().map(|field| {
+                let span = field_span(&template.literal, &field.at);
+                match syn::parse_str::<syn::Member>(&field.name) {
                     Ok(syn::Member::Named(mut ident)) => {
                         ident.set_span(span);
                         ident.to_token_stream()
@@ -142,11 +144,40 @@ fn render(template: &Template, private: &TokenStream, item: &LockedFn) -> TokenS
                     }
                     .to_token_stream(),
                     Err(_) => quote!(__distlock_checked_in_key_rs),
-                });
+                }
+            });
             quote_spanned!(span=> #private::KeyPart::Value(&#root #(.#fields)*))
         }
     });
     quote_spanned!(span=> #private::render_key(&[#(#parts),*]))
+}
+
+/// Where an error about a placeholder's field lands (no field `fromm` on type `Req`): on the
+/// field's own bytes where the compiler can point inside a literal (nightly), else on the whole
+/// literal, resolved at the call site. Spanned on the user's literal itself, rustc would suggest
+/// replacing the whole key with the field it guesses was meant.
+fn field_span(literal: &LitStr, at: &Range<usize>) -> Span {
+    let fallback = literal.span().resolved_at(Span::call_site());
+    let token = literal.token();
+    let source = token.to_string();
+    let value = literal.value();
+    // The value's bytes sit at a fixed offset only in a literal without escapes: exactly the
+    // value between `"` (or `r#"`) and `"` (or `"#`).
+    let Some(start) = source.find('"').map(|quote| quote + 1) else {
+        return fallback;
+    };
+    let end = start + value.len();
+    let unescaped = source.get(start..end) == Some(value.as_str())
+        && source
+            .get(end..)
+            .and_then(|rest| rest.strip_prefix('"'))
+            .is_some_and(|hashes| hashes.chars().all(|c| c == '#'));
+    if !unescaped {
+        return fallback;
+    }
+    token
+        .subspan(start + at.start..start + at.end)
+        .unwrap_or(fallback)
 }
 
 fn option_duration(value: Option<&Millis>) -> TokenStream {

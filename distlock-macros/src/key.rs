@@ -2,6 +2,8 @@
 //! for literal braces. Parsed at compile time into text and placeholders; each placeholder is a
 //! path rooted at a parameter of the fn (or `self`).
 
+use std::ops::Range;
+
 use syn::LitStr;
 
 /// One parsed key template.
@@ -16,7 +18,15 @@ pub(crate) enum Part {
     /// Literal text, braces already unescaped.
     Text(String),
     /// `{root.field.sub}`: the root names a parameter or `self`, then zero or more fields.
-    Placeholder { root: String, fields: Vec<String> },
+    Placeholder { root: String, fields: Vec<Field> },
+}
+
+/// A field of a placeholder's path, and where it is written: its byte range in the template's
+/// value, so an error about the field can point at it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Field {
+    pub(crate) name: String,
+    pub(crate) at: Range<usize>,
 }
 
 impl Template {
@@ -75,7 +85,7 @@ fn parse_parts(text: &str) -> Result<Vec<Part>, String> {
                 if !literal.is_empty() {
                     parts.push(Part::Text(std::mem::take(&mut literal)));
                 }
-                parts.push(placeholder(inner)?);
+                parts.push(placeholder(inner, at + 1)?);
             }
             c => literal.push(c),
         }
@@ -86,20 +96,27 @@ fn parse_parts(text: &str) -> Result<Vec<Part>, String> {
     Ok(parts)
 }
 
-/// `name`, `name.field.sub` or `self.field` (spaces around it allowed).
-fn placeholder(inner: &str) -> Result<Part, String> {
+/// `name`, `name.field.sub` or `self.field` (spaces around it allowed), written at byte `start`
+/// of the template.
+fn placeholder(inner: &str, start: usize) -> Result<Part, String> {
     let trimmed = inner.trim();
     if trimmed.is_empty() {
         return Err(
             "empty placeholder `{}`: name a parameter, as in \"order:{order_id}\"".to_owned(),
         );
     }
-    let mut segments = trimmed.split('.').map(str::trim);
-    let root = segments.next().unwrap_or_default();
-    let fields: Vec<&str> = segments.collect();
+    // Each segment, trimmed, with the byte where it starts in the template.
+    let mut segments = Vec::new();
+    let mut offset = start;
+    for segment in inner.split('.') {
+        let name = segment.trim();
+        segments.push((name, offset + segment.len() - segment.trim_start().len()));
+        offset += segment.len() + 1;
+    }
+    let (root, _) = segments.remove(0);
     let is_ident = |s: &str| syn::parse_str::<syn::Ident>(s).is_ok() || s == "self";
     let is_field = |s: &str| syn::parse_str::<syn::Member>(s).is_ok();
-    if !is_ident(root) || !fields.iter().all(|f| is_field(f)) {
+    if !is_ident(root) || !segments.iter().all(|(f, _)| is_field(f)) {
         return Err(format!(
             "placeholder `{{{inner}}}` is not a parameter or field path: placeholders name a \
              parameter, optionally with fields (`{{order.id}}`, `{{self.shard}}`); compute \
@@ -108,7 +125,13 @@ fn placeholder(inner: &str) -> Result<Part, String> {
     }
     Ok(Part::Placeholder {
         root: root.to_owned(),
-        fields: fields.into_iter().map(str::to_owned).collect(),
+        fields: segments
+            .into_iter()
+            .map(|(name, at)| Field {
+                name: name.to_owned(),
+                at: at..at + name.len(),
+            })
+            .collect(),
     })
 }
 
@@ -116,10 +139,17 @@ fn placeholder(inner: &str) -> Result<Part, String> {
 mod tests {
     use super::*;
 
-    fn ph(root: &str, fields: &[&str]) -> Part {
+    /// A placeholder, its fields given with the byte where each starts in the template.
+    fn ph(root: &str, fields: &[(&str, usize)]) -> Part {
         Part::Placeholder {
             root: root.to_owned(),
-            fields: fields.iter().map(|f| (*f).to_owned()).collect(),
+            fields: fields
+                .iter()
+                .map(|&(name, at)| Field {
+                    name: name.to_owned(),
+                    at: at..at + name.len(),
+                })
+                .collect(),
         }
     }
 
@@ -132,13 +162,26 @@ mod tests {
         assert_eq!(
             parse_parts("{user.id}:{ self.shard }:{pair.0}").unwrap(),
             [
-                ph("user", &["id"]),
+                ph("user", &[("id", 6)]),
                 Part::Text(":".into()),
-                ph("self", &["shard"]),
+                ph("self", &[("shard", 17)]),
                 Part::Text(":".into()),
-                ph("pair", &["0"]),
+                ph("pair", &[("0", 31)]),
             ]
         );
+    }
+
+    #[test]
+    fn fields_know_where_they_are_written() {
+        let text = "é:{ req . from .x }";
+        let parts = parse_parts(text).unwrap();
+        assert_eq!(parts[1], ph("req", &[("from", 11), ("x", 17)]));
+        let Part::Placeholder { fields, .. } = &parts[1] else {
+            unreachable!("a placeholder")
+        };
+        for field in fields {
+            assert_eq!(text[field.at.clone()], field.name);
+        }
     }
 
     #[test]

@@ -32,7 +32,8 @@ use proc_macro::TokenStream;
 /// have a `:` (or another of those characters) between them, so distinct arguments never render
 /// the same key and user input cannot pick a Redis Cluster hash slot; other values render as
 /// they are (`order:{order_id}` with 42 is `order:42`). A placeholder that names no parameter is
-/// a compile error listing the parameters.
+/// a compile error listing the parameters; one naming a field its parameter's type lacks is a
+/// compile error on the key.
 ///
 /// # Options
 /// | option | value | default |
@@ -52,9 +53,13 @@ use proc_macro::TokenStream;
 /// a `Result` works too; the check is a trait bound on the return type). Methods (`&self`,
 /// `&mut self`, `self: Arc<Self>`), generics, `impl Trait` parameters, lifetimes, `where` clauses,
 /// fns in `impl Trait for Type` blocks, doc comments and other attributes all keep working, and
-/// so does `Result<impl Trait, E>`. The returned future is `Send` whenever the body's future and
-/// the returned `T` and `E` are `Send` (the result is held while the lease is released), so
-/// annotated fns serve as axum handlers and run in `tokio::spawn`.
+/// so does `Result<impl Trait, E>`. A return type that is not such a `Result`, or whose error
+/// type lacks `From<LockError>` (`String`, axum's `StatusCode`), is a compile error on the return
+/// type: give the error type a variant `Lock(#[from] LockError)` (thiserror) or an
+/// `impl From<LockError>`, or return `anyhow::Result<T>` or `Result<T, LockError>`. The returned
+/// future is `Send` whenever the body's future and the returned `T` and `E` are `Send` (the
+/// result is held while the lease is released), so annotated fns serve as axum handlers and run
+/// in `tokio::spawn`.
 ///
 /// # What the expansion does
 /// The fn keeps its signature. Its new body renders the keys from the arguments, evaluates the
@@ -64,9 +69,15 @@ use proc_macro::TokenStream;
 /// lease whatever happens: on return, on panic, and when the call's future is dropped. If the
 /// lease is lost while the body runs, the body is dropped at its next await point. Every lock
 /// failure (busy, timed out, lease lost, Redis unavailable, no manager configured) becomes
-/// `Err(E::from(LockError::..))`, and the body does not run (or stops). A call nested inside the
-/// body, on the same task, for keys already held runs under the outer lease without waiting for
-/// itself.
+/// `Err(E::from(LockError::..))`, and the body does not run (or stops).
+///
+/// # Re-entrancy
+/// A call nested inside the body, on the same task and the same manager (or a clone of it), for
+/// keys this task already holds does not wait for itself: it runs under the outer lease. So its
+/// own `ttl`, `renew` and `fair` do not apply (the outer lease keeps its own); only its `wait`
+/// does, when a sibling call on the same task (side by side in `join!` or `select!`) is using the
+/// key at that moment: re-entry is for strict nesting, and side-by-side calls take turns. If only
+/// some of its keys are held, the others are acquired as a new lease, under its own settings.
 #[proc_macro_attribute]
 pub fn distributed_lock(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item = proc_macro2::TokenStream::from(item);

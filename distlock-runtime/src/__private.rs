@@ -22,16 +22,22 @@ pub struct Options {
 }
 
 /// A return type that can carry a [`LockError`]: `Result<T, E>` with `E: From<LockError>`.
+///
+/// The impl is `do_not_recommend`, so a `Result` whose error lacks `From<LockError>` (`String`,
+/// axum's `StatusCode`) is reported as not implementing this trait, with the message below,
+/// rather than as an unmet `From` bound listing unrelated `From` impls.
 #[diagnostic::on_unimplemented(
     message = "`#[distributed_lock]` functions must return `Result<T, E>` with `E: From<distlock_runtime::LockError>`; `{Self}` is not such a type",
     label = "this return type cannot carry a lock failure",
-    note = "return `Result<T, distlock_runtime::LockError>`, or give your error type a variant for it, e.g. `Lock(#[from] LockError)` with thiserror"
+    note = "the fn returns a lock failure (busy, timed out, lease lost, Redis unreachable) as `Err(E::from(error))`, so `E` needs `From<LockError>`; `String` and axum's `StatusCode` do not have it",
+    note = "wrap the error in an app error type with a variant `Lock(#[from] LockError)` (thiserror) or an `impl From<LockError>`, or return `anyhow::Result<T>` or `Result<T, LockError>`"
 )]
 pub trait LockResult {
     /// The value the fn returns when the lock fails.
     fn from_lock_error(error: LockError) -> Self;
 }
 
+#[diagnostic::do_not_recommend]
 impl<T, E: From<LockError>> LockResult for Result<T, E> {
     fn from_lock_error(error: LockError) -> Self {
         Err(E::from(error))
