@@ -5,7 +5,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use distlock_runtime::LockError;
-use distlock_tests::{warm_up, RedisServer};
+use distlock_tests::{warm_up, Logs, RedisServer};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
 /// What one `lock_worker outage` run printed.
@@ -124,4 +124,51 @@ async fn a_lease_lost_to_a_hung_redis_returns_when_it_ends() {
         took <= ttl + Duration::from_millis(300),
         "LeaseLost after {took:?}"
     );
+}
+
+#[tokio::test]
+async fn acquires_that_never_reached_a_dead_redis_leave_nothing_to_undo_and_no_warning() {
+    let (logs, _capture) = Logs::capture();
+    let mut server = RedisServer::start();
+    let locks = server
+        .manager_with_timeouts(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    warm_up(&locks).await;
+    server.kill();
+    let ttl = Duration::from_millis(500);
+    let try_lock = |key: String| {
+        let locks = locks.clone();
+        async move {
+            let outcome = locks
+                .lock(key)
+                .ttl(ttl)
+                .wait(Duration::ZERO)
+                .acquire()
+                .await;
+            assert!(
+                outcome.as_ref().is_err_and(LockError::is_unavailable),
+                "{outcome:?}"
+            );
+        }
+    };
+    // The first acquire is sent on the connection that was open when Redis died: it may have
+    // reached Redis, so it is undone in the background, quietly.
+    try_lock("first".into()).await;
+    let in_doubt = logs.count("releasing in the background");
+    assert!(in_doubt <= 1, "{}", logs.text());
+    // Every later one fails to connect: never sent, nothing to undo.
+    for i in 0..20 {
+        try_lock(format!("one-by-one-{i}")).await;
+    }
+    futures_util::future::join_all((0..20).map(|i| try_lock(format!("together-{i}")))).await;
+    assert_eq!(
+        logs.count("releasing in the background"),
+        in_doubt,
+        "{}",
+        logs.text()
+    );
+    // Past every ttl: no warning about a lock that was never taken.
+    tokio::time::sleep(ttl * 3).await;
+    assert_eq!(logs.count("WARN"), 0, "{}", logs.text());
 }
