@@ -242,7 +242,7 @@ impl AcquireRequest {
         deadline: Instant,
         now: Instant,
     ) -> Result<(Acquire, Option<u64>), Failed> {
-        let answer = match self {
+        match self {
             Self::All(invocation) => redis
                 .call("acquire", invocation)
                 .await
@@ -268,21 +268,7 @@ impl AcquireRequest {
                         ),
                     })
             }
-        };
-        answer.map_err(|mut failed| {
-            // Redis before 7.0 cannot compile a script that declares itself with `#!lua`.
-            if let LockError::Redis { source, .. } = &failed.error {
-                let text = source.to_string();
-                if text.contains("Error compiling script") && text.contains("'#'") {
-                    let source = source.clone();
-                    failed.error = LockError::Redis {
-                        op: "acquire (the script was refused: distlock needs Redis 7.0 or newer)",
-                        source,
-                    };
-                }
-            }
-            failed
-        })
+        }
     }
 }
 

@@ -171,7 +171,7 @@ mod validity;
 mod wait;
 
 pub use builder::LockManagerBuilder;
-pub use error::LockError;
+pub use error::{LockError, Misconfiguration};
 pub use fair::HANDOFF_CLAIM;
 pub use lease::Lease;
 pub use manager::{default_manager, set_default_manager, LockManager, LockStats};
