@@ -44,7 +44,7 @@ pub(crate) async fn acquire(
 ) -> Result<Lease, LockError> {
     let redis_keys: Arc<[LockKeys]> = keys.iter().map(|k| context.lock_keys(k)).collect();
     let token: Arc<str> = new_token().into();
-    let state = Arc::new(LeaseState::new(ttl));
+    let state = Arc::new(LeaseState::new(ttl, renew));
     // Registered before the request goes out: an acquired lease can never miss renewal.
     let mut registration = renew.then(|| {
         context.renewals.register(
@@ -207,7 +207,6 @@ pub(crate) async fn acquire(
             fencing_token,
             state,
             registration,
-            renew,
         ));
     }
 }
