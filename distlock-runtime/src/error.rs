@@ -8,7 +8,10 @@ use std::time::Duration;
 /// react in code: [`LockError::NotAcquired`] and [`LockError::Timeout`] mean somebody else holds
 /// the lock (retry later or answer "busy"); [`LockError::LeaseLost`] means the body may have
 /// run without exclusion for part of its run; [`LockError::Redis`] and
-/// [`LockError::RedisTimeout`] mean Redis could not be asked.
+/// [`LockError::RedisTimeout`] mean Redis could not be asked (down, hung or erroring: retry
+/// later); [`LockError::Misconfigured`] means Redis refused the manager's settings (fix them:
+/// retrying will not help). [`LockError::is_contention`], [`LockError::is_unavailable`] and
+/// [`LockError::is_misconfigured`] sort them.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
@@ -22,6 +25,20 @@ pub enum LockError {
         key: String,
         /// How long the caller waited.
         waited: Duration,
+    },
+
+    /// [`LockRequest::acquire`](crate::LockRequest::acquire) was called, inside a `run` body (or
+    /// an annotated fn), for a key that body's task already holds: the call would wait for
+    /// itself until its `wait` ran out, so it fails at once. A nested
+    /// [`run`](crate::LockRequest::run) (or annotated call) re-enters the held key instead.
+    #[error(
+        "lock `{key}` is already held by this task (an enclosing `run` or #[distributed_lock] \
+         body), so acquire() would wait for itself; lock it with `run` or an annotated fn, which \
+         re-enter a held key, or take the lease before entering the body"
+    )]
+    HeldByThisTask {
+        /// The first key of the request this task holds.
+        key: String,
     },
 
     /// A try-lock (`wait = 0`) found the lock held and did not wait.
