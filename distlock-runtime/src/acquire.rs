@@ -44,7 +44,7 @@ pub(crate) async fn acquire(
 ) -> Result<Lease, LockError> {
     let redis_keys: Arc<[LockKeys]> = keys.iter().map(|k| context.lock_keys(k)).collect();
     let token: Arc<str> = new_token().into();
-    let state = Arc::new(LeaseState::new(ttl));
+    let state = Arc::new(LeaseState::new(ttl, renew));
     // Registered before the request goes out: an acquired lease can never miss renewal.
     let mut registration = renew.then(|| {
         context.renewals.register(
@@ -207,7 +207,6 @@ pub(crate) async fn acquire(
             fencing_token,
             state,
             registration,
-            renew,
         ));
     }
 }
@@ -242,7 +241,7 @@ impl AcquireRequest {
         deadline: Instant,
         now: Instant,
     ) -> Result<(Acquire, Option<u64>), Failed> {
-        let answer = match self {
+        match self {
             Self::All(invocation) => redis
                 .call("acquire", invocation)
                 .await
@@ -268,21 +267,7 @@ impl AcquireRequest {
                         ),
                     })
             }
-        };
-        answer.map_err(|mut failed| {
-            // Redis before 7.0 cannot compile a script that declares itself with `#!lua`.
-            if let LockError::Redis { source, .. } = &failed.error {
-                let text = source.to_string();
-                if text.contains("Error compiling script") && text.contains("'#'") {
-                    let source = source.clone();
-                    failed.error = LockError::Redis {
-                        op: "acquire (the script was refused: distlock needs Redis 7.0 or newer)",
-                        source,
-                    };
-                }
-            }
-            failed
-        })
+        }
     }
 }
 

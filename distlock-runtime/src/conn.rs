@@ -161,7 +161,7 @@ impl Redis {
                             Reached::Refused
                         };
                         return Err(Failed {
-                            error: LockError::Redis { op, source },
+                            error: LockError::from_redis(op, source),
                             reached,
                         });
                     }
@@ -210,7 +210,7 @@ impl Redis {
                     after: self.timeouts.connect,
                 })
             }
-            Ok(Err(PoolError::Backend(source))) => return Err(LockError::Redis { op, source }),
+            Ok(Err(PoolError::Backend(source))) => return Err(LockError::from_redis(op, source)),
             Ok(Err(PoolError::Timeout(_))) | Err(_) => {
                 return Err(LockError::RedisTimeout { op, after })
             }
@@ -230,7 +230,7 @@ impl Redis {
         select.arg(db);
         match tokio::time::timeout(self.timeouts.response, select.exec_async(&mut conn)).await {
             Ok(Ok(())) => {}
-            Ok(Err(source)) => return Err(LockError::Redis { op, source }),
+            Ok(Err(source)) => return Err(LockError::from_redis(op, source)),
             Err(_) => {
                 return Err(LockError::RedisTimeout {
                     op,

@@ -8,7 +8,10 @@ use std::time::Duration;
 /// react in code: [`LockError::NotAcquired`] and [`LockError::Timeout`] mean somebody else holds
 /// the lock (retry later or answer "busy"); [`LockError::LeaseLost`] means the body may have
 /// run without exclusion for part of its run; [`LockError::Redis`] and
-/// [`LockError::RedisTimeout`] mean Redis could not be asked.
+/// [`LockError::RedisTimeout`] mean Redis could not be asked (down, hung or erroring: retry
+/// later); [`LockError::Misconfigured`] means Redis refused the manager's settings (fix them:
+/// retrying will not help). [`LockError::is_contention`], [`LockError::is_unavailable`] and
+/// [`LockError::is_misconfigured`] sort them.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
@@ -22,6 +25,20 @@ pub enum LockError {
         key: String,
         /// How long the caller waited.
         waited: Duration,
+    },
+
+    /// [`LockRequest::acquire`](crate::LockRequest::acquire) was called, inside a `run` body (or
+    /// an annotated fn), for a key that body's task already holds: the call would wait for
+    /// itself until its `wait` ran out, so it fails at once. A nested
+    /// [`run`](crate::LockRequest::run) (or annotated call) re-enters the held key instead.
+    #[error(
+        "lock `{key}` is already held by this task (an enclosing `run` or #[distributed_lock] \
+         body), so acquire() would wait for itself; lock it with `run` or an annotated fn, which \
+         re-enter a held key, or take the lease before entering the body"
+    )]
+    HeldByThisTask {
+        /// The first key of the request this task holds.
+        key: String,
     },
 
     /// A try-lock (`wait = 0`) found the lock held and did not wait.
@@ -72,6 +89,21 @@ pub enum LockError {
         after: Duration,
     },
 
+    /// Redis refused the manager's settings: wrong credentials, an ACL user without a right
+    /// distlock needs, a database the server does not have, or a server older than 7.0.
+    /// Retrying does not help: fix what [`Misconfiguration`] names. Check settings at startup with
+    /// [`LockManager::ping`](crate::LockManager::ping).
+    #[error("Redis refused distlock's {op}: {problem}; Redis said: {source}")]
+    Misconfigured {
+        /// What distlock was doing.
+        op: &'static str,
+        /// What is wrong, and what to fix.
+        problem: Misconfiguration,
+        /// The error from Redis.
+        #[source]
+        source: redis::RedisError,
+    },
+
     /// No [`LockManager`](crate::LockManager) was given and none was installed with
     /// [`set_default_manager`](crate::set_default_manager).
     #[error(
@@ -114,7 +146,93 @@ impl LockError {
     }
 
     /// True when Redis could not be asked: unreachable, erroring or not answering in time.
+    /// Not for [`LockError::Misconfigured`]: Redis answered, and refused.
     pub fn is_unavailable(&self) -> bool {
         matches!(self, Self::Redis { .. } | Self::RedisTimeout { .. })
+    }
+
+    /// True when the manager's settings are wrong for its Redis ([`LockError::Misconfigured`]),
+    /// or were refused before any request ([`LockError::InvalidUrl`],
+    /// [`LockError::InvalidConfig`], [`LockError::NotConfigured`]): retrying will not help.
+    pub fn is_misconfigured(&self) -> bool {
+        matches!(
+            self,
+            Self::Misconfigured { .. }
+                | Self::InvalidUrl { .. }
+                | Self::InvalidConfig { .. }
+                | Self::NotConfigured
+        )
+    }
+
+    /// The error for `source`, a failed request of `op`: [`LockError::Misconfigured`] when
+    /// Redis refused the manager's settings, else [`LockError::Redis`].
+    pub(crate) fn from_redis(op: &'static str, source: redis::RedisError) -> Self {
+        match Misconfiguration::of(&source) {
+            Some(problem) => Self::Misconfigured {
+                op,
+                problem,
+                source,
+            },
+            None => Self::Redis { op, source },
+        }
+    }
+}
+
+/// What is wrong with the manager's settings, in a [`LockError::Misconfigured`]. Its message says
+/// what to fix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Misconfiguration {
+    /// The user name or password is wrong, or Redis wants one and none was given.
+    Credentials,
+    /// The ACL user may not run a command, or touch a key, that distlock needs.
+    Permissions,
+    /// The database index in the URL is not one the server has.
+    Database,
+    /// The server is older than Redis 7.0.
+    ServerVersion,
+}
+
+impl Misconfiguration {
+    /// Recognizes a refusal of the manager's settings among Redis errors.
+    fn of(error: &redis::RedisError) -> Option<Self> {
+        let text = error.to_string();
+        let code = error.code().unwrap_or_default();
+        if error.kind() == redis::ErrorKind::AuthenticationFailed
+            || matches!(code, "WRONGPASS" | "NOAUTH")
+            || text.contains("WRONGPASS")
+            || text.contains("NOAUTH")
+        {
+            Some(Self::Credentials)
+        } else if code == "NOPERM" || text.contains("NOPERM") {
+            Some(Self::Permissions)
+        } else if text.contains("DB index is out of range") {
+            Some(Self::Database)
+        } else if text.contains("Error compiling script") && text.contains("'#'") {
+            // Redis before 7.0 cannot compile a script that declares itself with `#!lua`.
+            Some(Self::ServerVersion)
+        } else {
+            None
+        }
+    }
+}
+
+impl std::fmt::Display for Misconfiguration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Credentials => {
+                "wrong or missing credentials: check the user and password in the manager's URL \
+                 (redis://user:password@host:port)"
+            }
+            Self::Permissions => {
+                "the ACL user lacks a right distlock needs: grant the commands and the keys under \
+                 the manager's prefix given in the crate docs (\"Least-privilege ACL user\")"
+            }
+            Self::Database => {
+                "the database index in the URL does not exist on this server: use one below its \
+                 `databases` setting (16 by default)"
+            }
+            Self::ServerVersion => "distlock needs Redis 7.0 or newer: upgrade the server",
+        })
     }
 }

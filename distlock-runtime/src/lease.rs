@@ -44,8 +44,6 @@ pub struct Lease {
     fencing_token: u64,
     state: Arc<LeaseState>,
     renewal: Option<Registration>,
-    /// Whether the lease was asked to be renewed.
-    renews: bool,
     released: bool,
 }
 
@@ -58,7 +56,6 @@ impl Lease {
         fencing_token: u64,
         state: Arc<LeaseState>,
         renewal: Option<Registration>,
-        renews: bool,
     ) -> Self {
         Self {
             manager,
@@ -68,7 +65,6 @@ impl Lease {
             fencing_token,
             state,
             renewal,
-            renews,
             released: false,
         }
     }
@@ -159,7 +155,7 @@ impl Lease {
     pub(crate) fn loss(&self) -> &'static str {
         if self.state.was_taken() {
             "distlock lease lost: the lock was deleted or taken by another owner; the body was stopped"
-        } else if self.renews {
+        } else if self.state.renews() {
             "distlock lease lost: it expired before a renewal got through (Redis unreachable, hung or slow); the body was stopped"
         } else {
             "distlock lease reached its ttl without renewal (renew = false); the body was stopped"

@@ -148,6 +148,25 @@
 //! it for hot keys. Only single-key requests can be fair. Fair and unfair requests on one key can be mixed: every release then hands the key
 //! to a queued fair waiter if there is one, so unfair waiters go after the queue (an unfair
 //! request can still take a key whose holder's lease expired before the queue's head does).
+//!
+//! # Least-privilege ACL user
+//! distlock works under a Redis ACL user that may touch only the keys under the manager's prefix
+//! (`distlock:` by default) and run only the commands it uses: `EVALSHA` and `SCRIPT LOAD` for
+//! its scripts, the commands those scripts call, and `SELECT` for the URL's database (redis-rs
+//! also sends `CLIENT SETINFO` when it connects, and ignores a refusal). Release notifications (`PUBLISH` from the
+//! scripts, `SUBSCRIBE` on a connection of their own) are optional. With the default prefix:
+//!
+//! ```text
+//! ACL SETUSER distlock on >CHANGE-ME resetkeys ~distlock:* resetchannels -@all +evalsha +script|load +select +del +exists +get +hdel +hexists +hget +hset +lindex +lpop +lrem +pexpire +pttl +rpush +set +time
+//! ACL SETUSER distlock &distlock:* +publish +subscribe +unsubscribe
+//! ```
+//!
+//! The first line is all distlock needs; the second adds notifications. Without them, releases
+//! and hand-offs still succeed (the scripts skip an announcement Redis refuses), and waiters
+//! poll with backoff (1 to 50 ms), so a released key is still taken within milliseconds, at the
+//! cost of more requests while waiting; distlock logs one warning when Redis refuses its first
+//! `SUBSCRIBE`. A user without some right on that list gets [`LockError::Misconfigured`];
+//! [`LockManager::ping`] checks the first line's rights at startup.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -171,7 +190,7 @@ mod validity;
 mod wait;
 
 pub use builder::LockManagerBuilder;
-pub use error::LockError;
+pub use error::{LockError, Misconfiguration};
 pub use fair::HANDOFF_CLAIM;
 pub use lease::Lease;
 pub use manager::{default_manager, set_default_manager, LockManager, LockStats};

@@ -107,6 +107,32 @@ impl LockManager {
         self.context.lock_keys(key).lock
     }
 
+    /// Checks now that this manager's settings work with its Redis, so a service can fail at
+    /// startup rather than at its first lock: connects (address, credentials, database index),
+    /// then runs a read-only script on a key under the prefix (the ACL user may run scripts and
+    /// read keys under the prefix; the server is Redis 7.0 or newer). Writes nothing.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), distlock_runtime::LockError> {
+    /// let locks = distlock_runtime::LockManager::from_url("redis://app:secret@redis:6379/2")?;
+    /// locks.ping().await?; // a wrong password fails here, with LockError::Misconfigured
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::Misconfigured`] when Redis refuses the settings (it says what to fix);
+    /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be reached within the
+    /// manager's timeouts.
+    pub async fn ping(&self) -> Result<(), LockError> {
+        let mut invocation = crate::scripts::PING.prepare_invoke();
+        invocation.key(self.redis_key("ping"));
+        self.context
+            .redis()
+            .invoke::<redis::Value>("ping", &invocation)
+            .await
+            .map(drop)
+    }
+
     /// Counts of what this manager (and its clones) did so far.
     ///
     /// ```no_run

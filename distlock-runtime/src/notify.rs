@@ -7,17 +7,33 @@
 //! A waiter takes a [`Ticket`] (its place in the key's queue) and makes sure the manager is
 //! subscribed to the key before its next attempt, so a release between an attempt and the
 //! subscription cannot be missed (nor one before a subscription that another waiter made after
-//! this waiter's attempt went out: [`Ticket::subscribed_since`] tells). A subscription is shared by all local waiters of a key and
-//! dropped with the last of them. When the subscriber connection breaks, every waiter is woken
-//! to try again, and the next one to wait connects anew; a lost notification costs latency
+//! this waiter's attempt went out: [`Ticket::subscribed_since`] tells). A subscription is shared
+//! by all local waiters of a key and dropped with the last of them.
+//!
+//! **Never past a waiter's deadline.** No waiter connects or subscribes itself: the subscriber
+//! connection is opened by one background task for all waiters, and each key's `SUBSCRIBE` /
+//! `UNSUBSCRIBE` is sent by a background task of that key (one at a time per key, so the two
+//! cannot cross), while waiters only watch for the outcome until their own deadline. A waiter
+//! that gives up leaves the work to finish without it.
+//!
+//! **No leaked subscriptions.** A key whose last waiter left is unsubscribed, also when its
+//! `SUBSCRIBE` was still out. A `SUBSCRIBE` or `UNSUBSCRIBE` that gets no answer within the
+//! response timeout (it may still have been applied) closes the subscriber connection, which
+//! drops every subscription it held on the server; the next waiter connects anew.
+//!
+//! **Fallbacks.** While there is no subscriber connection, or Redis refuses `SUBSCRIBE` (an ACL
+//! user without channel rights), waiters poll with backoff (see `wait.rs`). When the subscriber
+//! connection breaks, every waiter is woken to try again. A lost notification costs latency
 //! (waiters also wake at the holder's expiry), never a hang.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use redis::aio::PubSubSink;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::conn::{lock, Timeouts};
@@ -32,9 +48,8 @@ struct Hub {
     client: redis::Client,
     timeouts: Timeouts,
     state: Mutex<State>,
-    /// Serializes SUBSCRIBE / UNSUBSCRIBE, so a subscription and the removal of the previous
-    /// one for the same key cannot cross.
-    changes: tokio::sync::Mutex<()>,
+    /// Notified (all waiters) whenever the connection or a subscription changes.
+    changed: Notify,
     /// Cancelled when the manager (and so this hub) is dropped: closes the subscriber connection.
     closed: CancellationToken,
 }
@@ -45,13 +60,38 @@ impl Drop for Hub {
     }
 }
 
+/// After a failed connect, how long waiters poll before the subscriber connection is tried again.
+const RECONNECT_AFTER: Duration = Duration::from_secs(1);
+
+/// After Redis refused a `SUBSCRIBE` (no channel rights), how long waiters poll before one is
+/// tried again.
+const REFUSED_FOR: Duration = Duration::from_secs(30);
+
 #[derive(Default)]
 struct State {
-    /// The subscriber connection, while it is up.
-    sink: Option<PubSubSink>,
+    connection: Connection,
     /// Counts connections; a subscription made on an older one is gone.
-    connection: u64,
+    generation: u64,
     channels: HashMap<String, Channel>,
+    /// Redis refused a `SUBSCRIBE` (ACL): waiters poll until then.
+    refused_until: Option<Instant>,
+}
+
+/// The subscriber connection.
+#[derive(Default)]
+enum Connection {
+    /// None; a waiter starts connecting once `retry_after` (if any) has passed.
+    #[default]
+    Down,
+    /// A connect failed: none is tried again before then.
+    Failed { retry_after: Instant },
+    /// The background task is connecting.
+    Connecting,
+    /// Up: `close` ends it (and with it every subscription it holds).
+    Up {
+        sink: PubSubSink,
+        close: CancellationToken,
+    },
 }
 
 #[derive(Default)]
@@ -59,7 +99,18 @@ struct Channel {
     waiters: VecDeque<Arc<Slot>>,
     /// The connection the channel is subscribed on, if any, and since when (after Redis
     /// confirmed the subscription).
-    subscribed_on: Option<(u64, tokio::time::Instant)>,
+    subscribed_on: Option<(u64, Instant)>,
+    /// A task is sending this channel's `SUBSCRIBE` or `UNSUBSCRIBE`.
+    busy: bool,
+    /// The generation on which Redis failed this channel's `SUBSCRIBE`: not retried on it.
+    failed_on: Option<u64>,
+}
+
+impl Channel {
+    /// Whether the entry can go: nobody waits, and nothing is or may be subscribed.
+    fn idle(&self) -> bool {
+        self.waiters.is_empty() && self.subscribed_on.is_none() && !self.busy
+    }
 }
 
 /// One waiting caller.
@@ -87,7 +138,7 @@ impl Notifications {
                 client,
                 timeouts,
                 state: Mutex::new(State::default()),
-                changes: tokio::sync::Mutex::new(()),
+                changed: Notify::new(),
                 closed: CancellationToken::new(),
             }),
         }
@@ -138,35 +189,25 @@ impl Ticket {
         self.hub.subscribed_since(&self.channel)
     }
 
-    /// Subscribes the manager to the key (connecting first if needed), bounded by the manager's
-    /// timeouts. Returns whether notifications now arrive.
-    pub(crate) async fn subscribe(&self) -> bool {
+    /// Makes sure the manager is subscribed to the key, connecting first if needed; waits for
+    /// that (done by background tasks) until `until` at the latest. Returns whether
+    /// notifications now arrive; `false` means: poll.
+    pub(crate) async fn subscribe(&self, until: Instant) -> bool {
         let hub = &self.hub;
-        let _changing = hub.changes.lock().await;
-        if self.subscribed_since().is_some() {
-            return true;
+        loop {
+            let changed = hub.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            match hub.advance(&self.channel) {
+                Progress::Subscribed => return true,
+                Progress::Poll => return false,
+                Progress::Pending => {}
+            }
+            tokio::select! {
+                () = changed => {}
+                () = tokio::time::sleep_until(until) => return false,
+            }
         }
-        let (mut sink, connection) = match hub.connected() {
-            Some(connected) => connected,
-            None => match hub.connect().await {
-                Some(connected) => connected,
-                None => return false,
-            },
-        };
-        let subscribed =
-            tokio::time::timeout(hub.timeouts.response, sink.subscribe(&self.channel)).await;
-        if !matches!(subscribed, Ok(Ok(()))) {
-            tracing::debug!(channel = %self.channel, "distlock could not subscribe to release notifications");
-            return false;
-        }
-        let mut state = lock(&hub.state);
-        if state.connection != connection {
-            return false;
-        }
-        if let Some(channel) = state.channels.get_mut(&self.channel) {
-            channel.subscribed_on = Some((connection, tokio::time::Instant::now()));
-        }
-        true
     }
 
     /// Waits for a notification or hand-off news for this waiter (or one that came before it
@@ -218,71 +259,214 @@ impl Drop for Ticket {
                 heir.wake.notify_one();
             }
         }
-        if channel.waiters.is_empty() {
-            let was_subscribed = channel.subscribed_on.take().is_some();
+        if channel.idle() {
             state.channels.remove(&self.channel);
-            if was_subscribed {
-                if let (Some(sink), Ok(runtime)) =
-                    (state.sink.clone(), tokio::runtime::Handle::try_current())
-                {
-                    let hub = Arc::clone(&self.hub);
-                    let channel = self.channel.clone();
-                    runtime.spawn(async move { hub.unsubscribe(sink, channel).await });
-                }
+        } else if channel.waiters.is_empty() && !channel.busy {
+            // The last waiter left a subscribed key: unsubscribe in the background.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                channel.busy = true;
+                runtime.spawn(reconcile(Arc::clone(&self.hub), self.channel.clone()));
             }
         }
     }
 }
 
+/// Where a waiter's subscription stands.
+enum Progress {
+    Subscribed,
+    /// Being connected or subscribed by a background task.
+    Pending,
+    /// Not now: poll.
+    Poll,
+}
+
 impl Hub {
     fn subscribed_since(&self, channel: &str) -> Option<tokio::time::Instant> {
         let state = lock(&self.state);
-        state.sink.as_ref()?;
+        if !matches!(state.connection, Connection::Up { .. }) {
+            return None;
+        }
         match state.channels.get(channel)?.subscribed_on {
-            Some((connection, since)) if connection == state.connection => Some(since),
+            Some((generation, since)) if generation == state.generation => Some(since),
             _ => None,
         }
     }
 
-    fn connected(&self) -> Option<(PubSubSink, u64)> {
-        let state = lock(&self.state);
-        state.sink.clone().map(|sink| (sink, state.connection))
-    }
-
-    /// Opens the subscriber connection and starts the task that hands out its messages.
-    async fn connect(self: &Arc<Self>) -> Option<(PubSubSink, u64)> {
-        let opened =
-            tokio::time::timeout(self.timeouts.connect, self.client.get_async_pubsub()).await;
-        let pubsub = match opened {
-            Ok(Ok(pubsub)) => pubsub,
-            _ => {
-                tracing::debug!("distlock could not open its subscriber connection; waiters poll");
-                return None;
+    /// Moves `channel`'s subscription on (starting a connect or a `SUBSCRIBE` in the
+    /// background when none runs) and says where it stands.
+    fn advance(self: &Arc<Self>, channel: &str) -> Progress {
+        let mut state = lock(&self.state);
+        let now = Instant::now();
+        if state.refused_until.is_some_and(|until| now < until) {
+            return Progress::Poll;
+        }
+        match &state.connection {
+            Connection::Up { .. } => {}
+            Connection::Connecting => return Progress::Pending,
+            Connection::Failed { retry_after } if now < *retry_after => return Progress::Poll,
+            Connection::Down | Connection::Failed { .. } => {
+                state.connection = Connection::Connecting;
+                tokio::spawn(connect(Arc::clone(self)));
+                return Progress::Pending;
             }
+        }
+        let generation = state.generation;
+        let Some(entry) = state.channels.get_mut(channel) else {
+            return Progress::Poll;
         };
-        let (sink, stream) = pubsub.split();
-        let connection = {
-            let mut state = lock(&self.state);
-            state.connection += 1;
-            state.sink = Some(sink.clone());
-            state.connection
-        };
-        tokio::spawn(deliver(
-            Arc::downgrade(self),
-            self.closed.clone(),
-            stream,
-            connection,
-        ));
-        Some((sink, connection))
+        if entry.subscribed_on.is_some_and(|(on, _)| on == generation) {
+            return Progress::Subscribed;
+        }
+        if entry.failed_on == Some(generation) {
+            return Progress::Poll;
+        }
+        if !entry.busy {
+            entry.busy = true;
+            tokio::spawn(reconcile(Arc::clone(self), channel.to_owned()));
+        }
+        Progress::Pending
     }
 
-    async fn unsubscribe(&self, mut sink: PubSubSink, channel: String) {
-        let _changing = self.changes.lock().await;
-        // A waiter may have come back for this key meanwhile: then it stays subscribed.
-        if lock(&self.state).channels.contains_key(&channel) {
+    /// Closes the subscriber connection of `generation` (if it is still the current one): every
+    /// subscription it held ends with it on the server. Wakes every waiter to try again.
+    fn close(&self, state: &mut State, generation: u64, next: Connection) {
+        if state.generation != generation || !matches!(state.connection, Connection::Up { .. }) {
             return;
         }
-        let _ = tokio::time::timeout(self.timeouts.response, sink.unsubscribe(&channel)).await;
+        if let Connection::Up { close, .. } = std::mem::replace(&mut state.connection, next) {
+            close.cancel();
+        }
+        state.channels.retain(|_, channel| {
+            channel.subscribed_on = None;
+            for slot in &channel.waiters {
+                slot.woken.store(true, Ordering::SeqCst);
+                slot.wake.notify_one();
+            }
+            !channel.idle()
+        });
+        self.changed.notify_waiters();
+    }
+}
+
+/// Opens the subscriber connection and starts the task that hands out its messages.
+async fn connect(hub: Arc<Hub>) {
+    let opened = tokio::time::timeout(hub.timeouts.connect, hub.client.get_async_pubsub()).await;
+    let mut state = lock(&hub.state);
+    match opened {
+        Ok(Ok(pubsub)) if !hub.closed.is_cancelled() => {
+            let (sink, stream) = pubsub.split();
+            state.generation += 1;
+            let close = hub.closed.child_token();
+            state.connection = Connection::Up {
+                sink,
+                close: close.clone(),
+            };
+            tokio::spawn(deliver(
+                Arc::downgrade(&hub),
+                close,
+                stream,
+                state.generation,
+            ));
+        }
+        outcome => {
+            let error = match outcome {
+                Ok(Err(error)) => error.to_string(),
+                Ok(Ok(_)) => "the manager was dropped".to_owned(),
+                Err(_) => format!("no answer within {:?}", hub.timeouts.connect),
+            };
+            tracing::debug!(%error, "distlock could not open its subscriber connection; waiters poll");
+            state.connection = Connection::Failed {
+                retry_after: Instant::now() + RECONNECT_AFTER,
+            };
+        }
+    }
+    drop(state);
+    hub.changed.notify_waiters();
+}
+
+/// Sends `SUBSCRIBE` or `UNSUBSCRIBE` for `channel` until its subscription matches whether it
+/// has waiters; one such task runs per channel at a time (`Channel::busy`).
+async fn reconcile(hub: Arc<Hub>, channel: String) {
+    loop {
+        let (mut sink, generation, subscribe) = {
+            let mut state = lock(&hub.state);
+            let generation = state.generation;
+            let refused = state
+                .refused_until
+                .is_some_and(|until| Instant::now() < until);
+            let sink = match &state.connection {
+                Connection::Up { sink, .. } => Some(sink.clone()),
+                _ => None,
+            };
+            let Some(entry) = state.channels.get_mut(&channel) else {
+                return;
+            };
+            let subscribed = entry.subscribed_on.is_some_and(|(on, _)| on == generation);
+            let wanted =
+                !entry.waiters.is_empty() && !refused && entry.failed_on != Some(generation);
+            let Some(sink) = sink.filter(|_| wanted != subscribed) else {
+                // Done, or no connection (its subscriptions went with it).
+                entry.busy = false;
+                if entry.subscribed_on.is_some_and(|(on, _)| on != generation) {
+                    entry.subscribed_on = None;
+                }
+                if entry.idle() {
+                    state.channels.remove(&channel);
+                }
+                drop(state);
+                hub.changed.notify_waiters();
+                return;
+            };
+            (sink, generation, wanted)
+        };
+        let request = async {
+            if subscribe {
+                sink.subscribe(&channel).await
+            } else {
+                sink.unsubscribe(&channel).await
+            }
+        };
+        let answer = tokio::time::timeout(hub.timeouts.response, request).await;
+        let mut state = lock(&hub.state);
+        match answer {
+            Ok(Ok(())) => {
+                if state.generation == generation {
+                    if let Some(entry) = state.channels.get_mut(&channel) {
+                        entry.subscribed_on = subscribe.then(|| (generation, Instant::now()));
+                    }
+                }
+            }
+            Ok(Err(error)) if error.code() == Some("NOPERM") => {
+                if state.refused_until.is_none() {
+                    tracing::warn!(%error, "distlock may not subscribe to release notifications (the ACL user has no channel rights); waiters poll instead");
+                }
+                state.refused_until = Some(Instant::now() + REFUSED_FOR);
+                if let Some(entry) = state.channels.get_mut(&channel) {
+                    entry.subscribed_on = None;
+                }
+            }
+            Ok(Err(error)) if !crate::conn::is_connection_failure(&error) => {
+                tracing::debug!(%channel, %error, "distlock could not subscribe to release notifications; waiters poll");
+                if let Some(entry) = state.channels.get_mut(&channel) {
+                    entry.subscribed_on = None;
+                    entry.failed_on = Some(generation);
+                }
+            }
+            // No answer (it may still be applied) or a broken connection: closing the connection
+            // drops whatever it holds on the server.
+            _ => {
+                tracing::debug!(%channel, "distlock subscriber connection did not answer; reconnecting");
+                hub.close(
+                    &mut state,
+                    generation,
+                    Connection::Failed {
+                        retry_after: Instant::now() + RECONNECT_AFTER,
+                    },
+                );
+            }
+        }
+        drop(state);
+        hub.changed.notify_waiters();
     }
 }
 
@@ -323,16 +507,7 @@ async fn deliver(
     }
     let Some(hub) = hub.upgrade() else { return };
     let mut state = lock(&hub.state);
-    if state.connection == connection {
-        state.sink = None;
-        for channel in state.channels.values_mut() {
-            channel.subscribed_on = None;
-            for slot in &channel.waiters {
-                slot.woken.store(true, Ordering::SeqCst);
-                slot.wake.notify_one();
-            }
-        }
-    }
+    hub.close(&mut state, connection, Connection::Down);
     drop(state);
     tracing::debug!("distlock subscriber connection closed; waiters will resubscribe");
 }

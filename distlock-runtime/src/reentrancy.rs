@@ -131,6 +131,11 @@ pub(crate) fn find(manager_id: u64, keys: &[String]) -> Found {
 }
 
 impl Found {
+    /// The first key an enclosing body on this task holds, if any.
+    pub(crate) fn first_held(&self) -> Option<&str> {
+        self.wanted.first().map(|(_, key)| key.as_str())
+    }
+
     /// The keys no enclosing body holds: they need a lease of their own, taken before the held
     /// keys are borrowed, so that no loan is kept while waiting on Redis (a sibling using a
     /// held key could be waiting for a key of this request's lease).

@@ -52,6 +52,9 @@ pub(crate) fn release_in_background(
         );
         return;
     };
+    if leaving != Leaving::Dropped {
+        tracing::debug!(keys = ?lock_names(&redis_keys), ?leaving, "distlock releasing in the background");
+    }
     let context = Arc::clone(context);
     let give_up = Instant::now() + ttl;
     let response_timeout = context.redis().response_timeout();
@@ -88,7 +91,14 @@ pub(crate) fn release_in_background(
                 return;
             }
             if !outage || Instant::now() + pause >= give_up {
-                tracing::warn!(keys = ?lock_names(&redis_keys), %error, "distlock release failed; the lock expires after its ttl");
+                let keys = lock_names(&redis_keys);
+                match leaving {
+                    // A lease its owner let go of: the lock is held, and others wait for it.
+                    Leaving::Dropped => tracing::warn!(?keys, %error, "distlock release failed; the lock expires after its ttl"),
+                    // Nothing is known to be held: an acquire that may never have run, a
+                    // waiter's queue entry (which lapses by itself).
+                    _ => tracing::debug!(?keys, %error, ?leaving, "distlock could not undo an acquire that may have reached Redis; if it took the lock, the lock expires after its ttl"),
+                }
                 return;
             }
             tracing::debug!(keys = ?lock_names(&redis_keys), %error, "distlock background release failed; retrying");

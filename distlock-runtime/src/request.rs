@@ -87,15 +87,24 @@ impl LockRequest {
     /// Takes the lock: one round trip when it is free; otherwise waits until it is, or until the
     /// wait runs out.
     ///
+    /// Inside a [`run`](Self::run) body (or an annotated fn), a key the body's task already holds
+    /// cannot be acquired: the lease would wait for the enclosing one, which waits for the body.
+    /// That fails at once with [`LockError::HeldByThisTask`]; a nested `run` re-enters instead.
+    ///
     /// # Errors
     /// [`LockError::NotAcquired`] (wait zero) or [`LockError::Timeout`] when another owner held a
-    /// key throughout; [`LockError::InvalidKey`] / [`LockError::InvalidConfig`] for an empty key
+    /// key throughout; [`LockError::HeldByThisTask`] for a key an enclosing body holds; [`LockError::InvalidKey`] / [`LockError::InvalidConfig`] for an empty key
     /// or a ttl outside [`MIN_TTL`](crate::MIN_TTL)..=[`MAX_TTL`](crate::MAX_TTL); [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis
     /// cannot be asked within the manager's timeouts.
     pub async fn acquire(self) -> Result<Lease, LockError> {
         let keys = prepare_keys(self.keys)?;
         check_ttl(self.ttl)?;
         let fair = fair_for(&self.manager, self.fair, &keys)?;
+        if let Some(key) = reentrancy::find(self.manager.id, &keys).first_held() {
+            return Err(LockError::HeldByThisTask {
+                key: key.to_owned(),
+            });
+        }
         let wait = Wait::new(Instant::now(), self.wait);
         acquire::acquire(&self.manager, keys, self.ttl, wait, self.renew, fair).await
     }
@@ -110,7 +119,9 @@ impl LockRequest {
     ///
     /// **Re-entrancy:** inside a `run` body, a `run` on the same task and manager (or a clone)
     /// for keys this task already holds runs its body at once under the outer lease, without
-    /// asking Redis. If only some of the keys are held, the others are acquired as a new lease
+    /// asking Redis. The inner request's `ttl`, `renew` and `fair` settings do not apply to the
+    /// keys it re-enters: they stay under the outer lease, as the outer request set it up (its
+    /// `wait` still bounds waiting for a sibling call that borrowed the key). If only some of the keys are held, the others are acquired as a new lease
     /// (waiting as usual) and the held ones stay under the outer lease. Like any nested locking,
     /// that can wait on a task that waits on this one; the wait then ends in
     /// [`LockError::Timeout`]: take all keys in the outer call to avoid it.

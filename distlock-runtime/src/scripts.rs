@@ -69,7 +69,8 @@ return draw(n + 1, 2 * n, ARGV[2], redis.call('TIME'))
 /// that gives up, or whose attempt's outcome is unknown), which then leaves the queue too.
 /// Returns the number of lock keys this owner held. Each one is handed to the oldest live fair
 /// waiter if its queue has one (a `h ...` message on the key's channel), else deleted and
-/// announced with an empty message on the key's channel, for waiters. A key that is not a
+/// announced with an empty message on the key's channel, for waiters (an announcement Redis
+/// refuses, to an ACL user without channel rights, is skipped). A key that is not a
 /// string (overwritten by someone) is not ours and is skipped (`pcall`), so it cannot keep the
 /// others from being released.
 ///
@@ -93,7 +94,8 @@ for i = 1, #KEYS, 4 do
     end
     if not served then
       redis.call('DEL', L)
-      redis.call('PUBLISH', L, '')
+      -- pcall: a user without channel rights still releases; its waiters poll.
+      redis.pcall('PUBLISH', L, '')
     end
   end
 end
@@ -130,6 +132,14 @@ end
 return results
 ",
     )
+});
+
+/// Checks that the manager may run scripts and read a key under its prefix on Redis 7.0 or newer
+/// (an older server cannot compile the `#!lua` line); writes nothing.
+///
+/// KEYS[1]: a lock key. Returns whether it exists.
+pub(crate) static PING: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new("#!lua flags=no-writes\nreturn redis.call('EXISTS', KEYS[1])\n")
 });
 
 /// What the acquire script answered.

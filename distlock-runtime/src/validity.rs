@@ -26,6 +26,8 @@ pub(crate) struct LeaseState {
     lost: CancellationToken,
     /// Redis said the lock is gone or someone else's (not just: its validity ran out).
     taken: std::sync::atomic::AtomicBool,
+    /// Whether the lease was asked to be renewed.
+    renews: bool,
     validity: Mutex<Validity>,
 }
 
@@ -40,10 +42,11 @@ struct Validity {
 
 impl LeaseState {
     /// A lease being requested with `ttl`; valid from when [`LeaseState::acquired`] is called.
-    pub(crate) fn new(ttl: Duration) -> Self {
+    pub(crate) fn new(ttl: Duration, renews: bool) -> Self {
         Self {
             lost: CancellationToken::new(),
             taken: std::sync::atomic::AtomicBool::new(false),
+            renews,
             validity: Mutex::new(Validity {
                 until: Instant::now(),
                 ttl,
@@ -116,6 +119,11 @@ impl LeaseState {
         self.lost.cancel();
     }
 
+    /// Whether the lease was asked to be renewed.
+    pub(crate) fn renews(&self) -> bool {
+        self.renews
+    }
+
     /// Whether the lease was lost because Redis found its lock gone or someone else's.
     pub(crate) fn was_taken(&self) -> bool {
         self.taken.load(std::sync::atomic::Ordering::Relaxed)
@@ -186,7 +194,7 @@ mod tests {
 
     #[test]
     fn an_older_answer_never_overwrites_a_newer_one() {
-        let state = LeaseState::new(Duration::from_secs(30));
+        let state = LeaseState::new(Duration::from_secs(30), true);
         let start = Instant::now();
         state.acquired(start, Duration::from_secs(30));
         let early = start + Duration::from_millis(1);
@@ -203,7 +211,7 @@ mod tests {
 
     #[test]
     fn a_lease_past_its_validity_stays_lost() {
-        let state = LeaseState::new(Duration::from_millis(10));
+        let state = LeaseState::new(Duration::from_millis(10), true);
         state.acquired(
             Instant::now() - Duration::from_secs(1),
             Duration::from_millis(10),

@@ -146,7 +146,11 @@ impl<'a> Waiter<'a> {
         };
         match ticket.subscribed_since() {
             None => {
-                if ticket.subscribe().await {
+                // Waiting for the subscription never outlasts this wait, nor the holder's expiry.
+                let until = holder_remaining.map_or(self.deadline, |r| {
+                    (now + r + Duration::from_millis(1)).min(self.deadline)
+                });
+                if ticket.subscribe(until).await {
                     // Subscribed now: try again at once, so a release (or hand-off) just before
                     // is not missed.
                     return Wake::Retry;

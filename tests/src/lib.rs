@@ -434,3 +434,168 @@ pub async fn lock_once(locks: &LockManager, key: &str) {
 pub async fn warm_up(locks: &LockManager) {
     lock_once(locks, "warm-up").await;
 }
+
+/// distlock's log lines, captured while the guard of [`Logs::capture`] lives.
+#[derive(Clone, Default)]
+pub struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Logs {
+    /// Captures every event at `DEBUG` and above on this thread (a `#[tokio::test]` runs its
+    /// spawned tasks on its own thread) until the guard is dropped.
+    pub fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        let logs = Self::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .finish();
+        let guard = tracing::subscriber::set_default(subscriber);
+        (logs, guard)
+    }
+
+    /// Everything logged so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+
+    /// How many lines contain `needle`.
+    pub fn count(&self, needle: &str) -> usize {
+        self.text().lines().filter(|l| l.contains(needle)).count()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Self;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+/// What a [`Proxy`] does with the connections it accepts from now on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyMode {
+    /// Forwards both ways.
+    Forward,
+    /// Takes the connection and reads what comes, but never answers (a hung server).
+    Silent,
+    /// Forwards both ways until the client sends a `SUBSCRIBE`; from then on requests still
+    /// reach Redis, but no answer comes back (a subscription applied whose reply is lost).
+    MuteAfterSubscribe,
+}
+
+/// A loopback TCP proxy in front of a [`RedisServer`], whose mode for new connections can be
+/// switched: to make the subscriber connection hang while the command connection works.
+pub struct Proxy {
+    port: u16,
+    mode: std::sync::Arc<std::sync::Mutex<ProxyMode>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// A proxy to `server`, forwarding. Must be called inside a Tokio runtime.
+    ///
+    /// # Panics
+    /// When no loopback port can be bound.
+    pub async fn start(server: &RedisServer) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let upstream = server.port();
+        let mode = std::sync::Arc::new(std::sync::Mutex::new(ProxyMode::Forward));
+        let shared = std::sync::Arc::clone(&mode);
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let mode = *shared.lock().unwrap();
+                tokio::spawn(serve(client, upstream, mode));
+            }
+        });
+        Self { port, mode, task }
+    }
+
+    /// The URL of the proxy.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// What connections accepted from now on get.
+    pub fn set_mode(&self, mode: ProxyMode) {
+        *self.mode.lock().unwrap() = mode;
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve(mut client: tokio::net::TcpStream, upstream: u16, mode: ProxyMode) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    if mode == ProxyMode::Silent {
+        let mut buf = [0u8; 4096];
+        while client.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+        return;
+    }
+    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else {
+        return;
+    };
+    if mode == ProxyMode::Forward {
+        let mut server = server;
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+        return;
+    }
+    let muted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let requests = {
+        let muted = std::sync::Arc::clone(&muted);
+        async move {
+            let mut buf = [0u8; 16 * 1024];
+            loop {
+                let n = match client_read.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                if buf[..n]
+                    .windows(9)
+                    .any(|w| w.eq_ignore_ascii_case(b"SUBSCRIBE"))
+                {
+                    muted.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                if server_write.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    };
+    let answers = async move {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            let n = match server_read.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if !muted.load(std::sync::atomic::Ordering::SeqCst)
+                && client_write.write_all(&buf[..n]).await.is_err()
+            {
+                return;
+            }
+        }
+    };
+    // Either side closing ends both (dropping the halves closes the sockets).
+    tokio::select! {
+        () = requests => {}
+        () = answers => {}
+    }
+}

@@ -303,6 +303,17 @@ async fn a_redis_older_than_7_is_named_in_the_error() {
         .build()
         .unwrap();
     let outcome = locks.lock("k").acquire().await;
-    let message = outcome.unwrap_err().to_string();
+    let error = outcome.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            LockError::Misconfigured {
+                problem: distlock_runtime::Misconfiguration::ServerVersion,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    let message = error.to_string();
     assert!(message.contains("Redis 7.0 or newer"), "{message}");
 }

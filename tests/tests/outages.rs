@@ -5,7 +5,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use distlock_runtime::LockError;
-use distlock_tests::{warm_up, RedisServer};
+use distlock_runtime::LockManager;
+use distlock_tests::{warm_up, Logs, Proxy, ProxyMode, RedisServer};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
 /// What one `lock_worker outage` run printed.
@@ -123,5 +124,168 @@ async fn a_lease_lost_to_a_hung_redis_returns_when_it_ends() {
     assert!(
         took <= ttl + Duration::from_millis(300),
         "LeaseLost after {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn acquires_that_never_reached_a_dead_redis_leave_nothing_to_undo_and_no_warning() {
+    let (logs, _capture) = Logs::capture();
+    let mut server = RedisServer::start();
+    let locks = server
+        .manager_with_timeouts(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    warm_up(&locks).await;
+    server.kill();
+    let ttl = Duration::from_millis(500);
+    let try_lock = |key: String| {
+        let locks = locks.clone();
+        async move {
+            let outcome = locks
+                .lock(key)
+                .ttl(ttl)
+                .wait(Duration::ZERO)
+                .acquire()
+                .await;
+            assert!(
+                outcome.as_ref().is_err_and(LockError::is_unavailable),
+                "{outcome:?}"
+            );
+        }
+    };
+    // The first acquire is sent on the connection that was open when Redis died: it may have
+    // reached Redis, so it is undone in the background, quietly.
+    try_lock("first".into()).await;
+    let in_doubt = logs.count("releasing in the background");
+    assert!(in_doubt <= 1, "{}", logs.text());
+    // Every later one fails to connect: never sent, nothing to undo.
+    for i in 0..20 {
+        try_lock(format!("one-by-one-{i}")).await;
+    }
+    futures_util::future::join_all((0..20).map(|i| try_lock(format!("together-{i}")))).await;
+    assert_eq!(
+        logs.count("releasing in the background"),
+        in_doubt,
+        "{}",
+        logs.text()
+    );
+    // Past every ttl: no warning about a lock that was never taken.
+    tokio::time::sleep(ttl * 3).await;
+    assert_eq!(logs.count("WARN"), 0, "{}", logs.text());
+}
+
+/// A manager reaching `proxy`, with `timeout` for connecting, answers and the pool.
+fn proxied(proxy: &Proxy, timeout: Duration) -> LockManager {
+    LockManager::builder()
+        .url(proxy.url())
+        .connect_timeout(timeout)
+        .response_timeout(timeout)
+        .pool_wait_timeout(timeout)
+        .build()
+        .unwrap()
+}
+
+/// Holds `count` lock keys named `{name}-{i}` for a minute, as another owner.
+async fn hold_many(server: &RedisServer, name: &str, count: usize) {
+    let mut conn = server.client().await;
+    let mut pipe = redis::pipe();
+    for i in 0..count {
+        pipe.cmd("SET")
+            .arg(format!("distlock:lock:{name}-{i}"))
+            .arg("another-owner")
+            .arg("PX")
+            .arg(60_000)
+            .ignore();
+    }
+    pipe.exec_async(&mut conn).await.unwrap();
+}
+
+/// Waits on `key` for `wait`; the outcome and how long it took.
+async fn wait_on(
+    locks: &LockManager,
+    key: String,
+    wait: Duration,
+) -> (Result<(), LockError>, Duration) {
+    let started = Instant::now();
+    let outcome = locks.lock(key).wait(wait).acquire().await.map(drop);
+    (outcome, started.elapsed())
+}
+
+#[tokio::test]
+async fn every_waiter_ends_by_its_own_deadline_while_the_subscriber_connection_hangs() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let proxy = Proxy::start(&server).await;
+    let timeout = Duration::from_millis(500);
+    let locks = proxied(&proxy, timeout);
+    // The command connection is open and works; every connection after it hangs.
+    warm_up(&locks).await;
+    proxy.set_mode(ProxyMode::Silent);
+    hold_many(&server, "busy", 5).await;
+    let wait = Duration::from_millis(250);
+    let waits = (0..5).map(|i| wait_on(&locks, format!("busy-{i}"), wait));
+    for (outcome, took) in futures_util::future::join_all(waits).await {
+        assert!(
+            matches!(outcome, Err(LockError::Timeout { .. })),
+            "{outcome:?}"
+        );
+        // The deadline, plus at most the response timeout of the last attempt.
+        assert!(
+            took <= wait + timeout + Duration::from_millis(150),
+            "{took:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn subscriptions_whose_answer_never_came_are_not_left_behind() {
+    let _load = distlock_tests::heavy().await;
+    let server = RedisServer::start();
+    let proxy = Proxy::start(&server).await;
+    let timeout = Duration::from_millis(300);
+    let locks = proxied(&proxy, timeout);
+    warm_up(&locks).await;
+    // The subscriber connection's SUBSCRIBEs reach Redis, but their answers never come back.
+    proxy.set_mode(ProxyMode::MuteAfterSubscribe);
+    hold_many(&server, "held", 1000).await;
+    let wait = Duration::from_millis(400);
+    let waits = (0..1000).map(|i| wait_on(&locks, format!("held-{i}"), wait));
+    let outcomes = tokio::time::timeout(
+        Duration::from_secs(10),
+        futures_util::future::join_all(waits),
+    )
+    .await
+    .expect("every waiter ended within its wait, not one subscription timeout after another");
+    for (outcome, _) in outcomes {
+        assert!(
+            matches!(outcome, Err(LockError::Timeout { .. })),
+            "{outcome:?}"
+        );
+    }
+    proxy.set_mode(ProxyMode::Forward);
+    let mut conn = server.client().await;
+    let left = distlock_tests::eventually(Duration::from_secs(3), || {
+        let mut conn = conn.clone();
+        async move {
+            let channels: Vec<String> = redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .arg("distlock:*")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            channels.is_empty()
+        }
+    })
+    .await;
+    let channels: Vec<String> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg("distlock:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        left.is_some(),
+        "{} channels still subscribed",
+        channels.len()
     );
 }

@@ -360,3 +360,51 @@ async fn a_sibling_needing_a_held_and_a_free_key_never_stalls_the_other() {
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn an_explicit_acquire_of_a_key_the_task_holds_fails_at_once() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let inner = locks.clone();
+    let started = Instant::now();
+    let outcome = locks
+        .lock("held")
+        .run(async move {
+            // It would wait for the enclosing lease, which waits for this body.
+            let own = inner
+                .lock_all(["other", "held"])
+                .wait(Duration::from_secs(5))
+                .acquire()
+                .await;
+            // A key the task does not hold is acquired as usual.
+            let free = inner.lock("free").acquire().await;
+            (own, free)
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome.0, Err(LockError::HeldByThisTask { key }) if key == "held"),
+        "{:?}",
+        outcome.0
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    let message = outcome.0.unwrap_err().to_string();
+    assert!(
+        message.contains("use `run`") || message.contains("with `run`"),
+        "{message}"
+    );
+    outcome.1.unwrap().release().await.unwrap();
+    // Outside the body the key is free again, and acquire works.
+    locks
+        .lock("held")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}

@@ -1,0 +1,269 @@
+//! Settings Redis refuses (credentials, database, ACL rights, server version) are
+//! `LockError::Misconfigured`, not outages, and `LockManager::ping` finds them at startup.
+
+use std::time::{Duration, Instant};
+
+use distlock_runtime::{LockError, LockManager, Misconfiguration};
+use distlock_tests::RedisServer;
+
+const TIMEOUT: Duration = Duration::from_millis(500);
+
+fn manager(url: &str) -> LockManager {
+    LockManager::builder()
+        .url(url)
+        .connect_timeout(TIMEOUT)
+        .response_timeout(TIMEOUT)
+        .pool_wait_timeout(TIMEOUT)
+        .build()
+        .unwrap()
+}
+
+/// Checks that `locks` fails both `ping` and an acquire at once with `problem`, and that the
+/// message never shows `secret`.
+async fn refused(locks: &LockManager, problem: Misconfiguration, secret: &str) {
+    let started = Instant::now();
+    let pinged = locks.ping().await;
+    let acquired = locks.lock("k").wait(Duration::ZERO).acquire().await;
+    assert!(started.elapsed() < TIMEOUT, "{:?}", started.elapsed());
+    for outcome in [pinged.map(drop), acquired.map(drop)] {
+        let error = outcome.unwrap_err();
+        assert!(
+            matches!(&error, LockError::Misconfigured { problem: p, .. } if *p == problem),
+            "{error:?}"
+        );
+        assert!(error.is_misconfigured() && !error.is_unavailable());
+        assert!(!error.is_contention());
+        let message = error.to_string();
+        assert!(!message.contains(secret), "{message}");
+        assert!(!format!("{error:?}").contains(secret), "{error:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_or_missing_password_is_a_configuration_error() {
+    let server = RedisServer::start();
+    server.command(&["CONFIG", "SET", "requirepass", "right-horse-battery"]);
+    let port = server.port();
+    let wrong = manager(&format!("redis://:wrong-staple-9@127.0.0.1:{port}"));
+    refused(&wrong, Misconfiguration::Credentials, "wrong-staple-9").await;
+    let message = wrong.ping().await.unwrap_err().to_string();
+    assert!(message.contains("check the user and password"), "{message}");
+    let missing = manager(&format!("redis://127.0.0.1:{port}"));
+    refused(
+        &missing,
+        Misconfiguration::Credentials,
+        "right-horse-battery",
+    )
+    .await;
+    let right = manager(&format!("redis://:right-horse-battery@127.0.0.1:{port}"));
+    right.ping().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_database_the_server_does_not_have_is_a_configuration_error() {
+    let server = RedisServer::start();
+    let locks = manager(&format!("{}/99", server.url()));
+    refused(&locks, Misconfiguration::Database, "no secret").await;
+    let message = locks.ping().await.unwrap_err().to_string();
+    assert!(message.contains("database index"), "{message}");
+    manager(&format!("{}/15", server.url()))
+        .ping()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn an_acl_user_without_rights_on_the_keys_is_a_configuration_error() {
+    let server = RedisServer::start();
+    server.command(&[
+        "ACL",
+        "SETUSER",
+        "app",
+        "on",
+        ">app-pass-7",
+        "~other:*",
+        "+@all",
+    ]);
+    let locks = manager(&format!(
+        "redis://app:app-pass-7@127.0.0.1:{}",
+        server.port()
+    ));
+    refused(&locks, Misconfiguration::Permissions, "app-pass-7").await;
+}
+
+#[tokio::test]
+async fn ping_succeeds_with_good_settings_and_writes_nothing() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    locks.ping().await.unwrap();
+    assert_eq!(server.command(&["DBSIZE"]).trim(), ":0");
+}
+
+#[tokio::test]
+async fn ping_of_a_dead_redis_is_an_outage_within_the_timeouts() {
+    let mut server = RedisServer::start();
+    let locks = manager(&server.url());
+    server.kill();
+    let started = Instant::now();
+    let error = locks.ping().await.unwrap_err();
+    assert!(
+        error.is_unavailable() && !error.is_misconfigured(),
+        "{error:?}"
+    );
+    assert!(started.elapsed() <= 2 * TIMEOUT, "{:?}", started.elapsed());
+}
+
+/// The `ACL SETUSER` lines of the crate docs (section "Least-privilege ACL user").
+fn documented_acl_lines() -> Vec<String> {
+    include_str!("../../distlock-runtime/src/lib.rs")
+        .lines()
+        .filter_map(|line| line.strip_prefix("//! "))
+        .filter(|line| line.starts_with("ACL SETUSER"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Runs one documented `ACL SETUSER` line on `server`, with `password`.
+fn setuser(server: &RedisServer, line: &str, password: &str) {
+    let line = line.replace("CHANGE-ME", password);
+    let args: Vec<&str> = line.split_whitespace().collect();
+    let answer = server.command(&args);
+    assert_eq!(answer.trim(), "+OK", "{line}: {answer}");
+}
+
+#[tokio::test]
+async fn a_least_privilege_user_without_channel_rights_locks_releases_and_hands_off() {
+    let lines = documented_acl_lines();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let readme = include_str!("../../README.md");
+    for line in &lines {
+        assert!(readme.contains(line.as_str()), "the README lacks: {line}");
+    }
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let server = RedisServer::start();
+    setuser(&server, &lines[0], "lp-pass-31");
+    let url = format!("redis://distlock:lp-pass-31@127.0.0.1:{}/3", server.port());
+    let locks = manager(&url);
+    let other = manager(&url);
+    locks.ping().await.unwrap();
+
+    // Lock, renew, extend and release, on one key and several.
+    let lease = locks
+        .lock_all(["a", "b", "c"])
+        .ttl(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!lease.is_lost(), "renewal works");
+    lease.extend(Duration::from_secs(5)).await.unwrap();
+    lease
+        .release()
+        .await
+        .expect("release succeeds without PUBLISH rights");
+
+    // An unfair waiter polls: it takes a released key at once, not at the holder's expiry.
+    let held = other
+        .lock("k")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            let lease = locks
+                .lock("k")
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await;
+            (lease, Instant::now())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (lease, taken) = waiter.await.unwrap();
+    assert!(
+        taken - released < Duration::from_millis(500),
+        "taken {:?} after the release",
+        taken - released
+    );
+    lease.unwrap().release().await.unwrap();
+
+    // A fair hand-off to a waiter of another manager still happens, unannounced.
+    let held = other.lock("f").fair(true).acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .lock("f")
+                .fair(true)
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        }
+    });
+    let mut conn = server.client().await;
+    redis::cmd("SELECT")
+        .arg(3)
+        .exec_async(&mut conn)
+        .await
+        .unwrap();
+    distlock_tests::until_queued(&conn, "f", 1).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let lease = waiter.await.unwrap().unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        released.elapsed()
+    );
+    lease.release().await.unwrap();
+
+    // One warning says why waiters poll; nothing else is reported.
+    let text = logs.text();
+    let warnings: Vec<&str> = text.lines().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(warnings.len(), 1, "{text}");
+    assert!(warnings[0].contains("may not subscribe"), "{text}");
+    assert!(!text.contains("lp-pass-31"), "{text}");
+}
+
+#[tokio::test]
+async fn a_least_privilege_user_with_channel_rights_is_woken_by_notifications() {
+    let lines = documented_acl_lines();
+    let server = RedisServer::start();
+    setuser(&server, &lines[0], "lp-pass-32");
+    setuser(&server, &lines[1], "lp-pass-32");
+    let url = format!("redis://distlock:lp-pass-32@127.0.0.1:{}", server.port());
+    let locks = manager(&url);
+    let held = locks.lock("k").acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .lock("k")
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        }
+    });
+    // Subscribed: the key's channel shows up on the server.
+    let conn = server.client().await;
+    let subscribed = distlock_tests::eventually(Duration::from_secs(2), || {
+        let mut conn = conn.clone();
+        async move {
+            let channels: Vec<String> = redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .arg("distlock:lock:k")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            !channels.is_empty()
+        }
+    })
+    .await;
+    assert!(subscribed.is_some(), "the waiter subscribed");
+    held.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+}
