@@ -206,6 +206,11 @@ pub use distlock_macros::distributed_lock;
 #[doc(hidden)]
 pub mod __private;
 
+/// The bound on an annotated fn's return type, re-exported at the root only so that compile
+/// errors name it without the private path. Not part of the API.
+#[doc(hidden)]
+pub use __private::LockResult;
+
 /// The README's examples, compiled as doc-tests.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
