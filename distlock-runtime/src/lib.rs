@@ -71,7 +71,13 @@
 //!   Redis lost its data (see [Fencing tokens](#fencing-tokens)).
 //! - No lock outlives its ttl after its holder dies, and every key distlock writes expires.
 //! - Every Redis call is bounded by the manager's timeouts: a Redis that is down or hung is an
-//!   error, never a hang. An acquire that may have taken a lock without returning a lease (its
+//!   error, never a hang, and every wait ends by its deadline plus at most one response timeout
+//!   (the subscriber connection is opened, and keys subscribed, by background tasks, never by a
+//!   waiter). A lease lost while its `run` body runs returns [`LockError::LeaseLost`] when the
+//!   lease ends, without waiting on a release that cannot get through. Renewal against a failing
+//!   Redis retries with jittered backoff and logs once, then at most once a second. Settings
+//!   Redis refuses are [`LockError::Misconfigured`], not outages; [`LockManager::ping`] finds
+//!   them at startup. An acquire that may have taken a lock without returning a lease (its
 //!   call timed out or was cancelled while the request was out, or Redis ran it and answered
 //!   with an error) is released by token in the background; one that never reached Redis
 //!   leaves nothing to release.
@@ -79,7 +85,9 @@
 //! - Waiters are woken by release notifications (`PUBLISH` from the release script, one
 //!   subscriber connection per manager, one local waiter woken per release, oldest first), and
 //!   also at the holder's expiry; a lost notification costs latency, never a hang. A manager
-//!   built on a caller's pool has no client to subscribe with: its waiters poll with backoff.
+//!   built on a caller's pool has no client to subscribe with, and an ACL user may lack channel
+//!   rights (see [Least-privilege ACL user](#least-privilege-acl-user)): their waiters poll with
+//!   backoff.
 //! - Re-entrancy is for strict nesting only: a `run` (or annotated call) nested inside a `run`
 //!   body for keys its task already holds runs at once under the outer lease, but calls that
 //!   run side by side on one task (`join!`, `select!`, `FuturesUnordered` in the body) are
