@@ -288,6 +288,16 @@ pub(crate) fn is_connection_failure(err: &redis::RedisError) -> bool {
         || err.is_unrecoverable_error()
 }
 
+/// True when Redis refused a request for a passing reason: loading its data after a restart,
+/// a replica during a failover, a cluster re-sharding or down. Worth retrying for a while.
+pub(crate) fn is_transient(err: &redis::RedisError) -> bool {
+    use redis::ServerErrorKind::{BusyLoading, ClusterDown, MasterDown, ReadOnly, TryAgain};
+    matches!(
+        err.kind(),
+        redis::ErrorKind::Server(BusyLoading | ClusterDown | MasterDown | ReadOnly | TryAgain)
+    )
+}
+
 /// Locks a std mutex, ignoring poisoning: every critical section here leaves the data valid.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex

@@ -91,6 +91,8 @@ enum Connection {
     Up {
         sink: PubSubSink,
         close: CancellationToken,
+        /// When it was opened.
+        since: Instant,
     },
 }
 
@@ -350,6 +352,15 @@ impl Hub {
 
 /// Opens the subscriber connection and starts the task that hands out its messages.
 async fn connect(hub: Arc<Hub>) {
+    // Dropped with its runtime half way: the next waiter connects anew.
+    let connecting = OnDrop(|| {
+        let mut state = lock(&hub.state);
+        if matches!(state.connection, Connection::Connecting) {
+            state.connection = Connection::Down;
+        }
+        drop(state);
+        hub.changed.notify_waiters();
+    });
     let opened = tokio::time::timeout(hub.timeouts.connect, hub.client.get_async_pubsub()).await;
     let mut state = lock(&hub.state);
     match opened {
@@ -360,6 +371,7 @@ async fn connect(hub: Arc<Hub>) {
             state.connection = Connection::Up {
                 sink,
                 close: close.clone(),
+                since: Instant::now(),
             };
             tokio::spawn(deliver(
                 Arc::downgrade(&hub),
@@ -381,12 +393,27 @@ async fn connect(hub: Arc<Hub>) {
         }
     }
     drop(state);
+    // Finished: nothing for the guard to undo.
+    std::mem::forget(connecting);
     hub.changed.notify_waiters();
 }
 
 /// Sends `SUBSCRIBE` or `UNSUBSCRIBE` for `channel` until its subscription matches whether it
 /// has waiters; one such task runs per channel at a time (`Channel::busy`).
 async fn reconcile(hub: Arc<Hub>, channel: String) {
+    // Dropped with its runtime half way: the channel must not stay busy for good.
+    let busy = OnDrop(|| {
+        let mut state = lock(&hub.state);
+        if let Some(entry) = state.channels.get_mut(&channel) {
+            entry.busy = false;
+            entry.subscribed_on = None;
+            if entry.idle() {
+                state.channels.remove(&channel);
+            }
+        }
+        drop(state);
+        hub.changed.notify_waiters();
+    });
     loop {
         let (mut sink, generation, subscribe) = {
             let mut state = lock(&hub.state);
@@ -399,6 +426,7 @@ async fn reconcile(hub: Arc<Hub>, channel: String) {
                 _ => None,
             };
             let Some(entry) = state.channels.get_mut(&channel) else {
+                std::mem::forget(busy);
                 return;
             };
             let subscribed = entry.subscribed_on.is_some_and(|(on, _)| on == generation);
@@ -415,8 +443,15 @@ async fn reconcile(hub: Arc<Hub>, channel: String) {
                 }
                 drop(state);
                 hub.changed.notify_waiters();
+                // Finished: nothing for the guard to undo.
+                std::mem::forget(busy);
                 return;
             };
+            if !wanted {
+                // From now on no waiter may count on it: a release may go unheard as soon as
+                // the server applies the UNSUBSCRIBE.
+                entry.subscribed_on = None;
+            }
             (sink, generation, wanted)
         };
         let request = async {
@@ -430,7 +465,9 @@ async fn reconcile(hub: Arc<Hub>, channel: String) {
         let mut state = lock(&hub.state);
         match answer {
             Ok(Ok(())) => {
-                if state.generation == generation {
+                if state.generation == generation
+                    && matches!(state.connection, Connection::Up { .. })
+                {
                     if let Some(entry) = state.channels.get_mut(&channel) {
                         entry.subscribed_on = subscribe.then(|| (generation, Instant::now()));
                     }
@@ -480,6 +517,10 @@ async fn deliver(
     connection: u64,
 ) {
     use futures_core::Stream;
+    let _delivering = Delivering {
+        hub: hub.clone(),
+        generation: connection,
+    };
     loop {
         let next = std::future::poll_fn(|cx| std::pin::Pin::new(&mut stream).poll_next(cx));
         let message = tokio::select! {
@@ -505,11 +546,43 @@ async fn deliver(
             }
         }
     }
-    let Some(hub) = hub.upgrade() else { return };
-    let mut state = lock(&hub.state);
-    hub.close(&mut state, connection, Connection::Down);
-    drop(state);
     tracing::debug!("distlock subscriber connection closed; waiters will resubscribe");
+}
+
+/// Marks the subscriber connection of `generation` closed when its `deliver` task ends, however
+/// it ends (the stream ended, the connection was closed, or the task was dropped with its
+/// runtime). A connection that ended within [`RECONNECT_AFTER`] of opening is not reopened
+/// before that much time has passed again.
+struct Delivering {
+    hub: Weak<Hub>,
+    generation: u64,
+}
+
+impl Drop for Delivering {
+    fn drop(&mut self) {
+        let Some(hub) = self.hub.upgrade() else {
+            return;
+        };
+        let mut state = lock(&hub.state);
+        let next = match &state.connection {
+            Connection::Up { since, .. } if since.elapsed() < RECONNECT_AFTER => {
+                Connection::Failed {
+                    retry_after: Instant::now() + RECONNECT_AFTER,
+                }
+            }
+            _ => Connection::Down,
+        };
+        hub.close(&mut state, self.generation, next);
+    }
+}
+
+/// Runs a closure when dropped.
+struct OnDrop<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)();
+    }
 }
 
 /// Wakes the oldest waiter of `channel` that has no notification pending.

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::conn;
 use crate::context::Context;
-use crate::error::LockError;
+use crate::error::{LockError, Misconfiguration};
 use crate::keys::LockKeys;
 use crate::scripts;
 
@@ -83,20 +83,25 @@ pub(crate) fn release_in_background(
             // is worth waiting out.
             let outage = match &error {
                 LockError::RedisTimeout { .. } => true,
-                LockError::Redis { source, .. } => conn::is_connection_failure(source),
+                LockError::Redis { source, .. } => {
+                    conn::is_connection_failure(source) || conn::is_transient(source)
+                }
+                // redis-rs reports every refused AUTH so, also one of a server at its client
+                // limit; and a password may be being rotated.
+                LockError::Misconfigured {
+                    problem: Misconfiguration::Credentials,
+                    ..
+                } => true,
                 _ => false,
             };
-            if leaving == Leaving::Lost {
-                tracing::debug!(keys = ?lock_names(&redis_keys), %error, "distlock could not release a lost lease; its keys expire by themselves");
-                return;
-            }
             if !outage || Instant::now() + pause >= give_up {
                 let keys = lock_names(&redis_keys);
                 match leaving {
                     // A lease its owner let go of: the lock is held, and others wait for it.
                     Leaving::Dropped => tracing::warn!(?keys, %error, "distlock release failed; the lock expires after its ttl"),
+                    Leaving::Lost => tracing::debug!(?keys, %error, "distlock could not release a lost lease; its keys expire after their ttl at the latest"),
                     // Nothing is known to be held: an acquire that may never have run, a
-                    // waiter's queue entry (which lapses by itself).
+                    // waiter's queue entry (which lapses by itself), a lease already lost.
                     _ => tracing::debug!(?keys, %error, ?leaving, "distlock could not undo an acquire that may have reached Redis; if it took the lock, the lock expires after its ttl"),
                 }
                 return;
@@ -118,8 +123,9 @@ fn lock_names(redis_keys: &[LockKeys]) -> Vec<&str> {
 pub(crate) enum Leaving {
     /// A lease dropped instead of released: released once.
     Dropped,
-    /// A lease dropped after it was lost: its keys are gone, owned by someone else or about to
-    /// expire, so one attempt is made, and a failure is no news.
+    /// A lease dropped after it was lost: its keys are most likely gone or someone else's (an
+    /// extension answered too late may have prolonged them), so it is released like a dropped
+    /// one, but a failure is logged at debug level only: the loss was reported already.
     Lost,
     /// An acquire request may still be on its way, on the connection that was given up, behind
     /// this release on a fresh one: a release that found nothing is repeated twice, a response

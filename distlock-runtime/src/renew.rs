@@ -154,6 +154,8 @@ impl Registration {
         let mut registry = lock(&self.shared.registry);
         if let Some(entry) = registry.leases.get_mut(&self.id) {
             entry.due = Some(due);
+            // Scheduled from a request that went through (an acquire, a hand-off, an extend).
+            entry.failures = 0;
         }
         // The driver may have died with the runtime it ran on since this lease registered.
         start_driver(&self.shared, &mut registry);
@@ -181,6 +183,12 @@ pub(crate) fn interval(ttl: Duration) -> Duration {
     ttl / 3
 }
 
+/// How long before a lease's validity ends its last renewal retry is sent at the latest.
+const LAST_TRY_BEFORE_EXPIRY: Duration = Duration::from_millis(20);
+
+/// The shortest pause between two renewal attempts of a lease.
+const MIN_RETRY: Duration = Duration::from_millis(5);
+
 /// How soon to retry the renewal of a lease of `ttl` after its `failures`-th failure in a row:
 /// from an eighth of the renewal interval (10 to 250 ms), doubling up to a quarter of the ttl
 /// (at most 2 s), half of it random ("equal jitter"), so leases of many processes do not retry in
@@ -197,15 +205,16 @@ fn retry_delay(ttl: Duration, failures: u32) -> Duration {
 }
 
 /// Rate-limits the warning for failed renewals: the first failure is logged at once, later ones
-/// at most once a second, with how many failed since the last line.
+/// at most once a second, with how many failed since the last line; a success after a logged
+/// failure is logged once. A Redis that flaps logs no more than one that stays down.
 #[derive(Default)]
 struct FailureLog {
-    /// When the last warning was logged, while renewals keep failing.
+    /// When the last warning was logged.
     warned: Option<Instant>,
     /// Failed renewal round trips since the last warning.
     unreported: u64,
-    /// Failed renewal round trips since the last success.
-    since_success: u64,
+    /// A warning was logged, and no recovery since.
+    reported: bool,
 }
 
 /// How often a failing Redis is reported while renewals keep failing.
@@ -216,7 +225,6 @@ impl FailureLog {
     /// than [`WARN_EVERY`] ago.
     fn failed(&mut self, now: Instant, leases: usize, error: &str) {
         self.unreported += 1;
-        self.since_success += 1;
         if self.warned.is_some_and(|warned| now < warned + WARN_EVERY) {
             return;
         }
@@ -228,18 +236,19 @@ impl FailureLog {
         );
         self.warned = Some(now);
         self.unreported = 0;
+        self.reported = true;
     }
 
-    /// A round trip succeeded: says so if failures were reported.
+    /// A round trip succeeded: says so once after a logged failure.
     fn succeeded(&mut self) {
-        if self.warned.take().is_some() {
+        if self.reported {
+            self.reported = false;
             tracing::info!(
-                failures = self.since_success,
+                unreported_failures = self.unreported,
                 "distlock lease renewal works again"
             );
+            self.unreported = 0;
         }
-        self.unreported = 0;
-        self.since_success = 0;
     }
 }
 
@@ -423,7 +432,17 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
             }
             (Some(_), _) => {
                 entry.failures = entry.failures.saturating_add(1);
-                entry.due = Some(now + retry_delay(lease.ttl, entry.failures));
+                // Never back off past the lease's last chance: a Redis back just before the
+                // lease ends still saves it.
+                let last_chance = entry
+                    .state
+                    .valid_until()
+                    .checked_sub(LAST_TRY_BEFORE_EXPIRY)
+                    .unwrap_or(now);
+                let retry = (now + retry_delay(lease.ttl, entry.failures))
+                    .min(last_chance)
+                    .max(now + MIN_RETRY);
+                entry.due = Some(retry);
                 continue;
             }
         };

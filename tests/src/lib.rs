@@ -493,6 +493,8 @@ pub enum ProxyMode {
     /// Forwards both ways until the client sends a `SUBSCRIBE`; from then on requests still
     /// reach Redis, but no answer comes back (a subscription applied whose reply is lost).
     MuteAfterSubscribe,
+    /// Forwards requests at once, and everything Redis sends back this much later.
+    Delay(Duration),
 }
 
 /// A loopback TCP proxy in front of a [`RedisServer`], whose mode for new connections can be
@@ -553,6 +555,39 @@ async fn serve(mut client: tokio::net::TcpStream, upstream: u16, mode: ProxyMode
     if mode == ProxyMode::Forward {
         let mut server = server;
         let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+        return;
+    }
+    if let ProxyMode::Delay(delay) = mode {
+        let (mut client_read, mut client_write) = client.into_split();
+        let (mut server_read, mut server_write) = server.into_split();
+        let requests = async move {
+            let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+        };
+        let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
+        let read = async move {
+            let mut buf = [0u8; 16 * 1024];
+            while let Ok(n) = server_read.read(&mut buf).await {
+                if n == 0
+                    || sender
+                        .send((Instant::now() + delay, buf[..n].to_vec()))
+                        .is_err()
+                {
+                    return;
+                }
+            }
+        };
+        let write = async move {
+            while let Some((at, bytes)) = receiver.recv().await {
+                tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
+                if client_write.write_all(&bytes).await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            () = requests => {}
+            ((), ()) = async { tokio::join!(read, write) } => {}
+        }
         return;
     }
     let muted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -317,3 +317,44 @@ async fn a_redis_older_than_7_is_named_in_the_error() {
     let message = error.to_string();
     assert!(message.contains("Redis 7.0 or newer"), "{message}");
 }
+
+#[tokio::test]
+async fn a_background_release_refused_during_a_failover_is_retried() {
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_replica_of(&primary);
+    let locks = fast_manager(&primary);
+    let lease = locks
+        .lock("k")
+        .ttl(Duration::from_secs(30))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let conn = primary.client().await;
+    let key = locks.redis_key("k");
+    // The key reached the replica; then the roles swap: the manager's server is now a replica
+    // (it refuses writes with READONLY) of one that has the same data.
+    let mut replica_conn = replica.client().await;
+    let replicated = distlock_tests::eventually(Duration::from_secs(5), || {
+        let mut conn = replica_conn.clone();
+        let key = key.clone();
+        async move { exists(&mut conn, &key).await }
+    })
+    .await;
+    assert!(replicated.is_some());
+    replica.command(&["REPLICAOF", "NO", "ONE"]);
+    let port = replica.port().to_string();
+    primary.command(&["REPLICAOF", "127.0.0.1", &port]);
+    // Dropped while its server refuses writes: the background release keeps trying.
+    drop(lease);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        exists(&mut replica_conn, &key).await,
+        "nothing could release it yet"
+    );
+    // The manager's server is promoted back: the release gets through, long before the ttl.
+    primary.command(&["REPLICAOF", "NO", "ONE"]);
+    let released = until_gone(&conn, &key, Duration::from_secs(5)).await;
+    assert!(released.is_some(), "{}", logs.text());
+}

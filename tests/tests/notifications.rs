@@ -208,3 +208,81 @@ async fn dropping_the_manager_closes_its_subscriber_connection() {
     );
     lease.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tasks_taking_turns_on_a_key_are_never_left_waiting_for_its_ttl() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    warm_up(&locks).await;
+    // Each release unsubscribes the key once its last waiter is served, and the other task
+    // subscribes it again when it waits next: a waiter must never count on a subscription that
+    // is being removed (a release in between would reach nobody until the holder's 30 s ttl).
+    let turns = |locks: distlock_runtime::LockManager| async move {
+        let mut longest = Duration::ZERO;
+        for _ in 0..300 {
+            let started = Instant::now();
+            let lease = locks
+                .lock("turns")
+                .ttl(Duration::from_secs(30))
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+                .unwrap();
+            longest = longest.max(started.elapsed());
+            lease.release().await.unwrap();
+        }
+        longest
+    };
+    let (a, b) = tokio::join!(
+        tokio::spawn(turns(locks.clone())),
+        tokio::spawn(turns(locks.clone()))
+    );
+    let longest = a.unwrap().max(b.unwrap());
+    assert!(longest < Duration::from_secs(2), "a wait took {longest:?}");
+}
+
+#[tokio::test]
+async fn a_waiter_never_counts_on_a_subscription_being_removed() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let proxy = distlock_tests::Proxy::start(&server).await;
+    let locks = distlock_runtime::LockManager::from_url(&proxy.url()).unwrap();
+    let other = server.manager();
+    warm_up(&locks).await;
+    // The subscriber connection's answers (and messages) arrive 200 ms late: an UNSUBSCRIBE
+    // is applied long before distlock hears it was.
+    proxy.set_mode(distlock_tests::ProxyMode::Delay(Duration::from_millis(200)));
+    let held = other.lock("k").acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move { locks.lock("k").wait(Duration::from_secs(5)).acquire().await }
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    held.release().await.unwrap();
+    // The waiter's ticket goes with it: its key is unsubscribed (answer due in 200 ms). Its
+    // own release comes once the UNSUBSCRIBE is applied, so no late message wakes anybody.
+    let lease = waiter.await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    lease.release().await.unwrap();
+    let held = other.lock("k").acquire().await.unwrap();
+    let started = Instant::now();
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move { locks.lock("k").wait(Duration::from_secs(5)).acquire().await }
+    });
+    // Released after the UNSUBSCRIBE was applied, before a new SUBSCRIBE could be: this
+    // release reaches nobody, so the waiter must not be sleeping on the old subscription.
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    held.release().await.unwrap();
+    let lease = waiter
+        .await
+        .unwrap()
+        .expect("acquired long before the wait ran out");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    lease.release().await.unwrap();
+}
