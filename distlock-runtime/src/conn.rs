@@ -12,7 +12,9 @@
 //!
 //! It also turns a URL into that pool (and says where it points without the password).
 
+use std::future::Future;
 use std::sync::Mutex;
+use std::task::Poll;
 use std::time::Duration;
 
 use deadpool_redis::{Pool, PoolError, Runtime};
@@ -136,15 +138,19 @@ impl Redis {
                     })
                 }
             };
-            let call = script.invoke_async(&mut conn);
-            let answer = if self.bounded_connections {
-                Some(call.await)
-            } else {
-                tokio::time::timeout(after, call).await.ok()
+            let mut call = std::pin::pin!(script.invoke_async(&mut conn));
+            // A connection whose driver has already stopped (the server closed it) fails the
+            // request at its first poll, before handing it over: then it was never sent.
+            let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+            let unsent = matches!(&first, Poll::Ready(Err(e)) if is_connection_failure(e));
+            let answer = match first {
+                Poll::Ready(answer) => Some(answer),
+                Poll::Pending if self.bounded_connections => Some(call.await),
+                Poll::Pending => tokio::time::timeout(after, call).await.ok(),
             };
             let failed = |error| Failed {
                 error,
-                reached: Reached::Maybe,
+                reached: if unsent { sent } else { Reached::Maybe },
             };
             match answer {
                 Some(Ok(value)) => return Ok(value),
@@ -170,7 +176,9 @@ impl Redis {
                         return Err(failed(LockError::Redis { op, source }));
                     }
                     may_retry = false;
-                    sent = Reached::Maybe;
+                    if !unsent {
+                        sent = Reached::Maybe;
+                    }
                 }
                 None => {
                     // The connection may be stuck behind a hung server: send nothing more on it.
