@@ -10,7 +10,8 @@
 //! - the call is cancelled or times out while its request is out: released, and again after a
 //!   response timeout in case the request runs late ([`Leaving::InFlight`]);
 //! - Redis ran it and answered with an error (scripts are not rolled back): released once;
-//! - the request was never sent (no connection), or Redis refused it before running it
+//! - the request was never sent (no connection, or one already closed by the server, which
+//!   fails the request before it is handed over), or Redis refused it before running it
 //!   (`READONLY`, `OOM`, a key the user may not touch): nothing to undo;
 //! - a fair waiter that leaves between attempts releases once, which takes it out of the
 //!   queue and passes on a hand-off it was given ([`Leaving::Queued`]).

@@ -152,13 +152,17 @@ impl Shop {
     /// A shop on the Redis at `url`, with its own lock manager, keeping its keys under `prefix`.
     ///
     /// # Errors
-    /// When the URL is unusable or Redis cannot be reached.
+    /// When the URL is unusable, Redis cannot be reached, or it refuses the settings
+    /// ([`LockManager::ping`]).
     pub async fn connect(url: &str, strategy: Strategy, prefix: &str) -> Result<Self, ShopError> {
         let locks = LockManager::builder()
             .url(url)
             .prefix(format!("{prefix}lock:"))
             .default_wait(BUSY_AFTER)
             .build()?;
+        // Wrong credentials, database or server version fail here, at startup, not at the
+        // first purchase.
+        locks.ping().await?;
         let conn = redis::Client::open(url)?.get_connection_manager().await?;
         let pool = deadpool_redis::Config::from_url(url)
             .builder()
