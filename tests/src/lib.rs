@@ -502,6 +502,8 @@ pub enum ProxyMode {
 pub struct Proxy {
     port: u16,
     mode: std::sync::Arc<std::sync::Mutex<ProxyMode>>,
+    /// While true, forwarding connections pass nothing on (a network partition).
+    frozen: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -516,13 +518,31 @@ impl Proxy {
         let upstream = server.port();
         let mode = std::sync::Arc::new(std::sync::Mutex::new(ProxyMode::Forward));
         let shared = std::sync::Arc::clone(&mode);
+        let (frozen, thawed) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let mode = *shared.lock().unwrap();
-                tokio::spawn(serve(client, upstream, mode));
+                tokio::spawn(serve(client, upstream, mode, thawed.clone()));
             }
         });
-        Self { port, mode, task }
+        Self {
+            port,
+            mode,
+            frozen,
+            task,
+        }
+    }
+
+    /// Cuts every forwarding connection, open or new, off from Redis: nothing passes either way
+    /// (bytes sent meanwhile wait) until [`Proxy::thaw`]. Redis itself keeps running, and expires
+    /// keys on time.
+    pub fn freeze(&self) {
+        self.frozen.send_replace(true);
+    }
+
+    /// Ends a [`Proxy::freeze`]: what waited is passed on.
+    pub fn thaw(&self) {
+        self.frozen.send_replace(false);
     }
 
     /// The URL of the proxy.
@@ -542,7 +562,34 @@ impl Drop for Proxy {
     }
 }
 
-async fn serve(mut client: tokio::net::TcpStream, upstream: u16, mode: ProxyMode) {
+/// Copies `from` to `to`, holding what it read while the proxy is frozen.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut thawed: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if thawed.wait_for(|frozen| !*frozen).await.is_err() {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn serve(
+    mut client: tokio::net::TcpStream,
+    upstream: u16,
+    mode: ProxyMode,
+    thawed: tokio::sync::watch::Receiver<bool>,
+) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     if mode == ProxyMode::Silent {
         let mut buf = [0u8; 4096];
@@ -553,8 +600,13 @@ async fn serve(mut client: tokio::net::TcpStream, upstream: u16, mode: ProxyMode
         return;
     };
     if mode == ProxyMode::Forward {
-        let mut server = server;
-        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+        let (client_read, client_write) = client.into_split();
+        let (server_read, server_write) = server.into_split();
+        // Either side closing ends both (dropping the halves closes the sockets).
+        tokio::select! {
+            () = pump(client_read, server_write, thawed.clone()) => {}
+            () = pump(server_read, client_write, thawed) => {}
+        }
         return;
     }
     if let ProxyMode::Delay(delay) = mode {
@@ -632,5 +684,73 @@ async fn serve(mut client: tokio::net::TcpStream, upstream: u16, mode: ProxyMode
     tokio::select! {
         () = requests => {}
         () = answers => {}
+    }
+}
+
+/// Who is inside a critical section, per key: the in-process overlap detector. A body calls
+/// [`Occupancy::enter`] with its keys first thing and keeps the guard until it ends; two bodies
+/// inside at once on one key count as an overlap (unlike a lost-update counter, this catches an
+/// overlap even when the two bodies' writes happen not to interleave).
+#[derive(Default)]
+pub struct Occupancy {
+    inside: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    overlaps: std::sync::atomic::AtomicU64,
+    entries: std::sync::atomic::AtomicU64,
+}
+
+/// A body's stay in [`Occupancy`]; leaving (drop) frees its keys.
+pub struct Inside<'a> {
+    occupancy: &'a Occupancy,
+    keys: Vec<String>,
+}
+
+impl Occupancy {
+    /// Marks `keys` occupied by the caller, counting an overlap for each one already occupied.
+    pub fn enter<K: AsRef<str>>(&self, keys: &[K]) -> Inside<'_> {
+        let mut inside = self.inside.lock().unwrap();
+        for key in keys {
+            let count = inside.entry(key.as_ref().to_owned()).or_default();
+            if *count > 0 {
+                self.overlaps
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            *count += 1;
+        }
+        self.entries
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Inside {
+            occupancy: self,
+            keys: keys.iter().map(|k| k.as_ref().to_owned()).collect(),
+        }
+    }
+
+    /// How many times a body entered a key someone else was inside.
+    pub fn overlaps(&self) -> u64 {
+        self.overlaps.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// How many bodies entered.
+    pub fn entries(&self) -> u64 {
+        self.entries.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Whether anyone is inside `key` now.
+    pub fn is_inside(&self, key: &str) -> bool {
+        self.inside
+            .lock()
+            .unwrap()
+            .get(key)
+            .is_some_and(|count| *count > 0)
+    }
+}
+
+impl Drop for Inside<'_> {
+    fn drop(&mut self) {
+        let mut inside = self.occupancy.inside.lock().unwrap();
+        for key in &self.keys {
+            if let Some(count) = inside.get_mut(key) {
+                *count -= 1;
+            }
+        }
     }
 }
