@@ -754,3 +754,29 @@ impl Drop for Inside<'_> {
         }
     }
 }
+
+/// When a future was dropped: give its body a [`DropClock::guard`] and read [`DropClock::at`]
+/// afterwards, to check when a body was stopped rather than only that it stopped.
+#[derive(Clone, Default)]
+pub struct DropClock(std::sync::Arc<std::sync::Mutex<Option<Instant>>>);
+
+/// Records the moment it is dropped into its [`DropClock`].
+pub struct DropGuard(DropClock);
+
+impl DropClock {
+    /// A guard to move into the body.
+    pub fn guard(&self) -> DropGuard {
+        DropGuard(self.clone())
+    }
+
+    /// When the guard was dropped, if it was.
+    pub fn at(&self) -> Option<Instant> {
+        *self.0.lock().unwrap()
+    }
+}
+
+impl Drop for DropGuard {
+    fn drop(&mut self) {
+        *self.0 .0.lock().unwrap() = Some(Instant::now());
+    }
+}

@@ -280,3 +280,85 @@ async fn a_release_cut_short_still_releases_in_the_background() {
     );
     assert!(!exists(&mut conn, &key).await);
 }
+
+#[tokio::test]
+async fn a_holder_cut_off_from_redis_stops_its_body_before_its_key_can_expire() {
+    let _load = distlock_tests::timed().await;
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let server = RedisServer::start();
+    let proxy = distlock_tests::Proxy::start(&server).await;
+    let timeout = Duration::from_millis(200);
+    let holder = distlock_runtime::LockManager::builder()
+        .url(proxy.url())
+        .connect_timeout(timeout)
+        .response_timeout(timeout)
+        .pool_wait_timeout(timeout)
+        .build()
+        .unwrap();
+    distlock_tests::warm_up(&holder).await;
+    let rival = server.manager();
+    let occupancy = Arc::new(distlock_tests::Occupancy::default());
+    let dropped = distlock_tests::DropClock::default();
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let ttl = Duration::from_secs(3);
+    // The acquire request is sent after this: its key expires no earlier than `sent + ttl`.
+    let sent = Instant::now();
+    let holding = tokio::spawn({
+        let (occupancy, guard, entered) = (occupancy.clone(), dropped.guard(), entered.clone());
+        holder.lock("cut").ttl(ttl).run(async move {
+            let _guard = guard;
+            let _inside = occupancy.enter(&["cut"]);
+            entered.notify_one();
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        })
+    });
+    entered.notified().await;
+    // The holder's network is cut: its renewals (due at ttl/3) never get through, while Redis
+    // keeps running and expires the key on time. A rival polls with try-locks meanwhile.
+    proxy.freeze();
+    let acquired_at = loop {
+        let attempt = rival
+            .try_lock("cut")
+            .run({
+                let occupancy = occupancy.clone();
+                async move {
+                    let _inside = occupancy.enter(&["cut"]);
+                    Instant::now()
+                }
+            })
+            .await;
+        match attempt {
+            Ok(at) => break at,
+            Err(LockError::NotAcquired { .. }) => {}
+            Err(other) => panic!("{other}"),
+        }
+        assert!(sent.elapsed() < Duration::from_secs(10), "never acquired");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    let outcome = holding.await.unwrap();
+    proxy.thaw();
+    assert!(
+        matches!(outcome, Err(LockError::LeaseLost { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        occupancy.overlaps(),
+        0,
+        "the rival entered while the body ran"
+    );
+    let dropped = dropped.at().expect("the body was dropped");
+    assert!(
+        dropped < sent + ttl,
+        "body dropped {:?} after the send, the key may expire at {ttl:?}",
+        dropped - sent
+    );
+    assert!(dropped < acquired_at);
+    // The path it took: renewal kept failing until the lease expired.
+    assert!(logs.count("lease renewal failed") >= 1, "{}", logs.text());
+    assert_eq!(
+        logs.count("it expired before a renewal got through"),
+        1,
+        "{}",
+        logs.text()
+    );
+}
