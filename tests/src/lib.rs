@@ -439,18 +439,66 @@ pub async fn warm_up(locks: &LockManager) {
 #[derive(Clone, Default)]
 pub struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
 
+thread_local! {
+    /// Where this thread's log lines go, while a [`Logs::capture`] guard lives.
+    static CAPTURE: std::cell::RefCell<Option<Logs>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Ends a [`Logs::capture`] when dropped.
+pub struct CaptureGuard(());
+
+impl Drop for CaptureGuard {
+    fn drop(&mut self) {
+        CAPTURE.with(|capture| capture.borrow_mut().take());
+    }
+}
+
+/// The one global subscriber of a test binary: it writes each event to the capture of the thread
+/// it happens on, if any. (Per-thread subscribers, `set_default`, lose events when tests run in
+/// parallel: tracing caches whether a call site is wanted across threads.)
+#[derive(Clone, Copy)]
+struct ThreadCapture;
+
+impl std::io::Write for ThreadCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        CAPTURE.with(|capture| {
+            if let Some(logs) = capture.borrow_mut().as_mut() {
+                logs.0.lock().unwrap().extend_from_slice(buf);
+            }
+        });
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for ThreadCapture {
+    type Writer = Self;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        *self
+    }
+}
+
 impl Logs {
     /// Captures every event at `DEBUG` and above on this thread (a `#[tokio::test]` runs its
     /// spawned tasks on its own thread) until the guard is dropped.
-    pub fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+    pub fn capture() -> (Self, CaptureGuard) {
+        static INSTALL: std::sync::Once = std::sync::Once::new();
+        INSTALL.call_once(|| {
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(ThreadCapture)
+                .with_max_level(tracing::Level::DEBUG)
+                .with_ansi(false)
+                .finish();
+            // A binary whose tests never capture keeps no global subscriber at all.
+            let _ = tracing::subscriber::set_global_default(subscriber);
+        });
         let logs = Self::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(logs.clone())
-            .with_max_level(tracing::Level::DEBUG)
-            .with_ansi(false)
-            .finish();
-        let guard = tracing::subscriber::set_default(subscriber);
-        (logs, guard)
+        CAPTURE.with(|capture| *capture.borrow_mut() = Some(logs.clone()));
+        (logs, CaptureGuard(()))
     }
 
     /// Everything logged so far.
@@ -461,25 +509,6 @@ impl Logs {
     /// How many lines contain `needle`.
     pub fn count(&self, needle: &str) -> usize {
         self.text().lines().filter(|l| l.contains(needle)).count()
-    }
-}
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
-    type Writer = Self;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
     }
 }
 

@@ -42,17 +42,15 @@ async fn an_external_del_stops_the_body_with_lease_lost_within_one_renew_interva
     let server = RedisServer::start();
     let locks = server.manager();
     let key = locks.redis_key("deleted");
-    let progress = Arc::new(AtomicU64::new(0));
-    let body_progress = progress.clone();
+    let dropped = distlock_tests::DropClock::default();
+    let guard = dropped.guard();
     let run = tokio::spawn(
         locks
             .lock("deleted")
             .ttl(Duration::from_millis(900))
             .run(async move {
-                loop {
-                    body_progress.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
+                let _guard = guard;
+                std::future::pending::<()>().await;
             }),
     );
     let mut conn = server.client().await;
@@ -75,12 +73,12 @@ async fn an_external_del_stops_the_body_with_lease_lost_within_one_renew_interva
         took <= Duration::from_millis(300 + 100),
         "LeaseLost after {took:?}"
     );
-    let stopped_at = progress.load(Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(
-        progress.load(Ordering::SeqCst),
-        stopped_at,
-        "the body kept running"
+    // The body itself was stopped, within one renewal interval (300 ms) of the DEL.
+    let stopped = dropped.at().expect("the body was dropped");
+    assert!(
+        stopped - deleted_at <= Duration::from_millis(300 + 100),
+        "body dropped {:?} after the DEL",
+        stopped - deleted_at
     );
 }
 
@@ -256,8 +254,11 @@ async fn one_broken_lease_in_a_renewal_batch_does_not_lose_the_others() {
 #[tokio::test]
 async fn a_release_cut_short_still_releases_in_the_background() {
     let _load = distlock_tests::timed().await;
-    let mut server = RedisServer::start();
-    let locks = server.manager();
+    let server = RedisServer::start();
+    let locks = server
+        .manager_with_timeouts(Duration::from_millis(500))
+        .build()
+        .unwrap();
     let key = locks.redis_key("cut-short");
     let lease = locks
         .lock("cut-short")
@@ -265,20 +266,36 @@ async fn a_release_cut_short_still_releases_in_the_background() {
         .acquire()
         .await
         .unwrap();
-    server.pause();
+    let mut conn = server.client().await;
+    // Writes wait on the server: the release is sent, and held there.
+    let _: () = redis::cmd("CLIENT")
+        .arg(&["PAUSE", "10000", "WRITE"][..])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let cut = tokio::time::timeout(Duration::from_millis(100), lease.release()).await;
     assert!(
         cut.is_err(),
-        "the release should not have finished while Redis was paused"
+        "the release should not have finished while writes were paused"
     );
-    server.resume();
-    let mut conn = server.client().await;
-    let released = until_gone(&conn, &key, Duration::from_secs(3)).await;
+    // Killing the manager's connection discards the release held on it: only the background
+    // release (retried on a fresh connection) can free the key now.
+    let _: () = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"][..])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(exists(&mut conn, &key).await, "the cut release never ran");
+    let released = until_gone(&conn, &key, Duration::from_secs(5)).await;
     assert!(
         released.is_some(),
         "lock left held after a cancelled release"
     );
-    assert!(!exists(&mut conn, &key).await);
 }
 
 #[tokio::test]
