@@ -231,7 +231,10 @@ async fn a_key_list_with_field_paths_is_locked_together() {
     let held = locks.lock("buyer:ann").acquire().await.unwrap();
     let mut conn = server.client().await;
     let outcome = tokio::time::timeout(Duration::from_secs(1), place(&locks, &order)).await;
-    assert!(outcome.is_err(), "must wait while one of its keys is held");
+    assert!(
+        outcome.is_err(),
+        "must still be waiting (for 10 s) while one of its keys is held: {outcome:?}"
+    );
     assert!(
         !exists(&mut conn, &locks.redis_key("order:12")).await,
         "all or nothing"

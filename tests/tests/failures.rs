@@ -72,10 +72,16 @@ async fn redis_paused_is_an_error_within_the_response_timeout() {
     server.resume();
     // The acquires that timed out reached Redis once it resumed: they count as "maybe
     // acquired", and their token-checked release (retried in the background) removes them.
-    let conn = server.client().await;
+    let mut conn = server.client().await;
     let key = locks.redis_key("paused");
     let cleaned = until_gone(&conn, &key, Duration::from_secs(2)).await;
     assert!(cleaned.is_some(), "the in-doubt acquire was not cleaned up");
+    // It did land: the acquire script that ran on resume drew a fencing token, whose counter
+    // stays (a release leaves it), so the lock key was set and then released.
+    assert!(
+        exists(&mut conn, "distlock:fence:paused").await,
+        "the timed-out acquire never ran: nothing was cleaned up"
+    );
     // And the manager recovers.
     let lease = locks
         .lock("paused")

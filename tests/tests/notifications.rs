@@ -194,7 +194,10 @@ async fn dropping_the_manager_closes_its_subscriber_connection() {
         .wait(Duration::from_millis(200))
         .acquire()
         .await;
-    assert!(outcome.is_err());
+    assert!(
+        matches!(outcome, Err(distlock_runtime::LockError::Timeout { .. })),
+        "{outcome:?}"
+    );
     assert_eq!(subscriber_sockets(&server), 1);
     drop(locks);
     let deadline = Instant::now() + Duration::from_secs(2);

@@ -80,6 +80,12 @@ async fn an_external_del_stops_the_body_with_lease_lost_within_one_renew_interva
         "body dropped {:?} after the DEL",
         stopped - deleted_at
     );
+    // Renewal never re-creates the lock it found gone: the key stays gone over several
+    // renewal intervals.
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!exists(&mut conn, &key).await, "the lock was re-created");
+    }
 }
 
 #[tokio::test]

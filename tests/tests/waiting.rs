@@ -129,34 +129,6 @@ async fn a_multi_key_request_is_all_or_nothing() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn opposite_key_orders_never_deadlock() {
-    let _load = distlock_tests::heavy().await;
-    let server = RedisServer::start();
-    let locks = server.manager();
-    let mut tasks = Vec::new();
-    for order in [["a", "b"], ["b", "a"]] {
-        let locks = locks.clone();
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..1000 {
-                locks
-                    .lock_all(order)
-                    .wait(Duration::from_secs(10))
-                    .run(tokio::task::yield_now())
-                    .await
-                    .expect("no deadlock, no timeout");
-            }
-        }));
-    }
-    tokio::time::timeout(Duration::from_secs(60), async {
-        for task in tasks {
-            task.await.unwrap();
-        }
-    })
-    .await
-    .expect("2 x 1000 multi-key runs finished");
-}
-
 #[tokio::test]
 async fn a_nested_run_on_the_same_key_and_task_completes_at_once() {
     let _load = distlock_tests::timed().await;
