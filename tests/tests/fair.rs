@@ -517,3 +517,93 @@ async fn a_real_hand_off_rewritten_by_a_subscriber_is_refused() {
     );
     lease.release().await.unwrap();
 }
+
+/// Starts `lock_worker wait-fair` with `n` waiters on `key` (each waiting up to `wait`).
+fn wait_fair_process(
+    server: &RedisServer,
+    key: &str,
+    n: usize,
+    wait: Duration,
+) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_lock_worker"))
+        .args([
+            "wait-fair",
+            &server.url(),
+            key,
+            &n.to_string(),
+            &wait.as_millis().to_string(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_waiters_entry_whose_wait_has_passed_is_skipped_at_once() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    warm_up(&locks).await;
+    let conn = server.client().await;
+    let holder = locks.lock("stale").fair(true).acquire().await.unwrap();
+    // A waiter of another process, with a 500 ms wait, killed in the queue: its entry stays,
+    // carrying a deadline that passes.
+    let mut child = wait_fair_process(&server, "stale", 1, Duration::from_millis(500));
+    until_queued(&conn, "stale", 1).await;
+    child.kill().await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let live = fair_waiter(&locks, "stale", 2, &order, Duration::ZERO);
+    until_queued(&conn, "stale", 2).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    // Handed straight to the live waiter: no claim is spent on the dead one.
+    let taken = live.await.unwrap().unwrap();
+    assert!(
+        taken - released < HANDOFF_CLAIM / 2,
+        "the live waiter got the lock {:?} after the release",
+        taken - released
+    );
+    assert_eq!(locks.stats().handed_over, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashed_waiters_of_several_processes_delay_a_live_one_elsewhere_by_one_claim_each() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    warm_up(&locks).await;
+    let conn = server.client().await;
+    let holder = locks.lock("spread").fair(true).acquire().await.unwrap();
+    // Two processes each queue a waiter and are killed; a third process's waiter queues last.
+    // This process waits for nothing: the only watcher of the lapsing claims is elsewhere.
+    let wait = Duration::from_secs(60);
+    let mut dead = Vec::new();
+    for n in 1..=2 {
+        dead.push(wait_fair_process(&server, "spread", 1, wait));
+        until_queued(&conn, "spread", n).await;
+    }
+    let mut live = wait_fair_process(&server, "spread", 1, wait);
+    until_queued(&conn, "spread", 3).await;
+    for mut child in dead {
+        child.kill().await.unwrap();
+    }
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    let mut lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(live.stdout.take().unwrap()));
+    let line = tokio::time::timeout(Duration::from_secs(15), lines.next_line())
+        .await
+        .expect("the live waiter got the lock")
+        .unwrap()
+        .unwrap_or_default();
+    let delay = released.elapsed();
+    assert!(line.starts_with("acquired"), "{line}");
+    let bound = 2 * (HANDOFF_CLAIM + HANDOFF_CLAIM / 4) + Duration::from_millis(700);
+    assert!(
+        delay >= 2 * HANDOFF_CLAIM && delay <= bound,
+        "the live waiter got the lock {delay:?} after the release (bound {bound:?})"
+    );
+    live.kill().await.unwrap();
+}

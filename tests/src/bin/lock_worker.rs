@@ -4,8 +4,9 @@
 //! yield, and write it back plus one with SET (a deliberately non-atomic increment).
 //! `lock_worker count-fair URL KEY COUNTER N`: the same with fair locking.
 //! `lock_worker count-attr URL KEY COUNTER N`: the same through a `#[distributed_lock]` fn.
-//! `lock_worker wait-fair URL KEY N`: N tasks, one after the other, wait (fairly, up to 60 s)
-//! for the lock on KEY; the first to get it prints `acquired` and holds it until killed.
+//! `lock_worker wait-fair URL KEY N [WAIT_MS]`: N tasks, one after the other, wait (fairly, up
+//! to WAIT_MS, default 60 s) for the lock on KEY; the first to get it prints `acquired` and
+//! holds it until killed.
 //! `lock_worker hold URL KEY TTL_MS`: take the lock with renewal, print `acquired`, then sleep
 //! until killed.
 //! `lock_worker outage URL KEY TTL_MS SECS`: with distlock's logs on stderr, run a body that
@@ -83,7 +84,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let _: () = conn.incr(format!("{counter}:done"), 1).await?;
             Ok(())
         }
-        ["wait-fair", url, key, n] => {
+        ["wait-fair", url, key, n, rest @ ..] if rest.len() <= 1 => {
+            let wait = match rest.first() {
+                Some(ms) => Duration::from_millis(ms.parse()?),
+                None => Duration::from_secs(60),
+            };
             let locks = LockManager::from_url(url)?;
             let mut waiters = tokio::task::JoinSet::new();
             for _ in 0..n.parse::<u32>()? {
@@ -92,7 +97,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     locks
                         .lock(key)
                         .fair(true)
-                        .wait(Duration::from_secs(60))
+                        .wait(wait)
                         .acquire()
                         .await
                 });
@@ -144,7 +149,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         _ => Err(
             "usage: lock_worker count|count-fair|count-attr URL KEY COUNTER N | hold URL KEY TTL_MS \
-             | wait-fair URL KEY N | outage URL KEY TTL_MS SECS".into(),
+             | wait-fair URL KEY N [WAIT_MS] | outage URL KEY TTL_MS SECS".into(),
         ),
     }
 }
