@@ -182,17 +182,26 @@ fn parse_keys(input: ParseStream<'_>) -> syn::Result<Vec<LitStr>> {
 }
 
 fn key_literal(input: ParseStream<'_>) -> syn::Result<LitStr> {
-    let lookahead = input.lookahead1();
-    if lookahead.peek(LitStr) {
-        input.parse()
-    } else if input.peek(syn::Ident) {
-        Err(input.error(
+    if input.peek(LitStr) {
+        return input.parse();
+    }
+    if input.peek(syn::Ident) && input.peek2(Token![=]) {
+        return Err(input.error(
             "the first argument is the lock key, a string literal such as \"order:{order_id}\"; \
              options come after it",
-        ))
-    } else {
-        Err(input.error("expected the lock key: a string literal such as \"order:{order_id}\""))
+        ));
     }
+    if input.peek(syn::Ident) {
+        let name: syn::Ident = input.fork().parse()?;
+        return Err(syn::Error::new_spanned(
+            &name,
+            format!(
+                "the lock key is a string literal, not an expression: write `{name}` in braces \
+                 inside one, as in \"{name}:{{{name}}}\""
+            ),
+        ));
+    }
+    Err(input.error("expected the lock key: a string literal such as \"order:{order_id}\""))
 }
 
 /// An integer of seconds, or a string with a unit: `"1500ms"`, `"2s"`, `"5m"`, `"1h"`.

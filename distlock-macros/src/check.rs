@@ -2,7 +2,6 @@
 //! placeholder naming a parameter, and `fair = true` on a single key. All problems are
 //! reported at once, each on its own token.
 
-use syn::spanned::Spanned;
 use syn::{ReturnType, Type};
 
 use crate::args::Args;
@@ -25,9 +24,11 @@ pub(crate) fn signature(item: &LockedFn, errors: &mut Errors) {
         )),
         ReturnType::Type(_, ty) => {
             if let Type::ImplTrait(_) = &**ty {
-                errors.push(syn::Error::new(
-                    ty.span(),
-                    "`#[distributed_lock]` functions must return `Result<T, E>`, not `impl Trait`",
+                errors.push(syn::Error::new_spanned(
+                    ty,
+                    "`#[distributed_lock]` functions must return `Result<T, E>` with \
+                     `E: From<distlock_runtime::LockError>`, not `impl Trait`; \
+                     `Result<impl Trait, E>` keeps the value opaque",
                 ));
             }
         }

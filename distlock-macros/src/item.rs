@@ -18,7 +18,14 @@ impl Parse for LockedFn {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
         let attrs = input.call(Attribute::parse_outer)?;
         let vis: Visibility = input.parse()?;
-        let sig: Signature = input.parse()?;
+        // rustc hands attribute macros only well-formed items, so a signature that does not
+        // parse means the attribute sits on something else (a struct, an impl block, ...).
+        let sig: Signature = input.parse().map_err(|error| {
+            syn::Error::new(
+                error.span(),
+                format!("{error}: `#[distributed_lock]` goes on an `async fn`"),
+            )
+        })?;
         if !input.peek(syn::token::Brace) {
             return Err(syn::Error::new_spanned(
                 &sig.ident,
