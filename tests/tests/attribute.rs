@@ -86,7 +86,7 @@ async fn wait_zero_is_a_try_lock_and_the_body_does_not_run() {
         matches!(outcome, Err(LockError::NotAcquired { ref key }) if key == "job:7"),
         "{outcome:?}"
     );
-    assert!(started.elapsed() < Duration::from_millis(100));
+    assert!(started.elapsed() < Duration::from_millis(500));
     assert_eq!(
         ran.load(Ordering::SeqCst),
         0,
@@ -199,7 +199,11 @@ async fn nested_annotated_calls_on_one_key_are_reentrant() {
         outer_token, inner_token,
         "the inner call ran under the outer lease"
     );
-    assert!(started.elapsed() < Duration::from_millis(200));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 struct Order {

@@ -66,7 +66,7 @@ async fn release_racing_the_subscription(fair: bool) {
             .unwrap();
         let late = acquired_at.saturating_duration_since(released_at);
         assert!(
-            late <= Duration::from_millis(50),
+            late <= Duration::from_secs(1),
             "round {round}: the waiter slept {late:?} past the release"
         );
     }

@@ -52,7 +52,7 @@ async fn a_waiter_times_out_at_its_deadline() {
         other => panic!("expected Timeout, got {other:?}"),
     }
     assert!(
-        took >= wait && took <= wait + Duration::from_millis(50),
+        took >= wait && took <= wait + Duration::from_millis(250),
         "timed out after {took:?}"
     );
 }
@@ -79,9 +79,9 @@ async fn a_waiter_gets_the_lock_soon_after_release() {
     lease.release().await.unwrap();
     let (acquired_at, lease) = waiter.await.unwrap();
     lease.expect("waiter acquired").release().await.unwrap();
-    // Backoff is capped at 50 ms (jittered), so the waiter is at most one step late.
+    // Woken by the release (the holder's ttl is 30 s), not by its expiry.
     assert!(
-        acquired_at - released_at <= Duration::from_millis(60),
+        acquired_at - released_at <= Duration::from_millis(500),
         "{:?}",
         acquired_at - released_at
     );
@@ -148,7 +148,7 @@ async fn a_nested_run_on_the_same_key_and_task_completes_at_once() {
                 .run(async { current_lease().expect("inside the inner run") })
                 .await
                 .expect("re-entrant run");
-            assert!(started.elapsed() < Duration::from_millis(10));
+            assert!(started.elapsed() < Duration::from_millis(200));
             assert_eq!(
                 server_ref.requests(),
                 before,
