@@ -210,6 +210,7 @@ async fn a_handed_lease_is_extended_from_its_claim_to_its_ttl_also_without_renew
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_locks_exclude_across_processes() {
+    let _load = distlock_tests::heavy().await;
     let server = RedisServer::start();
     let url = server.url();
     distlock_tests::run_processes(
