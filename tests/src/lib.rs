@@ -414,6 +414,31 @@ pub async fn until_queued(conn: &redis::aio::MultiplexedConnection, key: &str, n
     assert!(found.is_some(), "{n} waiters queued for {key}");
 }
 
+/// Waits (at most 5 s) until some client subscribes to the release channel of `key` (default
+/// prefix), and a little more so the attempt a waiter makes right after subscribing has been
+/// answered.
+///
+/// # Panics
+/// If nobody subscribes.
+pub async fn until_subscribed(conn: &redis::aio::MultiplexedConnection, key: &str) {
+    let channel = format!("distlock:lock:{key}");
+    let found = eventually(Duration::from_secs(5), || {
+        let (mut conn, channel) = (conn.clone(), channel.clone());
+        async move {
+            let counts: Vec<(String, u64)> = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(&mut conn)
+                .await
+                .expect("PUBSUB NUMSUB");
+            counts.first().is_some_and(|(_, n)| *n > 0)
+        }
+    })
+    .await;
+    assert!(found.is_some(), "a manager subscribed to {channel}");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
 /// Takes and releases the lock on `key`.
 ///
 /// # Panics
@@ -807,5 +832,89 @@ impl DropClock {
 impl Drop for DropGuard {
     fn drop(&mut self) {
         *self.0 .0.lock().unwrap() = Some(Instant::now());
+    }
+}
+
+/// A future that cancels the other branch of a `tokio::select! { biased; ... }` at one exact
+/// moment: the next time its task is woken after it was armed, before that branch sees what
+/// woke it (a release notification or a hand-off it was just given, say).
+///
+/// Pending until [`TripwireHandle::arm`]; arming wakes its task once, and
+/// returns once that poll has set it; from then on the next poll (the task's next wake-up)
+/// finds it ready. List it first in a `biased` select.
+pub struct Tripwire {
+    shared: std::sync::Arc<TripwireState>,
+}
+
+/// Arms a [`Tripwire`].
+#[derive(Clone)]
+pub struct TripwireHandle {
+    shared: std::sync::Arc<TripwireState>,
+}
+
+#[derive(Default)]
+struct TripwireState {
+    /// 0: idle, 1: armed, 2: set (ready at the next poll), 3: fired.
+    stage: std::sync::atomic::AtomicU8,
+    waker: std::sync::Mutex<Option<std::task::Waker>>,
+    set: tokio::sync::Notify,
+}
+
+impl Tripwire {
+    /// A tripwire, and the handle that arms it.
+    pub fn new() -> (Self, TripwireHandle) {
+        let shared = std::sync::Arc::<TripwireState>::default();
+        let handle = TripwireHandle {
+            shared: std::sync::Arc::clone(&shared),
+        };
+        (Self { shared }, handle)
+    }
+}
+
+impl TripwireHandle {
+    /// Arms the tripwire and waits until its task has been polled once since, so that the
+    /// task's next wake-up fires it.
+    pub async fn arm(&self) {
+        use std::sync::atomic::Ordering;
+        self.shared.stage.store(1, Ordering::SeqCst);
+        if let Some(waker) = self.shared.waker.lock().unwrap().take() {
+            waker.wake();
+        }
+        self.shared.set.notified().await;
+    }
+
+    /// Whether the tripwire went off (was found ready).
+    pub fn fired(&self) -> bool {
+        self.shared.stage.load(std::sync::atomic::Ordering::SeqCst) == 3
+    }
+}
+
+impl std::future::Future for Tripwire {
+    type Output = ();
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        use std::sync::atomic::Ordering;
+        match self.shared.stage.load(Ordering::SeqCst) {
+            0 => {
+                *self.shared.waker.lock().unwrap() = Some(cx.waker().clone());
+                // Armed between the load and storing the waker: look again at the next poll.
+                if self.shared.stage.load(Ordering::SeqCst) != 0 {
+                    cx.waker().wake_by_ref();
+                }
+                std::task::Poll::Pending
+            }
+            1 => {
+                self.shared.stage.store(2, Ordering::SeqCst);
+                self.shared.set.notify_one();
+                std::task::Poll::Pending
+            }
+            _ => {
+                self.shared.stage.store(3, Ordering::SeqCst);
+                std::task::Poll::Ready(())
+            }
+        }
     }
 }

@@ -6,29 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use distlock_runtime::{distributed_lock, LockError, LockManager, HANDOFF_CLAIM};
-use distlock_tests::{eventually, queued, until_queued, warm_up, RedisServer};
+use distlock_tests::{eventually, queued, until_queued, until_subscribed, warm_up, RedisServer};
 use redis::AsyncCommands;
-
-/// Waits until some manager subscribes to the release channel of `key`, and a little more so
-/// the attempt it makes right after subscribing has been answered.
-async fn until_subscribed(conn: &redis::aio::MultiplexedConnection, key: &str) {
-    let channel = format!("distlock:lock:{key}");
-    let found = eventually(Duration::from_secs(5), || {
-        let (mut conn, channel) = (conn.clone(), channel.clone());
-        async move {
-            let counts: Vec<(String, u64)> = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(&channel)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            counts.first().is_some_and(|(_, n)| *n > 0)
-        }
-    })
-    .await;
-    assert!(found.is_some(), "a manager subscribed to {channel}");
-    tokio::time::sleep(Duration::from_millis(50)).await;
-}
 
 /// Spawns a fair waiter on `key` that records `name` in `order` when it gets the lock, holds it
 /// for `hold`, and returns when it got the lock.

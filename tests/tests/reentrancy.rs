@@ -408,3 +408,158 @@ async fn an_explicit_acquire_of_a_key_the_task_holds_fails_at_once() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_task_spawned_inside_a_body_waits_for_the_outer_lease() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let outer_done = Arc::new(AtomicU32::new(0));
+    let (spawned, outer_ended) = locks
+        .lock("spawned")
+        .run({
+            let (locks, outer_done) = (locks.clone(), Arc::clone(&outer_done));
+            async move {
+                let spawned = tokio::spawn({
+                    let outer_done = Arc::clone(&outer_done);
+                    async move {
+                        // The record of held keys stays with the task that holds them.
+                        assert!(current_lease().is_none());
+                        locks
+                            .lock("spawned")
+                            .wait(Duration::from_secs(5))
+                            .run(async move { (outer_done.load(Ordering::SeqCst), Instant::now()) })
+                            .await
+                    }
+                });
+                // The spawned task asks for the key meanwhile, and must wait.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                outer_done.store(1, Ordering::SeqCst);
+                (spawned, Instant::now())
+            }
+        })
+        .await
+        .unwrap();
+    let (seen, started) = spawned
+        .await
+        .unwrap()
+        .expect("the spawned task got the lock");
+    assert_eq!(
+        seen, 1,
+        "the spawned task's body ran while the outer body ran"
+    );
+    assert!(started >= outer_ended);
+}
+
+#[tokio::test]
+async fn another_manager_on_the_same_task_does_not_reenter() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    // Same Redis, same prefix, but not a clone: its leases are its own.
+    let other = server.manager();
+    let ran = Arc::new(AtomicU32::new(0));
+    let (run, acquired, tried, clone) = locks
+        .lock("two-managers")
+        .run({
+            let (locks, ran) = (locks.clone(), Arc::clone(&ran));
+            async move {
+                let run = other
+                    .lock("two-managers")
+                    .wait(Duration::from_millis(300))
+                    .run(async { ran.fetch_add(1, Ordering::SeqCst) })
+                    .await;
+                let acquired = other
+                    .lock("two-managers")
+                    .wait(Duration::from_millis(100))
+                    .acquire()
+                    .await;
+                let tried = other.try_lock("two-managers").run(async {}).await;
+                // A clone of the holding manager does re-enter.
+                let clone = locks.clone().lock("two-managers").run(async {}).await;
+                (run, acquired, tried, clone)
+            }
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(&run, Err(LockError::Timeout { key, .. }) if key == "two-managers"),
+        "{run:?}"
+    );
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        0,
+        "the other manager's body ran"
+    );
+    assert!(
+        matches!(&acquired, Err(LockError::Timeout { .. })),
+        "{acquired:?}"
+    );
+    assert!(
+        matches!(&tried, Err(LockError::NotAcquired { .. })),
+        "{tried:?}"
+    );
+    clone.expect("a clone re-enters");
+}
+
+/// Sets its flag when dropped.
+struct Dropped(Arc<AtomicU32>);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        self.0.store(1, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test]
+async fn a_reentered_body_stops_when_the_outer_lease_is_lost() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let key = locks.redis_key("lost-outer");
+    let conn = server.client().await;
+    let dropped = Arc::new(AtomicU32::new(0));
+    let finished = Arc::new(AtomicU32::new(0));
+    let started = Instant::now();
+    // Renewed every 200 ms: the first renewal finds the key gone.
+    let outer = tokio::time::timeout(
+        Duration::from_secs(5),
+        locks
+            .lock("lost-outer")
+            .ttl(Duration::from_millis(600))
+            .run({
+                let (locks, dropped, finished) =
+                    (locks.clone(), Arc::clone(&dropped), Arc::clone(&finished));
+                async move {
+                    locks
+                        .lock("lost-outer")
+                        .run(async move {
+                            let _dropped = Dropped(dropped);
+                            // Someone deletes the lock while the re-entered body runs.
+                            let _: () = redis::cmd("DEL")
+                                .arg(&key)
+                                .query_async(&mut conn.clone())
+                                .await
+                                .unwrap();
+                            tokio::time::sleep(Duration::from_secs(3)).await;
+                            finished.store(1, Ordering::SeqCst);
+                        })
+                        .await
+                }
+            }),
+    )
+    .await
+    .expect("the outer run returned");
+    let took = started.elapsed();
+    assert!(
+        matches!(&outer, Err(LockError::LeaseLost { keys }) if keys == &["lost-outer"]),
+        "{outer:?}"
+    );
+    assert!(took < Duration::from_secs(1), "LeaseLost after {took:?}");
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        1,
+        "the inner body was dropped"
+    );
+    assert_eq!(finished.load(Ordering::SeqCst), 0, "the inner body went on");
+}
