@@ -8,6 +8,9 @@ use std::time::Duration;
 use distlock_runtime::{current_lease, LockManager};
 use distlock_tests::{Occupancy, RedisServer};
 
+/// Fencing tokens seen per key, in the order bodies entered.
+type Tokens = Arc<Mutex<HashMap<String, Vec<u64>>>>;
+
 /// A short random pause inside a body, so bodies interleave in many ways.
 async fn jiggle() {
     let micros = fastrand::u64(0..300);
@@ -26,7 +29,7 @@ async fn worker(
     fair: bool,
     rounds: usize,
     occupancy: Arc<Occupancy>,
-    tokens: Option<Arc<Mutex<HashMap<String, Vec<u64>>>>>,
+    tokens: Option<Tokens>,
 ) {
     for _ in 0..rounds {
         let occupancy = Arc::clone(&occupancy);
