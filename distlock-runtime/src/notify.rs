@@ -106,6 +106,9 @@ struct Channel {
     busy: bool,
     /// The generation on which Redis failed this channel's `SUBSCRIBE`: not retried on it.
     failed_on: Option<u64>,
+    /// When the last message (a release or a hand-off) arrived on the channel: a waiter whose
+    /// attempt went out before then, and that joined after, may have missed it.
+    last_message: Option<Instant>,
 }
 
 impl Channel {
@@ -189,6 +192,16 @@ impl Ticket {
     /// Since when notifications for the key reach this manager, if they do now.
     pub(crate) fn subscribed_since(&self) -> Option<tokio::time::Instant> {
         self.hub.subscribed_since(&self.channel)
+    }
+
+    /// Whether a message came on the key's channel at or after `sent`: it may have announced a
+    /// release this waiter, which joined the channel only after, never heard.
+    pub(crate) fn message_since(&self, sent: Instant) -> bool {
+        lock(&self.hub.state)
+            .channels
+            .get(&self.channel)
+            .and_then(|channel| channel.last_message)
+            .is_some_and(|at| at >= sent)
     }
 
     /// Makes sure the manager is subscribed to the key, connecting first if needed; waits for
@@ -534,6 +547,7 @@ async fn deliver(
         let Some(channel) = state.channels.get_mut(message.get_channel_name()) else {
             continue;
         };
+        channel.last_message = Some(Instant::now());
         match handoff {
             None => wake_one(channel),
             Some(handoff) => {

@@ -160,6 +160,9 @@ impl<'a> Waiter<'a> {
             // Subscribed (by another waiter) only after the attempt went out: a release in
             // between reached nobody, so try once more.
             Some(since) if since >= sent => return Wake::Retry,
+            // A release announced after the attempt went out, before this waiter joined the
+            // key's waiters: nobody took it for this waiter, so try once more.
+            Some(_) if ticket.message_since(sent) => return Wake::Retry,
             Some(_) => {}
         }
         let holder_until = holder_remaining
