@@ -7,7 +7,9 @@
 //! A waiter takes a [`Ticket`] (its place in the key's queue) and makes sure the manager is
 //! subscribed to the key before its next attempt, so a release between an attempt and the
 //! subscription cannot be missed (nor one before a subscription that another waiter made after
-//! this waiter's attempt went out: [`Ticket::subscribed_since`] tells). A subscription is shared
+//! this waiter's attempt went out: [`Ticket::subscribed_since`] tells, nor one announced after
+//! the attempt went out but before the waiter joined: [`Ticket::message_since`] tells). A
+//! subscription is shared
 //! by all local waiters of a key and dropped with the last of them.
 //!
 //! **Never past a waiter's deadline.** No waiter connects or subscribes itself: the subscriber
