@@ -9,8 +9,7 @@
 //! subscription cannot be missed (nor one before a subscription that another waiter made after
 //! this waiter's attempt went out: [`Ticket::subscribed_since`] tells, nor one announced after
 //! the attempt went out but before the waiter joined: [`Ticket::message_since`] tells). A
-//! subscription is shared
-//! by all local waiters of a key and dropped with the last of them.
+//! subscription is shared by all local waiters of a key and dropped with the last of them.
 //!
 //! **Never past a waiter's deadline.** No waiter connects or subscribes itself: the subscriber
 //! connection is opened by one background task for all waiters, and each key's `SUBSCRIBE` /
