@@ -135,6 +135,8 @@ pub(crate) struct Ticket {
     hub: Arc<Hub>,
     channel: String,
     slot: Arc<Slot>,
+    /// When this waiter joined the key's waiters: messages after it reach it.
+    joined: Instant,
 }
 
 impl Notifications {
@@ -173,6 +175,7 @@ impl Notifications {
             hub: Arc::clone(&self.hub),
             channel: channel.to_owned(),
             slot,
+            joined: Instant::now(),
         }
     }
 }
@@ -195,14 +198,15 @@ impl Ticket {
         self.hub.subscribed_since(&self.channel)
     }
 
-    /// Whether a message came on the key's channel at or after `sent`: it may have announced a
-    /// release this waiter, which joined the channel only after, never heard.
+    /// Whether a message came on the key's channel after `sent` but before this waiter joined
+    /// the key's waiters: it may have announced a release that nobody took for this waiter.
+    /// (Messages after it joined reach it, or an older waiter that takes the lock first.)
     pub(crate) fn message_since(&self, sent: Instant) -> bool {
         lock(&self.hub.state)
             .channels
             .get(&self.channel)
             .and_then(|channel| channel.last_message)
-            .is_some_and(|at| at >= sent)
+            .is_some_and(|at| at >= sent && at < self.joined)
     }
 
     /// Makes sure the manager is subscribed to the key, connecting first if needed; waits for
