@@ -67,7 +67,8 @@ pub enum LockError {
 
     /// Redis could not be reached, or answered with an error.
     #[error(
-        "Redis {op} failed: {source}; check that Redis is up and reachable at the manager's URL"
+        "Redis {op} failed: {source}; check that Redis is up, reachable at the manager's URL, \
+         and a writable primary"
     )]
     Redis {
         /// What distlock was doing.
@@ -183,7 +184,9 @@ impl LockError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Misconfiguration {
-    /// The user name or password is wrong, or Redis wants one and none was given.
+    /// The user name or password is wrong, or Redis wants one and none was given. (redis-rs
+    /// reports every refused `AUTH` so, also one refused because the server is at its client
+    /// limit; a background release therefore keeps retrying through it.)
     Credentials,
     /// The ACL user may not run a command, or touch a key, that distlock needs.
     Permissions,

@@ -204,6 +204,19 @@ fn retry_delay(ttl: Duration, failures: u32) -> Duration {
     half + Duration::from_nanos(fastrand::u64(0..=half.as_nanos() as u64))
 }
 
+/// When to retry the renewal of a lease of `ttl`, valid until `valid_until`, after its
+/// `failures`-th failure in a row at `now`: after [`retry_delay`], but never past the lease's
+/// last chance ([`LAST_TRY_BEFORE_EXPIRY`] before it ends: a Redis back just before then still
+/// saves it), and never sooner than [`MIN_RETRY`] (no tight loop).
+fn next_retry(now: Instant, valid_until: Instant, ttl: Duration, failures: u32) -> Instant {
+    let last_chance = valid_until
+        .checked_sub(LAST_TRY_BEFORE_EXPIRY)
+        .unwrap_or(now);
+    (now + retry_delay(ttl, failures))
+        .min(last_chance)
+        .max(now + MIN_RETRY)
+}
+
 /// Rate-limits the warning for failed renewals: the first failure is logged at once, later ones
 /// at most once a second, with how many failed since the last line; a success after a logged
 /// failure is logged once. A Redis that flaps logs no more than one that stays down.
@@ -432,17 +445,12 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
             }
             (Some(_), _) => {
                 entry.failures = entry.failures.saturating_add(1);
-                // Never back off past the lease's last chance: a Redis back just before the
-                // lease ends still saves it.
-                let last_chance = entry
-                    .state
-                    .valid_until()
-                    .checked_sub(LAST_TRY_BEFORE_EXPIRY)
-                    .unwrap_or(now);
-                let retry = (now + retry_delay(lease.ttl, entry.failures))
-                    .min(last_chance)
-                    .max(now + MIN_RETRY);
-                entry.due = Some(retry);
+                entry.due = Some(next_retry(
+                    now,
+                    entry.state.valid_until(),
+                    lease.ttl,
+                    entry.failures,
+                ));
                 continue;
             }
         };
@@ -502,6 +510,32 @@ impl Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retry_never_waits_past_the_leases_last_chance_nor_spins() {
+        let now = Instant::now();
+        let ttl = Duration::from_secs(30);
+        // Far from the end: the backoff alone (at most 2 s at this ttl).
+        let valid_until = now + Duration::from_secs(20);
+        for failures in 1..10 {
+            let retry = next_retry(now, valid_until, ttl, failures);
+            assert!(retry >= now + MIN_RETRY && retry <= now + Duration::from_secs(2));
+        }
+        // Close to the end: sent by the last chance, whatever the backoff says.
+        let valid_until = now + Duration::from_millis(300);
+        for failures in 5..10 {
+            let retry = next_retry(now, valid_until, ttl, failures);
+            assert!(
+                retry <= valid_until - LAST_TRY_BEFORE_EXPIRY,
+                "{:?}",
+                retry - now
+            );
+        }
+        // At or past the last chance: still a pause, never a tight loop.
+        for valid_until in [now, now + Duration::from_millis(10)] {
+            assert_eq!(next_retry(now, valid_until, ttl, 3), now + MIN_RETRY);
+        }
+    }
 
     #[test]
     fn retries_back_off_with_jitter_up_to_a_cap() {
