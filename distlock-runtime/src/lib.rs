@@ -104,7 +104,7 @@
 //! is then refused instead of corrupting the newer holder's work (the seckill example does this
 //! in one Lua script).
 //!
-//! Each lock key has a counter beside it (`{prefix}fence:{key}`), and a token is the greater of
+//! Each lock key has a counter beside it (`distlock:fence:{KEY}` by default), and a token is the greater of
 //! Redis's clock in microseconds (`TIME`) and one more than the counter, drawn in the same
 //! script that takes the lock. So tokens keep rising when Redis restarts without persistence,
 //! fails over to a replica that missed the last writes, or evicts the counter: they go on from
@@ -120,8 +120,8 @@
 //! be the task that just released it. A fair request (`fair = true` on the attribute,
 //! [`LockRequest::fair`], or [`LockManagerBuilder::default_fair`]) serves waiters in arrival
 //! order instead:
-//! - A fair waiter that finds the key held joins the key's queue in Redis (`{prefix}queue:{key}`
-//!   and `{prefix}waiters:{key}`, gone when the queue empties or its last waiter's wait has
+//! - A fair waiter that finds the key held joins the key's queue in Redis (`distlock:queue:{KEY}`
+//!   and `distlock:waiters:{KEY}` by default, gone when the queue empties or its last waiter's wait has
 //!   passed). A free key is taken only if no live waiter queued first.
 //! - A release hands the lock straight to the oldest live waiter: the release script sets the
 //!   key to that waiter's token and publishes the hand-off, and the waiter's body starts when the

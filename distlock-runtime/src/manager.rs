@@ -19,8 +19,10 @@ use crate::request::LockRequest;
 /// `Send + Sync`. Build one per process at startup and keep it, or install it with
 /// [`set_default_manager`] for the `#[distributed_lock]` attribute.
 ///
-/// Locks live under `{prefix}lock:{key}`, each with its fencing counter under
-/// `{prefix}fence:{key}`; the default prefix is `distlock:`. Every key distlock writes expires.
+/// The lock on `order:42` lives at `distlock:lock:{order:42}` (the prefix, `lock:`, and the key
+/// in braces: a Redis Cluster hash tag, so all of one lock's keys share a slot), its fencing
+/// counter at `distlock:fence:{order:42}`; the default prefix is `distlock:`. Every key distlock
+/// writes expires.
 ///
 /// Its connection and its renewal task run on the Tokio runtime where it is first used, and are
 /// made again on the current runtime when that one shuts down. Use a manager from one runtime
@@ -216,7 +218,7 @@ mod tests {
             .prefix("app:")
             .build()
             .unwrap();
-        assert_eq!(locks.redis_key("fence"), "app:lock:fence");
-        assert_eq!(locks.context.lock_keys("fence").fence, "app:fence:fence");
+        assert_eq!(locks.redis_key("fence"), "app:lock:{fence}");
+        assert_eq!(locks.context.lock_keys("fence").fence, "app:fence:{fence}");
     }
 }

@@ -395,7 +395,7 @@ pub async fn run_processes(exe: &str, args: &[&str], count: usize) {
 /// If Redis cannot be asked.
 pub async fn queued(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> usize {
     redis::cmd("LLEN")
-        .arg(format!("distlock:queue:{key}"))
+        .arg(format!("distlock:queue:{{{key}}}"))
         .query_async(conn)
         .await
         .expect("LLEN")
@@ -421,7 +421,7 @@ pub async fn until_queued(conn: &redis::aio::MultiplexedConnection, key: &str, n
 /// # Panics
 /// If nobody subscribes.
 pub async fn until_subscribed(conn: &redis::aio::MultiplexedConnection, key: &str) {
-    let channel = format!("distlock:lock:{key}");
+    let channel = format!("distlock:lock:{{{key}}}");
     let found = eventually(Duration::from_secs(5), || {
         let (mut conn, channel) = (conn.clone(), channel.clone());
         async move {

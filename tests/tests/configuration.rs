@@ -255,7 +255,7 @@ async fn a_least_privilege_user_with_channel_rights_is_woken_by_notifications() 
         async move {
             let channels: Vec<String> = redis::cmd("PUBSUB")
                 .arg("CHANNELS")
-                .arg("distlock:lock:k")
+                .arg("distlock:lock:{k}")
                 .query_async(&mut conn)
                 .await
                 .unwrap();

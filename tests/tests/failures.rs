@@ -79,7 +79,7 @@ async fn redis_paused_is_an_error_within_the_response_timeout() {
     // It did land: the acquire script that ran on resume drew a fencing token, whose counter
     // stays (a release leaves it), so the lock key was set and then released.
     assert!(
-        exists(&mut conn, "distlock:fence:paused").await,
+        exists(&mut conn, "distlock:fence:{paused}").await,
         "the timed-out acquire never ran: nothing was cleaned up"
     );
     // And the manager recovers.

@@ -65,7 +65,7 @@ async fn twenty_waiters_are_served_in_the_order_they_queued() {
     let mut conn = conn;
     assert_eq!(queued(&mut conn, "fifo").await, 0);
     assert!(!conn
-        .exists::<_, bool>("distlock:waiters:fifo")
+        .exists::<_, bool>("distlock:waiters:{fifo}")
         .await
         .unwrap());
 }
@@ -174,7 +174,7 @@ async fn a_handed_lease_is_extended_from_its_claim_to_its_ttl_also_without_renew
     let extended = eventually(Duration::from_secs(1), || {
         let mut conn = conn.clone();
         async move {
-            let pttl: i64 = conn.pttl("distlock:lock:claim").await.unwrap();
+            let pttl: i64 = conn.pttl("distlock:lock:{claim}").await.unwrap();
             pttl > i64::try_from(HANDOFF_CLAIM.as_millis()).unwrap()
         }
     })
@@ -182,7 +182,7 @@ async fn a_handed_lease_is_extended_from_its_claim_to_its_ttl_also_without_renew
     assert!(extended.is_some(), "the claim was extended to the ttl");
     tokio::time::sleep(HANDOFF_CLAIM + Duration::from_millis(200)).await;
     assert!(!lease.is_lost());
-    let pttl: i64 = conn.pttl("distlock:lock:claim").await.unwrap();
+    let pttl: i64 = conn.pttl("distlock:lock:{claim}").await.unwrap();
     assert!(pttl > 7_000 && pttl <= 10_000, "pttl {pttl}");
     lease.release().await.unwrap();
 }
@@ -294,7 +294,7 @@ async fn a_fair_waiter_with_an_endless_wait_queues_with_an_expiry() {
             .acquire(),
     );
     until_queued(&conn, "endless", 1).await;
-    for key in ["distlock:queue:endless", "distlock:waiters:endless"] {
+    for key in ["distlock:queue:{endless}", "distlock:waiters:{endless}"] {
         let pttl: i64 = conn.pttl(key).await.unwrap();
         assert!(pttl > 0, "{key} has pttl {pttl}");
     }
@@ -395,7 +395,7 @@ async fn a_forged_hand_off_message_does_not_start_a_fair_waiter() {
     until_queued(&conn, "vault", 1).await;
     until_subscribed(&conn, "vault").await;
     // Tokens of queued waiters travel in hand-off messages: assume the forger knows this one.
-    let token: String = conn.lindex("distlock:queue:vault", 0).await.unwrap();
+    let token: String = conn.lindex("distlock:queue:{vault}", 0).await.unwrap();
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
     let now_ms = secs * 1000 + micros / 1000;
     for forged in [
@@ -404,7 +404,7 @@ async fn a_forged_hand_off_message_does_not_start_a_fair_waiter() {
         format!("h {token} 999999 {now_ms} 2000  00000000000000000000000000000000"),
     ] {
         let _: i64 = mallory
-            .publish("distlock:lock:vault", forged)
+            .publish("distlock:lock:{vault}", forged)
             .await
             .unwrap();
     }
@@ -439,7 +439,7 @@ async fn a_real_hand_off_rewritten_by_a_subscriber_is_refused() {
         let mut publisher = client.get_connection().unwrap();
         let mut subscriber = client.get_connection().unwrap();
         let mut pubsub = subscriber.as_pubsub();
-        pubsub.subscribe("distlock:lock:rewritten").unwrap();
+        pubsub.subscribe("distlock:lock:{rewritten}").unwrap();
         loop {
             let payload: String = pubsub.get_message().unwrap().get_payload().unwrap();
             if let Some(fields) = payload.strip_prefix("h ") {
@@ -449,7 +449,7 @@ async fn a_real_hand_off_rewritten_by_a_subscriber_is_refused() {
                     f[0], f[2], f[4], f[5]
                 );
                 let _: i64 = redis::cmd("PUBLISH")
-                    .arg("distlock:lock:rewritten")
+                    .arg("distlock:lock:{rewritten}")
                     .arg(forged)
                     .query(&mut publisher)
                     .unwrap();
@@ -490,7 +490,7 @@ async fn a_real_hand_off_rewritten_by_a_subscriber_is_refused() {
     // Past the real claim (2 s): the lease must still be held in Redis (it was extended to its
     // ttl), or know that it is lost; never believe in a lock Redis has expired.
     tokio::time::sleep(HANDOFF_CLAIM + Duration::from_millis(700)).await;
-    let held: Option<String> = conn.get("distlock:lock:rewritten").await.unwrap();
+    let held: Option<String> = conn.get("distlock:lock:{rewritten}").await.unwrap();
     assert!(
         held.is_some() || lease.is_lost(),
         "the waiter believes it holds a lock that Redis expired"

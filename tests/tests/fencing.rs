@@ -221,7 +221,7 @@ async fn a_counter_ahead_of_the_clock_keeps_tokens_rising() {
     let ahead = (secs + 3600) * 1_000_000;
     for key in ["one", "both:a"] {
         let _: () = redis::cmd("SET")
-            .arg(format!("distlock:fence:{key}"))
+            .arg(format!("distlock:fence:{{{key}}}"))
             .arg(ahead)
             .query_async(&mut conn)
             .await
@@ -234,7 +234,7 @@ async fn a_counter_ahead_of_the_clock_keeps_tokens_rising() {
     assert_eq!(second.fencing_token(), ahead + 2);
     // The counter outlives its lease until the clock has caught up with it.
     let pttl: i64 = redis::cmd("PTTL")
-        .arg("distlock:fence:one")
+        .arg("distlock:fence:{one}")
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -248,7 +248,7 @@ async fn a_counter_ahead_of_the_clock_keeps_tokens_rising() {
         .unwrap();
     assert_eq!(both.fencing_token(), ahead + 1);
     let b: u64 = redis::cmd("GET")
-        .arg("distlock:fence:both:b")
+        .arg("distlock:fence:{both:b}")
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -262,12 +262,12 @@ async fn a_counter_of_another_type_neither_fails_the_acquire_nor_the_hand_off() 
     let locks = server.manager();
     let mut conn = server.client().await;
     // Another program's list where a counter would be.
-    let _: i64 = conn.lpush("distlock:fence:odd", "x").await.unwrap();
+    let _: i64 = conn.lpush("distlock:fence:{odd}", "x").await.unwrap();
     let lease = locks.lock("odd").acquire().await.expect("acquire");
     assert!(lease.fencing_token() > 1_000_000_000_000_000);
     // A release that hands the lock to a fair waiter draws from the counter too.
-    let _: i64 = conn.del("distlock:fence:odd").await.unwrap();
-    let _: i64 = conn.lpush("distlock:fence:odd", "x").await.unwrap();
+    let _: i64 = conn.del("distlock:fence:{odd}").await.unwrap();
+    let _: i64 = conn.lpush("distlock:fence:{odd}", "x").await.unwrap();
     let waiter = {
         let locks = server.manager();
         tokio::spawn(async move {

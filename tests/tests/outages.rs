@@ -192,7 +192,7 @@ async fn hold_many(server: &RedisServer, name: &str, count: usize) {
     let mut pipe = redis::pipe();
     for i in 0..count {
         pipe.cmd("SET")
-            .arg(format!("distlock:lock:{name}-{i}"))
+            .arg(format!("distlock:lock:{{{name}-{i}}}"))
             .arg("another-owner")
             .arg("PX")
             .arg(60_000)

@@ -261,7 +261,7 @@ async fn an_acquire_that_fails_part_way_leaves_no_lock_behind() {
         "{outcome:?}"
     );
     let conn = server.client().await;
-    let gone = until_gone(&conn, "distlock:lock:job", Duration::from_secs(2)).await;
+    let gone = until_gone(&conn, "distlock:lock:{job}", Duration::from_secs(2)).await;
     assert!(
         gone.is_some(),
         "the lock key is held by nobody for its 30 s ttl after {outcome:?}"
