@@ -126,7 +126,7 @@ fn manager(url: &str) -> Fallible<LockManager> {
         .map_err(|e| e.to_string())
 }
 
-/// Deletes the fencing counters the run's locks on `keys` left (`{prefix}fence:{key}`; they
+/// Deletes the fencing counters the run's locks on `keys` left (`PREFIXfence:{KEY}`; they
 /// would expire a ttl after their last lease anyway). The locks are released already.
 async fn remove_counters<K: AsRef<str>>(
     conn: &mut MultiplexedConnection,
@@ -135,7 +135,7 @@ async fn remove_counters<K: AsRef<str>>(
 ) -> Fallible<()> {
     let mut del = redis::cmd("DEL");
     for key in keys {
-        del.arg(format!("{prefix}fence:{}", key.as_ref()));
+        del.arg(format!("{prefix}fence:{{{}}}", key.as_ref()));
     }
     del.exec_async(conn).await.map_err(|e| e.to_string())
 }
@@ -551,7 +551,7 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
     let sequential_per_s = single.acquisitions.len() as f64 / started.elapsed().as_secs_f64();
     let _: () = redis::cmd("DEL")
         .arg(format!("{prefix}w1:seq"))
-        .arg(format!("{prefix}w1:fence:{CONTENDED_KEY}"))
+        .arg(format!("{prefix}w1:fence:{{{CONTENDED_KEY}}}"))
         .query_async(&mut conn)
         .await
         .map_err(|e| e.to_string())?;
@@ -596,7 +596,7 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
     let elapsed = started.elapsed();
     let _: () = redis::cmd("DEL")
         .arg(format!("{prefix}seq"))
-        .arg(format!("{prefix}fence:{CONTENDED_KEY}"))
+        .arg(format!("{prefix}fence:{{{CONTENDED_KEY}}}"))
         .query_async(&mut conn)
         .await
         .map_err(|e| e.to_string())?;
