@@ -6,7 +6,7 @@ use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
 use syn::{Expr, Lit, LitStr, Token};
 
-use crate::check::Errors;
+use crate::errors::Errors;
 
 /// The longest ttl the runtime accepts (`distlock_runtime::MAX_TTL`), in milliseconds.
 const MAX_TTL_MS: u64 = 365 * 24 * 60 * 60 * 1000;

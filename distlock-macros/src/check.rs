@@ -5,6 +5,7 @@
 use syn::{ReturnType, Type};
 
 use crate::args::Args;
+use crate::errors::Errors;
 use crate::item::LockedFn;
 use crate::key::{Part, Template};
 
@@ -142,33 +143,11 @@ fn unknown_placeholder(root: &str, parameters: &[syn::Ident], has_self: bool) ->
     )
 }
 
-/// Several errors, reported together.
-#[derive(Default)]
-pub(crate) struct Errors(Option<syn::Error>);
-
-impl Errors {
-    pub(crate) fn push(&mut self, error: syn::Error) {
-        match &mut self.0 {
-            Some(errors) => errors.combine(error),
-            None => self.0 = Some(error),
-        }
-    }
-
-    pub(crate) fn extend(&mut self, other: Errors) {
-        if let Some(error) = other.0 {
-            self.push(error);
-        }
-    }
-
-    pub(crate) fn finish(self) -> syn::Result<()> {
-        self.0.map_or(Ok(()), Err)
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{options, unseparated_placeholders, Errors};
+    use super::{options, unseparated_placeholders};
     use crate::args::Parsed;
+    use crate::errors::Errors;
     use crate::key::Template;
 
     fn separated(template: &str) -> Result<(), String> {

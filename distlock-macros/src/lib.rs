@@ -7,6 +7,7 @@
 
 mod args;
 mod check;
+mod errors;
 mod expand;
 mod item;
 mod key;
@@ -81,7 +82,7 @@ use proc_macro::TokenStream;
 #[proc_macro_attribute]
 pub fn distributed_lock(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item = proc_macro2::TokenStream::from(item);
-    let mut errors = check::Errors::default();
+    let mut errors = errors::Errors::default();
     let args = match syn::parse::<args::Parsed>(attr) {
         Ok(parsed) => {
             errors.extend(parsed.errors);
