@@ -98,11 +98,7 @@ impl RedisServer {
 
     /// A builder whose connect, response and pool-wait timeouts are all `timeout`.
     pub fn manager_with_timeouts(&self, timeout: Duration) -> distlock_runtime::LockManagerBuilder {
-        LockManager::builder()
-            .url(self.url())
-            .connect_timeout(timeout)
-            .response_timeout(timeout)
-            .pool_wait_timeout(timeout)
+        manager_at(&self.url(), timeout)
     }
 
     /// A plain async client connection, for assertions and for meddling with keys.
@@ -204,6 +200,16 @@ impl Drop for RedisServer {
         }
         self.kill();
     }
+}
+
+/// A builder for the Redis at `url` (a [`Proxy`], a stand-in server) whose connect, response and
+/// pool-wait timeouts are all `timeout`.
+pub fn manager_at(url: &str, timeout: Duration) -> distlock_runtime::LockManagerBuilder {
+    LockManager::builder()
+        .url(url)
+        .connect_timeout(timeout)
+        .response_timeout(timeout)
+        .pool_wait_timeout(timeout)
 }
 
 /// Tests in one binary run in parallel. Those that assert tight timings hold [`timed`] and
@@ -437,6 +443,19 @@ pub async fn until_subscribed(conn: &redis::aio::MultiplexedConnection, key: &st
     .await;
     assert!(found.is_some(), "a manager subscribed to {channel}");
     tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// The channels matching `pattern` that some client is subscribed to (`PUBSUB CHANNELS`).
+///
+/// # Panics
+/// If Redis cannot be asked.
+pub async fn channels(conn: &mut redis::aio::MultiplexedConnection, pattern: &str) -> Vec<String> {
+    redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg(pattern)
+        .query_async(conn)
+        .await
+        .expect("PUBSUB CHANNELS")
 }
 
 /// Takes and releases the lock on `key`.

@@ -9,13 +9,7 @@ use distlock_tests::RedisServer;
 const TIMEOUT: Duration = Duration::from_millis(500);
 
 fn manager(url: &str) -> LockManager {
-    LockManager::builder()
-        .url(url)
-        .connect_timeout(TIMEOUT)
-        .response_timeout(TIMEOUT)
-        .pool_wait_timeout(TIMEOUT)
-        .build()
-        .unwrap()
+    distlock_tests::manager_at(url, TIMEOUT).build().unwrap()
 }
 
 /// Checks that `locks` fails both `ping` and an acquire at once with `problem`, and that the
@@ -253,13 +247,9 @@ async fn a_least_privilege_user_with_channel_rights_is_woken_by_notifications() 
     let subscribed = distlock_tests::eventually(Duration::from_secs(2), || {
         let mut conn = conn.clone();
         async move {
-            let channels: Vec<String> = redis::cmd("PUBSUB")
-                .arg("CHANNELS")
-                .arg("distlock:lock:{k}")
-                .query_async(&mut conn)
+            !distlock_tests::channels(&mut conn, "distlock:lock:{k}")
                 .await
-                .unwrap();
-            !channels.is_empty()
+                .is_empty()
         }
     })
     .await;

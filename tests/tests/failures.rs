@@ -185,13 +185,7 @@ async fn a_server_that_accepts_but_never_answers_is_an_error_within_the_timeouts
     // The kernel completes TCP handshakes into the backlog; nothing ever reads or answers.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("redis://{}", silent.local_addr().unwrap());
-    let locks = distlock_runtime::LockManager::builder()
-        .url(url)
-        .connect_timeout(TIMEOUT)
-        .response_timeout(TIMEOUT)
-        .pool_wait_timeout(TIMEOUT)
-        .build()
-        .unwrap();
+    let locks = distlock_tests::manager_at(&url, TIMEOUT).build().unwrap();
     let started = Instant::now();
     let outcome = locks.lock("silent").acquire().await;
     let took = started.elapsed();

@@ -177,11 +177,7 @@ async fn acquires_that_never_reached_a_dead_redis_leave_nothing_to_undo_and_no_w
 
 /// A manager reaching `proxy`, with `timeout` for connecting, answers and the pool.
 fn proxied(proxy: &Proxy, timeout: Duration) -> LockManager {
-    LockManager::builder()
-        .url(proxy.url())
-        .connect_timeout(timeout)
-        .response_timeout(timeout)
-        .pool_wait_timeout(timeout)
+    distlock_tests::manager_at(&proxy.url(), timeout)
         .build()
         .unwrap()
 }
@@ -268,22 +264,13 @@ async fn subscriptions_whose_answer_never_came_are_not_left_behind() {
     let left = distlock_tests::eventually(Duration::from_secs(3), || {
         let mut conn = conn.clone();
         async move {
-            let channels: Vec<String> = redis::cmd("PUBSUB")
-                .arg("CHANNELS")
-                .arg("distlock:*")
-                .query_async(&mut conn)
+            distlock_tests::channels(&mut conn, "distlock:*")
                 .await
-                .unwrap();
-            channels.is_empty()
+                .is_empty()
         }
     })
     .await;
-    let channels: Vec<String> = redis::cmd("PUBSUB")
-        .arg("CHANNELS")
-        .arg("distlock:*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let channels = distlock_tests::channels(&mut conn, "distlock:*").await;
     assert!(
         left.is_some(),
         "{} channels still subscribed",

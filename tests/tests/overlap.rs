@@ -55,6 +55,31 @@ async fn worker(
     }
 }
 
+/// Runs 8 workers, alternating between the two `managers` (two processes' worth of connections),
+/// taking the plans (keys, fair) in turn, `rounds` bodies each; waits for all of them.
+async fn run_workers(
+    managers: &[LockManager; 2],
+    plans: &[(Vec<&'static str>, bool)],
+    rounds: usize,
+    occupancy: &Arc<Occupancy>,
+    tokens: Option<&Tokens>,
+) {
+    let mut tasks = Vec::new();
+    for (i, (keys, fair)) in plans.iter().cycle().take(8).enumerate() {
+        tasks.push(tokio::spawn(worker(
+            managers[i % 2].clone(),
+            keys.clone(),
+            *fair,
+            rounds,
+            Arc::clone(occupancy),
+            tokens.cloned(),
+        )));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overlapping_key_sets_are_never_inside_at_once() {
     let _load = distlock_tests::heavy().await;
@@ -62,21 +87,13 @@ async fn overlapping_key_sets_are_never_inside_at_once() {
     // Two managers: two processes' worth of connections and notifications.
     let managers = [server.manager(), server.manager()];
     let occupancy = Arc::new(Occupancy::default());
-    let sets: [Vec<&'static str>; 4] = [vec!["a", "b"], vec!["b", "c"], vec!["c"], vec!["a", "c"]];
-    let mut tasks = Vec::new();
-    for (i, keys) in sets.iter().cycle().take(8).enumerate() {
-        tasks.push(tokio::spawn(worker(
-            managers[i % 2].clone(),
-            keys.clone(),
-            false,
-            60,
-            Arc::clone(&occupancy),
-            None,
-        )));
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
+    let sets = [
+        (vec!["a", "b"], false),
+        (vec!["b", "c"], false),
+        (vec!["c"], false),
+        (vec!["a", "c"], false),
+    ];
+    run_workers(&managers, &sets, 60, &occupancy, None).await;
     assert_eq!(occupancy.entries(), 8 * 60);
     assert_eq!(occupancy.overlaps(), 0);
 }
@@ -87,20 +104,18 @@ async fn fair_and_unfair_requests_on_one_key_are_never_inside_at_once() {
     let server = RedisServer::start();
     let managers = [server.manager(), server.manager()];
     let occupancy = Arc::new(Occupancy::default());
-    let mut tasks = Vec::new();
-    for i in 0..8 {
-        tasks.push(tokio::spawn(worker(
-            managers[i % 2].clone(),
-            vec!["mixed"],
-            i % 4 < 2,
-            60,
-            Arc::clone(&occupancy),
-            None,
-        )));
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
+    // Per manager: two fair workers and two unfair ones.
+    let plans = [
+        (vec!["mixed"], true),
+        (vec!["mixed"], true),
+        (vec!["mixed"], true),
+        (vec!["mixed"], true),
+        (vec!["mixed"], false),
+        (vec!["mixed"], false),
+        (vec!["mixed"], false),
+        (vec!["mixed"], false),
+    ];
+    run_workers(&managers, &plans, 60, &occupancy, None).await;
     assert_eq!(occupancy.entries(), 8 * 60);
     assert_eq!(occupancy.overlaps(), 0);
 }
@@ -120,20 +135,7 @@ async fn fencing_tokens_rise_in_entry_order_across_hand_offs_and_multi_key_lease
         (vec!["x", "y"], false),
         (vec!["y"], false),
     ];
-    let mut tasks = Vec::new();
-    for (i, (keys, fair)) in plans.iter().cycle().take(8).enumerate() {
-        tasks.push(tokio::spawn(worker(
-            managers[i % 2].clone(),
-            keys.clone(),
-            *fair,
-            50,
-            Arc::clone(&occupancy),
-            Some(Arc::clone(&tokens)),
-        )));
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
+    run_workers(&managers, &plans, 50, &occupancy, Some(&tokens)).await;
     assert_eq!(occupancy.overlaps(), 0);
     let handed = managers.iter().map(|m| m.stats().handed_over).sum::<u64>();
     assert!(handed > 0, "some fair leases were handed over");

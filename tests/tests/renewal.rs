@@ -311,11 +311,7 @@ async fn a_holder_cut_off_from_redis_stops_its_body_before_its_key_can_expire() 
     let server = RedisServer::start();
     let proxy = distlock_tests::Proxy::start(&server).await;
     let timeout = Duration::from_millis(200);
-    let holder = distlock_runtime::LockManager::builder()
-        .url(proxy.url())
-        .connect_timeout(timeout)
-        .response_timeout(timeout)
-        .pool_wait_timeout(timeout)
+    let holder = distlock_tests::manager_at(&proxy.url(), timeout)
         .build()
         .unwrap();
     distlock_tests::warm_up(&holder).await;
