@@ -22,14 +22,16 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::conn::{millis, Failed, Reached, Redis};
+use crate::conn::{millis, Failed, Reached};
 use crate::context::Context;
 use crate::error::LockError;
 use crate::fair::{handoff_start, FairAnswer, FairRequest};
+use crate::fence::RAISE;
 use crate::keys::LockKeys;
 use crate::lease::Lease;
-use crate::release::{release_in_background, Leaving};
+use crate::release::{by_shard, release_call, release_in_background, Leaving};
 use crate::scripts::{self, Acquire};
+use crate::topology::{Kind, Route, ScriptCall};
 use crate::validity::{validity, LeaseState};
 use crate::wait::{Wait, Waiter, Wake};
 
@@ -55,9 +57,15 @@ pub(crate) async fn acquire(
         )
     });
     let request = if fair {
+        if let Some(reason) = context.redis().refuses_fair() {
+            return Err(LockError::InvalidConfig {
+                what: "fair",
+                reason: reason.to_owned(),
+            });
+        }
         AcquireRequest::Fair(FairRequest::new(&redis_keys[0], ttl))
     } else {
-        AcquireRequest::new(&redis_keys, &token, ttl)
+        AcquireRequest::new(context.redis(), &redis_keys, &token, ttl)
     };
 
     let started = wait.started;
@@ -214,37 +222,75 @@ pub(crate) async fn acquire(
 
 /// The acquire request of one lease, built once and sent at every attempt.
 enum AcquireRequest {
-    /// The all-or-nothing script, for one key or several.
-    All(redis::ScriptInvocation<'static>),
+    /// The all-or-nothing script, once per group of keys that share a shard (one group but on
+    /// a cluster), groups in shard order.
+    All(Vec<Group>),
     /// One key, fairly: the queueing script.
     Fair(FairRequest),
 }
 
+/// The keys of one request that share a shard, taken by one script call.
+struct Group {
+    /// The index of each of its keys among the request's sorted keys.
+    indices: Vec<usize>,
+    acquire: ScriptCall,
+    /// Releases this group's keys, if a later group finds its keys held.
+    release: ScriptCall,
+    /// Raises this group's fencing counters to the lease's token (`fence::RAISE`), when
+    /// another group drew a greater one.
+    fences: Vec<String>,
+    ttl: Duration,
+}
+
 impl AcquireRequest {
-    fn new(redis_keys: &[LockKeys], token: &str, ttl: Duration) -> Self {
-        let mut invocation = scripts::ACQUIRE.prepare_invoke();
-        for keys in redis_keys {
-            invocation.key(keys.lock.as_str());
-        }
-        for keys in redis_keys {
-            invocation.key(keys.fence.as_str());
-        }
-        invocation.arg(token).arg(millis(ttl));
-        Self::All(invocation)
+    fn new(route: &dyn Route, redis_keys: &[LockKeys], token: &str, ttl: Duration) -> Self {
+        // One global order (shard, then key: the keys are sorted), so two requests for
+        // overlapping keys on several shards take them in the same order.
+        let groups = by_shard(route, redis_keys)
+            .into_iter()
+            .map(|indices| {
+                let keys: Vec<&LockKeys> = indices.iter().map(|&i| &redis_keys[i]).collect();
+                let fences: Vec<String> = keys.iter().map(|k| k.fence.clone()).collect();
+                let undo = release_call(route, keys.iter().copied(), token, false);
+                let mut acquire = ScriptCall::new(
+                    "acquire",
+                    &scripts::ACQUIRE,
+                    Kind::Acquire {
+                        fences: fences.clone(),
+                        ttl,
+                        undo: Box::new(undo),
+                    },
+                );
+                for keys in &keys {
+                    acquire.key(keys.lock.as_str());
+                }
+                for fence in &fences {
+                    acquire.key(fence.as_str());
+                }
+                acquire.arg(token).arg(millis(ttl));
+                Group {
+                    indices,
+                    release: release_call(route, keys.iter().copied(), token, false),
+                    acquire,
+                    fences,
+                    ttl,
+                }
+            })
+            .collect();
+        Self::All(groups)
     }
 
     /// Sends one attempt; returns the answer and, for a fair attempt, Redis's clock (ms).
     async fn send(
         &self,
-        redis: &Redis,
+        redis: &dyn Route,
         token: &str,
         secret: Option<&str>,
         deadline: Instant,
         now: Instant,
     ) -> Result<(Acquire, Option<u64>), Failed> {
         match self {
-            Self::All(invocation) => redis
-                .call("acquire", invocation)
+            Self::All(groups) => take_groups(redis, groups)
                 .await
                 .map(|answer| (answer, None)),
             Self::Fair(fair) => {
@@ -270,6 +316,57 @@ impl AcquireRequest {
             }
         }
     }
+}
+
+/// Takes every group in order, all or nothing: a group whose keys are held releases the
+/// groups taken before it. The lease's fencing token is the greatest any group drew, written
+/// back to the counters of the groups that drew less, so the next lease of each key draws above
+/// it. A failure after some group was taken says it ran (so the acquire releases by token).
+async fn take_groups(redis: &dyn Route, groups: &[Group]) -> Result<Acquire, Failed> {
+    let mut drawn: Vec<u64> = Vec::with_capacity(groups.len());
+    let wrote = |failed: Failed, taken: bool| Failed {
+        reached: match failed.reached {
+            Reached::No | Reached::Refused if taken => Reached::Answered,
+            reached => reached,
+        },
+        error: failed.error,
+    };
+    for group in groups {
+        match redis.call::<Acquire>(&group.acquire).await {
+            Ok(Acquire::Acquired { fencing_token }) => drawn.push(fencing_token),
+            Ok(Acquire::Held {
+                first_held,
+                remaining,
+            }) => {
+                for taken in &groups[..drawn.len()] {
+                    redis
+                        .call::<redis::Value>(&taken.release)
+                        .await
+                        .map_err(|failed| wrote(failed, true))?;
+                }
+                return Ok(Acquire::Held {
+                    first_held: group.indices.get(first_held).copied().unwrap_or(0),
+                    remaining,
+                });
+            }
+            Err(failed) => return Err(wrote(failed, !drawn.is_empty())),
+        }
+    }
+    let token = drawn.iter().copied().max().unwrap_or(0);
+    for (group, _) in groups.iter().zip(&drawn).filter(|(_, &t)| t < token) {
+        let mut raise = ScriptCall::new("acquire (fencing write-back)", &RAISE, Kind::Raise);
+        for fence in &group.fences {
+            raise.key(fence.as_str());
+        }
+        raise.arg(token).arg(millis(group.ttl));
+        redis
+            .call::<redis::Value>(&raise)
+            .await
+            .map_err(|failed| wrote(failed, true))?;
+    }
+    Ok(Acquire::Acquired {
+        fencing_token: token,
+    })
 }
 
 /// Releases a lock whose acquire request may have reached Redis when the acquire did not

@@ -7,12 +7,18 @@ use std::time::Duration;
 
 use deadpool_redis::Pool;
 
-use crate::conn::{self, Redis, Timeouts};
+use crate::conn::{self, Timeouts};
 use crate::context::{Context, Counters};
 use crate::error::LockError;
 use crate::manager::LockManager;
 use crate::notify::Notifications;
 use crate::renew::Renewals;
+use crate::topology::cluster::Cluster;
+use crate::topology::quorum::Quorum;
+use crate::topology::sentinel::Sentinel;
+use crate::topology::standalone::Standalone;
+use crate::topology::Replicas;
+use crate::topology::Route;
 use crate::validity::check_ttl;
 
 impl LockManager {
@@ -37,7 +43,8 @@ impl LockManager {
 ///
 /// | setting | default |
 /// |---|---|
-/// | [`url`](Self::url) or [`pool`](Self::pool) | required |
+/// | where Redis is: [`url`](Self::url) or [`pool`](Self::pool) (one server), [`cluster`](Self::cluster), [`sentinel`](Self::sentinel) or [`quorum`](Self::quorum) | required, exactly one |
+/// | [`min_replicas`](Self::min_replicas) / [`replica_timeout`](Self::replica_timeout) | 0 / 1 s |
 /// | [`prefix`](Self::prefix) | `"distlock:"` |
 /// | [`default_ttl`](Self::default_ttl) | 30 s |
 /// | [`default_wait`](Self::default_wait) | 10 s |
@@ -61,6 +68,10 @@ impl LockManager {
 #[must_use = "call .build() to get a LockManager"]
 pub struct LockManagerBuilder {
     source: Option<Source>,
+    /// Two topologies were chosen: the first and the second, for the error `build` returns.
+    conflict: Option<(&'static str, &'static str)>,
+    min_replicas: usize,
+    replica_timeout: Duration,
     prefix: String,
     default_ttl: Duration,
     default_wait: Duration,
@@ -74,12 +85,30 @@ pub struct LockManagerBuilder {
 enum Source {
     Url(String),
     Pool(Pool),
+    Cluster(Vec<String>),
+    Sentinel { master: String, urls: Vec<String> },
+    Quorum(Vec<String>),
+}
+
+impl Source {
+    /// The builder method that chose it; `url` and `pool` are one topology.
+    fn method(&self) -> &'static str {
+        match self {
+            Self::Url(_) | Self::Pool(_) => ".url(..) / .pool(..)",
+            Self::Cluster(_) => ".cluster(..)",
+            Self::Sentinel { .. } => ".sentinel(..)",
+            Self::Quorum(_) => ".quorum(..)",
+        }
+    }
 }
 
 impl Default for LockManagerBuilder {
     fn default() -> Self {
         Self {
             source: None,
+            conflict: None,
+            min_replicas: 0,
+            replica_timeout: Duration::from_secs(1),
             prefix: "distlock:".to_owned(),
             default_ttl: Duration::from_secs(30),
             default_wait: Duration::from_secs(10),
@@ -105,8 +134,74 @@ impl fmt::Debug for LockManagerBuilder {
 impl LockManagerBuilder {
     /// Connect to the Redis at `url`, through a pool this builder creates. Replaces a
     /// [`pool`](Self::pool) given before.
-    pub fn url(mut self, url: impl Into<String>) -> Self {
-        self.source = Some(Source::Url(url.into()));
+    pub fn url(self, url: impl Into<String>) -> Self {
+        self.choose(Source::Url(url.into()))
+    }
+
+    /// Use a Redis Cluster, found from any of `seed_urls` (`redis://host:port`, one or more
+    /// nodes): slots, `MOVED` / `ASK` redirections and failovers are followed. Each lock lives
+    /// in its key's slot; a request for keys in several slots takes them slot by slot, all or
+    /// nothing (see the crate docs, "Topologies").
+    pub fn cluster<I, S>(self, seed_urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.choose(Source::Cluster(
+            seed_urls.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    /// Use the primary that the sentinels at `sentinel_urls` name for `master_name`, and follow
+    /// it across failovers (on `READONLY`, a broken connection or `+switch-master`). Credentials
+    /// and database in the sentinel URLs are the sentinels'; the primary is reached with the
+    /// first URL's user, password and database too.
+    pub fn sentinel<I, S>(self, master_name: impl Into<String>, sentinel_urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.choose(Source::Sentinel {
+            master: master_name.into(),
+            urls: sentinel_urls.into_iter().map(Into::into).collect(),
+        })
+    }
+
+    /// Use a Redlock quorum over the independent primaries at `node_urls` (an odd number, 3 or
+    /// more): a lock is held when a majority granted it (see the crate docs, "Topologies").
+    pub fn quorum<I, S>(self, node_urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.choose(Source::Quorum(
+            node_urls.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    /// An acquire or extend counts only once `n` replicas acknowledged it (`WAIT n`, within
+    /// [`replica_timeout`](Self::replica_timeout)); otherwise it is undone and fails with
+    /// [`LockError::Replication`]. Default 0. For one server with replicas, a Sentinel primary
+    /// or a cluster's primaries; not for a quorum.
+    pub fn min_replicas(mut self, n: usize) -> Self {
+        self.min_replicas = n;
+        self
+    }
+
+    /// How long an acquire or extend waits for [`min_replicas`](Self::min_replicas)
+    /// acknowledgements. Default 1 s.
+    pub fn replica_timeout(mut self, timeout: Duration) -> Self {
+        self.replica_timeout = timeout;
+        self
+    }
+
+    fn choose(mut self, source: Source) -> Self {
+        if let Some(existing) = &self.source {
+            if existing.method() != source.method() && self.conflict.is_none() {
+                self.conflict = Some((existing.method(), source.method()));
+            }
+        }
+        self.source = Some(source);
         self
     }
 
@@ -115,9 +210,8 @@ impl LockManagerBuilder {
     /// apply to the pool, but every call is still bounded by this builder's timeouts. A pool
     /// does not say where it connects, so such a manager cannot subscribe to release
     /// notifications: its waiters poll with backoff (1 to 50 ms). Prefer [`url`](Self::url).
-    pub fn pool(mut self, pool: Pool) -> Self {
-        self.source = Some(Source::Pool(pool));
-        self
+    pub fn pool(self, pool: Pool) -> Self {
+        self.choose(Source::Pool(pool))
     }
 
     /// Prefix of every Redis key the manager writes. Default `"distlock:"`.
@@ -202,26 +296,79 @@ impl LockManagerBuilder {
             response: self.response_timeout,
             pool_wait: self.pool_wait_timeout,
         };
-        let (pool, endpoint, bounded_connections, notifications) = match self.source {
+        if let Some((first, second)) = self.conflict {
+            return Err(LockError::InvalidConfig {
+                what: "topology",
+                reason: format!(
+                    "both {first} and {second} were given; a manager uses exactly one topology"
+                ),
+            });
+        }
+        if self.replica_timeout.is_zero() && self.min_replicas > 0 {
+            return Err(LockError::InvalidConfig {
+                what: "replica_timeout",
+                reason: "must be greater than zero: every Redis call needs a bound".to_owned(),
+            });
+        }
+        let replicas = (self.min_replicas > 0).then_some(Replicas {
+            count: self.min_replicas,
+            timeout: self.replica_timeout,
+        });
+        let redis: Arc<dyn Route> = match self.source {
             None => {
                 return Err(LockError::InvalidConfig {
-                    what: "Redis source",
-                    reason: "give the builder a .url(..) or a .pool(..)".to_owned(),
+                    what: "topology",
+                    reason: "give the builder one of .url(..), .pool(..), .cluster(..), \
+                             .sentinel(..) or .quorum(..)"
+                        .to_owned(),
                 })
             }
-            Some(Source::Pool(pool)) => (pool, "(caller's pool)".to_owned(), false, None),
+            Some(Source::Pool(pool)) => Arc::new(Standalone::new(
+                pool,
+                None,
+                timeouts,
+                false,
+                "(caller's pool)".to_owned(),
+                replicas,
+            )),
             Some(Source::Url(url)) => {
                 let (info, endpoint) = conn::parse_url(&url)?;
-                let client =
-                    redis::Client::open(info.clone()).map_err(|e| LockError::InvalidUrl {
-                        reason: e.to_string(),
-                    })?;
-                let notifications = Notifications::new(client, timeouts);
+                let client = conn::client(info.clone())?;
                 let pool = conn::create_pool(info, self.pool_size, timeouts)?;
-                (pool, endpoint, true, Some(notifications))
+                Arc::new(Standalone::new(
+                    pool,
+                    Some(client),
+                    timeouts,
+                    true,
+                    endpoint,
+                    replicas,
+                ))
+            }
+            Some(Source::Cluster(urls)) => Arc::new(Cluster::new(&urls, timeouts, replicas)?),
+            Some(Source::Sentinel { master, urls }) => {
+                Arc::new(Sentinel::new(master, &urls, timeouts, replicas)?)
+            }
+            Some(Source::Quorum(urls)) => {
+                if replicas.is_some() {
+                    return Err(LockError::InvalidConfig {
+                        what: "min_replicas",
+                        reason: "a quorum's nodes are independent primaries; a majority of \
+                                 them is its redundancy"
+                            .to_owned(),
+                    });
+                }
+                Arc::new(Quorum::new(&urls, timeouts)?)
             }
         };
-        let redis = Arc::new(Redis::new(pool, timeouts, bounded_connections));
+        if let (true, Some(reason)) = (self.default_fair, redis.refuses_fair()) {
+            return Err(LockError::InvalidConfig {
+                what: "default_fair",
+                reason: reason.to_owned(),
+            });
+        }
+        let notifications = redis
+            .subscriber()
+            .map(|subscriber| Notifications::new(subscriber, timeouts));
         Ok(LockManager::new(Context {
             id: crate::conn::next_id(),
             renewals: Renewals::new(Arc::clone(&redis)),
@@ -232,7 +379,6 @@ impl LockManagerBuilder {
             default_wait: self.default_wait,
             default_fair: self.default_fair,
             stats: Counters::default(),
-            endpoint,
         }))
     }
 }

@@ -1,16 +1,7 @@
-//! Where the manager's Redis commands go: one multiplexed connection of its own, opened through
-//! the `deadpool_redis::Pool`, every call bounded by a timeout.
-//!
-//! deadpool-redis checks a connection out by sending `UNWATCH` + `PING` first, which would
-//! double the round trips of every lock operation. redis-rs's multiplexed connection is made to be
-//! shared by many tasks at once, so the manager takes one connection out of the pool for good
-//! (`Connection::take`: the pool may open another in its place) and sends all its commands on it,
-//! pipelined. Taking it out, rather than sharing a pooled one, keeps other users of the pool from
-//! changing its state (`SELECT`, `MULTI`) under the manager; it is `SELECT`ed to the database of
-//! its connection info when taken. A connection that fails or stops answering is dropped, and
-//! the next call takes a fresh one. No connection is ever reserved while a body runs.
-//!
-//! It also turns a URL into that pool (and says where it points without the password).
+//! Talking to one Redis server: a [`Link`] (one multiplexed connection, dialled again when it
+//! fails, every call bounded by a timeout), what a failed call tells ([`Failed`]), and the
+//! helpers every route shares (URL parsing without leaking the password, the pool the builder
+//! creates, error classes).
 
 use std::future::Future;
 use std::sync::Mutex;
@@ -19,9 +10,10 @@ use std::time::Duration;
 
 use deadpool_redis::{Pool, PoolError, Runtime};
 use redis::aio::MultiplexedConnection;
-use redis::{FromRedisValue, ScriptInvocation};
+use redis::{Cmd, Value};
 
 use crate::error::LockError;
+use crate::topology::{BoxFuture, Replicas, ScriptCall};
 
 /// The timeouts every Redis call is bounded by.
 #[derive(Debug, Clone, Copy)]
@@ -31,12 +23,32 @@ pub(crate) struct Timeouts {
     pub(crate) pool_wait: Duration,
 }
 
-/// The manager's way to Redis: the pool and the connection currently in use.
-pub(crate) struct Redis {
-    pool: Pool,
+/// One multiplexed connection, made by a [`Dial`] and made again when it fails: the way every
+/// route but the cluster's talks to one server.
+pub(crate) struct Link {
+    dial: Box<dyn Dial>,
     current: Mutex<Option<Current>>,
     timeouts: Timeouts,
     bounded_connections: bool,
+    replicas: Option<Replicas>,
+    /// With `min_replicas`: connections of their own for the writes followed by `WAIT`, which
+    /// blocks the connection it runs on (see [`Link::run_replicated`]).
+    spare: Mutex<Vec<MultiplexedConnection>>,
+}
+
+/// Most idle connections kept for writes that wait for replicas.
+const MAX_SPARE: usize = 8;
+
+/// How a [`Link`] opens its connection: from a pool, or to the primary Sentinel names.
+pub(crate) trait Dial: Send + Sync + 'static {
+    /// A fresh connection, ready for distlock's commands; bounded by the link's timeouts.
+    fn dial(&self, op: &'static str) -> BoxFuture<'_, Result<MultiplexedConnection, LockError>>;
+
+    /// Whether a connection answering `READONLY` (a demoted primary) should be replaced and the
+    /// call sent once more on a fresh one, which may reach the new primary.
+    fn follows_failover(&self) -> bool {
+        false
+    }
 }
 
 /// A call that failed, and how far its request got.
@@ -44,6 +56,14 @@ pub(crate) struct Redis {
 pub(crate) struct Failed {
     pub(crate) error: LockError,
     pub(crate) reached: Reached,
+}
+
+impl Failed {
+    /// Whether the server did not know the script (`NOSCRIPT`): nothing ran.
+    pub(crate) fn is_noscript(&self) -> bool {
+        matches!(&self.error, LockError::Redis { source, .. }
+            if source.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
+    }
 }
 
 /// How far a failed request got, which decides whether what it would have written may be there.
@@ -64,7 +84,7 @@ pub(crate) enum Reached {
 /// Whether a failed request ran on the server: an error raised inside a script says where
 /// (`... script: <sha>, on @user_script:<line>.`), a refusal before the script ran does not,
 /// and an answer that could not be read came from a request that ran.
-fn ran(error: &redis::RedisError) -> bool {
+pub(crate) fn ran(error: &redis::RedisError) -> bool {
     match error.kind() {
         redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType => true,
         _ => error.to_string().contains("@user_script"),
@@ -82,50 +102,125 @@ struct Current {
     conn: MultiplexedConnection,
 }
 
-impl Redis {
-    /// `bounded_connections`: the pool's connections were configured with `timeouts.response`
-    /// as their own response timeout (a pool the builder created), so no second timer is needed
-    /// per call.
-    pub(crate) fn new(pool: Pool, timeouts: Timeouts, bounded_connections: bool) -> Self {
+impl Link {
+    /// `bounded_connections`: the connections `dial` opens have `timeouts.response` as their
+    /// own response timeout, so no second timer is needed per call.
+    pub(crate) fn new(
+        dial: Box<dyn Dial>,
+        timeouts: Timeouts,
+        bounded_connections: bool,
+        replicas: Option<Replicas>,
+    ) -> Self {
         Self {
-            pool,
+            dial,
             current: Mutex::new(None),
             timeouts,
             bounded_connections,
+            replicas,
+            spare: Mutex::new(Vec::new()),
         }
     }
 
-    pub(crate) fn pool(&self) -> &Pool {
-        &self.pool
+    pub(crate) fn timeouts(&self) -> Timeouts {
+        self.timeouts
     }
 
-    pub(crate) fn response_timeout(&self) -> Duration {
-        self.timeouts.response
+    /// Runs a script call (`EVALSHA`, and `EVAL` if the server lost the script); with
+    /// `min_replicas`, a write waits for its replicas.
+    pub(crate) async fn run(&self, call: &ScriptCall) -> Result<Value, Failed> {
+        match self.replicas {
+            Some(replicas) if call.kind.needs_replicas() => {
+                Box::pin(self.run_replicated(call, replicas)).await
+            }
+            _ => self.run_plain(call).await,
+        }
     }
 
-    /// Runs a script, bounded by the response timeout (and the pool's wait and connect timeouts
-    /// when a connection must be checked out first).
+    async fn run_plain(&self, call: &ScriptCall) -> Result<Value, Failed> {
+        call.run_with(|cmd| self.query(call.op, cmd)).await
+    }
+
+    /// Runs a write and `WAIT`s for `replicas` in one pipeline, on a connection of its own:
+    /// `WAIT` blocks the connection it runs on until the replicas answer or its timeout passes,
+    /// and on the shared multiplexed connection every other lock's commands would queue behind
+    /// it. Such connections are kept (up to [`MAX_SPARE`]) for the next replicated write; a
+    /// write that the replicas did not confirm is undone (see `topology::confirmed`).
+    async fn run_replicated(&self, call: &ScriptCall, replicas: Replicas) -> Result<Value, Failed> {
+        let op = call.op;
+        let spare = lock(&self.spare).pop();
+        let mut conn = match spare {
+            Some(conn) => conn,
+            None => self.dial.dial(op).await.map_err(|error| Failed {
+                error,
+                reached: Reached::No,
+            })?,
+        };
+        let after = self.timeouts.response + replicas.timeout;
+        conn.set_response_timeout(after);
+        let answer = call
+            .run_with(|cmd| {
+                let mut pipe = redis::pipe();
+                pipe.add_command(cmd)
+                    .cmd("WAIT")
+                    .arg(replicas.count)
+                    .arg(millis(replicas.timeout));
+                let mut conn = conn.clone();
+                async move {
+                    match tokio::time::timeout(after, pipe.query_async::<Vec<Value>>(&mut conn))
+                        .await
+                    {
+                        Ok(Ok(values)) => Ok(Value::Array(values)),
+                        Ok(Err(source)) => Err(failed(op, source, after)),
+                        Err(_) => Err(Failed {
+                            error: LockError::RedisTimeout { op, after },
+                            reached: Reached::Maybe,
+                        }),
+                    }
+                }
+            })
+            .await;
+        let (answer, acked) = match answer {
+            Ok(Value::Array(mut values)) if values.len() == 2 => {
+                let acked = match values.pop() {
+                    Some(Value::Int(n)) => usize::try_from(n).unwrap_or(0),
+                    _ => 0,
+                };
+                (values.pop().unwrap_or(Value::Nil), acked)
+            }
+            Ok(_) => {
+                return Err(Failed {
+                    error: LockError::Redis {
+                        op,
+                        source: redis::RedisError::from((
+                            redis::ErrorKind::Parse,
+                            "unexpected answer to a write and WAIT",
+                        )),
+                    },
+                    reached: Reached::Answered,
+                })
+            }
+            Err(failed) => return Err(failed),
+        };
+        {
+            let mut spare = lock(&self.spare);
+            if spare.len() < MAX_SPARE {
+                spare.push(conn);
+            }
+        }
+        crate::topology::confirmed(call, answer, acked, replicas, |undo| self.run_plain(undo)).await
+    }
+
+    /// Sends one command, bounded by the response timeout (and the dial's timeouts when a
+    /// connection must be opened first).
     ///
     /// A connection kept from an earlier call may have died while idle (a server restart, an
-    /// idle timeout): when it fails at once, the script is sent once more on a fresh connection.
-    /// Every distlock script is safe to repeat (an acquire by the same token takes its own keys
-    /// again; release and extend are idempotent).
-    pub(crate) async fn invoke<T: FromRedisValue>(
-        &self,
-        op: &'static str,
-        script: &ScriptInvocation<'_>,
-    ) -> Result<T, LockError> {
-        self.call(op, script).await.map_err(|failed| failed.error)
-    }
-
-    /// [`Redis::invoke`], saying on failure whether the request may have reached Redis.
-    pub(crate) async fn call<T: FromRedisValue>(
-        &self,
-        op: &'static str,
-        script: &ScriptInvocation<'_>,
-    ) -> Result<T, Failed> {
+    /// idle timeout): when it fails at once, the command is sent once more on a fresh
+    /// connection. Every distlock script is safe to repeat (an acquire by the same token takes
+    /// its own keys again; release and extend are idempotent).
+    pub(crate) async fn query(&self, op: &'static str, cmd: Cmd) -> Result<Value, Failed> {
         let after = self.timeouts.response;
         let mut may_retry = true;
+        let mut follow = self.dial.follows_failover();
         // Whether an earlier try may have reached Redis.
         let mut sent = Reached::No;
         loop {
@@ -138,7 +233,11 @@ impl Redis {
                     })
                 }
             };
-            let mut call = std::pin::pin!(script.invoke_async(&mut conn));
+            let mut call = std::pin::pin!(async {
+                conn.send_packed_command(&cmd)
+                    .await
+                    .and_then(Value::extract_error)
+            });
             // A connection whose driver has already stopped (the server closed it) fails the
             // request at its first poll, before handing it over: then it was never sent.
             let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
@@ -161,6 +260,15 @@ impl Redis {
                 }
                 Some(Err(source)) => {
                     if !is_connection_failure(&source) {
+                        let read_only = source.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
+                        if read_only && follow {
+                            // A demoted primary refused it before running it: ask again where
+                            // the primary is now.
+                            self.forget(checkout.generation);
+                            follow = false;
+                            continue;
+                        }
                         let reached = if ran(&source) {
                             Reached::Answered
                         } else {
@@ -168,7 +276,7 @@ impl Redis {
                         };
                         return Err(Failed {
                             error: LockError::from_redis(op, source),
-                            reached,
+                            reached: reached.max_with(sent),
                         });
                     }
                     self.forget(checkout.generation);
@@ -204,48 +312,12 @@ impl Redis {
         Box::pin(self.connect(op)).await
     }
 
-    /// Takes a fresh connection out of the pool and makes it the current one.
+    /// Dials a fresh connection and makes it the current one.
     async fn connect(
         &self,
         op: &'static str,
     ) -> Result<(Checkout, MultiplexedConnection), LockError> {
-        let after = self.timeouts.pool_wait + self.timeouts.connect;
-        let pooled = match tokio::time::timeout(after, self.pool.get()).await {
-            Ok(Ok(pooled)) => pooled,
-            Ok(Err(PoolError::Backend(source))) if source.is_timeout() => {
-                return Err(LockError::RedisTimeout {
-                    op,
-                    after: self.timeouts.connect,
-                })
-            }
-            Ok(Err(PoolError::Backend(source))) => return Err(LockError::from_redis(op, source)),
-            Ok(Err(PoolError::Timeout(_))) | Err(_) => {
-                return Err(LockError::RedisTimeout { op, after })
-            }
-            Ok(Err(other)) => {
-                let source = redis::RedisError::from((
-                    redis::ErrorKind::Client,
-                    "connection pool",
-                    other.to_string(),
-                ));
-                return Err(LockError::Redis { op, source });
-            }
-        };
-        let mut conn = deadpool_redis::Connection::take(pooled);
-        // A pooled connection may have been switched to another database by its last user.
-        let db = redis::aio::ConnectionLike::get_db(&conn);
-        let mut select = redis::cmd("SELECT");
-        select.arg(db);
-        match tokio::time::timeout(self.timeouts.response, select.exec_async(&mut conn)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(source)) => return Err(LockError::from_redis(op, source)),
-            Err(_) => {
-                return Err(LockError::RedisTimeout {
-                    op,
-                    after: self.timeouts.response,
-                })
-            }
-        }
+        let conn = self.dial.dial(op).await?;
         let mut current = lock(&self.current);
         if let Some(existing) = &*current {
             // Another task connected meanwhile: share its connection.
@@ -273,6 +345,101 @@ impl Redis {
         if current.as_ref().is_some_and(|c| c.generation == generation) {
             *current = None;
         }
+    }
+
+    /// Stops using the current connection: the next call dials anew (a failover happened).
+    pub(crate) fn forget_current(&self) {
+        *lock(&self.current) = None;
+    }
+}
+
+impl Reached {
+    /// A refusal after an earlier try that may have reached Redis still may have.
+    fn max_with(self, earlier: Reached) -> Reached {
+        if earlier == Reached::Maybe && self == Reached::Refused {
+            Reached::Maybe
+        } else {
+            self
+        }
+    }
+}
+
+/// Takes a connection out of `pool` for good and selects its database: how a standalone link
+/// (and each quorum node) dials.
+///
+/// deadpool-redis checks a connection out by sending `UNWATCH` + `PING` first, which would
+/// double the round trips of every lock operation. redis-rs's multiplexed connection is made to
+/// be shared by many tasks at once, so the link takes one connection out of the pool for good
+/// (`Connection::take`: the pool may open another in its place) and sends all its commands on
+/// it, pipelined. Taking it out, rather than sharing a pooled one, keeps other users of the pool
+/// from changing its state (`SELECT`, `MULTI`) under the manager; it is `SELECT`ed to the
+/// database of its connection info when taken.
+pub(crate) async fn take_from_pool(
+    pool: &Pool,
+    timeouts: Timeouts,
+    op: &'static str,
+) -> Result<MultiplexedConnection, LockError> {
+    let after = timeouts.pool_wait + timeouts.connect;
+    let pooled = match tokio::time::timeout(after, pool.get()).await {
+        Ok(Ok(pooled)) => pooled,
+        Ok(Err(PoolError::Backend(source))) if source.is_timeout() => {
+            return Err(LockError::RedisTimeout {
+                op,
+                after: timeouts.connect,
+            })
+        }
+        Ok(Err(PoolError::Backend(source))) => return Err(LockError::from_redis(op, source)),
+        Ok(Err(PoolError::Timeout(_))) | Err(_) => {
+            return Err(LockError::RedisTimeout { op, after })
+        }
+        Ok(Err(other)) => {
+            let source = redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "connection pool",
+                other.to_string(),
+            ));
+            return Err(LockError::Redis { op, source });
+        }
+    };
+    let mut conn = deadpool_redis::Connection::take(pooled);
+    // A pooled connection may have been switched to another database by its last user.
+    let db = redis::aio::ConnectionLike::get_db(&conn);
+    let mut select = redis::cmd("SELECT");
+    select.arg(db);
+    match tokio::time::timeout(timeouts.response, select.exec_async(&mut conn)).await {
+        Ok(Ok(())) => Ok(conn),
+        Ok(Err(source)) => Err(LockError::from_redis(op, source)),
+        Err(_) => Err(LockError::RedisTimeout {
+            op,
+            after: timeouts.response,
+        }),
+    }
+}
+
+/// What a request that was sent and failed with `source` tells: a timeout or a broken
+/// connection may have reached Redis; an error Redis answered ran the script (or not, see
+/// [`ran`]).
+pub(crate) fn failed(op: &'static str, source: redis::RedisError, after: Duration) -> Failed {
+    if source.is_timeout() {
+        return Failed {
+            error: LockError::RedisTimeout { op, after },
+            reached: Reached::Maybe,
+        };
+    }
+    if is_connection_failure(&source) {
+        return Failed {
+            error: LockError::Redis { op, source },
+            reached: Reached::Maybe,
+        };
+    }
+    let reached = if ran(&source) {
+        Reached::Answered
+    } else {
+        Reached::Refused
+    };
+    Failed {
+        error: LockError::from_redis(op, source),
+        reached,
     }
 }
 
@@ -345,6 +512,13 @@ pub(crate) fn parse_url(url: &str) -> Result<(redis::ConnectionInfo, String), Lo
         parsed.set_query(Some("..."));
     }
     Ok((info, parsed.to_string()))
+}
+
+/// A client for `info` (for a subscriber connection).
+pub(crate) fn client(info: redis::ConnectionInfo) -> Result<redis::Client, LockError> {
+    redis::Client::open(info).map_err(|e| LockError::InvalidUrl {
+        reason: e.to_string(),
+    })
 }
 
 /// The pool the builder creates for a URL: every connection bounded by `timeouts`.

@@ -7,16 +7,16 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::conn::Redis;
 use crate::keys::LockKeys;
 use crate::notify::Notifications;
 use crate::renew::Renewals;
+use crate::topology::Route;
 
 /// One manager's way to Redis, its background tasks, its key layout, defaults and counters.
 pub(crate) struct Context {
     /// Unique per manager (shared by its clones): the identity re-entrancy is scoped to.
     pub(crate) id: u64,
-    pub(crate) redis: Arc<Redis>,
+    pub(crate) redis: Arc<dyn Route>,
     pub(crate) renewals: Renewals,
     /// Release notifications for waiters; `None` for a caller's pool (no client to subscribe
     /// with): its waiters poll.
@@ -26,8 +26,6 @@ pub(crate) struct Context {
     pub(crate) default_wait: Duration,
     pub(crate) default_fair: bool,
     pub(crate) stats: Counters,
-    /// The URL without its password, for Debug.
-    pub(crate) endpoint: String,
 }
 
 /// What the manager did so far; read as [`LockStats`](crate::LockStats).
@@ -43,15 +41,15 @@ impl Context {
         LockKeys::new(&self.prefix, key)
     }
 
-    pub(crate) fn redis(&self) -> &Redis {
-        &self.redis
+    pub(crate) fn redis(&self) -> &dyn Route {
+        &*self.redis
     }
 }
 
 impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockManager")
-            .field("endpoint", &self.endpoint)
+            .field("endpoint", &self.redis.endpoint())
             .field("prefix", &self.prefix)
             .field("default_ttl", &self.default_ttl)
             .field("default_wait", &self.default_wait)

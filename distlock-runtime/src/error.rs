@@ -113,6 +113,47 @@ pub enum LockError {
     )]
     NotConfigured,
 
+    /// A quorum manager could not get a majority of its nodes to answer (or to grant an
+    /// acquire that no other owner holds): too many nodes are down, hung or refusing. Nothing is
+    /// left held.
+    #[error(
+        "distlock's {op} got {granted} of the {needed} nodes it needs (a majority of {nodes}); \
+         check that a majority of the quorum's Redis nodes are up and reachable{}",
+        first_failure.as_ref().map(|e| format!("; first failure: {e}")).unwrap_or_default()
+    )]
+    NoQuorum {
+        /// What was being done.
+        op: &'static str,
+        /// How many nodes answered (or granted, for an acquire).
+        granted: usize,
+        /// A majority.
+        needed: usize,
+        /// How many nodes the quorum has.
+        nodes: usize,
+        /// The first node failure, if any.
+        first_failure: Option<Box<LockError>>,
+    },
+
+    /// `min_replicas` was set and fewer replicas than that confirmed an acquire or extend
+    /// (`WAIT`) within the replica timeout. An acquire was undone (no lock is left behind); an
+    /// extension stays applied on the primary but is not counted (renewal tries again).
+    #[error(
+        "Redis applied distlock's {op}, but only {acked} of the {needed} replicas required \
+         (min_replicas) confirmed it within {within:?}, so it does not count (an acquire was \
+         undone); check the replicas (INFO replication: are they connected, how far behind?), \
+         or raise replica_timeout"
+    )]
+    Replication {
+        /// What was being done (`acquire`, `renew`, `extend`).
+        op: &'static str,
+        /// How many replicas confirmed it.
+        acked: usize,
+        /// How many were required.
+        needed: usize,
+        /// How long they were waited for.
+        within: Duration,
+    },
+
     /// A lock key is unusable (empty, for example).
     #[error("invalid lock key {key:?}: {reason}")]
     InvalidKey {

@@ -35,9 +35,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::conn::{lock, millis, Failed, Redis};
+use crate::conn::{lock, millis, Failed};
 use crate::fence::FENCE;
 use crate::keys::LockKeys;
+use crate::topology::{Kind, Lua, Route, ScriptCall};
 
 /// How long a lock handed to a fair waiter is held for it before the waiter extends it to its
 /// ttl. A hand-off to a waiter that is gone (crashed, or its process stalled) costs the queue
@@ -72,7 +73,8 @@ end
 -- counter KEYS[f]), and a message
 -- on L's channel tells it (and the waiter after it, which watches the claim) so, with the
 -- waiter's secret as the key of the message's signature (the secret itself is never
--- published). Returns false when no live waiter is left.
+-- published), announced with the command in the script's local `publish` (PUBLISH, or
+-- SPUBLISH on a cluster). Returns false when no live waiter is left.
 local function serve(L, Q, W, f, t)
   local now = t[1] * 1000 + math.floor(t[2] / 1000)
   local head = first_live(Q, W, now)
@@ -88,7 +90,7 @@ local function serve(L, Q, W, f, t)
   local next = first_live(Q, W, now) or ''
   local signed = string.format('%s %s %.0f %s %s', head, fence, now, claim, next)
   -- pcall: a user without channel rights still hands over; its waiters poll.
-  redis.pcall('PUBLISH', L,
+  redis.pcall(publish, L,
     'h ' .. signed .. ' ' .. redis.sha1hex(secret .. ' ' .. signed .. ' ' .. secret))
   return true
 end
@@ -100,7 +102,8 @@ end
 /// KEYS: the lock key, its queue, its queue's entries, its fencing counter (see [`FAIR_QUEUE`]).
 /// ARGV[1]: the owner token; ARGV[2]: the ttl in ms; ARGV[3]: the claim time of a hand-off in
 /// ms; ARGV[4]: how much longer this caller waits, in ms; ARGV[5]: this attempt's secret (hex),
-/// which a hand-off to this caller will show.
+/// which a hand-off to this caller will show; ARGV[6]: the command that announces a hand-off
+/// (`PUBLISH`, or `SPUBLISH` on a cluster).
 /// Returns `{1, fencing_token, now_ms}` when the caller holds the key now with `PX ttl`: it was
 /// free and the caller first in line, or it had been handed to the caller (whose attempt
 /// confirms the hand-off and draws a new fencing token, greater than the hand-off's).
@@ -110,9 +113,9 @@ end
 /// but another waiter was first in line, it is handed to that waiter first. `now_ms` is Redis
 /// server time, which lets the caller date a hand-off it learns of by message.
 /// The queue keys expire once no waiter in them can still be waiting.
-static ACQUIRE_FAIR: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(&format!(
-        "#!lua\n{FENCE}{FAIR_QUEUE}{}",
+static ACQUIRE_FAIR: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        "#!lua\nlocal publish = ARGV[6]\n{FENCE}{FAIR_QUEUE}{}",
         r"
 local L, Q, W = KEYS[1], KEYS[2], KEYS[3]
 local token, ttl, claim, wait, secret = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
@@ -186,12 +189,12 @@ impl FairRequest {
     /// One attempt by `token`, which waits `wait_left` more and stores `secret` in its entry.
     pub(crate) async fn send(
         &self,
-        redis: &Redis,
+        redis: &dyn Route,
         token: &str,
         secret: &str,
         wait_left: Duration,
     ) -> Result<FairAnswer, Failed> {
-        let mut invocation = ACQUIRE_FAIR.prepare_invoke();
+        let mut invocation = ScriptCall::new("acquire", &ACQUIRE_FAIR, Kind::Fair);
         for key in &self.keys {
             invocation.key(key.as_str());
         }
@@ -204,8 +207,9 @@ impl FairRequest {
             .arg(self.ttl_ms)
             .arg(self.claim_ms)
             .arg(wait_ms)
-            .arg(secret);
-        redis.call("acquire", &invocation).await
+            .arg(secret)
+            .arg(redis.publish_command());
+        redis.call(&invocation).await
     }
 }
 

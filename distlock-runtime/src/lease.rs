@@ -7,13 +7,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::conn::millis;
 use crate::context::Context;
 use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::release::{release_in_background, release_keys, Leaving};
-use crate::renew::Registration;
-use crate::scripts;
+use crate::renew::{extend_leases, Registration};
 use crate::validity::check_ttl;
 use crate::validity::LeaseState;
 
@@ -104,17 +102,10 @@ impl Lease {
     /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked.
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
         check_ttl(ttl)?;
-        let mut invocation = scripts::EXTEND.prepare_invoke();
-        for keys in self.redis_keys.iter() {
-            invocation.key(keys.lock.as_str());
-        }
-        invocation
-            .arg(&*self.token)
-            .arg(millis(ttl))
-            .arg(self.redis_keys.len());
         let sent = Instant::now();
-        let owned: Vec<i64> = self.manager.redis().invoke("extend", &invocation).await?;
-        if owned.first() == Some(&1) {
+        let lease = [(&*self.redis_keys, &*self.token, ttl)];
+        let owned = extend_leases(self.manager.redis(), "extend", &lease).await?;
+        if owned.first() == Some(&true) {
             let current = self.state.renewed(sent, ttl);
             if self.state.is_lost() {
                 return Err(LockError::LeaseLost {

@@ -157,15 +157,77 @@
 //! to a queued fair waiter if there is one, so unfair waiters go after the queue (an unfair
 //! request can still take a key whose holder's lease expired before the queue's head does).
 //!
+//! # Topologies
+//! A manager talks to exactly one deployment, chosen on its builder (two, or none, is
+//! [`LockError::InvalidConfig`]); the attribute and every request work the same on each.
+//!
+//! | builder | what it guarantees | what it does not |
+//! |---|---|---|
+//! | [`url`](LockManagerBuilder::url) / [`pool`](LockManagerBuilder::pool): one server | everything above, while that server keeps its data | a restart without persistence frees every lock (fencing tokens still rise) |
+//! | [`sentinel`](LockManagerBuilder::sentinel) | the primary is followed across failovers: on `READONLY`, a broken connection or `+switch-master`, the command and subscriber connections are replaced | replication is asynchronous: a failover can lose a lock just acquired, and two holders overlap, unless [`min_replicas`](LockManagerBuilder::min_replicas) is set |
+//! | [`cluster`](LockManagerBuilder::cluster) | each lock lives in its key's slot; `MOVED`, `ASK` and failovers are followed; keys in several slots are taken slot by slot, all or nothing | the same asynchronous-replication caveat per slot; a multi-slot acquire is not one atomic step (it takes slots in one global order and undoes what it took if a later slot is held) |
+//! | [`quorum`](LockManagerBuilder::quorum) | a lock is held when a majority of independent primaries granted it; a minority of nodes down or hung changes nothing | fair requests are refused; needs the restart rule below |
+//!
+//! **Server side.** With Sentinel or a cluster, set `min-replicas-to-write` on the primaries
+//! (or [`min_replicas`](LockManagerBuilder::min_replicas) on the manager, which makes each
+//! acquire and extend wait for replica acknowledgement with `WAIT`, and undoes an acquire the
+//! replicas did not confirm: [`LockError::Replication`]). Persistence (`appendonly yes`) keeps
+//! locks across a restart of a single server. A quorum's nodes should be independent machines.
+//!
+//! **Redlock's restart rule.** A quorum node that crashes and comes back empty forgets the
+//! locks it granted, and with it a second majority can form while the first holder still runs.
+//! So a crashed node must stay down for at least the longest ttl in use before it rejoins, or
+//! run with `appendonly yes` and `appendfsync always`.
+//!
+//! **Kleppmann's critique** of Redlock is that no lock based on timing can be safe when a
+//! holder pauses (GC, a VM or process stop) past its lease, or clocks jump: the holder wakes up
+//! believing it holds the lock. distlock does not claim otherwise. Its answer is the fencing
+//! token: a quorum lease's token is the greatest any node drew, and it is written back to a
+//! majority before the lease is handed out, so every later majority draws a larger one, and
+//! storage that checks tokens refuses the paused holder's late write (see
+//! [Fencing tokens](#fencing-tokens)). On a cluster, a lease on keys in several slots gets the
+//! greatest token its slots drew, written back to the others the same way.
+//!
+//! **Keys and slots.** All of one lock's keys (the lock, its fencing counter, its fair queue)
+//! and its release channel share the lock key's cluster slot, through a hash tag around the
+//! key: `distlock:lock:{order:42}`. A template may choose the slot on purpose:
+//! `"{{user:{id}}}:wallet"` and `"{{user:{id}}}:cart"` render as `{user:7}:wallet` and
+//! `{user:7}:cart`, whose tag is `{user:7`, so the two are locked by one atomic script. Values
+//! are escaped and can never choose a slot.
+//!
+//! **Notifications.** Releases are announced with `PUBLISH` (with `SPUBLISH`, sharded pub/sub in
+//! the key's slot, on a cluster, subscribed over RESP3), and waiters subscribe; a subscription
+//! lost to a failover is made again, and waiters poll with a bound meanwhile.
+//!
+//! # Architecture
+//! - `manager.rs`, `builder.rs`, `request.rs`: the public entry points and settings.
+//! - `acquire.rs` (the acquire state machine), `fair.rs` (the fair hand-off protocol),
+//!   `release.rs`, `renew.rs` (the watchdog), `lease.rs`, `wait.rs` and `notify.rs` (how a
+//!   waiter learns of a release), `reentrancy.rs`, `fence.rs`, `validity.rs`: the request
+//!   logic. It describes every Redis operation as a script call (`scripts.rs` holds the Lua),
+//!   groups keys by the route's shard, and never asks which topology it runs on.
+//! - `topology/`: how a call reaches Redis, one file per kind: `standalone.rs`, `sentinel.rs`,
+//!   `cluster.rs`, `quorum.rs`, behind one trait (`Route`: run a call, say a key's shard, say
+//!   how releases are announced and subscribed to). `conn.rs` is the connection they share
+//!   (one multiplexed connection, redialled when it fails, every call bounded).
+//!
+//! One acquire of `order:42`: the request renders the Redis keys (`keys.rs`), registers the
+//! lease with the watchdog, and asks the route for the key's shard; the acquire script call
+//! goes to the route, which sends `EVALSHA` on its connection (standalone, Sentinel), to the
+//! slot's primary (cluster), or to every node at once and combines the answers (quorum). A
+//! held key makes the request wait (`wait.rs`) for the release announcement on the key's
+//! channel, then try again. Adding a topology is adding a file under `topology/` and a builder
+//! method.
+//!
 //! # Least-privilege ACL user
 //! distlock works under a Redis ACL user that may touch only the keys under the manager's prefix
-//! (`distlock:` by default) and run only the commands it uses: `EVALSHA` and `SCRIPT LOAD` for
+//! (`distlock:` by default) and run only the commands it uses: `EVALSHA` (and `EVAL`, which a server that lost a script is sent once) for
 //! its scripts, the commands those scripts call, and `SELECT` for the URL's database (redis-rs
 //! also sends `CLIENT SETINFO` when it connects, and ignores a refusal). Release notifications (`PUBLISH` from the
 //! scripts, `SUBSCRIBE` on a connection of their own) are optional. With the default prefix:
 //!
 //! ```text
-//! ACL SETUSER distlock on >CHANGE-ME resetkeys ~distlock:* resetchannels -@all +evalsha +script|load +select +del +exists +get +hdel +hexists +hget +hset +lindex +lpop +lrem +pexpire +pttl +rpush +set +time
+//! ACL SETUSER distlock on >CHANGE-ME resetkeys ~distlock:* resetchannels -@all +evalsha +eval +select +del +exists +get +hdel +hexists +hget +hset +lindex +lpop +lrem +pexpire +pttl +rpush +set +time
 //! ACL SETUSER distlock &distlock:* +publish +subscribe +unsubscribe
 //! ```
 //!
@@ -175,6 +237,11 @@
 //! cost of more requests while waiting; distlock logs one warning when Redis refuses its first
 //! `SUBSCRIBE`. A user without some right on that list gets [`LockError::Misconfigured`];
 //! [`LockManager::ping`] checks the first line's rights at startup.
+//!
+//! Other topologies add a few rights: `+wait` with `min_replicas`; on a Sentinel primary
+//! `+role` (the route checks it reached a primary); on a cluster `+cluster|slots` (the client
+//! discovers the slots) and, for notifications, `+spublish +ssubscribe +sunsubscribe` instead
+//! of the plain ones.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -194,6 +261,7 @@ mod release;
 mod renew;
 mod request;
 mod scripts;
+mod topology;
 mod validity;
 mod wait;
 

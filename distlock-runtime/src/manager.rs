@@ -94,8 +94,11 @@ impl LockManager {
         self.lock(key).wait(Duration::ZERO)
     }
 
-    /// The connection pool this manager takes its connections from.
-    pub fn pool(&self) -> &Pool {
+    /// The connection pool this manager takes its connections from: the one given to
+    /// [`LockManagerBuilder::pool`](crate::LockManagerBuilder::pool) or made for
+    /// [`url`](crate::LockManagerBuilder::url); `None` on a cluster, Sentinel or quorum
+    /// manager, which manage their connections themselves.
+    pub fn pool(&self) -> Option<&Pool> {
         self.context.redis.pool()
     }
 
@@ -126,11 +129,12 @@ impl LockManager {
     /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be reached within the
     /// manager's timeouts.
     pub async fn ping(&self) -> Result<(), LockError> {
-        let mut invocation = crate::scripts::PING.prepare_invoke();
-        invocation.key(self.redis_key("ping"));
+        use crate::topology::{Kind, ScriptCall};
+        let mut call = ScriptCall::new("ping", &crate::scripts::PING, Kind::Read);
+        call.key(self.redis_key("ping"));
         self.context
             .redis()
-            .invoke::<redis::Value>("ping", &invocation)
+            .invoke::<redis::Value>(&call)
             .await
             .map(drop)
     }

@@ -32,13 +32,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use redis::aio::PubSubSink;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::conn::{lock, Timeouts};
 use crate::fair::{self, FairWaiter, Handoff};
+use crate::topology::{Channels, Message, Messages, Subscribe};
 
 /// The notification side of one manager.
 pub(crate) struct Notifications {
@@ -46,7 +46,7 @@ pub(crate) struct Notifications {
 }
 
 struct Hub {
-    client: redis::Client,
+    subscriber: Arc<dyn Subscribe>,
     timeouts: Timeouts,
     state: Mutex<State>,
     /// Notified (all waiters) whenever the connection or a subscription changes.
@@ -90,7 +90,7 @@ enum Connection {
     Connecting,
     /// Up: `close` ends it (and with it every subscription it holds).
     Up {
-        sink: PubSubSink,
+        sink: Arc<dyn Channels>,
         close: CancellationToken,
         /// When it was opened.
         since: Instant,
@@ -105,8 +105,9 @@ struct Channel {
     subscribed_on: Option<(u64, Instant)>,
     /// A task is sending this channel's `SUBSCRIBE` or `UNSUBSCRIBE`.
     busy: bool,
-    /// The generation on which Redis failed this channel's `SUBSCRIBE`: not retried on it.
-    failed_on: Option<u64>,
+    /// Redis failed this channel's `SUBSCRIBE` (its slot is moving, say): not tried again
+    /// before then.
+    failed_until: Option<Instant>,
     /// When the last message (a release or a hand-off) arrived on the channel: a waiter whose
     /// attempt went out before then, and that joined after, may have missed it.
     last_message: Option<Instant>,
@@ -140,10 +141,10 @@ pub(crate) struct Ticket {
 }
 
 impl Notifications {
-    pub(crate) fn new(client: redis::Client, timeouts: Timeouts) -> Self {
+    pub(crate) fn new(subscriber: Arc<dyn Subscribe>, timeouts: Timeouts) -> Self {
         Self {
             hub: Arc::new(Hub {
-                client,
+                subscriber,
                 timeouts,
                 state: Mutex::new(State::default()),
                 changed: Notify::new(),
@@ -337,7 +338,7 @@ impl Hub {
         if entry.subscribed_on.is_some_and(|(on, _)| on == generation) {
             return Progress::Subscribed;
         }
-        if entry.failed_on == Some(generation) {
+        if entry.failed_until.is_some_and(|until| now < until) {
             return Progress::Poll;
         }
         if !entry.busy {
@@ -379,11 +380,10 @@ async fn connect(hub: Arc<Hub>) {
         drop(state);
         hub.changed.notify_waiters();
     });
-    let opened = tokio::time::timeout(hub.timeouts.connect, hub.client.get_async_pubsub()).await;
+    let opened = tokio::time::timeout(hub.timeouts.connect, hub.subscriber.open()).await;
     let mut state = lock(&hub.state);
     match opened {
-        Ok(Ok(pubsub)) if !hub.closed.is_cancelled() => {
-            let (sink, stream) = pubsub.split();
+        Ok(Ok((sink, stream))) if !hub.closed.is_cancelled() => {
             state.generation += 1;
             let close = hub.closed.child_token();
             state.connection = Connection::Up {
@@ -433,7 +433,7 @@ async fn reconcile(hub: Arc<Hub>, channel: String) {
         hub.changed.notify_waiters();
     });
     loop {
-        let (mut sink, generation, subscribe) = {
+        let (sink, generation, subscribe) = {
             let mut state = lock(&hub.state);
             let generation = state.generation;
             let refused = state
@@ -448,8 +448,10 @@ async fn reconcile(hub: Arc<Hub>, channel: String) {
                 return;
             };
             let subscribed = entry.subscribed_on.is_some_and(|(on, _)| on == generation);
-            let wanted =
-                !entry.waiters.is_empty() && !refused && entry.failed_on != Some(generation);
+            let failed = entry
+                .failed_until
+                .is_some_and(|until| Instant::now() < until);
+            let wanted = !entry.waiters.is_empty() && !refused && !failed;
             let Some(sink) = sink.filter(|_| wanted != subscribed) else {
                 // Done, or no connection (its subscriptions went with it).
                 entry.busy = false;
@@ -504,7 +506,7 @@ async fn reconcile(hub: Arc<Hub>, channel: String) {
                 tracing::debug!(%channel, %error, "distlock could not subscribe to release notifications; waiters poll");
                 if let Some(entry) = state.channels.get_mut(&channel) {
                     entry.subscribed_on = None;
-                    entry.failed_on = Some(generation);
+                    entry.failed_until = Some(Instant::now() + RECONNECT_AFTER);
                 }
             }
             // No answer (it may still be applied) or a broken connection: closing the connection
@@ -528,28 +530,39 @@ async fn reconcile(hub: Arc<Hub>, channel: String) {
 /// Hands each notification to the oldest waiter of its key that has none pending; when the
 /// connection ends, wakes every waiter so they try again. Holds the hub weakly, and stops (closing
 /// the connection) when the manager is dropped.
-async fn deliver(
-    hub: Weak<Hub>,
-    closed: CancellationToken,
-    mut stream: redis::aio::PubSubStream,
-    connection: u64,
-) {
-    use futures_core::Stream;
+async fn deliver(hub: Weak<Hub>, closed: CancellationToken, mut stream: Messages, connection: u64) {
     let _delivering = Delivering {
         hub: hub.clone(),
         generation: connection,
     };
     loop {
-        let next = std::future::poll_fn(|cx| std::pin::Pin::new(&mut stream).poll_next(cx));
         let message = tokio::select! {
-            message = next => message,
+            message = stream.recv() => message,
             () = closed.cancelled() => return,
         };
         let Some(hub) = hub.upgrade() else { return };
         let Some(message) = message else { break };
-        let handoff = Handoff::parse(message.get_payload_bytes());
+        let (name, payload) = match message {
+            Message::Published { channel, payload } => (channel, payload),
+            Message::Dropped { channel } => {
+                // The server ended the subscription (its slot moved): its waiters try again,
+                // and subscribe anew where the slot lives now.
+                let mut state = lock(&hub.state);
+                if let Some(entry) = state.channels.get_mut(&channel) {
+                    entry.subscribed_on = None;
+                    for slot in &entry.waiters {
+                        slot.woken.store(true, Ordering::SeqCst);
+                        slot.wake.notify_one();
+                    }
+                }
+                drop(state);
+                hub.changed.notify_waiters();
+                continue;
+            }
+        };
+        let handoff = Handoff::parse(&payload);
         let mut state = lock(&hub.state);
-        let Some(channel) = state.channels.get_mut(message.get_channel_name()) else {
+        let Some(channel) = state.channels.get_mut(&name) else {
             continue;
         };
         channel.last_message = Some(Instant::now());
@@ -561,7 +574,7 @@ async fn deliver(
                     .iter()
                     .filter_map(|s| Some((s.fair.as_ref()?, &s.wake)))
                     .collect();
-                fair::deliver(message.get_channel_name(), handoff, &fair_waiters);
+                fair::deliver(&name, handoff, &fair_waiters);
             }
         }
     }

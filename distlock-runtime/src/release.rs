@@ -12,26 +12,60 @@ use crate::context::Context;
 use crate::error::{LockError, Misconfiguration};
 use crate::keys::LockKeys;
 use crate::scripts;
+use crate::topology::{Kind, Route, ScriptCall};
 
 /// Deletes the keys still held by `token` (handing each to its oldest fair waiter, if it
 /// has one); returns how many were. With `queued`, `token` also leaves the keys' fair
-/// queues: a fair waiter that gives up, or whose attempt may have queued it.
+/// queues: a fair waiter that gives up, or whose attempt may have queued it. One script call
+/// per shard (one but on a cluster, where a lease may span slots).
 pub(crate) async fn release_keys(
     context: &Context,
     redis_keys: &[LockKeys],
     token: &str,
     queued: bool,
 ) -> Result<usize, LockError> {
-    let mut invocation = scripts::RELEASE.prepare_invoke();
-    for keys in redis_keys {
-        invocation
-            .key(keys.lock.as_str())
+    let route = context.redis();
+    let mut released = 0;
+    for group in by_shard(route, redis_keys) {
+        let call = release_call(route, group.iter().map(|&i| &redis_keys[i]), token, queued);
+        released += route.invoke::<usize>(&call).await?;
+    }
+    Ok(released)
+}
+
+/// The release script call for `keys` (which share a shard).
+pub(crate) fn release_call<'a>(
+    route: &dyn Route,
+    keys: impl IntoIterator<Item = &'a LockKeys>,
+    token: &str,
+    queued: bool,
+) -> ScriptCall {
+    let mut call = ScriptCall::new("release", &scripts::RELEASE, Kind::Release);
+    for keys in keys {
+        call.key(keys.lock.as_str())
             .key(keys.queue.as_str())
             .key(keys.waiters.as_str())
             .key(keys.fence.as_str());
     }
-    invocation.arg(token).arg(if queued { "1" } else { "0" });
-    context.redis().invoke("release", &invocation).await
+    call.arg(token)
+        .arg(if queued { "1" } else { "0" })
+        .arg(route.publish_command());
+    call
+}
+
+/// The indices of `redis_keys` grouped by shard, groups in shard order, keys in their order
+/// (one group on every route but a cluster's).
+pub(crate) fn by_shard(route: &dyn Route, redis_keys: &[LockKeys]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (i, keys) in redis_keys.iter().enumerate() {
+        let shard = route.shard(&keys.lock);
+        match groups.iter_mut().find(|(s, _)| *s == shard) {
+            Some((_, group)) => group.push(i),
+            None => groups.push((shard, vec![i])),
+        }
+    }
+    groups.sort_by_key(|(shard, _)| *shard);
+    groups.into_iter().map(|(_, group)| group).collect()
 }
 
 /// Releases from a spawned task: the fallback when a lease is dropped instead of released,

@@ -21,9 +21,12 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::conn::{lock, millis, Redis};
+use crate::conn::{lock, millis};
+use crate::error::LockError;
 use crate::keys::LockKeys;
+use crate::release::by_shard;
 use crate::scripts;
+use crate::topology::{Kind, Route, ScriptCall};
 use crate::validity::LeaseState;
 
 /// How many leases one renewal script call carries at most. A batch holds Redis for roughly
@@ -41,7 +44,7 @@ pub(crate) struct Renewals {
 struct Shared {
     registry: Mutex<Registry>,
     wake: Notify,
-    redis: Arc<Redis>,
+    redis: Arc<dyn Route>,
     failures: Mutex<FailureLog>,
 }
 
@@ -77,7 +80,7 @@ pub(crate) struct Registration {
 }
 
 impl Renewals {
-    pub(crate) fn new(redis: Arc<Redis>) -> Self {
+    pub(crate) fn new(redis: Arc<dyn Route>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 registry: Mutex::new(Registry::default()),
@@ -391,18 +394,14 @@ fn collect_due(shared: &Shared) -> Collected {
 }
 
 async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
-    let mut invocation = scripts::EXTEND.prepare_invoke();
-    for lease in &batch {
-        for keys in lease.keys.iter() {
-            invocation.key(keys.lock.as_str());
-        }
-        invocation
-            .arg(&*lease.token)
-            .arg(millis(lease.ttl))
-            .arg(lease.keys.len());
-    }
+    let leases: Vec<_> = batch
+        .iter()
+        .map(|lease| (&*lease.keys, &*lease.token, lease.ttl))
+        .collect();
     let sent = Instant::now();
-    let answer: Result<Vec<i64>, _> = shared.redis.invoke("renew", &invocation).await;
+    let answer = extend_leases(&*shared.redis, "renew", &leases)
+        .await
+        .map(|owned| owned.into_iter().map(i64::from).collect::<Vec<_>>());
     let now = Instant::now();
     let failure = match &answer {
         Ok(owned) if owned.len() == batch.len() => None,
@@ -505,6 +504,58 @@ impl Event {
             ),
         }
     }
+}
+
+/// Extends each lease (keys, owner token, new ttl) if its owner still holds every one of its
+/// keys; says which were. One script call per shard (one but on a cluster): a lease whose keys
+/// span shards is extended only if every shard says so (a shard that did extend while another
+/// found a key gone extended a lost lease's keys, which its release then deletes).
+pub(crate) async fn extend_leases(
+    route: &dyn Route,
+    op: &'static str,
+    leases: &[(&[LockKeys], &str, Duration)],
+) -> Result<Vec<bool>, LockError> {
+    // Per shard: the call, and which lease each of its entries belongs to.
+    let mut calls: Vec<(u16, ScriptCall, Vec<usize>)> = Vec::new();
+    for (i, (keys, token, ttl)) in leases.iter().enumerate() {
+        for group in by_shard(route, keys) {
+            let shard = route.shard(&keys[group[0]].lock);
+            let at = match calls.iter().position(|(s, _, _)| *s == shard) {
+                Some(at) => at,
+                None => {
+                    calls.push((
+                        shard,
+                        ScriptCall::new(op, &scripts::EXTEND, Kind::Extend),
+                        Vec::new(),
+                    ));
+                    calls.len() - 1
+                }
+            };
+            let (_, call, members) = &mut calls[at];
+            for &k in &group {
+                call.key(keys[k].lock.as_str());
+            }
+            call.arg(*token).arg(millis(*ttl)).arg(group.len());
+            members.push(i);
+        }
+    }
+    let mut owned = vec![true; leases.len()];
+    for (_, call, members) in &calls {
+        let answer: Vec<i64> = route.invoke(call).await?;
+        if answer.len() != members.len() {
+            return Err(LockError::Redis {
+                op,
+                source: redis::RedisError::from((
+                    redis::ErrorKind::Parse,
+                    "renewal script answered for a different number of leases",
+                )),
+            });
+        }
+        for (&lease, extended) in members.iter().zip(answer) {
+            owned[lease] &= extended == 1;
+        }
+    }
+    Ok(owned)
 }
 
 #[cfg(test)]

@@ -2,14 +2,16 @@
 //! fair queue's own script and the Lua it shares with the release live in `fair.rs`, the
 //! fencing counter's Lua in `fence.rs`.
 //!
-//! Each script is sent with `EVALSHA` and reloaded on `NOSCRIPT` (redis-rs's `invoke_async`), so a
-//! `SCRIPT FLUSH` or a server restart costs one extra round trip, never a failure. A lock key holds
+//! Each script is sent with `EVALSHA`, and with `EVAL` (which loads it again) on `NOSCRIPT`, so a
+//! `SCRIPT FLUSH`, a server restart or a promoted replica costs one extra round trip, never a
+//! failure (see `topology/mod.rs`). A lock key holds
 //! the owner's random token as its value and the lease's expiry as its PTTL.
 
 use std::sync::LazyLock;
 
 use crate::fair::FAIR_QUEUE;
 use crate::fence::FENCE;
+use crate::topology::Lua;
 
 /// Takes every lock key at once, or none: the acquire of every request that is not fair, for
 /// one key or several.
@@ -28,8 +30,8 @@ use crate::fence::FENCE;
 /// counter overwritten with another type, say) is released by token (see `acquire.rs`, "in
 /// doubt"). A retried request that finds its own token takes the key as it is, with a new
 /// fencing token.
-pub(crate) static ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(&format!(
+pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
         "#!lua\n{FENCE}{}",
         r"
 local n = #KEYS / 2
@@ -66,7 +68,8 @@ return draw(n + 1, 2 * n, ARGV[2], redis.call('TIME'))
 /// KEYS: for each lock key four keys: the lock key, its fair queue, its queue's entries (see
 /// `fair.rs`) and its fencing counter.
 /// ARGV[1]: the owner token; ARGV[2]: `1` when the owner may be queued as a fair waiter (one
-/// that gives up, or whose attempt's outcome is unknown), which then leaves the queue too.
+/// that gives up, or whose attempt's outcome is unknown), which then leaves the queue too;
+/// ARGV[3]: the command that announces a release (`PUBLISH`, or `SPUBLISH` on a cluster).
 /// Returns the number of lock keys this owner held. Each one is handed to the oldest live fair
 /// waiter if its queue has one (a `h ...` message on the key's channel), else deleted and
 /// announced with an empty message on the key's channel, for waiters (an announcement Redis
@@ -76,10 +79,10 @@ return draw(n + 1, 2 * n, ARGV[2], redis.call('TIME'))
 ///
 /// `allow-oom`: a release frees memory overall, and must complete under memory pressure rather
 /// than stop half way through a hand-off.
-pub(crate) static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(&format!(
+pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
         r"#!lua flags=allow-oom
-local token, queued = ARGV[1], ARGV[2] == '1'
+local token, queued, publish = ARGV[1], ARGV[2] == '1', ARGV[3]
 local released = 0
 for i = 1, #KEYS, 4 do
   local L, Q, W = KEYS[i], KEYS[i + 1], KEYS[i + 2]
@@ -95,7 +98,7 @@ for i = 1, #KEYS, 4 do
     if not served then
       redis.call('DEL', L)
       -- pcall: a user without channel rights still releases; its waiters poll.
-      redis.pcall('PUBLISH', L, '')
+      redis.pcall(publish, L, '')
     end
   end
 end
@@ -112,8 +115,8 @@ return released
 /// 0 when some key is gone, owned by another token or no longer a string (`pcall`: one broken
 /// lease never fails the batch), in which case none of that lease's keys is touched (a lost lock
 /// is never re-created or prolonged).
-pub(crate) static EXTEND: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
+pub(crate) static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"
 local results = {}
 local k = 1
@@ -138,9 +141,8 @@ return results
 /// (an older server cannot compile the `#!lua` line); writes nothing.
 ///
 /// KEYS[1]: a lock key. Returns whether it exists.
-pub(crate) static PING: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new("#!lua flags=no-writes\nreturn redis.call('EXISTS', KEYS[1])\n")
-});
+pub(crate) static PING: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new("#!lua flags=no-writes\nreturn redis.call('EXISTS', KEYS[1])\n"));
 
 /// What the acquire script answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -79,7 +79,10 @@ async fn a_pool_of_two_serves_a_hundred_concurrently_locked_bodies() {
             all_inside.clone(),
             release.clone(),
         );
-        let pool = pool_user.pool().clone();
+        let pool = pool_user
+            .pool()
+            .expect("a standalone manager has a pool")
+            .clone();
         tasks.push(tokio::spawn(async move {
             pool_user
                 .lock(format!("body-{i}"))

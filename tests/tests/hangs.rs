@@ -210,7 +210,7 @@ fn command_connections(server: &RedisServer) -> Vec<String> {
     server
         .command(&["CLIENT", "LIST", "TYPE", "normal"])
         .lines()
-        .filter(|line| line.contains(" cmd=evalsha "))
+        .filter(|line| line.contains(" cmd=evalsha ") || line.contains(" cmd=eval "))
         .filter_map(|line| line.split(' ').find_map(|f| f.strip_prefix("id=")))
         .map(str::to_owned)
         .collect()

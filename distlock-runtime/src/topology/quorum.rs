@@ -1,0 +1,392 @@
+//! Redlock: a lock held on a majority of independent primaries.
+//!
+//! Every call runs on all nodes at once, each bounded by its own timeout (for an acquire a
+//! tenth of the ttl, at most the response timeout, so a node that hangs cannot stall the round),
+//! and the answers are combined by the call's [`Kind`]:
+//! - **Acquire** counts when a majority (`n/2 + 1`) granted it. The lease's validity is
+//!   counted by the request layer as everywhere: ttl less the time since before the round was
+//!   sent, less the drift margin (1% of the ttl + 2 ms). Its fencing token is the greatest any
+//!   node drew, written back to the counters of a majority before it is handed out (so any later
+//!   majority, which meets this one, draws above it). When a majority can no longer be reached
+//!   (too many nodes refused, failed or timed out) the round stops waiting at once, releases on
+//!   every node, and answers who holds the key, or fails with [`LockError::NoQuorum`].
+//! - **Extend** counts per lease when a majority extended it; without one the lease is lost.
+//! - **Release** runs everywhere, and counts when a majority answered.
+//! - **Read** and **Raise** count when a majority answered.
+//! - Fair requests are refused: a hand-off is made by one release script on one server, and a
+//!   quorum's nodes would each hand the lock to their own oldest waiter.
+//!
+//! Release notifications come from whichever node the subscriber connection reached (each
+//! node announces every release); when that node is down, the next is tried.
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use redis::{FromRedisValue, Value};
+
+use super::standalone::{PlainSubscriber, PoolDial};
+use super::{BoxFuture, Kind, Route, ScriptCall, Subscribe};
+use crate::conn::{self, Failed, Link, Reached, Timeouts};
+use crate::error::LockError;
+use crate::fence::RAISE;
+use crate::scripts::Acquire;
+
+/// Connections per node pool (the link takes one for good; the rest serve nobody else).
+const POOL_SIZE: usize = 2;
+
+/// A quorum of independent Redis primaries.
+pub(crate) struct Quorum {
+    nodes: Vec<Link>,
+    clients: Vec<redis::Client>,
+    timeouts: Timeouts,
+    endpoint: String,
+}
+
+/// One node's answer, or how it failed.
+type Answer = Result<Value, Failed>;
+
+impl Quorum {
+    pub(crate) fn new(urls: &[String], timeouts: Timeouts) -> Result<Self, LockError> {
+        if urls.len() < 3 {
+            return Err(LockError::InvalidConfig {
+                what: "quorum",
+                reason: format!(
+                    "{} node(s) given; a quorum needs at least 3 independent primaries (an odd \
+                     number: 3, 5, 7), or use .url(..) for one server",
+                    urls.len()
+                ),
+            });
+        }
+        let mut nodes = Vec::with_capacity(urls.len());
+        let mut clients = Vec::with_capacity(urls.len());
+        let mut shown = Vec::with_capacity(urls.len());
+        for url in urls {
+            let (info, endpoint) = conn::parse_url(url)?;
+            clients.push(conn::client(info.clone())?);
+            let pool = conn::create_pool(info, POOL_SIZE, timeouts)?;
+            let dial = PoolDial { pool, timeouts };
+            nodes.push(Link::new(Box::new(dial), timeouts, true, None));
+            shown.push(endpoint);
+        }
+        Ok(Self {
+            nodes,
+            clients,
+            timeouts,
+            endpoint: format!("quorum [{}]", shown.join(", ")),
+        })
+    }
+
+    fn majority(&self) -> usize {
+        self.nodes.len() / 2 + 1
+    }
+
+    /// How long one node may take: for an acquire a tenth of the ttl (at least 5 ms), never more
+    /// than the response timeout.
+    fn node_timeout(&self, call: &ScriptCall) -> Duration {
+        match &call.kind {
+            Kind::Acquire { ttl, .. } => (*ttl / 10)
+                .max(Duration::from_millis(5))
+                .min(self.timeouts.response),
+            _ => self.timeouts.response,
+        }
+    }
+
+    /// Runs `call` on every node at once, each within `limit`; `enough` looks at the answers so
+    /// far (in node order, `None` for one still out) and says whether to stop waiting.
+    async fn fan_out(
+        &self,
+        call: &ScriptCall,
+        limit: Duration,
+        enough: impl Fn(&[Option<Answer>]) -> bool,
+    ) -> Vec<Option<Answer>> {
+        self.fan_out_on(call, limit, &vec![true; self.nodes.len()], enough)
+            .await
+    }
+
+    /// [`fan_out`](Self::fan_out) on the nodes `to` marks.
+    async fn fan_out_on(
+        &self,
+        call: &ScriptCall,
+        limit: Duration,
+        to: &[bool],
+        enough: impl Fn(&[Option<Answer>]) -> bool,
+    ) -> Vec<Option<Answer>> {
+        let op = call.op;
+        let mut answers: Vec<Option<Answer>> = self.nodes.iter().map(|_| None).collect();
+        let mut pending: FuturesUnordered<_> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| to.get(*i).copied().unwrap_or(false))
+            .map(|(i, node)| async move {
+                let answer = match tokio::time::timeout(limit, node.run(call)).await {
+                    Ok(answer) => answer,
+                    Err(_) => Err(Failed {
+                        error: LockError::RedisTimeout { op, after: limit },
+                        reached: Reached::Maybe,
+                    }),
+                };
+                (i, answer)
+            })
+            .collect();
+        while let Some((i, answer)) = pending.next().await {
+            answers[i] = Some(answer);
+            if enough(&answers) {
+                break;
+            }
+        }
+        answers
+    }
+
+    async fn run_call(&self, call: &ScriptCall) -> Result<Value, Failed> {
+        match &call.kind {
+            Kind::Acquire {
+                fences, ttl, undo, ..
+            } => self.acquire(call, fences, *ttl, undo).await,
+            Kind::Extend => self.extend(call).await,
+            Kind::Release | Kind::Read | Kind::Raise => {
+                let answers = self.fan_out(call, self.node_timeout(call), |_| false).await;
+                self.majority_answered(call.op, answers, |values| match call.kind {
+                    // The most keys any node released.
+                    Kind::Release => values
+                        .iter()
+                        .filter_map(|v| i64::from_redis_value(v.clone()).ok())
+                        .max()
+                        .map_or(Value::Int(0), Value::Int),
+                    _ => values.first().cloned().unwrap_or(Value::Nil),
+                })
+            }
+            Kind::Fair => Err(Failed {
+                error: LockError::InvalidConfig {
+                    what: "fair",
+                    reason: FAIR_REFUSED.to_owned(),
+                },
+                reached: Reached::No,
+            }),
+        }
+    }
+
+    /// Succeeds with `combine` of the answers when a majority of nodes answered.
+    fn majority_answered(
+        &self,
+        op: &'static str,
+        answers: Vec<Option<Answer>>,
+        combine: impl FnOnce(&[Value]) -> Value,
+    ) -> Result<Value, Failed> {
+        let mut values = Vec::new();
+        let mut failures = Vec::new();
+        for answer in answers.into_iter().flatten() {
+            match answer {
+                Ok(value) => values.push(value),
+                Err(failed) => failures.push(failed),
+            }
+        }
+        if values.len() >= self.majority() {
+            return Ok(combine(&values));
+        }
+        Err(self.no_quorum(op, values.len(), failures))
+    }
+
+    fn no_quorum(&self, op: &'static str, granted: usize, failures: Vec<Failed>) -> Failed {
+        let reached = if failures.iter().any(|f| f.reached != Reached::No) {
+            Reached::Maybe
+        } else {
+            Reached::No
+        };
+        Failed {
+            error: LockError::NoQuorum {
+                op,
+                granted,
+                needed: self.majority(),
+                nodes: self.nodes.len(),
+                first_failure: failures.into_iter().next().map(|f| Box::new(f.error)),
+            },
+            reached,
+        }
+    }
+
+    async fn acquire(
+        &self,
+        call: &ScriptCall,
+        fences: &[String],
+        ttl: Duration,
+        undo: &ScriptCall,
+    ) -> Result<Value, Failed> {
+        let majority = self.majority();
+        let nodes = self.nodes.len();
+        let granted = |answer: &Option<Answer>| matches!(answer, Some(Ok(v)) if matches!(Acquire::from_redis_value(v.clone()), Ok(Acquire::Acquired { .. })));
+        // Every node within its bound: a hung node costs the round a tenth of the ttl at most.
+        let answers = self.fan_out(call, self.node_timeout(call), |_| false).await;
+        let mut tokens = Vec::new();
+        let mut held: Option<Acquire> = None;
+        let mut failures = Vec::new();
+        // Nodes that took the lock, and nodes that may yet (no answer, or one that may still
+        // arrive and run).
+        let took: Vec<bool> = answers.iter().map(granted).collect();
+        let in_doubt = answers.iter().any(|answer| match answer {
+            None => true,
+            Some(Err(failed)) => !matches!(failed.reached, Reached::No | Reached::Refused),
+            Some(Ok(_)) => false,
+        });
+        for answer in answers.into_iter().flatten() {
+            match answer.map(Acquire::from_redis_value) {
+                Ok(Ok(Acquire::Acquired { fencing_token })) => tokens.push(fencing_token),
+                Ok(Ok(Acquire::Held {
+                    first_held,
+                    remaining,
+                })) => {
+                    let longest = match held {
+                        Some(Acquire::Held { remaining: r, .. }) => r.max(remaining),
+                        _ => remaining,
+                    };
+                    held = Some(Acquire::Held {
+                        first_held,
+                        remaining: longest,
+                    });
+                }
+                Ok(Err(parse)) => failures.push(Failed {
+                    error: LockError::Redis {
+                        op: call.op,
+                        source: parse.into(),
+                    },
+                    reached: Reached::Answered,
+                }),
+                Err(failed) => failures.push(failed),
+            }
+        }
+        if tokens.len() >= majority {
+            let token = tokens.iter().copied().max().unwrap_or(0);
+            let uniform = tokens.iter().all(|&t| t == token);
+            // A majority already holds the token in its counters when every grant drew it.
+            if uniform || self.raise(fences, token, ttl).await {
+                return Ok(Value::Int(i64::try_from(token).unwrap_or(i64::MAX)));
+            }
+            failures.push(Failed {
+                error: LockError::NoQuorum {
+                    op: "acquire (fencing write-back)",
+                    granted: 0,
+                    needed: majority,
+                    nodes,
+                    first_failure: None,
+                },
+                reached: Reached::Answered,
+            });
+        }
+        // No majority: take back what was granted now, on the nodes that answered (within the
+        // same per-node bound). A node that may still run the acquire (hung, or its answer
+        // lost) is left to the acquire's release by token in the background, which repeats
+        // until the ttl: waiting for it here would stall the round.
+        let limit = self.node_timeout(call);
+        let undone = self.fan_out_on(undo, limit, &took, |_| false).await;
+        let all_undone = !in_doubt
+            && undone
+                .iter()
+                .zip(&took)
+                .all(|(answer, took)| !took || matches!(answer, Some(Ok(_))));
+        match held {
+            Some(held) if all_undone => Ok(encode(held)),
+            _ => {
+                let mut failed = self.no_quorum(call.op, tokens.len(), failures);
+                if !all_undone {
+                    // Something may still hold this token: the acquire releases it again.
+                    failed.reached = Reached::Answered;
+                }
+                Err(failed)
+            }
+        }
+    }
+
+    /// Writes `token` back to the counters `fences` on every node; whether a majority took it.
+    async fn raise(&self, fences: &[String], token: u64, ttl: Duration) -> bool {
+        let mut raise = ScriptCall::new("acquire (fencing write-back)", &RAISE, Kind::Raise);
+        for fence in fences {
+            raise.key(fence.as_str());
+        }
+        raise.arg(token).arg(conn::millis(ttl));
+        let answers = self
+            .fan_out(&raise, self.timeouts.response, |_| false)
+            .await;
+        answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count() >= self.majority()
+    }
+
+    async fn extend(&self, call: &ScriptCall) -> Result<Value, Failed> {
+        let answers = self.fan_out(call, self.node_timeout(call), |_| false).await;
+        let mut votes: Vec<usize> = Vec::new();
+        for answer in answers.iter().flatten() {
+            let Ok(value) = answer else { continue };
+            let Ok(owned) = Vec::<i64>::from_redis_value(value.clone()) else {
+                continue;
+            };
+            if votes.len() < owned.len() {
+                votes.resize(owned.len(), 0);
+            }
+            for (vote, owned) in votes.iter_mut().zip(owned) {
+                *vote += usize::from(owned == 1);
+            }
+        }
+        if votes.is_empty() {
+            // No node answered: an outage, which renewal retries until the lease runs out.
+            let failures = answers
+                .into_iter()
+                .flatten()
+                .filter_map(Result::err)
+                .collect();
+            return Err(self.no_quorum(call.op, 0, failures));
+        }
+        let majority = self.majority();
+        Ok(Value::Array(
+            votes
+                .into_iter()
+                .map(|v| Value::Int(i64::from(v >= majority)))
+                .collect(),
+        ))
+    }
+}
+
+/// The acquire script's answer for `held`.
+fn encode(held: Acquire) -> Value {
+    match held {
+        Acquire::Acquired { fencing_token } => {
+            Value::Int(i64::try_from(fencing_token).unwrap_or(i64::MAX))
+        }
+        Acquire::Held {
+            first_held,
+            remaining,
+        } => Value::Array(vec![
+            Value::Int(0),
+            Value::Int(i64::try_from(first_held).unwrap_or(0) + 1),
+            Value::Int(remaining.map_or(-1, |r| i64::try_from(r.as_millis()).unwrap_or(i64::MAX))),
+        ]),
+    }
+}
+
+const FAIR_REFUSED: &str = "fair requests are not available on a quorum: a hand-off is made by \
+    one release script on one server, and a quorum's nodes would each hand the lock to their own \
+    oldest waiter; use unfair requests (waiters are still woken by release notifications)";
+
+impl Route for Quorum {
+    fn run<'a>(&'a self, call: &'a ScriptCall) -> BoxFuture<'a, Result<Value, Failed>> {
+        Box::pin(self.run_call(call))
+    }
+
+    fn subscriber(&self) -> Option<Arc<dyn Subscribe>> {
+        Some(Arc::new(PlainSubscriber {
+            clients: self.clients.clone(),
+            next: AtomicUsize::new(0),
+        }))
+    }
+
+    fn response_timeout(&self) -> Duration {
+        self.timeouts.response
+    }
+
+    fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+
+    fn refuses_fair(&self) -> Option<&'static str> {
+        Some(FAIR_REFUSED)
+    }
+}

@@ -1,0 +1,318 @@
+//! The primary that Redis Sentinel names, followed across failovers.
+//!
+//! The route asks the sentinels (`SENTINEL GET-MASTER-ADDR-BY-NAME`, one after the other until
+//! one answers) where the primary is, connects, and checks with `ROLE` that the server is a
+//! primary before using it. Nothing is kept that could point at a demoted primary:
+//! - the command connection is dropped, and the primary asked for again, on a broken
+//!   connection, on `READONLY` (a demoted primary refused a write before running it: the call is
+//!   sent once more to the new primary), and on `+switch-master`;
+//! - a watcher task subscribes to `+switch-master` on a sentinel; when it arrives, the command
+//!   connection is dropped and the subscriber connection (release notifications) is closed, so
+//!   waiters poll briefly and subscribe again on the new primary;
+//! - there is no pool: writes that wait for replicas (`min_replicas`) dial connections of
+//!   their own, which a failover drops with the rest (deadpool-redis #372: a pool keeps
+//!   connections to a demoted primary).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::Value;
+use tokio::sync::watch;
+
+use super::standalone::open_plain;
+use super::{BoxFuture, Channels, Messages, Replicas, Route, ScriptCall, Subscribe};
+use crate::conn::{self, Dial, Failed, Link, Timeouts};
+use crate::error::LockError;
+
+/// A Sentinel-managed primary.
+pub(crate) struct Sentinel {
+    link: Arc<Link>,
+    resolver: Arc<Resolver>,
+    /// The `+switch-master` watcher runs.
+    watching: AtomicBool,
+    endpoint: String,
+}
+
+/// Finds the primary through the sentinels, and says when it changed.
+struct Resolver {
+    master: String,
+    sentinels: Vec<redis::ConnectionInfo>,
+    /// User, password and database for the primary.
+    primary: redis::RedisConnectionInfo,
+    timeouts: Timeouts,
+    /// The sentinel that answered last is asked first.
+    next: AtomicUsize,
+    /// Bumped on every `+switch-master` for this primary.
+    switched: watch::Sender<u64>,
+}
+
+impl Sentinel {
+    pub(crate) fn new(
+        master: String,
+        urls: &[String],
+        timeouts: Timeouts,
+        replicas: Option<Replicas>,
+    ) -> Result<Self, LockError> {
+        if urls.is_empty() || master.is_empty() {
+            return Err(LockError::InvalidConfig {
+                what: "sentinel",
+                reason: "give the primary's name and at least one sentinel URL".to_owned(),
+            });
+        }
+        let mut sentinels = Vec::with_capacity(urls.len());
+        let mut shown = Vec::with_capacity(urls.len());
+        for url in urls {
+            let (info, endpoint) = conn::parse_url(url)?;
+            sentinels.push(info);
+            shown.push(endpoint);
+        }
+        let primary = sentinels[0].redis_settings().clone();
+        let resolver = Arc::new(Resolver {
+            master: master.clone(),
+            sentinels,
+            primary,
+            timeouts,
+            next: AtomicUsize::new(0),
+            switched: watch::Sender::new(0),
+        });
+        let dial = SentinelDial(Arc::clone(&resolver));
+        Ok(Self {
+            link: Arc::new(Link::new(Box::new(dial), timeouts, true, replicas)),
+            resolver,
+            watching: AtomicBool::new(false),
+            endpoint: format!("sentinel {master} [{}]", shown.join(", ")),
+        })
+    }
+
+    fn watch_switches(&self) {
+        if self.watching.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        if tokio::runtime::Handle::try_current().is_err() {
+            self.watching.store(false, Ordering::Relaxed);
+            return;
+        }
+        tokio::spawn(watch_switches(
+            Arc::downgrade(&self.resolver),
+            Arc::downgrade(&self.link),
+        ));
+    }
+}
+
+impl Resolver {
+    /// The primary's address, from the first sentinel that answers.
+    async fn primary(&self, op: &'static str) -> Result<redis::ConnectionInfo, LockError> {
+        let count = self.sentinels.len();
+        let first = self.next.load(Ordering::Relaxed);
+        let mut last_error = None;
+        for i in (0..count).map(|i| (first + i) % count) {
+            match self.ask(i, op).await {
+                Ok(address) => {
+                    self.next.store(i, Ordering::Relaxed);
+                    return Ok(address);
+                }
+                Err(error) => last_error = Some(error),
+            }
+        }
+        Err(last_error.unwrap_or(LockError::NotConfigured))
+    }
+
+    async fn ask(
+        &self,
+        sentinel: usize,
+        op: &'static str,
+    ) -> Result<redis::ConnectionInfo, LockError> {
+        let client = conn::client(self.sentinels[sentinel].clone())?;
+        let mut conn = self.connect(&client, op).await?;
+        let mut cmd = redis::cmd("SENTINEL");
+        cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(&self.master);
+        let answer = tokio::time::timeout(
+            self.timeouts.response,
+            cmd.query_async::<Option<(String, u16)>>(&mut conn),
+        )
+        .await;
+        let (host, port) = match answer {
+            Ok(Ok(Some(address))) => address,
+            Ok(Ok(None)) => {
+                return Err(LockError::InvalidConfig {
+                    what: "sentinel",
+                    reason: format!(
+                        "the sentinels do not monitor a primary named {:?}",
+                        self.master
+                    ),
+                })
+            }
+            Ok(Err(source)) => return Err(LockError::from_redis(op, source)),
+            Err(_) => {
+                return Err(LockError::RedisTimeout {
+                    op,
+                    after: self.timeouts.response,
+                })
+            }
+        };
+        let addr = redis::ConnectionAddr::Tcp(host, port);
+        Ok(redis::IntoConnectionInfo::into_connection_info(addr)
+            .map_err(|e| LockError::InvalidUrl {
+                reason: e.to_string(),
+            })?
+            .set_redis_settings(self.primary.clone()))
+    }
+
+    async fn connect(
+        &self,
+        client: &redis::Client,
+        op: &'static str,
+    ) -> Result<MultiplexedConnection, LockError> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeouts.connect))
+            .set_response_timeout(Some(self.timeouts.response));
+        let connect = client.get_multiplexed_async_connection_with_config(&config);
+        match tokio::time::timeout(self.timeouts.connect, connect).await {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(source)) if source.is_timeout() => Err(LockError::RedisTimeout {
+                op,
+                after: self.timeouts.connect,
+            }),
+            Ok(Err(source)) => Err(LockError::from_redis(op, source)),
+            Err(_) => Err(LockError::RedisTimeout {
+                op,
+                after: self.timeouts.connect,
+            }),
+        }
+    }
+
+    /// A connection to the primary, checked with `ROLE` to be one.
+    async fn dial_primary(&self, op: &'static str) -> Result<MultiplexedConnection, LockError> {
+        let address = self.primary(op).await?;
+        let client = conn::client(address)?;
+        let mut conn = self.connect(&client, op).await?;
+        let role = tokio::time::timeout(
+            self.timeouts.response,
+            redis::cmd("ROLE").query_async::<Vec<Value>>(&mut conn),
+        )
+        .await;
+        match role {
+            Ok(Ok(role)) if matches!(role.first(), Some(Value::BulkString(r)) if r == b"master") => {
+                Ok(conn)
+            }
+            Ok(Ok(_)) => Err(LockError::Redis {
+                op,
+                source: redis::RedisError::from((
+                    redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+                    "the server Sentinel named is not a primary (a failover is under way)",
+                )),
+            }),
+            Ok(Err(source)) => Err(LockError::from_redis(op, source)),
+            Err(_) => Err(LockError::RedisTimeout {
+                op,
+                after: self.timeouts.response,
+            }),
+        }
+    }
+}
+
+/// Dials the primary Sentinel names.
+struct SentinelDial(Arc<Resolver>);
+
+impl Dial for SentinelDial {
+    fn dial(&self, op: &'static str) -> BoxFuture<'_, Result<MultiplexedConnection, LockError>> {
+        Box::pin(self.0.dial_primary(op))
+    }
+
+    fn follows_failover(&self) -> bool {
+        true
+    }
+}
+
+/// Listens for `+switch-master` on one sentinel after another until the manager is dropped;
+/// on a switch of this primary, drops the command connection and ends subscriber connections.
+async fn watch_switches(resolver: Weak<Resolver>, link: Weak<Link>) {
+    let mut next = 0usize;
+    loop {
+        let Some(current) = resolver.upgrade() else {
+            return;
+        };
+        let info = current.sentinels[next % current.sentinels.len()].clone();
+        let master = current.master.clone();
+        let pause = current.timeouts.connect.min(Duration::from_secs(1));
+        drop(current);
+        next += 1;
+        let Ok(client) = conn::client(info) else {
+            return;
+        };
+        let Ok(Ok(mut pubsub)) = tokio::time::timeout(pause * 2, client.get_async_pubsub()).await
+        else {
+            tokio::time::sleep(pause).await;
+            continue;
+        };
+        if pubsub.subscribe("+switch-master").await.is_err() {
+            tokio::time::sleep(pause).await;
+            continue;
+        }
+        let mut messages = pubsub.on_message();
+        loop {
+            use futures_util::StreamExt;
+            // Wake now and then to notice that the manager was dropped.
+            let message = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
+            let Some(resolver) = resolver.upgrade() else {
+                return;
+            };
+            match message {
+                Err(_) => continue,
+                Ok(None) => break,
+                Ok(Some(message)) => {
+                    let payload: String = message.get_payload().unwrap_or_default();
+                    // "<name> <old-ip> <old-port> <new-ip> <new-port>"
+                    if payload.split(' ').next() == Some(master.as_str()) {
+                        tracing::info!(primary = %master, switch = %payload, "distlock: Sentinel switched the primary; reconnecting");
+                        if let Some(link) = link.upgrade() {
+                            link.forget_current();
+                        }
+                        resolver.switched.send_modify(|n| *n += 1);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Route for Sentinel {
+    fn run<'a>(&'a self, call: &'a ScriptCall) -> BoxFuture<'a, Result<Value, Failed>> {
+        self.watch_switches();
+        Box::pin(self.link.run(call))
+    }
+
+    fn subscriber(&self) -> Option<Arc<dyn Subscribe>> {
+        Some(Arc::new(SentinelSubscriber(Arc::clone(&self.resolver))))
+    }
+
+    fn response_timeout(&self) -> Duration {
+        self.link.timeouts().response
+    }
+
+    fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+}
+
+/// Subscribes on the current primary, until Sentinel switches it.
+struct SentinelSubscriber(Arc<Resolver>);
+
+impl Subscribe for SentinelSubscriber {
+    fn open(&self) -> BoxFuture<'_, redis::RedisResult<(Arc<dyn Channels>, Messages)>> {
+        Box::pin(async move {
+            let mut switched = self.0.switched.subscribe();
+            switched.mark_unchanged();
+            let address = self.0.primary("subscribe").await.map_err(|e| {
+                redis::RedisError::from((redis::ErrorKind::Io, "sentinel", e.to_string()))
+            })?;
+            let client = redis::Client::open(address)?;
+            let end = async move {
+                let _ = switched.changed().await;
+            };
+            open_plain(&client, end).await
+        })
+    }
+}

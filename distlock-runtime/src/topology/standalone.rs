@@ -1,0 +1,154 @@
+//! One Redis server: every call on one multiplexed connection taken from a deadpool pool
+//! (see [`take_from_pool`]), release announcements by `PUBLISH`, subscribed on a connection of
+//! their own. Also the plain pub/sub subscriber the sentinel and quorum routes reuse.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_redis::Pool;
+use redis::aio::MultiplexedConnection;
+use redis::Value;
+
+use super::{BoxFuture, Channels, Message, Messages, Replicas, Route, ScriptCall, Subscribe};
+use crate::conn::{take_from_pool, Dial, Failed, Link, Timeouts};
+use crate::error::LockError;
+
+/// One server, through a pool.
+pub(crate) struct Standalone {
+    link: Link,
+    pool: Pool,
+    /// For subscribing; `None` for a caller's pool, which does not say where it connects.
+    client: Option<redis::Client>,
+    endpoint: String,
+}
+
+impl Standalone {
+    /// `client`: the same server, for the subscriber connection (`None`: waiters poll).
+    /// `bounded_connections`: the pool's connections carry the response timeout themselves.
+    pub(crate) fn new(
+        pool: Pool,
+        client: Option<redis::Client>,
+        timeouts: Timeouts,
+        bounded_connections: bool,
+        endpoint: String,
+        replicas: Option<Replicas>,
+    ) -> Self {
+        let dial = PoolDial {
+            pool: pool.clone(),
+            timeouts,
+        };
+        Self {
+            link: Link::new(Box::new(dial), timeouts, bounded_connections, replicas),
+            pool,
+            client,
+            endpoint,
+        }
+    }
+}
+
+impl Route for Standalone {
+    fn run<'a>(&'a self, call: &'a ScriptCall) -> BoxFuture<'a, Result<Value, Failed>> {
+        Box::pin(self.link.run(call))
+    }
+
+    fn subscriber(&self) -> Option<Arc<dyn Subscribe>> {
+        let client = self.client.clone()?;
+        Some(Arc::new(PlainSubscriber {
+            clients: vec![client],
+            next: std::sync::atomic::AtomicUsize::new(0),
+        }))
+    }
+
+    fn response_timeout(&self) -> Duration {
+        self.link.timeouts().response
+    }
+
+    fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+
+    fn pool(&self) -> Option<&Pool> {
+        Some(&self.pool)
+    }
+}
+
+/// Dials by taking a connection out of a pool.
+pub(crate) struct PoolDial {
+    pub(crate) pool: Pool,
+    pub(crate) timeouts: Timeouts,
+}
+
+impl Dial for PoolDial {
+    fn dial(&self, op: &'static str) -> BoxFuture<'_, Result<MultiplexedConnection, LockError>> {
+        Box::pin(take_from_pool(&self.pool, self.timeouts, op))
+    }
+}
+
+/// Subscribes with `SUBSCRIBE` on a pub/sub connection to one of `clients`, trying the next one
+/// after a failure (a quorum has several servers, any one of which announces every release).
+pub(crate) struct PlainSubscriber {
+    pub(crate) clients: Vec<redis::Client>,
+    pub(crate) next: std::sync::atomic::AtomicUsize,
+}
+
+impl Subscribe for PlainSubscriber {
+    fn open(&self) -> BoxFuture<'_, redis::RedisResult<(Arc<dyn Channels>, Messages)>> {
+        use std::sync::atomic::Ordering;
+        let i = self.next.load(Ordering::Relaxed) % self.clients.len();
+        let client = self.clients[i].clone();
+        Box::pin(async move {
+            let opened = open_plain(&client, std::future::pending()).await;
+            if opened.is_err() {
+                self.next.store(i + 1, Ordering::Relaxed);
+            }
+            opened
+        })
+    }
+}
+
+/// Opens a pub/sub connection to `client`'s server; a task forwards its messages until it
+/// closes, the receiver is dropped, or `end` completes (the server is no longer the primary).
+pub(crate) async fn open_plain(
+    client: &redis::Client,
+    end: impl std::future::Future<Output = ()> + Send + 'static,
+) -> redis::RedisResult<(Arc<dyn Channels>, Messages)> {
+    let pubsub = client.get_async_pubsub().await?;
+    let (sink, mut stream) = pubsub.split();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        use futures_core::Stream;
+        tokio::pin!(end);
+        loop {
+            let next = std::future::poll_fn(|cx| std::pin::Pin::new(&mut stream).poll_next(cx));
+            let message = tokio::select! {
+                message = next => message,
+                () = tx.closed() => return,
+                () = &mut end => return,
+            };
+            let Some(message) = message else { return };
+            let message = Message::Published {
+                channel: message.get_channel_name().to_owned(),
+                payload: message.get_payload_bytes().to_vec(),
+            };
+            if tx.send(message).is_err() {
+                return;
+            }
+        }
+    });
+    Ok((Arc::new(PlainChannels(sink)), rx))
+}
+
+/// `SUBSCRIBE` / `UNSUBSCRIBE` on a plain pub/sub connection.
+struct PlainChannels(redis::aio::PubSubSink);
+
+impl Channels for PlainChannels {
+    fn subscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>> {
+        let mut sink = self.0.clone();
+        Box::pin(async move { sink.subscribe(channel).await })
+    }
+
+    fn unsubscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>> {
+        let mut sink = self.0.clone();
+        Box::pin(async move { sink.unsubscribe(channel).await })
+    }
+}

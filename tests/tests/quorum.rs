@@ -1,0 +1,245 @@
+//! Redlock over five independent servers: a majority holds the lock, a minority down changes
+//! nothing, a majority down is refused fast, an extension without a majority loses the lease,
+//! and fencing tokens keep rising when nodes come back empty.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlock_runtime::{LockError, LockManager};
+use distlock_tests::{Occupancy, RedisServer};
+
+const TIMEOUT: Duration = Duration::from_millis(500);
+
+fn quorum(n: usize) -> Vec<RedisServer> {
+    (0..n).map(|_| RedisServer::start()).collect()
+}
+
+fn manager(servers: &[RedisServer]) -> LockManager {
+    LockManager::builder()
+        .quorum(servers.iter().map(RedisServer::url))
+        .connect_timeout(TIMEOUT)
+        .response_timeout(TIMEOUT)
+        .pool_wait_timeout(TIMEOUT)
+        .build()
+        .unwrap()
+}
+
+/// How many nodes hold `key`'s lock.
+fn holders(servers: &[RedisServer], key: &str) -> usize {
+    servers
+        .iter()
+        .filter(|s| s.pid().is_some())
+        .filter(|s| s.command(&["EXISTS", &format!("distlock:lock:{{{key}}}")]) == ":1\r\n")
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_of_five_down_locks_still_exclude_and_tokens_rise() {
+    let _load = distlock_tests::heavy().await;
+    let mut servers = quorum(5);
+    servers[0].kill();
+    servers[3].kill();
+    let locks = [manager(&servers), manager(&servers)];
+    let lease = locks[0].lock("q-two-down").acquire().await.unwrap();
+    assert_eq!(holders(&servers, "q-two-down"), 3);
+    let taken = locks[1].try_lock("q-two-down").acquire().await.unwrap_err();
+    assert!(matches!(taken, LockError::NotAcquired { .. }), "{taken:?}");
+    let first = lease.fencing_token();
+    lease.release().await.unwrap();
+    assert_eq!(holders(&servers, "q-two-down"), 0);
+
+    // Two managers, four workers each, one key: never two inside, tokens only rise.
+    let occupancy = Arc::new(Occupancy::default());
+    let last = Arc::new(std::sync::Mutex::new(first));
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let locks = locks[i % 2].clone();
+        let occupancy = Arc::clone(&occupancy);
+        let last = Arc::clone(&last);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..15 {
+                let lease = locks
+                    .lock("q-two-down")
+                    .ttl(Duration::from_secs(5))
+                    .wait(Duration::from_secs(20))
+                    .acquire()
+                    .await
+                    .unwrap();
+                {
+                    let _inside = occupancy.enter(&["q-two-down"]);
+                    let mut last = last.lock().unwrap();
+                    assert!(lease.fencing_token() > *last, "token went backwards");
+                    *last = lease.fencing_token();
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                lease.release().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(occupancy.overlaps(), 0);
+    assert_eq!(occupancy.entries(), 120);
+}
+
+#[tokio::test]
+async fn with_three_of_five_down_an_acquire_is_refused_at_once_and_leaves_nothing() {
+    let _load = distlock_tests::timed().await;
+    let mut servers = quorum(5);
+    let locks = manager(&servers);
+    distlock_tests::lock_once(&locks, "warm").await;
+    servers[1].kill();
+    servers[2].kill();
+    // Hung, not down: its connection stays open and nothing is answered.
+    servers[4].pause();
+    let started = Instant::now();
+    let refused = locks
+        .lock("q-three-down")
+        .ttl(Duration::from_secs(2))
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        matches!(
+            refused,
+            LockError::NoQuorum {
+                needed: 3,
+                nodes: 5,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("majority"), "{refused}");
+    // Not the 10 s wait, and not a response timeout per node: the paused node's bound is a
+    // tenth of the ttl.
+    assert!(took < TIMEOUT, "refused after {took:?}");
+    // The paused node runs the acquire when it resumes; the release by token that the
+    // refused acquire left behind takes it back.
+    servers[4].resume();
+    let released = distlock_tests::eventually(Duration::from_secs(3), || async {
+        holders(&servers, "q-three-down") == 0
+    })
+    .await;
+    assert!(released.is_some(), "a node still holds the refused lock");
+}
+
+#[tokio::test]
+async fn an_extension_without_a_majority_loses_the_lease() {
+    let mut servers = quorum(5);
+    let locks = manager(&servers);
+    let lease = locks
+        .lock("q-extend")
+        .ttl(Duration::from_secs(10))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    lease.extend(Duration::from_secs(10)).await.unwrap();
+    servers[0].kill();
+    servers[1].kill();
+    servers[2].kill();
+    let lost = lease.extend(Duration::from_secs(10)).await.unwrap_err();
+    assert!(matches!(lost, LockError::LeaseLost { .. }), "{lost:?}");
+    tokio::time::timeout(Duration::from_secs(1), lease.lost())
+        .await
+        .expect("the lease reports itself lost");
+}
+
+#[tokio::test]
+async fn tokens_rise_past_a_node_that_drew_ahead_after_it_is_gone() {
+    let mut servers = quorum(3);
+    let locks = manager(&servers);
+    let first = locks.lock("q-fence").acquire().await.unwrap();
+    let t1 = first.fencing_token();
+    first.release().await.unwrap();
+    // One node's counter runs far ahead (its clock, or a token it alone drew).
+    let ahead = t1 + 1_000_000_000;
+    servers[0].command(&[
+        "SET",
+        "distlock:fence:{q-fence}",
+        &ahead.to_string(),
+        "PX",
+        "600000",
+    ]);
+    let second = locks.lock("q-fence").acquire().await.unwrap();
+    let t2 = second.fencing_token();
+    assert!(t2 > ahead, "{t2} <= {ahead}");
+    second.release().await.unwrap();
+    // That node restarts empty: the majority it meets still remembers the token.
+    servers[0].restart();
+    let third = locks.lock("q-fence").acquire().await.unwrap();
+    let t3 = third.fencing_token();
+    assert!(t3 > t2, "{t3} <= {t2}");
+    third.release().await.unwrap();
+    // Every node restarted empty: tokens go on from the clock.
+    for server in &mut servers {
+        server.restart();
+    }
+    let fourth = locks.lock("q-fence").acquire().await.unwrap();
+    let clock_us = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros(),
+    )
+    .unwrap();
+    assert!(fourth.fencing_token() + 1_000_000 >= clock_us);
+    // (t3 is ahead of the clock by the planted 1000 s: a restart of every node before the
+    // counters' ttl would lose it; the restart rule in the docs says why that must not happen.)
+    assert!(t3 > fourth.fencing_token());
+}
+
+#[tokio::test]
+async fn fair_requests_are_refused_on_a_quorum() {
+    let servers = quorum(3);
+    let locks = manager(&servers);
+    let refused = locks.lock("q-fair").fair(true).acquire().await.unwrap_err();
+    assert!(
+        matches!(refused, LockError::InvalidConfig { what: "fair", .. }),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("quorum"), "{refused}");
+    let built = LockManager::builder()
+        .quorum(servers.iter().map(RedisServer::url))
+        .default_fair(true)
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(built, LockError::InvalidConfig { .. }),
+        "{built:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_waiter_on_a_quorum_is_woken_by_the_release() {
+    let servers = quorum(3);
+    let locks = [manager(&servers), manager(&servers)];
+    let held = locks[0]
+        .lock("q-wake")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = locks[1].clone();
+    let waiting = tokio::spawn(async move {
+        let lease = waiter
+            .lock("q-wake")
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+            .unwrap();
+        (Instant::now(), lease)
+    });
+    // The waiter subscribes on the first node that answers.
+    let conn = servers[0].client().await;
+    distlock_tests::until_subscribed(&conn, "q-wake").await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (acquired, lease) = waiting.await.unwrap();
+    assert!(acquired - released < Duration::from_secs(1));
+    lease.release().await.unwrap();
+}
