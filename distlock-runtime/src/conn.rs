@@ -347,9 +347,11 @@ impl Link {
         }
     }
 
-    /// Stops using the current connection: the next call dials anew (a failover happened).
+    /// Stops using the current connection and the spare ones: the next call dials anew (a
+    /// failover happened).
     pub(crate) fn forget_current(&self) {
         *lock(&self.current) = None;
+        lock(&self.spare).clear();
     }
 }
 

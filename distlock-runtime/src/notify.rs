@@ -1,6 +1,7 @@
-//! Release notifications: the release script `PUBLISH`es on each lock key it deletes (the
-//! channel is the key's name), and one subscriber connection per manager hands each
-//! notification to one local waiter of that key, oldest first. A release that hands the lock to
+//! Release notifications: the release script `PUBLISH`es (`SPUBLISH` on a cluster) on each
+//! lock key it deletes (the channel is the key's name), and one subscriber connection per
+//! manager (opened through the route's [`Subscribe`]) hands each notification to one local
+//! waiter of that key, oldest first. A release that hands the lock to
 //! a fair waiter publishes a hand-off message instead, which `fair.rs` routes (to its recipient,
 //! and to the waiters that watch its claim; a watcher that leaves passes its watch on).
 //!
@@ -21,6 +22,10 @@
 //! `SUBSCRIBE` was still out. A `SUBSCRIBE` or `UNSUBSCRIBE` that gets no answer within the
 //! response timeout (it may still have been applied) closes the subscriber connection, which
 //! drops every subscription it held on the server; the next waiter connects anew.
+//!
+//! **Failovers.** A subscription the server ends (a cluster slot moved) wakes the key's waiters
+//! and is made again where the key lives now; a subscriber connection that ends (a node lost, a
+//! Sentinel switch) wakes every waiter, and the next one opens a new connection.
 //!
 //! **Fallbacks.** While there is no subscriber connection, or Redis refuses `SUBSCRIBE` (an ACL
 //! user without channel rights), waiters poll with backoff (see `wait.rs`). When the subscriber

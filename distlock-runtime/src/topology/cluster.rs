@@ -39,6 +39,8 @@ const RETRIES: u32 = 3;
 pub(crate) struct Cluster {
     client: ClusterClient,
     conn: Mutex<Option<ClusterConnection>>,
+    /// With `min_replicas`: the client and connection of the writes followed by `WAIT`.
+    replicated: Option<(ClusterClient, Mutex<Option<ClusterConnection>>)>,
     /// The seed nodes, for the subscriber's client.
     seeds: Vec<redis::ConnectionInfo>,
     timeouts: Timeouts,
@@ -65,15 +67,26 @@ impl Cluster {
             seeds.push(info);
             shown.push(endpoint);
         }
-        let client = builder(&seeds, timeouts)
-            .build()
-            .map_err(|e| LockError::InvalidConfig {
-                what: "cluster",
-                reason: e.to_string(),
-            })?;
+        let invalid = |e: redis::RedisError| LockError::InvalidConfig {
+            what: "cluster",
+            reason: e.to_string(),
+        };
+        let client = builder(&seeds, timeouts).build().map_err(invalid)?;
+        let replicated = match replicas {
+            Some(replicas) => {
+                let client = builder(&seeds, timeouts)
+                    .overall_response_timeout(Some(timeouts.response + replicas.timeout))
+                    .response_timeout(timeouts.response + replicas.timeout)
+                    .build()
+                    .map_err(invalid)?;
+                Some((client, Mutex::new(None)))
+            }
+            None => None,
+        };
         Ok(Self {
             client,
             conn: Mutex::new(None),
+            replicated,
             seeds,
             timeouts,
             endpoint: format!("cluster [{}]", shown.join(", ")),
@@ -83,83 +96,102 @@ impl Cluster {
 
     /// The cluster connection, connecting first if there is none yet.
     async fn connection(&self, op: &'static str) -> Result<ClusterConnection, Failed> {
-        if let Some(conn) = &*lock(&self.conn) {
-            return Ok(conn.clone());
-        }
-        let connect = self.client.get_async_connection();
-        let after = self.timeouts.connect;
-        let conn = match tokio::time::timeout(after, connect).await {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(source)) => {
-                return Err(Failed {
-                    error: LockError::from_redis(op, source),
-                    reached: Reached::No,
-                })
-            }
-            Err(_) => {
-                return Err(Failed {
-                    error: LockError::RedisTimeout { op, after },
-                    reached: Reached::No,
-                })
-            }
-        };
-        Ok(lock(&self.conn).get_or_insert(conn).clone())
+        connection(&self.client, &self.conn, self.timeouts, op).await
     }
 
     async fn query(&self, op: &'static str, cmd: redis::Cmd) -> Result<Value, Failed> {
-        let mut conn = self.connection(op).await?;
-        let answer = redis::aio::ConnectionLike::req_packed_command(&mut conn, &cmd)
-            .await
-            .and_then(Value::extract_error);
-        answer.map_err(|source| conn::failed(op, source, self.timeouts.response))
+        let conn = self.connection(op).await?;
+        query(conn, op, cmd, self.timeouts.response).await
     }
 
-    /// Runs `call` and, with `min_replicas`, `WAIT` after it on the same node's connection.
+    /// Runs `call` and, with `min_replicas`, `WAIT`s after it (see [`Cluster::confirm`]).
     async fn run_call(&self, call: &ScriptCall) -> Result<Value, Failed> {
-        let answer = call.run_with(|cmd| self.query(call.op, cmd)).await?;
-        match self.replicas {
-            Some(replicas) if call.kind.needs_replicas() => {
-                let slot = call.keys().first().map_or(0, |key| slot(key));
-                self.confirm(call, answer, slot, replicas).await
+        match (&self.replicated, self.replicas) {
+            (Some((client, conn)), Some(replicas)) if call.kind.needs_replicas() => {
+                let conn = connection(client, conn, self.timeouts, call.op).await?;
+                self.confirm(conn, call, replicas).await
             }
-            _ => Ok(answer),
+            _ => self.run_plain(call).await,
         }
     }
 
-    /// `WAIT` for `replicas` on the primary of `slot`; undoes an acquire they did not confirm.
+    async fn run_plain(&self, call: &ScriptCall) -> Result<Value, Failed> {
+        call.run_with(|cmd| self.query(call.op, cmd)).await
+    }
+
+    /// Runs a write and `WAIT`s for `replicas` on the primary of its slot, both on the cluster
+    /// connection kept for such writes: `WAIT` must follow the write on the connection that
+    /// sent it, and it blocks that connection until the replicas answer. On the connection
+    /// every other call uses, a slow replica would stall every lock on its node; here it stalls
+    /// only other replicated writes to that node, by at most the replica timeout. An acquire
+    /// the replicas did not confirm is undone (see `topology::confirmed`).
     async fn confirm(
         &self,
+        conn: ClusterConnection,
         call: &ScriptCall,
-        answer: Value,
-        slot: u16,
         replicas: Replicas,
     ) -> Result<Value, Failed> {
         use redis::cluster_routing::{Route as SlotRoute, RoutingInfo, SingleNodeRoutingInfo};
+        let after = self.timeouts.response + replicas.timeout;
+        let answer = call
+            .run_with(|cmd| query(conn.clone(), call.op, cmd, after))
+            .await?;
+        let slot = call.keys().first().map_or(0, |key| slot(key));
         let mut wait = redis::cmd("WAIT");
         wait.arg(replicas.count).arg(conn::millis(replicas.timeout));
         let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(SlotRoute::new(
             slot,
             redis::cluster_routing::SlotAddr::Master,
         )));
-        let mut conn = self.connection(call.op).await?;
-        let acked = tokio::time::timeout(
-            replicas.timeout + self.timeouts.response,
-            conn.route_command(wait, routing),
-        )
-        .await;
-        let acked = match acked {
-            Ok(Ok(Value::Int(n))) => usize::try_from(n).unwrap_or(0),
-            Ok(Ok(_)) | Ok(Err(_)) | Err(_) => 0,
+        let acked = match conn.clone().route_command(wait, routing).await {
+            Ok(Value::Int(n)) => usize::try_from(n).unwrap_or(0),
+            _ => 0,
         };
-        super::confirmed(call, answer, acked, replicas, |undo| {
-            self.run_call_plain(undo)
-        })
-        .await
+        super::confirmed(call, answer, acked, replicas, |undo| self.run_plain(undo)).await
     }
+}
 
-    async fn run_call_plain<'a>(&'a self, call: &'a ScriptCall) -> Result<Value, Failed> {
-        call.run_with(|cmd| self.query(call.op, cmd)).await
+/// The connection kept in `kept`, connecting `client` first if there is none yet.
+async fn connection(
+    client: &ClusterClient,
+    kept: &Mutex<Option<ClusterConnection>>,
+    timeouts: Timeouts,
+    op: &'static str,
+) -> Result<ClusterConnection, Failed> {
+    if let Some(conn) = &*lock(kept) {
+        return Ok(conn.clone());
     }
+    let connect = client.get_async_connection();
+    let after = timeouts.connect;
+    let conn = match tokio::time::timeout(after, connect).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(source)) => {
+            return Err(Failed {
+                error: LockError::from_redis(op, source),
+                reached: Reached::No,
+            })
+        }
+        Err(_) => {
+            return Err(Failed {
+                error: LockError::RedisTimeout { op, after },
+                reached: Reached::No,
+            })
+        }
+    };
+    Ok(lock(kept).get_or_insert(conn).clone())
+}
+
+/// Sends `cmd` on `conn`, routed by its first key.
+async fn query(
+    mut conn: ClusterConnection,
+    op: &'static str,
+    cmd: redis::Cmd,
+    after: Duration,
+) -> Result<Value, Failed> {
+    let answer = redis::aio::ConnectionLike::req_packed_command(&mut conn, &cmd)
+        .await
+        .and_then(Value::extract_error);
+    answer.map_err(|source| conn::failed(op, source, after))
 }
 
 /// A cluster client builder for `seeds` with bounded timeouts and retries.
