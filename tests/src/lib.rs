@@ -199,6 +199,8 @@ impl Drop for RedisServer {
             self.signal("CONT");
         }
         self.kill();
+        // Only there if a test asked for a SAVE.
+        let _ = std::fs::remove_file(std::env::temp_dir().join(dbfilename(self.port)));
     }
 }
 
@@ -234,8 +236,20 @@ fn free_port() -> u16 {
         .expect("bind a free loopback port")
 }
 
+/// The snapshot file name of the harness's server on `port`: its own, in the shared temp dir.
+fn dbfilename(port: u16) -> String {
+    format!("distlock-{}-{port}.rdb", std::process::id())
+}
+
 /// Starts redis-server on `port` with `extra` arguments; `None` if it did not come up (the port
 /// was taken, say).
+///
+/// A server loads its snapshot file at startup if it finds one, persistence off or not, so each
+/// has a file name of its own ([`dbfilename`]) rather than the temp dir's shared `dump.rdb`
+/// (which any replica of the default configuration writes there). And replication never
+/// writes one: a primary streams its snapshot at once (`repl-diskless-sync-delay 0`, instead of
+/// waiting 5 s for more replicas to come) and a replica loads it from the socket
+/// (`repl-diskless-load swapdb`).
 fn spawn_on(port: u16, extra: &[&str]) -> Option<Child> {
     let mut child = Command::new("redis-server")
         .args([
@@ -249,8 +263,14 @@ fn spawn_on(port: u16, extra: &[&str]) -> Option<Child> {
             "no",
             "--dir",
             &std::env::temp_dir().to_string_lossy(),
+            "--dbfilename",
+            &dbfilename(port),
             "--loglevel",
             "warning",
+            "--repl-diskless-sync-delay",
+            "0",
+            "--repl-diskless-load",
+            "swapdb",
         ])
         .args(extra)
         .stdin(Stdio::null())
