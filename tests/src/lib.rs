@@ -2,7 +2,10 @@
 //!
 //! A [`RedisServer`] runs with persistence off, can be paused (SIGSTOP), resumed, killed and
 //! restarted on the same port, and is stopped (by its pid) when dropped. Tests never touch the
-//! machine's shared Redis.
+//! machine's shared Redis. [`topology`] starts several of them as a Redis Cluster, a Sentinel
+//! group or a set of independent servers.
+
+pub mod topology;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -115,10 +118,22 @@ impl RedisServer {
 
     /// Runs one command on a fresh blocking connection and returns its raw RESP reply.
     ///
+    /// A fresh connection has written nothing, so a `WAIT` sent this way returns at once: send
+    /// it after the writes it is to wait for, with [`RedisServer::commands`].
+    ///
     /// # Panics
     /// If the server cannot be reached.
     pub fn command(&self, args: &[&str]) -> String {
         resp_command(self.port, args).expect("command on test redis")
+    }
+
+    /// Runs `commands` in order on one fresh blocking connection (`SET` then `WAIT 1 1000`, say)
+    /// and returns their raw RESP replies.
+    ///
+    /// # Panics
+    /// If the server cannot be reached.
+    pub fn commands(&self, commands: &[&[&str]]) -> Vec<String> {
+        resp_commands(self.port, commands).expect("commands on test redis")
     }
 
     /// How many requests clients sent, from `INFO commandstats`: every command counts except
@@ -199,6 +214,8 @@ impl Drop for RedisServer {
             self.signal("CONT");
         }
         self.kill();
+        // Only there if a test asked for a SAVE.
+        let _ = std::fs::remove_file(std::env::temp_dir().join(dbfilename(self.port)));
     }
 }
 
@@ -234,10 +251,22 @@ fn free_port() -> u16 {
         .expect("bind a free loopback port")
 }
 
+/// The snapshot file name of the harness's server on `port`: its own, in the shared temp dir.
+fn dbfilename(port: u16) -> String {
+    format!("distlock-{}-{port}.rdb", std::process::id())
+}
+
 /// Starts redis-server on `port` with `extra` arguments; `None` if it did not come up (the port
 /// was taken, say).
+///
+/// A server loads its snapshot file at startup if it finds one, persistence off or not, so each
+/// has a file name of its own ([`dbfilename`]) rather than the temp dir's shared `dump.rdb`
+/// (which any replica of the default configuration writes there). And replication never
+/// writes one: a primary streams its snapshot at once (`repl-diskless-sync-delay 0`, instead of
+/// waiting 5 s for more replicas to come) and a replica loads it from the socket
+/// (`repl-diskless-load swapdb`).
 fn spawn_on(port: u16, extra: &[&str]) -> Option<Child> {
-    let mut child = Command::new("redis-server")
+    let child = Command::new("redis-server")
         .args([
             "--port",
             &port.to_string(),
@@ -249,8 +278,14 @@ fn spawn_on(port: u16, extra: &[&str]) -> Option<Child> {
             "no",
             "--dir",
             &std::env::temp_dir().to_string_lossy(),
+            "--dbfilename",
+            &dbfilename(port),
             "--loglevel",
             "warning",
+            "--repl-diskless-sync-delay",
+            "0",
+            "--repl-diskless-load",
+            "swapdb",
         ])
         .args(extra)
         .stdin(Stdio::null())
@@ -258,6 +293,12 @@ fn spawn_on(port: u16, extra: &[&str]) -> Option<Child> {
         .stderr(Stdio::null())
         .spawn()
         .expect("start redis-server: is it installed and on PATH?");
+    ours_when_up(child, port)
+}
+
+/// Waits (at most 5 s) until the just-spawned `child` answers on `port`; `None`, with the child
+/// killed and reaped, if it exits first (the port was taken, say) or never answers.
+fn ours_when_up(mut child: Child, port: u16) -> Option<Child> {
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
         if let Ok(Some(_exited)) = child.try_wait() {
@@ -275,42 +316,90 @@ fn spawn_on(port: u16, extra: &[&str]) -> Option<Child> {
     None
 }
 
-/// Sends one command in RESP and reads what arrives within a short time.
+/// Sends one command in RESP and reads one whole reply (giving up after 2 s of silence).
 fn resp_command(port: u16, args: &[&str]) -> std::io::Result<String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    let mut request = format!("*{}\r\n", args.len());
-    for arg in args {
-        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
-    }
-    stream.write_all(request.as_bytes())?;
-    let mut reply = Vec::new();
-    let mut buf = [0u8; 16 * 1024];
-    loop {
-        let n = stream.read(&mut buf)?;
-        reply.extend_from_slice(&buf[..n]);
-        if n == 0 || is_complete(&reply) {
-            break;
-        }
-    }
-    Ok(String::from_utf8_lossy(&reply).into_owned())
+    let mut replies = resp_commands(port, &[args])?;
+    Ok(replies.remove(0))
 }
 
-/// True once `reply` holds one whole simple, error, integer or bulk-string reply.
-fn is_complete(reply: &[u8]) -> bool {
-    let Some(line_end) = reply.windows(2).position(|w| w == b"\r\n") else {
-        return false;
-    };
-    match reply.first() {
-        Some(b'$') => {
-            let len: i64 = std::str::from_utf8(&reply[1..line_end])
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0);
-            len < 0 || reply.len() >= line_end + 2 + len as usize + 2
+/// Sends `commands` one after the other on one connection, each once the previous one was
+/// answered, and returns their raw replies.
+fn resp_commands(port: u16, commands: &[&[&str]]) -> std::io::Result<Vec<String>> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut replies = Vec::with_capacity(commands.len());
+    for args in commands {
+        let mut request = format!("*{}\r\n", args.len());
+        for arg in *args {
+            request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
         }
-        _ => true,
+        stream.write_all(request.as_bytes())?;
+        let mut reply = Vec::new();
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            let n = stream.read(&mut buf)?;
+            reply.extend_from_slice(&buf[..n]);
+            if n == 0 || parse_reply(&reply).is_some() {
+                break;
+            }
+        }
+        replies.push(String::from_utf8_lossy(&reply).into_owned());
     }
+    Ok(replies)
+}
+
+/// One RESP2 reply, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Reply {
+    /// `+OK`
+    Simple(String),
+    /// `-ERR ...`
+    Error(String),
+    /// `:42`
+    Integer(i64),
+    /// `$3 foo`, or the nil `$-1`.
+    Bulk(Option<String>),
+    /// `*2 ...`, or the nil `*-1`.
+    Array(Option<Vec<Reply>>),
+}
+
+/// Parses the reply at the start of `bytes`, with its length in bytes; `None` while it is
+/// incomplete. Nested arrays (`CLUSTER SHARDS`, `SENTINEL REPLICAS`) count as complete only once
+/// their last element has arrived; a type this parser does not know counts as one line.
+fn parse_reply(bytes: &[u8]) -> Option<(Reply, usize)> {
+    let line_end = bytes.windows(2).position(|w| w == b"\r\n")?;
+    let line = String::from_utf8_lossy(bytes.get(1..line_end).unwrap_or_default()).into_owned();
+    let after_line = line_end + 2;
+    let reply = match bytes[0] {
+        b'-' => Reply::Error(line),
+        b':' => Reply::Integer(line.parse().unwrap_or_default()),
+        b'$' => match usize::try_from(line.parse::<i64>().unwrap_or(-1)) {
+            Err(_) => Reply::Bulk(None),
+            Ok(len) => {
+                let end = after_line + len;
+                if bytes.len() < end + 2 {
+                    return None;
+                }
+                let text = String::from_utf8_lossy(&bytes[after_line..end]).into_owned();
+                return Some((Reply::Bulk(Some(text)), end + 2));
+            }
+        },
+        b'*' => match usize::try_from(line.parse::<i64>().unwrap_or(-1)) {
+            Err(_) => Reply::Array(None),
+            Ok(count) => {
+                let mut items = Vec::with_capacity(count);
+                let mut at = after_line;
+                for _ in 0..count {
+                    let (item, len) = parse_reply(&bytes[at..])?;
+                    items.push(item);
+                    at += len;
+                }
+                return Some((Reply::Array(Some(items)), at));
+            }
+        },
+        _ => Reply::Simple(line),
+    };
+    Some((reply, after_line))
 }
 
 /// Polls `check` every 5 ms until it is true or `within` has passed; returns how long it took,
