@@ -67,6 +67,26 @@ impl RedisServer {
             assert!(Instant::now() < deadline, "replica of {port} did not sync");
             std::thread::sleep(Duration::from_millis(20));
         }
+        // "up" can come a few seconds before the replication stream flows (seen here with
+        // diskless loading): wait until a write to the primary shows on the replica.
+        let probe = format!("distlock-harness-probe:{}", replica.port);
+        let mut n = 0u64;
+        loop {
+            n += 1;
+            primary.command(&["SET", &probe, &n.to_string(), "PX", "2000"]);
+            std::thread::sleep(Duration::from_millis(10));
+            if replica
+                .command(&["GET", &probe])
+                .ends_with(&format!("\r\n{n}\r\n"))
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "replica of {port} gets no writes"
+            );
+        }
+        primary.command(&["DEL", &probe]);
         replica
     }
 
@@ -675,9 +695,16 @@ impl Proxy {
     /// # Panics
     /// When no loopback port can be bound.
     pub async fn start(server: &RedisServer) -> Self {
+        Self::start_to(server.port()).await
+    }
+
+    /// A proxy to the server (or sentinel) on loopback port `upstream`, forwarding.
+    ///
+    /// # Panics
+    /// When no loopback port can be bound.
+    pub async fn start_to(upstream: u16) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let upstream = server.port();
         let mode = std::sync::Arc::new(std::sync::Mutex::new(ProxyMode::Forward));
         let shared = std::sync::Arc::clone(&mode);
         let (frozen, thawed) = tokio::sync::watch::channel(false);

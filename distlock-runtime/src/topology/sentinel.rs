@@ -5,7 +5,9 @@
 //! primary before using it. Nothing is kept that could point at a demoted primary:
 //! - the command connection is dropped, and the primary asked for again, on a broken
 //!   connection, on `READONLY` (a demoted primary refused a write before running it: the call is
-//!   sent once more to the new primary), and on `+switch-master`;
+//!   sent once more to the new primary), and on `+switch-master`. (Sentinel itself closes the
+//!   ordinary client connections of a primary it demotes, but only some 10 s after the switch,
+//!   and a primary can be demoted by hand; pub/sub connections it leaves open.)
 //! - a watcher task subscribes to `+switch-master` on a sentinel; when it arrives, the command
 //!   connection is dropped and the subscriber connection (release notifications) is closed, so
 //!   waiters poll briefly and subscribe again on the new primary;

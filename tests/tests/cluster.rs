@@ -1,0 +1,361 @@
+//! A Redis Cluster: locks in many slots, all or nothing, with fencing tokens that rise across
+//! slots; waiters woken by sharded pub/sub; scripts lost and a primary killed or paused.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlock_runtime::{LockError, LockManager};
+use distlock_tests::topology::RedisCluster;
+use distlock_tests::{Occupancy, RedisServer};
+
+const TIMEOUT: Duration = Duration::from_millis(500);
+
+fn manager(cluster: &RedisCluster) -> LockManager {
+    builder(cluster).build().unwrap()
+}
+
+fn builder(cluster: &RedisCluster) -> distlock_runtime::LockManagerBuilder {
+    LockManager::builder()
+        .cluster(cluster.seed_urls())
+        .connect_timeout(TIMEOUT)
+        .response_timeout(TIMEOUT)
+        .pool_wait_timeout(TIMEOUT)
+}
+
+/// Whether the node serving `key`'s lock holds it.
+fn held(cluster: &RedisCluster, key: &str) -> bool {
+    let name = format!("distlock:lock:{{{key}}}");
+    let node = cluster.primary_of(&name);
+    cluster.node(node).command(&["EXISTS", &name]) == ":1\r\n"
+}
+
+/// Keys whose locks land in different slots (and so, with three primaries, mostly on
+/// different nodes).
+const KEYS: [&str; 6] = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_in_many_slots_lock_all_or_nothing_with_tokens_above_every_slot() {
+    let _load = distlock_tests::heavy().await;
+    let cluster = RedisCluster::start(3, 0);
+    let slots: std::collections::HashSet<u16> = KEYS
+        .iter()
+        .map(|k| cluster.slot_of(&format!("distlock:lock:{{{k}}}")))
+        .collect();
+    assert_eq!(slots.len(), KEYS.len(), "the test keys share slots");
+    let locks = [manager(&cluster), manager(&cluster)];
+
+    // Taken everywhere at once, as one lease with one token.
+    let lease = locks[0].lock_all(KEYS).acquire().await.unwrap();
+    assert!(KEYS.iter().all(|k| held(&cluster, k)));
+    let token = lease.fencing_token();
+    lease.extend(Duration::from_secs(30)).await.unwrap();
+
+    lease.release().await.unwrap();
+    assert!(KEYS.iter().all(|k| !held(&cluster, k)));
+    // All or nothing: one key held elsewhere leaves none of the others taken.
+    let blocker = locks[1].lock("delta").acquire().await.unwrap();
+    let refused = locks[0]
+        .lock_all(KEYS)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, LockError::NotAcquired { key } if key == "delta"),
+        "{refused:?}"
+    );
+    assert!(KEYS
+        .iter()
+        .filter(|k| **k != "delta")
+        .all(|k| !held(&cluster, k)));
+    blocker.release().await.unwrap();
+
+    // Every key's next lease draws above the multi-slot lease's token, whichever slot's
+    // counter that token came from.
+    for key in KEYS {
+        let single = locks[1].lock(key).acquire().await.unwrap();
+        assert!(
+            single.fencing_token() > token,
+            "{key}: {} <= {token}",
+            single.fencing_token()
+        );
+        single.release().await.unwrap();
+    }
+
+    // A slot's counter far ahead (a node whose clock runs ahead) sets the lease's token, and
+    // is written back to the others.
+    let ahead = token + 1_000_000_000;
+    let fence = "distlock:fence:{alpha}";
+    let node = cluster.primary_of(fence);
+    cluster
+        .node(node)
+        .command(&["SET", fence, &ahead.to_string(), "PX", "600000"]);
+    let lease = locks[0].lock_all(KEYS).acquire().await.unwrap();
+    assert!(lease.fencing_token() > ahead);
+    let multi = lease.fencing_token();
+    lease.release().await.unwrap();
+    let single = locks[1].lock("foxtrot").acquire().await.unwrap();
+    assert!(
+        single.fencing_token() > multi,
+        "{} <= {multi}",
+        single.fencing_token()
+    );
+    single.release().await.unwrap();
+
+    // A template that chooses a slot puts two keys in one script call.
+    let wallet = "{user:7}:wallet";
+    let cart = "{user:7}:cart";
+    assert_eq!(
+        cluster.slot_of(&format!("distlock:lock:{{{wallet}}}")),
+        cluster.slot_of(&format!("distlock:lock:{{{cart}}}"))
+    );
+    let before = locks[0].stats().acquire_requests;
+    let lease = locks[0].lock_all([wallet, cart]).acquire().await.unwrap();
+    assert_eq!(locks[0].stats().acquire_requests - before, 1);
+    lease.release().await.unwrap();
+
+    // Waiters are woken by the release (sharded pub/sub), not by the holder's 30 s expiry, and
+    // two managers never hold a key at once.
+    let occupancy = Arc::new(Occupancy::default());
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let locks = locks[i % 2].clone();
+        let occupancy = Arc::clone(&occupancy);
+        tasks.push(tokio::spawn(async move {
+            for round in 0..10 {
+                let keys = [KEYS[(i + round) % 6], KEYS[(i + round + 1) % 6]];
+                let lease = locks
+                    .lock_all(keys)
+                    .ttl(Duration::from_secs(30))
+                    .wait(Duration::from_secs(20))
+                    .acquire()
+                    .await
+                    .unwrap();
+                let inside = occupancy.enter(&keys);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                drop(inside);
+                lease.release().await.unwrap();
+            }
+        }));
+    }
+    let started = Instant::now();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(occupancy.overlaps(), 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_waiter_is_woken_by_a_sharded_release_notification() {
+    let cluster = RedisCluster::start(3, 0);
+    let locks = [manager(&cluster), manager(&cluster)];
+    let held = locks[0]
+        .lock("woken")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = locks[1].clone();
+    let waiting = tokio::spawn(async move {
+        let lease = waiter
+            .lock("woken")
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+            .unwrap();
+        (Instant::now(), lease)
+    });
+    let channel = "distlock:lock:{woken}";
+    let node = cluster.primary_of(channel);
+    let subscribed = distlock_tests::eventually(Duration::from_secs(5), || async {
+        cluster
+            .node(node)
+            .command(&["PUBSUB", "SHARDNUMSUB", channel])
+            .contains(":1\r\n")
+    })
+    .await;
+    assert!(
+        subscribed.is_some(),
+        "the waiter subscribed to its key's shard channel"
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (acquired, lease) = waiting.await.unwrap();
+    assert!(
+        acquired - released < Duration::from_secs(1),
+        "{:?}",
+        acquired - released
+    );
+    lease.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn scripts_flushed_from_every_node_are_sent_again() {
+    let cluster = RedisCluster::start(3, 0);
+    let locks = manager(&cluster);
+    for key in KEYS {
+        distlock_tests::lock_once(&locks, key).await;
+    }
+    for i in 0..cluster.node_count() {
+        cluster.node(i).command(&["SCRIPT", "FLUSH"]);
+    }
+    let lease = locks.lock_all(KEYS).acquire().await.unwrap();
+    lease.extend(Duration::from_secs(10)).await.unwrap();
+    lease.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_paused_primary_is_an_error_within_the_timeouts() {
+    let _load = distlock_tests::timed().await;
+    let mut cluster = RedisCluster::start(3, 0);
+    let locks = manager(&cluster);
+    for key in KEYS {
+        distlock_tests::lock_once(&locks, key).await;
+    }
+    let paused = cluster.pause_primary_of("distlock:lock:{bravo}");
+    let started = Instant::now();
+    let outcome = locks
+        .lock("bravo")
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await;
+    let took = started.elapsed();
+    let error = outcome.unwrap_err();
+    assert!(error.is_unavailable(), "{error:?}");
+    assert!(took < TIMEOUT * 3, "{took:?}");
+    // Other slots still work meanwhile.
+    let other = KEYS
+        .iter()
+        .find(|k| cluster.primary_of(&format!("distlock:lock:{{{k}}}")) != paused)
+        .unwrap();
+    distlock_tests::lock_once(&locks, other).await;
+    cluster.resume(paused);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_primary_of_a_held_lock_loses_no_update() {
+    let _load = distlock_tests::heavy().await;
+    let mut cluster = RedisCluster::start(3, 1);
+    // The guarded counter lives elsewhere, where the failover cannot touch it.
+    let store = RedisServer::start();
+    // min_replicas(1): an acquire counts only once the replica has it, so the replica that
+    // takes over has every lock its primary granted (asynchronous replication alone could
+    // lose one, and let two holders in).
+    let locks = [
+        builder(&cluster).min_replicas(1).build().unwrap(),
+        builder(&cluster).min_replicas(1).build().unwrap(),
+    ];
+    let occupancy = Arc::new(Occupancy::default());
+    // Bodies that got as far as their write.
+    let written = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let locks = locks[i % 2].clone();
+        let occupancy = Arc::clone(&occupancy);
+        let written = Arc::clone(&written);
+        let stop = Arc::clone(&stop);
+        let store = store.client().await;
+        tasks.push(tokio::spawn(async move {
+            let mut errors = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let mut store = store.clone();
+                let written = Arc::clone(&written);
+                let occupancy = Arc::clone(&occupancy);
+                let body = async move {
+                    let _inside = occupancy.enter(&["counter"]);
+                    let value: Option<u64> = redis::cmd("GET")
+                        .arg("counter")
+                        .query_async(&mut store)
+                        .await
+                        .unwrap();
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    let () = redis::cmd("SET")
+                        .arg("counter")
+                        .arg(value.unwrap_or(0) + 1)
+                        .query_async(&mut store)
+                        .await
+                        .unwrap();
+                    written.fetch_add(1, Ordering::Relaxed);
+                };
+                let outcome = locks
+                    .lock("counter")
+                    .ttl(Duration::from_secs(10))
+                    .wait(Duration::from_secs(5))
+                    .run(body)
+                    .await;
+                if outcome.is_err() {
+                    // The failover: errors until the replica takes over and has a replica.
+                    errors += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            errors
+        }));
+    }
+    // A lease on another key of the same primary, held across the failover by renewal.
+    let primary = cluster.primary_of("distlock:lock:{counter}");
+    let renewed_key = (0..1000)
+        .map(|i| format!("renewed-{i}"))
+        .find(|k| cluster.primary_of(&format!("distlock:lock:{{{k}}}")) == primary)
+        .unwrap();
+    let renewed = locks[0]
+        .lock(renewed_key.as_str())
+        .ttl(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let slot = cluster.slot_of("distlock:lock:{counter}");
+    let before = written.load(Ordering::Relaxed);
+    let killed = cluster.kill_primary_of("distlock:lock:{counter}");
+    let started = Instant::now();
+    cluster.wait_for_failover(slot, Duration::from_secs(15));
+    let failover = started.elapsed();
+    // The old primary comes back as the new one's replica, so WAIT 1 can succeed again.
+    cluster.node_mut(killed).restart();
+    let resumed = distlock_tests::eventually(Duration::from_secs(20), || {
+        let written = Arc::clone(&written);
+        async move {
+            let now = written.load(Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            written.load(Ordering::Relaxed) > now + 5
+        }
+    })
+    .await;
+    // The renewed lease either went on on the new primary or was reported lost; either way
+    // nothing hangs.
+    let lost = tokio::time::timeout(Duration::from_millis(100), renewed.lost())
+        .await
+        .is_ok();
+    let released = tokio::time::timeout(Duration::from_secs(3), renewed.release()).await;
+    let released = released.expect("the release of a lease held across a failover hung");
+    if !lost {
+        released.expect("a lease renewed across the failover releases");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut errors = 0;
+    for task in tasks {
+        errors += task.await.unwrap();
+    }
+    eprintln!(
+        "failover of node {killed} in {failover:?}, updates resumed {resumed:?} after it, \
+         {errors} errors, renewed lease lost: {lost}"
+    );
+    assert!(resumed.is_some(), "locking resumed on the new primary");
+    let total = written.load(Ordering::Relaxed);
+    assert!(total > before);
+    assert_eq!(occupancy.overlaps(), 0, "two holders overlapped");
+    let counter = store.command(&["GET", "counter"]);
+    assert!(
+        counter.contains(&format!("\r\n{total}\r\n")),
+        "counter {counter:?} after {total} locked updates"
+    );
+}
