@@ -13,7 +13,9 @@
 //!
 //! `--compare` runs `raw`, `uncontended`, `macro` and `uncontended-fair` interleaved (50
 //! rounds, each scenario back to back in every round) and prints the median of the per-round
-//! throughput ratios.
+//! throughput ratios. `--compare --topology cluster|sentinel|quorum` instead starts that
+//! topology's servers locally and compares its uncontended cycle with one Redis's (and, for a
+//! cluster or Sentinel, the cycle with `min_replicas(1)` with the cycle without).
 //! Redis: `--redis-url`, else as the seckill demo finds one (REDIS_URL, 127.0.0.1:6379, or a
 //! throwaway redis-server). Attempts per acquisition (`contended`) are the managers' own count
 //! of acquire requests sent ([`LockManager::stats`]); renewal round trips (`held`) are read
@@ -30,6 +32,10 @@ use distlock_runtime::{distributed_lock, LockError, LockManager};
 use redis::aio::MultiplexedConnection;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use topology::{Servers, Topology};
+
+#[path = "topology.rs"]
+mod topology;
 
 #[derive(Parser, Clone)]
 #[command(about = "Measures distlock against the raw Redis floor")]
@@ -67,6 +73,9 @@ struct Cli {
     /// Redis URL.
     #[arg(long)]
     redis_url: Option<String>,
+    /// With --compare: start this topology locally and compare it with one Redis.
+    #[arg(long, value_enum, default_value_t = Topology::Standalone)]
+    topology: Topology,
     /// Internal: run contended workers in this process and print their records as JSON.
     #[arg(long, hide = true)]
     worker_base: Option<u32>,
@@ -99,6 +108,9 @@ async fn main() -> ExitCode {
     };
     let outcome = match (cli.worker_base, cli.compare, cli.scenario) {
         (Some(base), _, _) => contended_worker(&cli, &url, base).await,
+        (None, true, _) if cli.topology != Topology::Standalone => {
+            compare_topology(&cli, &url).await
+        }
         (None, true, _) => compare(&cli, &url).await,
         (None, false, Some(Scenario::Contended)) => contended(&cli, &url).await,
         (None, false, Some(Scenario::Held)) => held(&cli, &url).await,
@@ -399,6 +411,97 @@ async fn compare(cli: &Cli, url: &str) -> Fallible<()> {
         );
         println!("macro / uncontended    = {via_macro:.3}");
         println!("uncontended-fair / raw = {fair:.3}");
+    }
+    Ok(())
+}
+
+/// The uncontended cycle on a local cluster, Sentinel group or quorum, against the same cycle
+/// on one Redis, interleaved in rounds; and the cost of `min_replicas(1)` where it applies.
+async fn compare_topology(cli: &Cli, url: &str) -> Fallible<()> {
+    let prefix = format!("distlock-bench:{}:", std::process::id());
+    let servers = Servers::start(cli.topology).ok_or("standalone has nothing to compare")?;
+    eprintln!("bench: started {}", servers.describe());
+    let standalone = manager(url)?;
+    let on_topology = servers
+        .builder()
+        .prefix(&prefix)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut managers = vec![
+        ("standalone".to_owned(), standalone),
+        (format!("{:?}", cli.topology).to_lowercase(), on_topology),
+    ];
+    if cli.topology != Topology::Quorum {
+        let replicated = servers
+            .builder()
+            .prefix(&prefix)
+            .min_replicas(1)
+            .build()
+            .map_err(|e| e.to_string())?;
+        managers.push((
+            format!("{:?} min_replicas(1)", cli.topology).to_lowercase(),
+            replicated,
+        ));
+    }
+    for (_, locks) in &managers {
+        uncontended_cycles(locks, 1_000.min(cli.cycles), false).await?;
+    }
+    let rounds = 50;
+    let per_round = (cli.cycles / rounds).max(1);
+    let mut results: Vec<Cycles> = managers.iter().map(|_| Cycles::default()).collect();
+    for _ in 0..rounds {
+        for ((_, locks), total) in managers.iter().zip(&mut results) {
+            total.add_round(uncontended_cycles(locks, per_round, false).await?);
+        }
+    }
+    let mut conn = connection(url).await?;
+    remove_counters(&mut conn, managers[0].1.prefix(), ["uncontended"]).await?;
+    let ratio = |a: usize, b: usize| {
+        let mut ratios: Vec<f64> = results[a]
+            .round_rates
+            .iter()
+            .zip(&results[b].round_rates)
+            .map(|(x, y)| x / y)
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        ratios.get(ratios.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let over_standalone = ratio(1, 0);
+    let replicas_cost = (results.len() > 2).then(|| ratio(2, 1));
+    if cli.json {
+        println!(
+            "{}",
+            json!({
+                "scenario": "compare-topology",
+                "topology": managers[1].0,
+                "rows": managers.iter().zip(&results).map(|((name, _), c)| cycle_row(name, c)).collect::<Vec<_>>(),
+                "topology_over_standalone": over_standalone,
+                "min_replicas_over_topology": replicas_cost,
+            })
+        );
+    } else {
+        println!(
+            "{:<32} {:>8} {:>12} {:>10} {:>10}",
+            "uncontended cycle on", "cycles", "cycles/s", "p50", "p99"
+        );
+        for ((name, _), c) in managers.iter().zip(&results) {
+            println!(
+                "{:<32} {:>8} {:>12.0} {:>8.1}us {:>8.1}us",
+                name,
+                c.latencies.len(),
+                c.per_second(),
+                us(c.quantile(0.5)),
+                us(c.quantile(0.99))
+            );
+        }
+        println!();
+        println!(
+            "{} / standalone = {over_standalone:.3}  (median of per-round throughput ratios)",
+            managers[1].0
+        );
+        if let Some(cost) = replicas_cost {
+            println!("{} / {} = {cost:.3}", managers[2].0, managers[1].0);
+        }
     }
     Ok(())
 }

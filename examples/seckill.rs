@@ -6,6 +6,10 @@
 //! oversells), `optimistic` (WATCH/MULTI) and `lua` (one script). It prints a summary table and
 //! one machine-readable line per strategy.
 //!
+//! `--topology cluster|sentinel|quorum` puts the locks on a local Redis Cluster, Sentinel group
+//! or Redlock quorum that the demo starts (and stops) for the run; the products stay on the one
+//! Redis it found.
+//!
 //! `serve` runs one instance; `load` sends buyers to running instances.
 
 use std::net::SocketAddr;
@@ -19,12 +23,20 @@ use distlock_examples::seckill::{
     BuyRequest, BuyResponse, CreateProduct, ProductReport, Shop, Strategy,
 };
 use indicatif::{ProgressBar, ProgressStyle};
+use topology::{Servers, Topology};
+
+#[path = "topology.rs"]
+mod topology;
 
 #[derive(Parser)]
 #[command(about = "A flash-sale service whose purchase handler runs under #[distributed_lock]")]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    /// Where the demo's locks live (the demo without a subcommand): a local cluster, Sentinel
+    /// group or quorum started for the run, or the one Redis.
+    #[arg(long, value_enum, default_value_t = Topology::Standalone)]
+    topology: Topology,
 }
 
 #[derive(Subcommand)]
@@ -99,7 +111,7 @@ async fn main() -> ExitCode {
             print_table(std::slice::from_ref(&report));
             println!("{}", report.line());
         }),
-        Command::Demo { buyers, stock } => demo(buyers, stock).await,
+        Command::Demo { buyers, stock } => demo(buyers, stock, cli.topology).await,
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -157,13 +169,22 @@ struct Instances {
 }
 
 impl Instances {
-    async fn start(redis_url: &str, strategy: Strategy, prefix: &str) -> Result<Self, String> {
+    async fn start(
+        redis_url: &str,
+        servers: Option<&Servers>,
+        strategy: Strategy,
+        prefix: &str,
+    ) -> Result<Self, String> {
         let mut urls = Vec::new();
         let mut stop = Vec::new();
         for _ in 0..2 {
             // Each instance has its own Shop, hence its own LockManager and connections, as two
             // processes would.
-            let shop = Shop::connect(redis_url, strategy, prefix)
+            let locks = match servers {
+                Some(servers) => servers.builder(),
+                None => distlock_runtime::LockManager::builder().url(redis_url),
+            };
+            let shop = Shop::connect_with_locks(redis_url, locks, strategy, prefix)
                 .await
                 .map_err(|e| format!("cannot use Redis at {}: {e}", shown(redis_url)))?;
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -193,9 +214,13 @@ impl Drop for Instances {
     }
 }
 
-async fn demo(buyers: u64, stock: u32) -> Result<(), String> {
+async fn demo(buyers: u64, stock: u32, topology: Topology) -> Result<(), String> {
     let redis = LocalRedis::find_or_start()?;
     eprintln!("Redis: {} ({})", shown(&redis.url), redis.origin);
+    let servers = Servers::start(topology);
+    if let Some(servers) = &servers {
+        eprintln!("Locks: on {}, started for this run", servers.describe());
+    }
     eprintln!(
         "Selling {stock} units to {buyers} concurrent buyers through 2 service instances, once \
          per strategy.\n"
@@ -204,7 +229,7 @@ async fn demo(buyers: u64, stock: u32) -> Result<(), String> {
     let mut reports = Vec::new();
     for (i, strategy) in Strategy::ALL.into_iter().enumerate() {
         let prefix = format!("seckill-demo:{run}:");
-        let instances = Instances::start(&redis.url, strategy, &prefix).await?;
+        let instances = Instances::start(&redis.url, servers.as_ref(), strategy, &prefix).await?;
         let args = LoadArgs {
             targets: instances.urls.clone(),
             buyers,

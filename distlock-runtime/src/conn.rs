@@ -137,7 +137,20 @@ impl Link {
     }
 
     async fn run_plain(&self, call: &ScriptCall) -> Result<Value, Failed> {
-        call.run_with(|cmd| self.query(call.op, cmd)).await
+        self.run_prepared(call, &call.evalsha()).await
+    }
+
+    /// Runs `call`, whose `EVALSHA` command `evalsha` the caller built (once for several
+    /// servers); `EVAL` if the server lost the script.
+    pub(crate) async fn run_prepared(
+        &self,
+        call: &ScriptCall,
+        evalsha: &Cmd,
+    ) -> Result<Value, Failed> {
+        match self.query(call.op, evalsha).await {
+            Err(failed) if failed.is_noscript() => self.query(call.op, &call.eval()).await,
+            answer => answer,
+        }
     }
 
     /// Runs a write and `WAIT`s for `replicas` in one pipeline, on a connection of its own:
@@ -217,7 +230,7 @@ impl Link {
     /// idle timeout): when it fails at once, the command is sent once more on a fresh
     /// connection. Every distlock script is safe to repeat (an acquire by the same token takes
     /// its own keys again; release and extend are idempotent).
-    pub(crate) async fn query(&self, op: &'static str, cmd: Cmd) -> Result<Value, Failed> {
+    pub(crate) async fn query(&self, op: &'static str, cmd: &Cmd) -> Result<Value, Failed> {
         let after = self.timeouts.response;
         let mut may_retry = true;
         let mut follow = self.dial.follows_failover();
@@ -234,7 +247,7 @@ impl Link {
                 }
             };
             let mut call = std::pin::pin!(async {
-                conn.send_packed_command(&cmd)
+                conn.send_packed_command(cmd)
                     .await
                     .and_then(Value::extract_error)
             });

@@ -13,8 +13,10 @@
 //! step, and a failover takes longer than their offsets; a clock set back by hand breaks the
 //! guarantee until the counter has caught up.
 
-/// Lua shared by every script that draws a fencing token: `draw(from, to, keep_ms, t)`, where
-/// `t` is Redis's `TIME` reply.
+/// Lua shared by every script that draws a fencing token: `draw(from, to, keep_ms, t, floor)`,
+/// where `t` is Redis's `TIME` reply and `floor` (decimal digits, or nil) a token the caller
+/// proposes: a quorum proposes one slightly ahead of its own clock, so that its nodes, whose
+/// clocks differ, draw the same token and need no write-back (see `topology/quorum.rs`).
 ///
 /// Each lock key `L` has a counter `F` beside it holding the last token drawn for it. A token
 /// is Redis's clock in microseconds, or one more than the greatest counter of the lease's keys
@@ -32,9 +34,14 @@
 /// is parsed, and makes a second write. `draw` returns the token as its digits. Tokens stay
 /// below 2^53, so Lua numbers (and JavaScript's) hold them exactly.
 pub(crate) const FENCE: &str = r"
-local function draw(from, to, keep_ms, t)
+local function draw(from, to, keep_ms, t, floor)
   local us = t[2]
   local now = t[1] .. string.rep('0', 6 - #us) .. us
+  if floor and (#floor > #now or (#floor == #now and floor > now)) then
+    -- Ahead of this server's clock: the counters live until the clock has passed it.
+    keep_ms = string.format('%.0f', keep_ms + math.ceil((tonumber(floor) - (t[1] * 1000000 + us)) / 1000))
+    now = floor
+  end
   local ahead = nil
   for i = from, to do
     local last = redis.pcall('SET', KEYS[i], now, 'PX', keep_ms, 'GET')

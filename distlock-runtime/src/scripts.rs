@@ -18,7 +18,8 @@ use crate::topology::Lua;
 ///
 /// KEYS: the lock keys `L1..Ln` (sorted, de-duplicated), then their fencing counters `F1..Fn`
 /// in the same order (see `fence.rs`).
-/// ARGV[1]: the owner token; ARGV[2]: the ttl in milliseconds.
+/// ARGV[1]: the owner token; ARGV[2]: the ttl in milliseconds; ARGV[3] (optional): a proposed
+/// fencing token, the least one drawn (see `fence.rs`).
 /// Returns the fencing token (its decimal digits) when every key was free (or already held by this
 /// token, so a retried request after a lost answer is harmless) and is now set with `PX ttl`;
 /// `{0, i, pttl}` when some key is held by another owner, where `i` is the 1-based index of the
@@ -58,7 +59,7 @@ else
   end
   for i = 1, n do redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
 end
-return draw(n + 1, 2 * n, ARGV[2], redis.call('TIME'))
+return draw(n + 1, 2 * n, ARGV[2], redis.call('TIME'), ARGV[3])
 "
     ))
 });

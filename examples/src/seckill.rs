@@ -155,8 +155,21 @@ impl Shop {
     /// When the URL is unusable, Redis cannot be reached, or it refuses the settings
     /// ([`LockManager::ping`]).
     pub async fn connect(url: &str, strategy: Strategy, prefix: &str) -> Result<Self, ShopError> {
-        let locks = LockManager::builder()
-            .url(url)
+        Self::connect_with_locks(url, LockManager::builder().url(url), strategy, prefix).await
+    }
+
+    /// A shop whose products live on the Redis at `url` and whose locks come from `locks` (a
+    /// builder with its topology chosen: a cluster, a Sentinel group, a quorum, or `url` too).
+    ///
+    /// # Errors
+    /// As [`Shop::connect`].
+    pub async fn connect_with_locks(
+        url: &str,
+        locks: distlock_runtime::LockManagerBuilder,
+        strategy: Strategy,
+        prefix: &str,
+    ) -> Result<Self, ShopError> {
+        let locks = locks
             .prefix(format!("{prefix}lock:"))
             .default_wait(BUSY_AFTER)
             .build()?;

@@ -257,3 +257,113 @@ async fn a_least_privilege_user_with_channel_rights_is_woken_by_notifications() 
     held.release().await.unwrap();
     waiter.await.unwrap().unwrap().release().await.unwrap();
 }
+
+#[test]
+fn a_manager_takes_exactly_one_topology() {
+    let two = LockManager::builder()
+        .url("redis://127.0.0.1:1")
+        .cluster(["redis://127.0.0.1:2"])
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(
+            two,
+            LockError::InvalidConfig {
+                what: "topology",
+                ..
+            }
+        ),
+        "{two:?}"
+    );
+    let message = two.to_string();
+    assert!(
+        message.contains(".url(..)") && message.contains(".cluster(..)"),
+        "{message}"
+    );
+    let none = LockManager::builder().build().unwrap_err();
+    assert!(
+        matches!(
+            none,
+            LockError::InvalidConfig {
+                what: "topology",
+                ..
+            }
+        ),
+        "{none:?}"
+    );
+    let sentinel_and_quorum = LockManager::builder()
+        .sentinel("main", ["redis://127.0.0.1:26379"])
+        .quorum([
+            "redis://127.0.0.1:1",
+            "redis://127.0.0.1:2",
+            "redis://127.0.0.1:3",
+        ])
+        .build()
+        .unwrap_err();
+    assert!(sentinel_and_quorum.to_string().contains(".sentinel(..)"));
+    let too_small = LockManager::builder()
+        .quorum(["redis://127.0.0.1:1", "redis://127.0.0.1:2"])
+        .build()
+        .unwrap_err();
+    assert!(too_small.to_string().contains("at least 3"), "{too_small}");
+    let no_seeds = LockManager::builder()
+        .cluster(Vec::<String>::new())
+        .build()
+        .unwrap_err();
+    assert!(matches!(
+        no_seeds,
+        LockError::InvalidConfig {
+            what: "cluster",
+            ..
+        }
+    ));
+    // A URL given after another URL (or a pool) replaces it: one topology.
+    LockManager::builder()
+        .url("redis://127.0.0.1:1")
+        .url("redis://127.0.0.1:2")
+        .build()
+        .unwrap();
+    // No network I/O in build, whatever the topology.
+    for built in [
+        LockManager::builder()
+            .cluster(["redis://127.0.0.1:1"])
+            .build(),
+        LockManager::builder()
+            .sentinel("main", ["redis://127.0.0.1:1"])
+            .build(),
+        LockManager::builder()
+            .quorum([
+                "redis://127.0.0.1:1",
+                "redis://127.0.0.1:2",
+                "redis://127.0.0.1:3",
+            ])
+            .build(),
+    ] {
+        built.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn passwords_in_topology_urls_never_show() {
+    let secret = "quorum-horse-77";
+    let locks = LockManager::builder()
+        .quorum((1..=3).map(|p| format!("redis://app:{secret}@127.0.0.1:{p}")))
+        .build()
+        .unwrap();
+    assert!(!format!("{locks:?}").contains(secret), "{locks:?}");
+    let locks = LockManager::builder()
+        .cluster([format!("redis://app:{secret}@127.0.0.1:1")])
+        .build()
+        .unwrap();
+    assert!(!format!("{locks:?}").contains(secret), "{locks:?}");
+    let locks = LockManager::builder()
+        .sentinel("main", [format!("redis://app:{secret}@127.0.0.1:1")])
+        .connect_timeout(TIMEOUT)
+        .response_timeout(TIMEOUT)
+        .build()
+        .unwrap();
+    assert!(!format!("{locks:?}").contains(secret), "{locks:?}");
+    let error = locks.ping().await.unwrap_err();
+    assert!(!error.to_string().contains(secret), "{error}");
+    assert!(!format!("{error:?}").contains(secret), "{error:?}");
+}

@@ -131,21 +131,53 @@ impl Cluster {
         call: &ScriptCall,
         replicas: Replicas,
     ) -> Result<Value, Failed> {
-        use redis::cluster_routing::{Route as SlotRoute, RoutingInfo, SingleNodeRoutingInfo};
+        use redis::cluster_routing::{Route as SlotRoute, SingleNodeRoutingInfo, SlotAddr};
+        let op = call.op;
         let after = self.timeouts.response + replicas.timeout;
-        let answer = call
-            .run_with(|cmd| query(conn.clone(), call.op, cmd, after))
-            .await?;
         let slot = call.keys().first().map_or(0, |key| slot(key));
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(replicas.count).arg(conn::millis(replicas.timeout));
-        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(SlotRoute::new(
-            slot,
-            redis::cluster_routing::SlotAddr::Master,
-        )));
-        let acked = match conn.clone().route_command(wait, routing).await {
-            Ok(Value::Int(n)) => usize::try_from(n).unwrap_or(0),
-            _ => 0,
+        let route = SingleNodeRoutingInfo::SpecificNode(SlotRoute::new(slot, SlotAddr::Master));
+        // The write and its WAIT in one pipeline, to the slot's primary: one round trip.
+        let answer = call
+            .run_with(|cmd| {
+                let mut pipe = redis::pipe();
+                pipe.add_command(cmd)
+                    .cmd("WAIT")
+                    .arg(replicas.count)
+                    .arg(conn::millis(replicas.timeout));
+                let (mut conn, route) = (conn.clone(), route.clone());
+                async move {
+                    let values = conn
+                        .route_pipeline(pipe, 0, 2, route)
+                        .await
+                        .map_err(|source| conn::failed(op, source, after))?;
+                    // The script's own error (NOSCRIPT, say) fails the call.
+                    if let Some(Err(source)) = values.first().cloned().map(Value::extract_error) {
+                        return Err(conn::failed(op, source, after));
+                    }
+                    Ok(Value::Array(values))
+                }
+            })
+            .await?;
+        let (answer, acked) = match answer {
+            Value::Array(mut values) if values.len() == 2 => {
+                let acked = match values.pop() {
+                    Some(Value::Int(n)) => usize::try_from(n).unwrap_or(0),
+                    _ => 0,
+                };
+                (values.pop().unwrap_or(Value::Nil), acked)
+            }
+            _ => {
+                return Err(Failed {
+                    error: LockError::Redis {
+                        op,
+                        source: redis::RedisError::from((
+                            redis::ErrorKind::Parse,
+                            "unexpected answer to a write and WAIT",
+                        )),
+                    },
+                    reached: Reached::Answered,
+                })
+            }
         };
         super::confirmed(call, answer, acked, replicas, |undo| self.run_plain(undo)).await
     }

@@ -212,6 +212,26 @@ impl ScriptCall {
         self
     }
 
+    /// An owned copy of the call, for one server of a quorum (its kind is [`Kind::Read`]:
+    /// the combining is the quorum's).
+    pub(crate) fn detached(&self) -> Self {
+        Self {
+            op: self.op,
+            lua: self.lua,
+            keys: self.keys.clone(),
+            args: self.args.clone(),
+            kind: Kind::Read,
+        }
+    }
+
+    /// [`detached`](Self::detached), with one more argument (a quorum's proposed fencing
+    /// token).
+    pub(crate) fn with_arg(&self, arg: impl ToRedisArgs) -> Self {
+        let mut call = self.detached();
+        call.arg(arg);
+        call
+    }
+
     /// The keys, in order.
     pub(crate) fn keys(&self) -> &[String] {
         &self.keys

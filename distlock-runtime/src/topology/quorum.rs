@@ -38,7 +38,7 @@ const POOL_SIZE: usize = 2;
 
 /// A quorum of independent Redis primaries.
 pub(crate) struct Quorum {
-    nodes: Vec<Link>,
+    nodes: Vec<Arc<Link>>,
     clients: Vec<redis::Client>,
     timeouts: Timeouts,
     endpoint: String,
@@ -67,7 +67,7 @@ impl Quorum {
             clients.push(conn::client(info.clone())?);
             let pool = conn::create_pool(info, POOL_SIZE, timeouts)?;
             let dial = PoolDial { pool, timeouts };
-            nodes.push(Link::new(Box::new(dial), timeouts, true, None));
+            nodes.push(Arc::new(Link::new(Box::new(dial), timeouts, true, None)));
             shown.push(endpoint);
         }
         Ok(Self {
@@ -101,34 +101,52 @@ impl Quorum {
         limit: Duration,
         enough: impl Fn(&[Option<Answer>]) -> bool,
     ) -> Vec<Option<Answer>> {
-        self.fan_out_on(call, limit, &vec![true; self.nodes.len()], enough)
+        let all = vec![true; self.nodes.len()];
+        self.fan_out_on(Arc::new(call.detached()), limit, &all, enough)
             .await
     }
 
     /// [`fan_out`](Self::fan_out) on the nodes `to` marks.
     async fn fan_out_on(
         &self,
-        call: &ScriptCall,
+        call: Arc<ScriptCall>,
         limit: Duration,
         to: &[bool],
         enough: impl Fn(&[Option<Answer>]) -> bool,
     ) -> Vec<Option<Answer>> {
         let op = call.op;
+        // Each node's request runs in a task of its own, so a round that ends early (enough
+        // answers) leaves the others to finish: a request dropped before it was written would
+        // never reach its node, and a release or a grant would be left behind there.
+        let owned = call;
+        let evalsha = Arc::new(owned.evalsha());
         let mut answers: Vec<Option<Answer>> = self.nodes.iter().map(|_| None).collect();
         let mut pending: FuturesUnordered<_> = self
             .nodes
             .iter()
             .enumerate()
             .filter(|(i, _)| to.get(*i).copied().unwrap_or(false))
-            .map(|(i, node)| async move {
-                let answer = match tokio::time::timeout(limit, node.run(call)).await {
-                    Ok(answer) => answer,
-                    Err(_) => Err(Failed {
-                        error: LockError::RedisTimeout { op, after: limit },
-                        reached: Reached::Maybe,
-                    }),
-                };
-                (i, answer)
+            .map(|(i, node)| {
+                let (node, call, evalsha) =
+                    (Arc::clone(node), Arc::clone(&owned), Arc::clone(&evalsha));
+                let task = tokio::spawn(async move {
+                    match tokio::time::timeout(limit, node.run_prepared(&call, &evalsha)).await {
+                        Ok(answer) => answer,
+                        Err(_) => Err(Failed {
+                            error: LockError::RedisTimeout { op, after: limit },
+                            reached: Reached::Maybe,
+                        }),
+                    }
+                });
+                async move {
+                    let answer = task.await.unwrap_or_else(|_| {
+                        Err(Failed {
+                            error: LockError::RedisTimeout { op, after: limit },
+                            reached: Reached::Maybe,
+                        })
+                    });
+                    (i, answer)
+                }
             })
             .collect();
         while let Some((i, answer)) = pending.next().await {
@@ -147,7 +165,13 @@ impl Quorum {
             } => self.acquire(call, fences, *ttl, undo).await,
             Kind::Extend => self.extend(call).await,
             Kind::Release | Kind::Read | Kind::Raise => {
-                let answers = self.fan_out(call, self.node_timeout(call), |_| false).await;
+                // Done once a majority answered: the others were sent, and run anyway.
+                let majority = self.majority();
+                let answers = self
+                    .fan_out(call, self.node_timeout(call), |answers| {
+                        answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count() >= majority
+                    })
+                    .await;
                 self.majority_answered(call.op, answers, |values| match call.kind {
                     // The most keys any node released.
                     Kind::Release => values
@@ -216,9 +240,31 @@ impl Quorum {
     ) -> Result<Value, Failed> {
         let majority = self.majority();
         let nodes = self.nodes.len();
-        let granted = |answer: &Option<Answer>| matches!(answer, Some(Ok(v)) if matches!(Acquire::from_redis_value(v.clone()), Ok(Acquire::Acquired { .. })));
+        let granted = |answer: &Option<Answer>| token(answer).is_some();
+        // Proposed to every node as the least token to draw: slightly ahead of this host's
+        // clock, so nodes whose clocks differ by less than that all draw it, and a majority
+        // holds it in its counters without a write-back round.
+        let floor = u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_micros(),
+        )
+        .unwrap_or(0)
+            + FLOOR_AHEAD_US;
+        let proposed = Arc::new(call.with_arg(floor));
         // Every node within its bound: a hung node costs the round a tenth of the ttl at most.
-        let answers = self.fan_out(call, self.node_timeout(call), |_| false).await;
+        // The round ends as soon as a majority granted the same token (the others' answers,
+        // grants included, are released with the lease).
+        let all = vec![true; nodes];
+        let answers = self
+            .fan_out_on(proposed, self.node_timeout(call), &all, |answers| {
+                let mut tokens = answers.iter().filter_map(token);
+                let first = tokens.next();
+                let agreeing = first.map_or(0, |t| 1 + tokens.filter(|&u| u == t).count());
+                agreeing >= majority
+            })
+            .await;
         let mut tokens = Vec::new();
         let mut held: Option<Acquire> = None;
         let mut failures = Vec::new();
@@ -279,7 +325,9 @@ impl Quorum {
         // lost) is left to the acquire's release by token in the background, which repeats
         // until the ttl: waiting for it here would stall the round.
         let limit = self.node_timeout(call);
-        let undone = self.fan_out_on(undo, limit, &took, |_| false).await;
+        let undone = self
+            .fan_out_on(Arc::new(undo.detached()), limit, &took, |_| false)
+            .await;
         let all_undone = !in_doubt
             && undone
                 .iter()
@@ -342,6 +390,21 @@ impl Quorum {
                 .map(|v| Value::Int(i64::from(v >= majority)))
                 .collect(),
         ))
+    }
+}
+
+/// How far ahead of this host's clock (µs) a quorum proposes fencing tokens: more than the
+/// round trip to a node plus the clock offsets between hosts, so every node draws the proposal.
+const FLOOR_AHEAD_US: u64 = 50_000;
+
+/// The fencing token a node's answer grants, if it granted.
+fn token(answer: &Option<Answer>) -> Option<u64> {
+    match answer {
+        Some(Ok(value)) => match Acquire::from_redis_value(value.clone()) {
+            Ok(Acquire::Acquired { fencing_token }) => Some(fencing_token),
+            _ => None,
+        },
+        _ => None,
     }
 }
 
