@@ -3,8 +3,9 @@
 //!
 //! The purchase is the classic read-check-write that oversells without a lock. Four strategies
 //! run it side by side:
-//! - `lock`: the read-check-write inside a `#[distributed_lock("seckill:{product_id}", fair = true)]`
-//!   fn (buyers served in arrival order), its read and write fenced (below);
+//! - `lock`: the read-check-write inside a `#[distributed_lock("seckill:{product_id}")]` fn,
+//!   on a manager whose requests are fair by default (buyers served in arrival order; a quorum
+//!   refuses fair requests, so there they are not), its read and write fenced (below);
 //! - `none`: the same code with no lock and no fencing (shows the oversell);
 //! - `optimistic`: `WATCH` / `MULTI` / `EXEC`, retried on conflict;
 //! - `lua`: one atomic script (the ceiling a lock cannot reach: no lock round trips at all).
@@ -155,11 +156,13 @@ impl Shop {
     /// When the URL is unusable, Redis cannot be reached, or it refuses the settings
     /// ([`LockManager::ping`]).
     pub async fn connect(url: &str, strategy: Strategy, prefix: &str) -> Result<Self, ShopError> {
-        Self::connect_with_locks(url, LockManager::builder().url(url), strategy, prefix).await
+        let locks = LockManager::builder().url(url).default_fair(true);
+        Self::connect_with_locks(url, locks, strategy, prefix).await
     }
 
     /// A shop whose products live on the Redis at `url` and whose locks come from `locks` (a
-    /// builder with its topology chosen: a cluster, a Sentinel group, a quorum, or `url` too).
+    /// builder with its topology chosen: a cluster, a Sentinel group, a quorum, or `url` too,
+    /// and its fairness: [`Shop::connect`] makes requests fair by default).
     ///
     /// # Errors
     /// As [`Shop::connect`].
@@ -311,7 +314,7 @@ impl Shop {
 /// The purchase under the product's distributed lock: at most one buyer per product at a
 /// time, fleet-wide, while leases hold; the lease's fencing token makes the product refuse this
 /// buyer's read-check-write once a newer holder has used it (see the module docs).
-#[distributed_lock("seckill:{product_id}", ttl = 5, fair = true, manager = &shop.locks)]
+#[distributed_lock("seckill:{product_id}", ttl = 5, manager = &shop.locks)]
 async fn purchase_locked(
     shop: &ShopInner,
     product_id: u64,
