@@ -125,6 +125,11 @@ impl Link {
         self.timeouts
     }
 
+    /// Whether writes wait for replicas (`min_replicas`).
+    pub(crate) fn waits_for_replicas(&self) -> bool {
+        self.replicas.is_some()
+    }
+
     /// Runs a script call (`EVALSHA`, and `EVAL` if the server lost the script); with
     /// `min_replicas`, a write waits for its replicas.
     pub(crate) async fn run(&self, call: &ScriptCall) -> Result<Value, Failed> {
@@ -527,6 +532,31 @@ pub(crate) fn parse_url(url: &str) -> Result<(redis::ConnectionInfo, String), Lo
         parsed.set_query(Some("..."));
     }
     Ok((info, parsed.to_string()))
+}
+
+/// A multiplexed connection to `client`'s server whose every call is bounded by the response
+/// timeout, opened within the connect timeout.
+pub(crate) async fn dial(
+    client: &redis::Client,
+    timeouts: Timeouts,
+    op: &'static str,
+) -> Result<MultiplexedConnection, LockError> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeouts.connect))
+        .set_response_timeout(Some(timeouts.response));
+    let connect = client.get_multiplexed_async_connection_with_config(&config);
+    match tokio::time::timeout(timeouts.connect, connect).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(source)) if source.is_timeout() => Err(LockError::RedisTimeout {
+            op,
+            after: timeouts.connect,
+        }),
+        Ok(Err(source)) => Err(LockError::from_redis(op, source)),
+        Err(_) => Err(LockError::RedisTimeout {
+            op,
+            after: timeouts.connect,
+        }),
+    }
 }
 
 /// A client for `info` (for a subscriber connection).

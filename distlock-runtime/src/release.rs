@@ -116,7 +116,7 @@ pub(crate) fn release_in_background(
             // Redis refusing the release (an ACL, say) refuses it again: only an outage
             // is worth waiting out.
             let outage = match &error {
-                LockError::RedisTimeout { .. } => true,
+                LockError::RedisTimeout { .. } | LockError::NoQuorum { .. } => true,
                 LockError::Redis { source, .. } => {
                     conn::is_connection_failure(source) || conn::is_transient(source)
                 }

@@ -40,6 +40,8 @@ if n == 1 then
   -- One key: take it if free, in one command.
   local owner = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
   if owner and owner ~= ARGV[1] then return {0, 1, redis.call('PTTL', KEYS[1])} end
+  -- Ours already (a retried request that ran late): the ttl counts from now.
+  if owner then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 else
   local first = 0
   for i = 1, n do

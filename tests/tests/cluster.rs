@@ -30,6 +30,14 @@ fn held(cluster: &RedisCluster, key: &str) -> bool {
     cluster.node(node).command(&["EXISTS", &name]) == ":1\r\n"
 }
 
+/// Whether a client is subscribed to the shard channel `channel` on node `node`.
+fn shard_subscribed(cluster: &RedisCluster, node: usize, channel: &str) -> bool {
+    cluster
+        .node(node)
+        .command(&["PUBSUB", "SHARDNUMSUB", channel])
+        .contains(":1\r\n")
+}
+
 /// Keys whose locks land in different slots (and so, with three primaries, mostly on
 /// different nodes).
 const KEYS: [&str; 6] = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot"];
@@ -174,10 +182,7 @@ async fn a_waiter_is_woken_by_a_sharded_release_notification() {
     let channel = "distlock:lock:{woken}";
     let node = cluster.primary_of(channel);
     let subscribed = distlock_tests::eventually(Duration::from_secs(5), || async {
-        cluster
-            .node(node)
-            .command(&["PUBSUB", "SHARDNUMSUB", channel])
-            .contains(":1\r\n")
+        shard_subscribed(&cluster, node, channel)
     })
     .await;
     assert!(
@@ -358,4 +363,79 @@ async fn killing_the_primary_of_a_held_lock_loses_no_update() {
         counter.contains(&format!("\r\n{total}\r\n")),
         "counter {counter:?} after {total} locked updates"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_not_left_asleep_by_a_killed_primary_and_resubscribe_on_the_new_one() {
+    let _load = distlock_tests::heavy().await;
+    let mut cluster = RedisCluster::start(3, 1);
+    // The holder's lock is on the replica before the kill (min_replicas), so it survives.
+    let holder = builder(&cluster).min_replicas(1).build().unwrap();
+    let waiter = manager(&cluster);
+    let held = holder
+        .lock("moved")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let asleep = waiter.clone();
+    let first = tokio::spawn(async move {
+        let outcome = asleep
+            .lock("moved")
+            .wait(Duration::from_secs(25))
+            .acquire()
+            .await;
+        (Instant::now(), outcome.map(drop))
+    });
+    let channel = "distlock:lock:{moved}";
+    let node = cluster.primary_of(channel);
+    let subscribed = distlock_tests::eventually(Duration::from_secs(5), || async {
+        shard_subscribed(&cluster, node, channel)
+    })
+    .await;
+    assert!(
+        subscribed.is_some(),
+        "the waiter subscribed on the key's primary"
+    );
+    let slot = cluster.slot_of(channel);
+    let killed = Instant::now();
+    cluster.kill_primary_of(channel);
+    // The subscription died with the node: the waiter is woken to try again (and gets the
+    // failover's error, or the lock), not left asleep until the holder's 30 s expiry.
+    let (ended, _) = first.await.unwrap();
+    assert!(
+        ended - killed < Duration::from_secs(8),
+        "{:?}",
+        ended - killed
+    );
+    let new = cluster.wait_for_failover(slot, Duration::from_secs(15));
+    // A waiter of the same manager afterwards subscribes on the new primary, and the release
+    // there wakes it.
+    let second = tokio::spawn(async move {
+        let lease = waiter
+            .lock("moved")
+            .wait(Duration::from_secs(25))
+            .acquire()
+            .await
+            .unwrap_or_else(|e| panic!("second waiter: {e}"));
+        (Instant::now(), lease)
+    });
+    let subscribed = distlock_tests::eventually(Duration::from_secs(10), || async {
+        shard_subscribed(&cluster, new, channel)
+    })
+    .await;
+    assert!(
+        subscribed.is_some(),
+        "the waiter subscribed on the new primary"
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (acquired, lease) = second.await.unwrap();
+    assert!(
+        acquired - released < Duration::from_secs(1),
+        "woken {:?} after the release",
+        acquired - released
+    );
+    lease.release().await.unwrap();
 }

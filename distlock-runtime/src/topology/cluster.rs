@@ -214,16 +214,37 @@ async fn connection(
 }
 
 /// Sends `cmd` on `conn`, routed by its first key.
+///
+/// Right after a failover the client's slot map can be stale for longer than its own few
+/// retries: a `MOVED`, `ASK`, `TRYAGAIN` or `CLUSTERDOWN` answer (refused before anything ran)
+/// is sent again, 20 ms apart, until `after` has passed since the first try.
 async fn query(
     mut conn: ClusterConnection,
     op: &'static str,
     cmd: redis::Cmd,
     after: Duration,
 ) -> Result<Value, Failed> {
-    let answer = redis::aio::ConnectionLike::req_packed_command(&mut conn, &cmd)
-        .await
-        .and_then(Value::extract_error);
-    answer.map_err(|source| conn::failed(op, source, after))
+    let until = tokio::time::Instant::now() + after;
+    loop {
+        let answer = redis::aio::ConnectionLike::req_packed_command(&mut conn, &cmd)
+            .await
+            .and_then(Value::extract_error);
+        match answer {
+            Err(source) if redirected(&source) && tokio::time::Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            answer => return answer.map_err(|source| conn::failed(op, source, after)),
+        }
+    }
+}
+
+/// Whether the cluster refused a request because its slot is elsewhere or moving.
+fn redirected(error: &redis::RedisError) -> bool {
+    use redis::ServerErrorKind::{Ask, ClusterDown, Moved, TryAgain};
+    matches!(
+        error.kind(),
+        redis::ErrorKind::Server(Ask | ClusterDown | Moved | TryAgain)
+    )
 }
 
 /// A cluster client builder for `seeds` with bounded timeouts and retries.
@@ -264,6 +285,10 @@ impl Route for Cluster {
     fn endpoint(&self) -> String {
         self.endpoint.clone()
     }
+
+    fn refuses_fair(&self) -> Option<&'static str> {
+        self.replicas.map(|_| super::FAIR_WITH_REPLICAS)
+    }
 }
 
 /// Subscribes with `SSUBSCRIBE` over a RESP3 cluster connection of its own.
@@ -276,6 +301,9 @@ impl Subscribe for ClusterSubscriber {
     fn open(&self) -> BoxFuture<'_, redis::RedisResult<(Arc<dyn Channels>, Messages)>> {
         Box::pin(async move {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            // Dropped when a node's connection is lost: the receiver then ends (the client
+            // ignores what the push sender returns).
+            let tx = Mutex::new(Some(tx));
             let pushes = move |push: redis::PushInfo| -> Result<(), ()> {
                 let message = match push.kind {
                     PushKind::SMessage | PushKind::Message => {
@@ -305,11 +333,15 @@ impl Subscribe for ClusterSubscriber {
                     PushKind::Disconnection => {
                         // A node's connection was lost, and the subscriptions on it: the
                         // receiver ends, and the notifier opens a new subscriber connection.
+                        lock(&tx).take();
                         return Err(());
                     }
                     _ => return Ok(()),
                 };
-                tx.send(message).map_err(drop)
+                match &*lock(&tx) {
+                    Some(tx) => tx.send(message).map_err(drop),
+                    None => Err(()),
+                }
             };
             let client = builder(&self.seeds, self.timeouts)
                 .use_protocol(redis::ProtocolVersion::RESP3)

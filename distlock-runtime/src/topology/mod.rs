@@ -161,10 +161,14 @@ where
     let mut undone = false;
     if let Kind::Acquire { undo, .. } = &call.kind {
         let took = matches!(
-            crate::scripts::Acquire::from_redis_value(answer),
+            crate::scripts::Acquire::from_redis_value(answer.clone()),
             Ok(crate::scripts::Acquire::Acquired { .. })
         );
-        undone = !took || run(undo).await.is_ok();
+        if !took {
+            // Held by another owner: nothing was written, and the answer stands.
+            return Ok(answer);
+        }
+        undone = run(undo).await.is_ok();
     }
     Err(Failed {
         error: LockError::Replication {
@@ -299,6 +303,12 @@ pub(crate) enum Message {
     /// The server ended the subscription of `channel` (its slot moved to another node).
     Dropped { channel: String },
 }
+
+/// Why a route with `min_replicas` refuses fair requests.
+pub(crate) const FAIR_WITH_REPLICAS: &str = "fair requests cannot be combined with min_replicas: \
+    a fair lock is handed to its next waiter by the release script, and nothing confirms that \
+    hand-off on the replicas before the waiter's body starts, so a failover could give the lock \
+    to someone else too; use unfair requests with min_replicas, or fair ones without it";
 
 /// `min_replicas`: how many replicas must acknowledge an acquire or extend, and how long to
 /// wait for them.

@@ -167,22 +167,7 @@ impl Resolver {
         client: &redis::Client,
         op: &'static str,
     ) -> Result<MultiplexedConnection, LockError> {
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeouts.connect))
-            .set_response_timeout(Some(self.timeouts.response));
-        let connect = client.get_multiplexed_async_connection_with_config(&config);
-        match tokio::time::timeout(self.timeouts.connect, connect).await {
-            Ok(Ok(conn)) => Ok(conn),
-            Ok(Err(source)) if source.is_timeout() => Err(LockError::RedisTimeout {
-                op,
-                after: self.timeouts.connect,
-            }),
-            Ok(Err(source)) => Err(LockError::from_redis(op, source)),
-            Err(_) => Err(LockError::RedisTimeout {
-                op,
-                after: self.timeouts.connect,
-            }),
-        }
+        conn::dial(client, self.timeouts, op).await
     }
 
     /// A connection to the primary, checked with `ROLE` to be one.
@@ -296,6 +281,12 @@ impl Route for Sentinel {
 
     fn endpoint(&self) -> String {
         self.endpoint.clone()
+    }
+
+    fn refuses_fair(&self) -> Option<&'static str> {
+        self.link
+            .waits_for_replicas()
+            .then_some(super::FAIR_WITH_REPLICAS)
     }
 }
 

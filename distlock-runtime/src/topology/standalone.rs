@@ -67,6 +67,12 @@ impl Route for Standalone {
         self.endpoint.clone()
     }
 
+    fn refuses_fair(&self) -> Option<&'static str> {
+        self.link
+            .waits_for_replicas()
+            .then_some(super::FAIR_WITH_REPLICAS)
+    }
+
     fn pool(&self) -> Option<&Pool> {
         Some(&self.pool)
     }
