@@ -33,7 +33,15 @@ pub(crate) struct Link {
     replicas: Option<Replicas>,
     /// With `min_replicas`: connections of their own for the writes followed by `WAIT`, which
     /// blocks the connection it runs on (see [`Link::run_replicated`]).
-    spare: Mutex<Vec<MultiplexedConnection>>,
+    spare: Mutex<Spare>,
+}
+
+/// Idle connections for replicated writes, and a count of failovers: a connection checked out
+/// before a failover is not put back after it.
+#[derive(Default)]
+struct Spare {
+    idle: Vec<MultiplexedConnection>,
+    generation: u64,
 }
 
 /// Most idle connections kept for writes that wait for replicas.
@@ -59,6 +67,12 @@ pub(crate) struct Failed {
 }
 
 impl Failed {
+    /// Whether a replica (a demoted primary) refused the write before running it.
+    pub(crate) fn is_read_only(&self) -> bool {
+        matches!(&self.error, LockError::Redis { source, .. }
+            if source.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly))
+    }
+
     /// Whether the server did not know the script (`NOSCRIPT`): nothing ran.
     pub(crate) fn is_noscript(&self) -> bool {
         matches!(&self.error, LockError::Redis { source, .. }
@@ -117,7 +131,7 @@ impl Link {
             timeouts,
             bounded_connections,
             replicas,
-            spare: Mutex::new(Vec::new()),
+            spare: Mutex::new(Spare::default()),
         }
     }
 
@@ -164,8 +178,27 @@ impl Link {
     /// it. Such connections are kept (up to [`MAX_SPARE`]) for the next replicated write; a
     /// write that the replicas did not confirm is undone (see `topology::confirmed`).
     async fn run_replicated(&self, call: &ScriptCall, replicas: Replicas) -> Result<Value, Failed> {
+        match self.run_replicated_once(call, replicas).await {
+            // A demoted primary refused it before running it: once more, where the primary is
+            // now.
+            Err(failed) if failed.is_read_only() && self.dial.follows_failover() => {
+                self.forget_current();
+                self.run_replicated_once(call, replicas).await
+            }
+            answer => answer,
+        }
+    }
+
+    async fn run_replicated_once(
+        &self,
+        call: &ScriptCall,
+        replicas: Replicas,
+    ) -> Result<Value, Failed> {
         let op = call.op;
-        let spare = lock(&self.spare).pop();
+        let (spare, generation) = {
+            let mut spare = lock(&self.spare);
+            (spare.idle.pop(), spare.generation)
+        };
         let mut conn = match spare {
             Some(conn) => conn,
             None => self.dial.dial(op).await.map_err(|error| Failed {
@@ -221,8 +254,8 @@ impl Link {
         };
         {
             let mut spare = lock(&self.spare);
-            if spare.len() < MAX_SPARE {
-                spare.push(conn);
+            if spare.idle.len() < MAX_SPARE && spare.generation == generation {
+                spare.idle.push(conn);
             }
         }
         crate::topology::confirmed(call, answer, acked, replicas, |undo| self.run_plain(undo)).await
@@ -369,7 +402,9 @@ impl Link {
     /// failover happened).
     pub(crate) fn forget_current(&self) {
         *lock(&self.current) = None;
-        lock(&self.spare).clear();
+        let mut spare = lock(&self.spare);
+        spare.idle.clear();
+        spare.generation += 1;
     }
 }
 

@@ -254,3 +254,37 @@ async fn a_waiter_on_a_quorum_is_woken_by_the_release() {
     assert!(acquired - released < Duration::from_secs(1));
     lease.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_of_five_hung_a_waiter_waits_for_the_holder_and_gets_the_lock() {
+    let mut servers = quorum(5);
+    let locks = [manager(&servers), manager(&servers)];
+    for locks in &locks {
+        distlock_tests::lock_once(locks, "warm").await;
+    }
+    servers[1].pause();
+    servers[3].pause();
+    let held = locks[0]
+        .lock("q-hung")
+        .ttl(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = locks[1].clone();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock("q-hung")
+            .ttl(Duration::from_secs(2))
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+    });
+    // Contention, not an outage: the waiter is told the key is held and waits.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(!waiting.is_finished(), "{:?}", waiting.await);
+    held.release().await.unwrap();
+    let lease = waiting.await.unwrap().unwrap();
+    lease.release().await.unwrap();
+    servers[1].resume();
+    servers[3].resume();
+}

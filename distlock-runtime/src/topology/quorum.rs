@@ -5,11 +5,17 @@
 //! and the answers are combined by the call's [`Kind`]:
 //! - **Acquire** counts when a majority (`n/2 + 1`) granted it. The lease's validity is
 //!   counted by the request layer as everywhere: ttl less the time since before the round was
-//!   sent, less the drift margin (1% of the ttl + 2 ms). Its fencing token is the greatest any
-//!   node drew, written back to the counters of a majority before it is handed out (so any later
-//!   majority, which meets this one, draws above it). When a majority can no longer be reached
-//!   (too many nodes refused, failed or timed out) the round stops waiting at once, releases on
-//!   every node, and answers who holds the key, or fails with [`LockError::NoQuorum`].
+//!   sent, less the drift margin (1% of the ttl + 2 ms). Each node is proposed a token slightly
+//!   ahead of this host's clock, which nodes with close clocks all draw; the round ends as soon
+//!   as a majority granted the same one (a majority then holds it in its counters). Otherwise
+//!   the token is the greatest any node drew, written back to the counters of a majority before
+//!   it is handed out. Either way any later majority, which meets that one, draws above it. When
+//!   too many nodes failed (down, erroring, timed out) for a majority to be left, the round
+//!   stops waiting at once, takes back what was granted, and fails with [`LockError::NoQuorum`];
+//!   when nodes said the key is held, it answers who holds it, so the caller waits. A node
+//!   whose acquire may still run (hung) is sent the release later, twice.
+//! - Every node's request runs in a task of its own, so a round that ends early never drops a
+//!   request before it was written (which would leave a grant, or a lock not released, behind).
 //! - **Extend** counts per lease when a majority extended it; without one the lease is lost.
 //! - **Release** runs everywhere, and counts when a majority answered.
 //! - **Read** and **Raise** count when a majority answered.
@@ -262,7 +268,11 @@ impl Quorum {
                 let mut tokens = answers.iter().filter_map(token);
                 let first = tokens.next();
                 let agreeing = first.map_or(0, |t| 1 + tokens.filter(|&u| u == t).count());
-                agreeing >= majority
+                // Nodes that failed (down, erroring, timed out) can no longer grant: once too
+                // many did, no majority is left to wait for. (A node that says the key is held
+                // is waited for: contention is answered with who holds it, not an error.)
+                let failed = answers.iter().filter(|a| matches!(a, Some(Err(_)))).count();
+                agreeing >= majority || failed > nodes - majority
             })
             .await;
         let mut tokens = Vec::new();
@@ -271,11 +281,14 @@ impl Quorum {
         // Nodes that took the lock, and nodes that may yet (no answer, or one that may still
         // arrive and run).
         let took: Vec<bool> = answers.iter().map(granted).collect();
-        let in_doubt = answers.iter().any(|answer| match answer {
-            None => true,
-            Some(Err(failed)) => !matches!(failed.reached, Reached::No | Reached::Refused),
-            Some(Ok(_)) => false,
-        });
+        let in_doubt: Vec<bool> = answers
+            .iter()
+            .map(|answer| match answer {
+                None => true,
+                Some(Err(failed)) => !matches!(failed.reached, Reached::No | Reached::Refused),
+                Some(Ok(_)) => false,
+            })
+            .collect();
         for answer in answers.into_iter().flatten() {
             match answer.map(Acquire::from_redis_value) {
                 Ok(Ok(Acquire::Acquired { fencing_token })) => tokens.push(fencing_token),
@@ -322,28 +335,60 @@ impl Quorum {
         }
         // No majority: take back what was granted now, on the nodes that answered (within the
         // same per-node bound). A node that may still run the acquire (hung, or its answer
-        // lost) is left to the acquire's release by token in the background, which repeats
-        // until the ttl: waiting for it here would stall the round.
+        // lost) is released in the background, after a response timeout and once more after
+        // another: waiting for it here would stall the round.
+        let undo = Arc::new(undo.detached());
         let limit = self.node_timeout(call);
         let undone = self
-            .fan_out_on(Arc::new(undo.detached()), limit, &took, |_| false)
+            .fan_out_on(Arc::clone(&undo), limit, &took, |_| false)
             .await;
-        let all_undone = !in_doubt
-            && undone
-                .iter()
-                .zip(&took)
-                .all(|(answer, took)| !took || matches!(answer, Some(Ok(_))));
+        let took_undone = undone
+            .iter()
+            .zip(&took)
+            .all(|(answer, took)| !took || matches!(answer, Some(Ok(_))));
+        if in_doubt.iter().any(|&doubt| doubt) {
+            self.release_later(&undo, &in_doubt);
+        }
         match held {
-            Some(held) if all_undone => Ok(encode(held)),
+            // Contention: who holds the key, so the caller waits for it.
+            Some(held) if took_undone => Ok(encode(held)),
             _ => {
                 let mut failed = self.no_quorum(call.op, tokens.len(), failures);
-                if !all_undone {
-                    // Something may still hold this token: the acquire releases it again.
-                    failed.reached = Reached::Answered;
+                if !took_undone {
+                    // A grant the undo did not reach: the acquire releases by token in the
+                    // background too, until the ttl if Redis fails.
+                    failed.reached = Reached::Maybe;
                 }
                 Err(failed)
             }
         }
+    }
+
+    /// Sends `undo` to the nodes `to` marks after a response timeout, and once more after
+    /// another, from a task of its own: for nodes whose acquire may still run (hung, or its
+    /// answer lost), so a grant they make late does not stay until its ttl.
+    fn release_later(&self, undo: &Arc<ScriptCall>, to: &[bool]) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let nodes: Vec<Arc<Link>> = self
+            .nodes
+            .iter()
+            .zip(to)
+            .filter(|(_, &to)| to)
+            .map(|(node, _)| Arc::clone(node))
+            .collect();
+        let undo = Arc::clone(undo);
+        let pause = self.timeouts.response;
+        runtime.spawn(async move {
+            let evalsha = undo.evalsha();
+            for _ in 0..2 {
+                tokio::time::sleep(pause).await;
+                for node in &nodes {
+                    let _ = tokio::time::timeout(pause, node.run_prepared(&undo, &evalsha)).await;
+                }
+            }
+        });
     }
 
     /// Writes `token` back to the counters `fences` on every node; whether a majority took it.

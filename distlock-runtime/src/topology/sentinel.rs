@@ -1,19 +1,26 @@
 //! The primary that Redis Sentinel names, followed across failovers.
 //!
 //! The route asks the sentinels (`SENTINEL GET-MASTER-ADDR-BY-NAME`, one after the other until
-//! one answers) where the primary is, connects, and checks with `ROLE` that the server is a
-//! primary before using it. Nothing is kept that could point at a demoted primary:
+//! one answers; one that names a server that is not a primary is asked last next time) where
+//! the primary is, connects, and checks with `ROLE` that the server is a primary before using
+//! it. No connection to a demoted primary is reused once the switch is known, and a write that
+//! reaches one before is refused there (`READONLY`) and sent on:
 //! - the command connection is dropped, and the primary asked for again, on a broken
 //!   connection, on `READONLY` (a demoted primary refused a write before running it: the call is
 //!   sent once more to the new primary), and on `+switch-master`. (Sentinel itself closes the
 //!   ordinary client connections of a primary it demotes, but only some 10 s after the switch,
 //!   and a primary can be demoted by hand; pub/sub connections it leaves open.)
-//! - a watcher task subscribes to `+switch-master` on a sentinel; when it arrives, the command
-//!   connection is dropped and the subscriber connection (release notifications) is closed, so
-//!   waiters poll briefly and subscribe again on the new primary;
-//! - there is no pool: writes that wait for replicas (`min_replicas`) dial connections of
-//!   their own, which a failover drops with the rest (deadpool-redis #372: a pool keeps
-//!   connections to a demoted primary).
+//! - a watcher task subscribes to `+switch-master` on a sentinel (the next one when it stops
+//!   answering a `PING`, sent after 5 s of silence); when it arrives, the command connection is
+//!   dropped and the subscriber connection (release notifications) is closed, so waiters poll
+//!   briefly and subscribe again on the new primary;
+//! - there is no pool: writes that wait for replicas (`min_replicas`) use connections of
+//!   their own, which a switch drops with the rest (one checked out across the switch is not
+//!   put back), and which follow `READONLY` too (deadpool-redis #372: a pool keeps connections
+//!   to a demoted primary).
+//!
+//! A read-only check (`LockManager::ping`) can still succeed on a demoted primary that has not
+//! been noticed yet; every write cannot.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -184,13 +191,19 @@ impl Resolver {
             Ok(Ok(role)) if matches!(role.first(), Some(Value::BulkString(r)) if r == b"master") => {
                 Ok(conn)
             }
-            Ok(Ok(_)) => Err(LockError::Redis {
-                op,
-                source: redis::RedisError::from((
-                    redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
-                    "the server Sentinel named is not a primary (a failover is under way)",
-                )),
-            }),
+            Ok(Ok(_)) => {
+                // That sentinel may lag behind the others: ask the next one first next time.
+                let count = self.sentinels.len();
+                let next = self.next.load(Ordering::Relaxed);
+                self.next.store((next + 1) % count, Ordering::Relaxed);
+                Err(LockError::Redis {
+                    op,
+                    source: redis::RedisError::from((
+                        redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+                        "the server Sentinel named is not a primary (a failover is under way)",
+                    )),
+                })
+            }
             Ok(Err(source)) => Err(LockError::from_redis(op, source)),
             Err(_) => Err(LockError::RedisTimeout {
                 op,
@@ -224,30 +237,38 @@ async fn watch_switches(resolver: Weak<Resolver>, link: Weak<Link>) {
         let info = current.sentinels[next % current.sentinels.len()].clone();
         let master = current.master.clone();
         let pause = current.timeouts.connect.min(Duration::from_secs(1));
+        let response = current.timeouts.response;
         drop(current);
         next += 1;
         let Ok(client) = conn::client(info) else {
             return;
         };
-        let Ok(Ok(mut pubsub)) = tokio::time::timeout(pause * 2, client.get_async_pubsub()).await
+        let Ok(Ok(pubsub)) = tokio::time::timeout(pause * 2, client.get_async_pubsub()).await
         else {
             tokio::time::sleep(pause).await;
             continue;
         };
-        if pubsub.subscribe("+switch-master").await.is_err() {
+        let (mut sink, mut messages) = pubsub.split();
+        let subscribed = tokio::time::timeout(response, sink.subscribe("+switch-master")).await;
+        if !matches!(subscribed, Ok(Ok(()))) {
             tokio::time::sleep(pause).await;
             continue;
         }
-        let mut messages = pubsub.on_message();
         loop {
             use futures_util::StreamExt;
-            // Wake now and then to notice that the manager was dropped.
+            // Wake now and then to notice that the manager was dropped, and that the sentinel
+            // still answers (one that stopped would never say the primary switched).
             let message = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
             let Some(resolver) = resolver.upgrade() else {
                 return;
             };
             match message {
-                Err(_) => continue,
+                Err(_) => {
+                    let pong = tokio::time::timeout(response, sink.ping::<Value>()).await;
+                    if !matches!(pong, Ok(Ok(_))) {
+                        break;
+                    }
+                }
                 Ok(None) => break,
                 Ok(Some(message)) => {
                     let payload: String = message.get_payload().unwrap_or_default();
