@@ -11,7 +11,7 @@ use crate::context::Context;
 use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::release::{release_in_background, release_keys, Leaving};
-use crate::renew::{extend_leases, Registration};
+use crate::renew::{extend_lease, Registration};
 use crate::validity::check_ttl;
 use crate::validity::LeaseState;
 
@@ -103,9 +103,9 @@ impl Lease {
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
         check_ttl(ttl)?;
         let sent = Instant::now();
-        let lease = [(&*self.redis_keys, &*self.token, ttl)];
-        let owned = extend_leases(self.manager.redis(), "extend", &lease).await?;
-        if owned.first() == Some(&true) {
+        let extended =
+            extend_lease(self.manager.redis(), &self.redis_keys, &self.token, ttl).await?;
+        if extended {
             let current = self.state.renewed(sent, ttl);
             if self.state.is_lost() {
                 return Err(LockError::LeaseLost {

@@ -399,15 +399,13 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
         .map(|lease| (&*lease.keys, &*lease.token, lease.ttl))
         .collect();
     let sent = Instant::now();
-    let answer = extend_leases(&*shared.redis, "renew", &leases)
-        .await
-        .map(|owned| owned.into_iter().map(i64::from).collect::<Vec<_>>());
+    let answers = extend_leases(&*shared.redis, "renew", &leases).await;
     let now = Instant::now();
-    let failure = match &answer {
-        Ok(owned) if owned.len() == batch.len() => None,
-        Ok(_) => Some("renewal script answered for a different number of leases".to_owned()),
-        Err(error) => Some(error.to_string()),
-    };
+    // The first failure, for the log: each lease fails only on its own shards' calls.
+    let failure = answers
+        .iter()
+        .find_map(|answer| answer.as_ref().err().cloned());
+    let failed = answers.iter().filter(|answer| answer.is_err()).count();
     let mut events = Vec::new();
     // The largest lateness among leases renewed late in this batch, and how many.
     let mut late: Option<(Duration, usize)> = None;
@@ -417,8 +415,8 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
         let Some(entry) = registry.leases.get_mut(&lease.id) else {
             continue;
         };
-        let outcome = match (&failure, &answer) {
-            (None, Ok(owned)) if owned[i] == 1 => {
+        let outcome = match &answers[i] {
+            Ok(true) => {
                 let current = entry.state.renewed(sent, lease.ttl);
                 if entry.state.is_lost_flag() {
                     Event::ExpiredBeforeRenewal
@@ -438,11 +436,11 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
                     continue;
                 }
             }
-            (None, _) => Event::NotOwned,
-            (Some(error), _) if entry.state.valid_until() <= now => {
+            Ok(false) => Event::NotOwned,
+            Err(error) if entry.state.valid_until() <= now => {
                 Event::FailedUntilExpiry(error.clone())
             }
-            (Some(_), _) => {
+            Err(_) => {
                 entry.failures = entry.failures.saturating_add(1);
                 entry.due = Some(next_retry(
                     now,
@@ -463,7 +461,7 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
     }
     drop(registry);
     match &failure {
-        Some(error) => lock(&shared.failures).failed(now, batch.len(), error),
+        Some(error) => lock(&shared.failures).failed(now, failed, error),
         None => lock(&shared.failures).succeeded(),
     }
     if let Some((late_by, leases)) = late {
@@ -507,14 +505,58 @@ impl Event {
 }
 
 /// Extends each lease (keys, owner token, new ttl) if its owner still holds every one of its
-/// keys; says which were. One script call per shard (one but on a cluster): a lease whose keys
-/// span shards is extended only if every shard says so (a shard that did extend while another
-/// found a key gone extended a lost lease's keys, which its release then deletes).
+/// keys; says, per lease, whether it was (or why it could not be asked). One script call per
+/// shard (one but on a cluster), all at once: a lease whose keys span shards is extended only if
+/// every shard says so (a shard that did extend while another found a key gone extended a lost
+/// lease's keys, which its release then deletes), and fails only when one of its own shards'
+/// calls failed, so a slot that is failing over costs no lease elsewhere.
 pub(crate) async fn extend_leases(
     route: &dyn Route,
     op: &'static str,
     leases: &[(&[LockKeys], &str, Duration)],
-) -> Result<Vec<bool>, LockError> {
+) -> Vec<Result<bool, String>> {
+    let mut outcomes: Vec<Result<bool, String>> = vec![Ok(true); leases.len()];
+    for (members, answer) in extend_calls(route, op, leases).await {
+        for (k, &lease) in members.iter().enumerate() {
+            let outcome = &mut outcomes[lease];
+            match &answer {
+                Err(error) => *outcome = Err(error.to_string()),
+                Ok(owned) => {
+                    if let Ok(extended) = outcome {
+                        *extended &= owned[k] == 1;
+                    }
+                }
+            }
+        }
+    }
+    outcomes
+}
+
+/// Extends one lease; whether its owner still held every key.
+///
+/// # Errors
+/// The first error of the calls to its shards.
+pub(crate) async fn extend_lease(
+    route: &dyn Route,
+    keys: &[LockKeys],
+    token: &str,
+    ttl: Duration,
+) -> Result<bool, LockError> {
+    let mut extended = true;
+    for (_, answer) in extend_calls(route, "extend", &[(keys, token, ttl)]).await {
+        extended &= answer?.iter().all(|&owned| owned == 1);
+    }
+    Ok(extended)
+}
+
+/// The extension script calls for `leases`, one per shard, sent at once: each with the leases
+/// its entries belong to, and its answer (one 0 or 1 per entry).
+async fn extend_calls(
+    route: &dyn Route,
+    op: &'static str,
+    leases: &[(&[LockKeys], &str, Duration)],
+) -> Vec<(Vec<usize>, Result<Vec<i64>, LockError>)> {
+    use futures_util::stream::{FuturesUnordered, StreamExt};
     // Per shard: the call, and which lease each of its entries belongs to.
     let mut calls: Vec<(u16, ScriptCall, Vec<usize>)> = Vec::new();
     for (i, (keys, token, ttl)) in leases.iter().enumerate() {
@@ -523,11 +565,8 @@ pub(crate) async fn extend_leases(
             let at = match calls.iter().position(|(s, _, _)| *s == shard) {
                 Some(at) => at,
                 None => {
-                    calls.push((
-                        shard,
-                        ScriptCall::new(op, &scripts::EXTEND, Kind::Extend),
-                        Vec::new(),
-                    ));
+                    let call = ScriptCall::new(op, &scripts::EXTEND, Kind::Extend);
+                    calls.push((shard, call, Vec::new()));
                     calls.len() - 1
                 }
             };
@@ -539,23 +578,24 @@ pub(crate) async fn extend_leases(
             members.push(i);
         }
     }
-    let mut owned = vec![true; leases.len()];
-    for (_, call, members) in &calls {
-        let answer: Vec<i64> = route.invoke(call).await?;
-        if answer.len() != members.len() {
-            return Err(LockError::Redis {
-                op,
-                source: redis::RedisError::from((
-                    redis::ErrorKind::Parse,
-                    "renewal script answered for a different number of leases",
-                )),
-            });
-        }
-        for (&lease, extended) in members.iter().zip(answer) {
-            owned[lease] &= extended == 1;
-        }
-    }
-    Ok(owned)
+    let pending: FuturesUnordered<_> = calls
+        .into_iter()
+        .map(|(_, call, members)| async move {
+            let answer = match route.invoke::<Vec<i64>>(&call).await {
+                Ok(owned) if owned.len() == members.len() => Ok(owned),
+                Ok(_) => Err(LockError::Redis {
+                    op,
+                    source: redis::RedisError::from((
+                        redis::ErrorKind::Parse,
+                        "renewal script answered for a different number of leases",
+                    )),
+                }),
+                Err(error) => Err(error),
+            };
+            (members, answer)
+        })
+        .collect();
+    pending.collect().await
 }
 
 #[cfg(test)]

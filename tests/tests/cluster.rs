@@ -439,3 +439,44 @@ async fn waiters_are_not_left_asleep_by_a_killed_primary_and_resubscribe_on_the_
     );
     lease.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_primary_costs_no_lease_renewed_on_another_node() {
+    let _load = distlock_tests::heavy().await;
+    let mut cluster = RedisCluster::start(3, 0);
+    // Otherwise every node refuses commands once a slot is uncovered (CLUSTERDOWN), which
+    // would take every lease with it, whatever the client does.
+    for i in 0..cluster.node_count() {
+        cluster
+            .node(i)
+            .command(&["CONFIG", "SET", "cluster-require-full-coverage", "no"]);
+    }
+    let locks = manager(&cluster);
+    let node_of = |key: &str| cluster.primary_of(&format!("distlock:lock:{{{key}}}"));
+    let (stuck, healthy) = (
+        KEYS[0],
+        KEYS.iter()
+            .find(|k| node_of(k) != node_of(KEYS[0]))
+            .unwrap(),
+    );
+    let ttl = Duration::from_millis(900);
+    // Acquired together, so their renewals share batches.
+    let on_paused = locks.lock(stuck).ttl(ttl).acquire().await.unwrap();
+    let elsewhere = locks.lock(*healthy).ttl(ttl).acquire().await.unwrap();
+    let paused = cluster.pause_primary_of(&format!("distlock:lock:{{{stuck}}}"));
+    tokio::time::sleep(ttl * 3).await;
+    cluster.resume(paused);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(10), on_paused.lost())
+            .await
+            .is_ok(),
+        "the lease on the paused node is lost"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(10), elsewhere.lost())
+            .await
+            .is_err(),
+        "the lease on a healthy node was renewed"
+    );
+    elsewhere.release().await.unwrap();
+}
