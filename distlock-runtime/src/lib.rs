@@ -71,9 +71,14 @@
 //!   Redis lost its data (see [Fencing tokens](#fencing-tokens)).
 //! - No lock outlives its ttl after its holder dies, and every key distlock writes expires.
 //! - Every Redis call is bounded by the manager's timeouts: a Redis that is down or hung is an
-//!   error, never a hang, and every wait ends by its deadline plus at most one response timeout
-//!   (the subscriber connection is opened, and keys subscribed, by background tasks, never by a
-//!   waiter). A lease lost while its `run` body runs returns [`LockError::LeaseLost`] when the
+//!   error, never a hang, and every wait ends by its deadline plus at most the attempt then in
+//!   flight: one response timeout on one server (the subscriber connection is opened, and keys
+//!   subscribed, by background tasks, never by a waiter). Other topologies' attempts can take
+//!   longer, still bounded: with `min_replicas` add the replica timeout; a request for keys in
+//!   several cluster slots takes up to a response timeout per slot; a Sentinel dial asks the
+//!   sentinels in turn (a connect and a response timeout each); a quorum round takes at most a
+//!   tenth of the ttl (no more than a response timeout), plus a response timeout when its nodes
+//!   drew different fencing tokens. A lease lost while its `run` body runs returns [`LockError::LeaseLost`] when the
 //!   lease ends, without waiting on a release that cannot get through. Renewal against a failing
 //!   Redis retries with jittered backoff and logs once, then at most once a second. Settings
 //!   Redis refuses are [`LockError::Misconfigured`], not outages; [`LockManager::ping`] finds
@@ -196,8 +201,17 @@
 //! are escaped and can never choose a slot.
 //!
 //! **Notifications.** Releases are announced with `PUBLISH` (with `SPUBLISH`, sharded pub/sub in
-//! the key's slot, on a cluster, subscribed over RESP3), and waiters subscribe; a subscription
-//! lost to a failover is made again, and waiters poll with a bound meanwhile.
+//! the key's slot, on a cluster, subscribed over RESP3), and waiters subscribe. When a
+//! subscription is lost (a node's connection lost, a slot moved, a Sentinel switch), every
+//! waiter that counted on it is woken to try again and subscribes anew; a waiter whose attempt
+//! meets the failover itself gets its error, as on one server.
+//!
+//! **Clocks.** A cluster lease on keys in several slots writes its token (drawn by one node's
+//! clock) back to the others' counters; a failover that loses that write (without
+//! `min_replicas`) leaves the next token to the new primary's clock, so fencing across slots
+//! assumes the nodes' clocks agree within the time between two leases of a key. A quorum does
+//! not: any two majorities share a node. And with `cluster-require-full-coverage yes` (Redis's
+//! default), a primary lost without a replica to take over stops every slot, so every lease.
 //!
 //! # Architecture
 //! - `manager.rs`, `builder.rs`, `request.rs`: the public entry points and settings.
@@ -208,8 +222,9 @@
 //!   groups keys by the route's shard, and never asks which topology it runs on.
 //! - `topology/`: how a call reaches Redis, one file per kind: `standalone.rs`, `sentinel.rs`,
 //!   `cluster.rs`, `quorum.rs`, behind one trait (`Route`: run a call, say a key's shard, say
-//!   how releases are announced and subscribed to). `conn.rs` is the connection they share
-//!   (one multiplexed connection, redialled when it fails, every call bounded).
+//!   how releases are announced and subscribed to). `conn.rs` is the connection all but the
+//!   cluster's share (one multiplexed connection, redialled when it fails, every call bounded;
+//!   the cluster's is redis-rs's own cluster connection).
 //!
 //! One acquire of `order:42`: the request renders the Redis keys (`keys.rs`), registers the
 //! lease with the watchdog, and asks the route for the key's shard; the acquire script call
