@@ -14,13 +14,24 @@
 //! no scripts loaded: `NOSCRIPT` is answered by `EVAL` routed to the same slot (never a
 //! `SCRIPT LOAD` to every primary, which fails while one is down).
 //!
+//! **Straight to the slot's primary.** The route also keeps the slot map (`CLUSTER SLOTS`) and a
+//! [`Link`] per primary, and sends each call straight on the link of its slot's primary: one
+//! hop fewer than through the cluster connection's routing task, and with `min_replicas`, writes
+//! and their `WAIT` run on connections of their own per node (see `conn.rs`), so a slow replica
+//! stalls no other call. An answer that says the slot is elsewhere or moving (`MOVED`, `ASK`,
+//! `TRYAGAIN`, `CLUSTERDOWN`: refused before anything ran), or a node that cannot be reached,
+//! sends the call through the cluster connection instead, which follows redirections, and has
+//! the slot map fetched again.
+//!
 //! **Notifications** use sharded pub/sub: the scripts announce with `SPUBLISH` on the lock key's
 //! name, whose slot is the lock's, and waiters `SSUBSCRIBE` over a RESP3 cluster connection of
 //! their own. A subscription the server ends (its slot moved) is reported and made again where
 //! the slot lives; a node's connection lost ends the whole subscriber connection, so waiters
 //! poll (with a bound) and subscribe anew.
 
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
@@ -28,7 +39,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{PushKind, Value};
 
 use super::{BoxFuture, Channels, Message, Messages, Replicas, Route, ScriptCall, Subscribe};
-use crate::conn::{self, lock, Failed, Reached, Timeouts};
+use crate::conn::{self, lock, Dial, Failed, Link, Reached, Timeouts};
 use crate::error::LockError;
 
 /// Retries of one call (after an IO error, `MOVED` to a node not yet connected, `TRYAGAIN`, a
@@ -45,6 +56,24 @@ pub(crate) struct Cluster {
     seeds: Vec<redis::ConnectionInfo>,
     timeouts: Timeouts,
     endpoint: String,
+    replicas: Option<Replicas>,
+    /// The slot map and the links to the primaries, shared with the task that refreshes them.
+    direct: Arc<Direct>,
+}
+
+/// The link to the primary of each of the 16384 slots (`None`: a slot no primary serves).
+type SlotMap = Arc<[Option<Arc<Link>>]>;
+
+/// Which primary serves each slot, and a link to each primary.
+struct Direct {
+    /// `None` until fetched, and again once an answer showed it stale.
+    slots: RwLock<Option<SlotMap>>,
+    links: Mutex<HashMap<(String, u16), Arc<Link>>>,
+    refreshing: AtomicBool,
+    /// How to reach a node: the seeds' user, password and database; `None` when the seeds use
+    /// TLS or a socket (then every call goes through the cluster connection).
+    settings: Option<redis::RedisConnectionInfo>,
+    timeouts: Timeouts,
     replicas: Option<Replicas>,
 }
 
@@ -83,6 +112,8 @@ impl Cluster {
             }
             None => None,
         };
+        let settings = matches!(seeds[0].addr(), redis::ConnectionAddr::Tcp(..))
+            .then(|| seeds[0].redis_settings().clone());
         Ok(Self {
             client,
             conn: Mutex::new(None),
@@ -91,6 +122,14 @@ impl Cluster {
             timeouts,
             endpoint: format!("cluster [{}]", shown.join(", ")),
             replicas,
+            direct: Arc::new(Direct {
+                slots: RwLock::new(None),
+                links: Mutex::new(HashMap::new()),
+                refreshing: AtomicBool::new(false),
+                settings,
+                timeouts,
+                replicas,
+            }),
         })
     }
 
@@ -104,8 +143,59 @@ impl Cluster {
         query(conn, op, cmd, self.timeouts.response).await
     }
 
-    /// Runs `call` and, with `min_replicas`, `WAIT`s after it (see [`Cluster::confirm`]).
+    /// Runs `call` on the link of its slot's primary; through the cluster connection when the
+    /// slot map is not known or turns out stale (see the module docs).
     async fn run_call(&self, call: &ScriptCall) -> Result<Value, Failed> {
+        let slot = call.keys().first().map_or(0, |key| slot(key));
+        match self.direct.link(slot) {
+            Some(link) => match link.run(call).await {
+                // Refused (the slot moved), or the node is gone (refused the connection): the
+                // cluster connection finds where the slot lives now.
+                Err(failed) if failed_redirected(&failed) || unreachable(&failed) => {
+                    self.direct.forget_slots();
+                }
+                // A node that hangs (no answer, or no connection within the connect timeout)
+                // is an error now, not a second wait through the cluster connection.
+                Err(failed) => {
+                    if failed.reached == Reached::No {
+                        self.direct.forget_slots();
+                    }
+                    return Err(failed);
+                }
+                answer => return answer,
+            },
+            None => self.refresh_slots(),
+        }
+        self.run_routed(call).await
+    }
+
+    /// Fetches the slot map again, from a task of its own (one at a time).
+    fn refresh_slots(&self) {
+        if self.direct.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.direct.refreshing.store(false, Ordering::Release);
+            return;
+        };
+        let direct = Arc::clone(&self.direct);
+        let client = self.client.clone();
+        let kept = lock(&self.conn).clone();
+        let timeouts = self.timeouts;
+        runtime.spawn(async move {
+            let slots = fetch_slots(&client, kept, timeouts).await;
+            if let Some(slots) = slots {
+                direct.install(&slots);
+            }
+            // Not again at once: a map fetched during a failover may still be stale.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            direct.refreshing.store(false, Ordering::Release);
+        });
+    }
+
+    /// Runs `call` through the cluster connection and, with `min_replicas`, `WAIT`s after it
+    /// (see [`Cluster::confirm`]).
+    async fn run_routed(&self, call: &ScriptCall) -> Result<Value, Failed> {
         match (&self.replicated, self.replicas) {
             (Some((client, conn)), Some(replicas)) if call.kind.needs_replicas() => {
                 let conn = connection(client, conn, self.timeouts, call.op).await?;
@@ -181,6 +271,151 @@ impl Cluster {
         };
         super::confirmed(call, answer, acked, replicas, |undo| self.run_plain(undo)).await
     }
+}
+
+impl Direct {
+    /// The link to the primary of `slot`, if the slot map is known.
+    fn link(&self, slot: u16) -> Option<Arc<Link>> {
+        let slots = self
+            .slots
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        slots.as_ref()?.get(usize::from(slot))?.clone()
+    }
+
+    fn forget_slots(&self) {
+        *self
+            .slots
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    }
+
+    /// Installs a slot map: `(first slot, last slot, host, port)` per range.
+    fn install(&self, ranges: &[(u16, u16, String, u16)]) {
+        let Some(settings) = &self.settings else {
+            return;
+        };
+        let mut links = lock(&self.links);
+        let mut slots: Vec<Option<Arc<Link>>> = vec![None; 16384];
+        for (first, last, host, port) in ranges {
+            let link = links
+                .entry((host.clone(), *port))
+                .or_insert_with(|| {
+                    let info = redis::IntoConnectionInfo::into_connection_info(
+                        redis::ConnectionAddr::Tcp(host.clone(), *port),
+                    )
+                    .map(|info| info.set_redis_settings(settings.clone()));
+                    let dial = NodeDial {
+                        client: info.and_then(redis::Client::open),
+                        timeouts: self.timeouts,
+                    };
+                    Arc::new(Link::new(
+                        Box::new(dial),
+                        self.timeouts,
+                        true,
+                        self.replicas,
+                    ))
+                })
+                .clone();
+            for slot in slots
+                .iter_mut()
+                .take(usize::from(*last) + 1)
+                .skip(usize::from(*first))
+            {
+                *slot = Some(Arc::clone(&link));
+            }
+        }
+        drop(links);
+        *self
+            .slots
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(slots.into());
+    }
+}
+
+/// Dials one cluster node.
+struct NodeDial {
+    client: redis::RedisResult<redis::Client>,
+    timeouts: Timeouts,
+}
+
+impl Dial for NodeDial {
+    fn dial(
+        &self,
+        op: &'static str,
+    ) -> BoxFuture<'_, Result<redis::aio::MultiplexedConnection, LockError>> {
+        Box::pin(async move {
+            match &self.client {
+                Ok(client) => conn::dial(client, self.timeouts, op).await,
+                Err(error) => Err(LockError::InvalidUrl {
+                    reason: error.to_string(),
+                }),
+            }
+        })
+    }
+}
+
+/// `CLUSTER SLOTS`, asked through the cluster connection: each range's primary. `None` when it
+/// cannot be had now (the calls go through the cluster connection meanwhile).
+async fn fetch_slots(
+    client: &ClusterClient,
+    kept: Option<ClusterConnection>,
+    timeouts: Timeouts,
+) -> Option<Vec<(u16, u16, String, u16)>> {
+    use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+    let mut conn = match kept {
+        Some(conn) => conn,
+        None => {
+            let connect = client.get_async_connection();
+            tokio::time::timeout(timeouts.connect, connect)
+                .await
+                .ok()?
+                .ok()?
+        }
+    };
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg("SLOTS");
+    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary);
+    let answer = tokio::time::timeout(timeouts.response, conn.route_command(cmd, routing))
+        .await
+        .ok()?
+        .ok()?;
+    let Value::Array(ranges) = answer else {
+        return None;
+    };
+    let mut parsed = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            return None;
+        };
+        let [Value::Int(first), Value::Int(last), Value::Array(primary), ..] = fields.as_slice()
+        else {
+            return None;
+        };
+        let [Value::BulkString(host), Value::Int(port), ..] = primary.as_slice() else {
+            return None;
+        };
+        let host = String::from_utf8(host.clone())
+            .ok()
+            .filter(|h| !h.is_empty())?;
+        parsed.push((
+            u16::try_from(*first).ok()?,
+            u16::try_from(*last).ok()?.min(16383),
+            host,
+            u16::try_from(*port).ok()?,
+        ));
+    }
+    Some(parsed)
+}
+
+/// Whether a call failed because its node could not be connected to at all (not: in time).
+fn unreachable(failed: &Failed) -> bool {
+    failed.reached == Reached::No && !matches!(failed.error, LockError::RedisTimeout { .. })
+}
+
+/// Whether a failed call was refused because its slot is elsewhere or moving.
+fn failed_redirected(failed: &Failed) -> bool {
+    matches!(&failed.error, LockError::Redis { source, .. } if redirected(source))
 }
 
 /// The connection kept in `kept`, connecting `client` first if there is none yet.
