@@ -109,3 +109,31 @@ async fn min_replicas_is_refused_on_a_quorum() {
         "{refused:?}"
     );
 }
+
+#[tokio::test]
+async fn fair_requests_are_refused_with_min_replicas() {
+    let primary = RedisServer::start();
+    let locks = primary.manager_builder().min_replicas(1).build().unwrap();
+    let refused = locks.lock("r-fair").fair(true).acquire().await.unwrap_err();
+    assert!(
+        matches!(refused, LockError::InvalidConfig { what: "fair", .. }),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("min_replicas"), "{refused}");
+    let built = primary
+        .manager_builder()
+        .min_replicas(1)
+        .default_fair(true)
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(
+            built,
+            LockError::InvalidConfig {
+                what: "default_fair",
+                ..
+            }
+        ),
+        "{built:?}"
+    );
+}
