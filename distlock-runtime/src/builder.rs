@@ -182,7 +182,8 @@ impl LockManagerBuilder {
     /// An acquire or extend counts only once `n` replicas acknowledged it (`WAIT n`, within
     /// [`replica_timeout`](Self::replica_timeout)); otherwise it is undone and fails with
     /// [`LockError::Replication`]. Default 0. For one server with replicas, a Sentinel primary
-    /// or a cluster's primaries; not for a quorum.
+    /// or a cluster's primaries; not for a quorum. Fair requests are refused with it (nothing
+    /// confirms a fair hand-off on the replicas before the next holder's body starts).
     pub fn min_replicas(mut self, n: usize) -> Self {
         self.min_replicas = n;
         self

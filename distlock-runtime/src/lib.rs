@@ -176,7 +176,8 @@
 //! **Server side.** With Sentinel or a cluster, set `min-replicas-to-write` on the primaries
 //! (or [`min_replicas`](LockManagerBuilder::min_replicas) on the manager, which makes each
 //! acquire and extend wait for replica acknowledgement with `WAIT`, and undoes an acquire the
-//! replicas did not confirm: [`LockError::Replication`]). Persistence (`appendonly yes`) keeps
+//! replicas did not confirm: [`LockError::Replication`]; fair requests are refused with it, as
+//! nothing confirms a fair hand-off on the replicas). Persistence (`appendonly yes`) keeps
 //! locks across a restart of a single server. A quorum's nodes should be independent machines.
 //!
 //! **Redlock's restart rule.** A quorum node that crashes and comes back empty forgets the
