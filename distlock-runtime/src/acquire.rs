@@ -22,16 +22,17 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::conn::{millis, Failed, Reached};
+use crate::call::{Failed, Kind, Reached, ScriptCall};
+use crate::conn::millis;
 use crate::context::Context;
 use crate::error::LockError;
 use crate::fair::{handoff_start, FairAnswer, FairRequest};
 use crate::fence::RAISE;
 use crate::keys::LockKeys;
 use crate::lease::Lease;
-use crate::release::{by_shard, release_call, release_in_background, Leaving};
+use crate::release::{release_call, release_in_background, Leaving};
 use crate::scripts::{self, Acquire};
-use crate::topology::{Kind, Route, ScriptCall};
+use crate::topology::{by_shard, Route};
 use crate::validity::{validity, LeaseState};
 use crate::wait::{Wait, Waiter, Wake};
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use deadpool_redis::Pool;
 
+use crate::call::Replicas;
 use crate::conn::{self, Timeouts};
 use crate::context::{Context, Counters};
 use crate::error::LockError;
@@ -17,7 +18,6 @@ use crate::topology::cluster::Cluster;
 use crate::topology::quorum::Quorum;
 use crate::topology::sentinel::Sentinel;
 use crate::topology::standalone::Standalone;
-use crate::topology::Replicas;
 use crate::topology::Route;
 use crate::validity::check_ttl;
 

@@ -12,8 +12,10 @@ use deadpool_redis::{Pool, PoolError, Runtime};
 use redis::aio::MultiplexedConnection;
 use redis::{Cmd, Value};
 
+use crate::call::{
+    failed, is_connection_failure, ran, BoxFuture, Failed, Reached, Replicas, ScriptCall,
+};
 use crate::error::LockError;
-use crate::topology::{BoxFuture, Replicas, ScriptCall};
 
 /// The timeouts every Redis call is bounded by.
 #[derive(Debug, Clone, Copy)]
@@ -56,52 +58,6 @@ pub(crate) trait Dial: Send + Sync + 'static {
     /// call sent once more on a fresh one, which may reach the new primary.
     fn follows_failover(&self) -> bool {
         false
-    }
-}
-
-/// A call that failed, and how far its request got.
-#[derive(Debug)]
-pub(crate) struct Failed {
-    pub(crate) error: LockError,
-    pub(crate) reached: Reached,
-}
-
-impl Failed {
-    /// Whether a replica (a demoted primary) refused the write before running it.
-    pub(crate) fn is_read_only(&self) -> bool {
-        matches!(&self.error, LockError::Redis { source, .. }
-            if source.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly))
-    }
-
-    /// Whether the server did not know the script (`NOSCRIPT`): nothing ran.
-    pub(crate) fn is_noscript(&self) -> bool {
-        matches!(&self.error, LockError::Redis { source, .. }
-            if source.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
-    }
-}
-
-/// How far a failed request got, which decides whether what it would have written may be there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Reached {
-    /// Never sent: no connection could be had.
-    No,
-    /// Sent, or maybe sent, with no answer: it may still arrive and run.
-    Maybe,
-    /// Redis ran it and answered with an error: whatever it wrote before failing stays
-    /// written (or its answer could not be read).
-    Answered,
-    /// Redis refused it before running it (a replica's `READONLY`, `LOADING`, `OOM`, a key the
-    /// user may not touch, a script that does not compile): nothing was written.
-    Refused,
-}
-
-/// Whether a failed request ran on the server: an error raised inside a script says where
-/// (`... script: <sha>, on @user_script:<line>.`), a refusal before the script ran does not,
-/// and an answer that could not be read came from a request that ran.
-pub(crate) fn ran(error: &redis::RedisError) -> bool {
-    match error.kind() {
-        redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType => true,
-        _ => error.to_string().contains("@user_script"),
     }
 }
 
@@ -258,7 +214,7 @@ impl Link {
                 spare.idle.push(conn);
             }
         }
-        crate::topology::confirmed(call, answer, acked, replicas, |undo| self.run_plain(undo)).await
+        crate::call::confirmed(call, answer, acked, replicas, |undo| self.run_plain(undo)).await
     }
 
     /// Sends one command, bounded by the response timeout (and the dial's timeouts when a
@@ -408,17 +364,6 @@ impl Link {
     }
 }
 
-impl Reached {
-    /// A refusal after an earlier try that may have reached Redis still may have.
-    fn max_with(self, earlier: Reached) -> Reached {
-        if earlier == Reached::Maybe && self == Reached::Refused {
-            Reached::Maybe
-        } else {
-            self
-        }
-    }
-}
-
 /// Takes a connection out of `pool` for good and selects its database: how a standalone link
 /// (and each quorum node) dials.
 ///
@@ -471,33 +416,6 @@ pub(crate) async fn take_from_pool(
     }
 }
 
-/// What a request that was sent and failed with `source` tells: a timeout or a broken
-/// connection may have reached Redis; an error Redis answered ran the script (or not, see
-/// [`ran`]).
-pub(crate) fn failed(op: &'static str, source: redis::RedisError, after: Duration) -> Failed {
-    if source.is_timeout() {
-        return Failed {
-            error: LockError::RedisTimeout { op, after },
-            reached: Reached::Maybe,
-        };
-    }
-    if is_connection_failure(&source) {
-        return Failed {
-            error: LockError::Redis { op, source },
-            reached: Reached::Maybe,
-        };
-    }
-    let reached = if ran(&source) {
-        Reached::Answered
-    } else {
-        Reached::Refused
-    };
-    Failed {
-        error: LockError::from_redis(op, source),
-        reached,
-    }
-}
-
 /// A process-wide unique number (connection generations, manager identities).
 pub(crate) fn next_id() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -508,14 +426,6 @@ pub(crate) fn next_id() -> u64 {
 /// A duration as whole milliseconds for `PX` / `PEXPIRE` (at least 1).
 pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
-
-/// True when the error says the connection itself is unusable, not that the command failed.
-pub(crate) fn is_connection_failure(err: &redis::RedisError) -> bool {
-    err.is_io_error()
-        || err.is_connection_dropped()
-        || err.is_timeout()
-        || err.is_unrecoverable_error()
 }
 
 /// True when Redis refused a request for a passing reason: loading its data after a restart,

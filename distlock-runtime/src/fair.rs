@@ -35,10 +35,11 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::conn::{lock, millis, Failed};
+use crate::call::{Failed, Kind, Lua, ScriptCall};
+use crate::conn::{lock, millis};
 use crate::fence::FENCE;
 use crate::keys::LockKeys;
-use crate::topology::{Kind, Lua, Route, ScriptCall};
+use crate::topology::Route;
 
 /// How long a lock handed to a fair waiter is held for it before the waiter extends it to its
 /// ttl. A hand-off to a waiter that is gone (crashed, or its process stalled) costs the queue

@@ -73,10 +73,9 @@ end
 /// Sets each counter that is missing or below the token to it, living the ttl plus however far
 /// the token is ahead of this server's clock (the same rule as `draw`). Returns the number of
 /// counters raised.
-pub(crate) static RAISE: std::sync::LazyLock<crate::topology::Lua> =
-    std::sync::LazyLock::new(|| {
-        crate::topology::Lua::new(
-            r"#!lua
+pub(crate) static RAISE: std::sync::LazyLock<crate::call::Lua> = std::sync::LazyLock::new(|| {
+    crate::call::Lua::new(
+        r"#!lua
 local token, keep_ms = ARGV[1], tonumber(ARGV[2])
 local t = redis.call('TIME')
 local ahead = tonumber(token) - (t[1] * 1000000 + t[2])
@@ -91,5 +90,5 @@ for i = 1, #KEYS do
 end
 return raised
 ",
-        )
-    });
+    )
+});

@@ -219,8 +219,9 @@
 //! - `acquire.rs` (the acquire state machine), `fair.rs` (the fair hand-off protocol),
 //!   `release.rs`, `renew.rs` (the watchdog), `lease.rs`, `wait.rs` and `notify.rs` (how a
 //!   waiter learns of a release), `reentrancy.rs`, `fence.rs`, `validity.rs`: the request
-//!   logic. It describes every Redis operation as a script call (`scripts.rs` holds the Lua),
-//!   groups keys by the route's shard, and never asks which topology it runs on.
+//!   logic. It describes every Redis operation as a script call (`call.rs`: the script, its keys
+//!   and arguments, its kind, and what a failure tells; `scripts.rs` holds the Lua), groups
+//!   keys by the route's shard, and never asks which topology it runs on.
 //! - `topology/`: how a call reaches Redis, one file per kind: `standalone.rs`, `sentinel.rs`,
 //!   `cluster.rs`, `quorum.rs`, behind one trait (`Route`: run a call, say a key's shard, say
 //!   how releases are announced and subscribed to). `conn.rs` is the connection all but the
@@ -263,6 +264,7 @@
 
 mod acquire;
 mod builder;
+mod call;
 mod conn;
 mod context;
 mod error;

@@ -129,7 +129,7 @@ impl LockManager {
     /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be reached within the
     /// manager's timeouts.
     pub async fn ping(&self) -> Result<(), LockError> {
-        use crate::topology::{Kind, ScriptCall};
+        use crate::call::{Kind, ScriptCall};
         let mut call = ScriptCall::new("ping", &crate::scripts::PING, Kind::Read);
         call.key(self.redis_key("ping"));
         self.context

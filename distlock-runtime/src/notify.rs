@@ -507,7 +507,7 @@ async fn reconcile(hub: Arc<Hub>, channel: String) {
                     entry.subscribed_on = None;
                 }
             }
-            Ok(Err(error)) if !crate::conn::is_connection_failure(&error) => {
+            Ok(Err(error)) if !crate::call::is_connection_failure(&error) => {
                 tracing::debug!(%channel, %error, "distlock could not subscribe to release notifications; waiters poll");
                 if let Some(entry) = state.channels.get_mut(&channel) {
                     entry.subscribed_on = None;

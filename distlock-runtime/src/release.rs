@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::call::{Kind, ScriptCall};
 use crate::conn;
 use crate::context::Context;
 use crate::error::{LockError, Misconfiguration};
 use crate::keys::LockKeys;
 use crate::scripts;
-use crate::topology::{Kind, Route, ScriptCall};
+use crate::topology::{by_shard, Route};
 
 /// Deletes the keys still held by `token` (handing each to its oldest fair waiter, if it
 /// has one); returns how many were. With `queued`, `token` also leaves the keys' fair
@@ -51,21 +52,6 @@ pub(crate) fn release_call<'a>(
         .arg(if queued { "1" } else { "0" })
         .arg(route.publish_command());
     call
-}
-
-/// The indices of `redis_keys` grouped by shard, groups in shard order, keys in their order
-/// (one group on every route but a cluster's).
-pub(crate) fn by_shard(route: &dyn Route, redis_keys: &[LockKeys]) -> Vec<Vec<usize>> {
-    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
-    for (i, keys) in redis_keys.iter().enumerate() {
-        let shard = route.shard(&keys.lock);
-        match groups.iter_mut().find(|(s, _)| *s == shard) {
-            Some((_, group)) => group.push(i),
-            None => groups.push((shard, vec![i])),
-        }
-    }
-    groups.sort_by_key(|(shard, _)| *shard);
-    groups.into_iter().map(|(_, group)| group).collect()
 }
 
 /// Releases from a spawned task: the fallback when a lease is dropped instead of released,
@@ -118,7 +104,7 @@ pub(crate) fn release_in_background(
             let outage = match &error {
                 LockError::RedisTimeout { .. } | LockError::NoQuorum { .. } => true,
                 LockError::Redis { source, .. } => {
-                    conn::is_connection_failure(source) || conn::is_transient(source)
+                    crate::call::is_connection_failure(source) || conn::is_transient(source)
                 }
                 // redis-rs reports every refused AUTH so, also one of a server at its client
                 // limit; and a password may be being rotated.

@@ -21,12 +21,12 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::call::{Kind, ScriptCall};
 use crate::conn::{lock, millis};
 use crate::error::LockError;
 use crate::keys::LockKeys;
-use crate::release::by_shard;
 use crate::scripts;
-use crate::topology::{Kind, Route, ScriptCall};
+use crate::topology::{by_shard, Route};
 use crate::validity::LeaseState;
 
 /// How many leases one renewal script call carries at most. A batch holds Redis for roughly

@@ -9,9 +9,9 @@
 
 use std::sync::LazyLock;
 
+use crate::call::Lua;
 use crate::fair::FAIR_QUEUE;
 use crate::fence::FENCE;
-use crate::topology::Lua;
 
 /// Takes every lock key at once, or none: the acquire of every request that is not fair, for
 /// one key or several.

@@ -38,8 +38,10 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{PushKind, Value};
 
-use super::{BoxFuture, Channels, Message, Messages, Replicas, Route, ScriptCall, Subscribe};
-use crate::conn::{self, lock, Dial, Failed, Link, Reached, Timeouts};
+use super::{Channels, Message, Messages, Route, Subscribe};
+use crate::call::{self, Failed, Reached};
+use crate::call::{confirmed, BoxFuture, Replicas, ScriptCall};
+use crate::conn::{self, lock, Dial, Link, Timeouts};
 use crate::error::LockError;
 
 /// Retries of one call (after an IO error, `MOVED` to a node not yet connected, `TRYAGAIN`, a
@@ -239,10 +241,10 @@ impl Cluster {
                     let values = conn
                         .route_pipeline(pipe, 0, 2, route)
                         .await
-                        .map_err(|source| conn::failed(op, source, after))?;
+                        .map_err(|source| call::failed(op, source, after))?;
                     // The script's own error (NOSCRIPT, say) fails the call.
                     if let Some(Err(source)) = values.first().cloned().map(Value::extract_error) {
-                        return Err(conn::failed(op, source, after));
+                        return Err(call::failed(op, source, after));
                     }
                     Ok(Value::Array(values))
                 }
@@ -269,7 +271,7 @@ impl Cluster {
                 })
             }
         };
-        super::confirmed(call, answer, acked, replicas, |undo| self.run_plain(undo)).await
+        confirmed(call, answer, acked, replicas, |undo| self.run_plain(undo)).await
     }
 }
 
@@ -468,7 +470,7 @@ async fn query(
             Err(source) if redirected(&source) && tokio::time::Instant::now() < until => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            answer => return answer.map_err(|source| conn::failed(op, source, after)),
+            answer => return answer.map_err(|source| call::failed(op, source, after)),
         }
     }
 }

@@ -33,8 +33,10 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::{FromRedisValue, Value};
 
 use super::standalone::{PlainSubscriber, PoolDial};
-use super::{BoxFuture, Kind, Route, ScriptCall, Subscribe};
-use crate::conn::{self, Failed, Link, Reached, Timeouts};
+use super::{Route, Subscribe};
+use crate::call::{BoxFuture, Kind, ScriptCall};
+use crate::call::{Failed, Reached};
+use crate::conn::{self, Link, Timeouts};
 use crate::error::LockError;
 use crate::fence::RAISE;
 use crate::scripts::Acquire;

@@ -31,8 +31,10 @@ use redis::Value;
 use tokio::sync::watch;
 
 use super::standalone::open_plain;
-use super::{BoxFuture, Channels, Messages, Replicas, Route, ScriptCall, Subscribe};
-use crate::conn::{self, Dial, Failed, Link, Timeouts};
+use super::{Channels, Messages, Route, Subscribe};
+use crate::call::Failed;
+use crate::call::{BoxFuture, Replicas, ScriptCall};
+use crate::conn::{self, Dial, Link, Timeouts};
 use crate::error::LockError;
 
 /// A Sentinel-managed primary.

@@ -9,8 +9,10 @@ use deadpool_redis::Pool;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 
-use super::{BoxFuture, Channels, Message, Messages, Replicas, Route, ScriptCall, Subscribe};
-use crate::conn::{take_from_pool, Dial, Failed, Link, Timeouts};
+use super::{Channels, Message, Messages, Route, Subscribe};
+use crate::call::Failed;
+use crate::call::{BoxFuture, Replicas, ScriptCall};
+use crate::conn::{take_from_pool, Dial, Link, Timeouts};
 use crate::error::LockError;
 
 /// One server, through a pool.

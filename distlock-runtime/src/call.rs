@@ -1,0 +1,302 @@
+//! A script call, and what its failure tells: the unit every layer above a route speaks in.
+//!
+//! The request logic describes each Redis operation as a [`ScriptCall`] (a [`Lua`] script, its
+//! keys and arguments, and its [`Kind`]); a route (`topology/`) runs it; a call that fails says
+//! how far its request got ([`Failed`], [`Reached`]), which decides whether what it would have
+//! written may be there.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use redis::{Cmd, ToRedisArgs, Value};
+
+use crate::error::LockError;
+
+/// A boxed future, as the object-safe [`Route`] returns.
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A Lua script: its source and its SHA-1, which `EVALSHA` names it by.
+pub(crate) struct Lua {
+    code: String,
+    hash: String,
+}
+
+impl Lua {
+    pub(crate) fn new(code: impl Into<String>) -> Self {
+        let code = code.into();
+        let hash = sha1_smol::Sha1::from(code.as_bytes()).digest().to_string();
+        Self { code, hash }
+    }
+}
+
+/// What a call does, which says how a quorum combines its nodes' answers (see `quorum.rs`).
+pub(crate) enum Kind {
+    /// Writes nothing; counts when a majority answers.
+    Read,
+    /// Takes lock keys: answers a fencing token, or who holds them (`scripts::Acquire`).
+    /// `fences` are the keys' fencing counters and `ttl` the lease's, so a quorum can write the
+    /// greatest token back; `undo` releases what this call took.
+    Acquire {
+        fences: Vec<String>,
+        ttl: Duration,
+        undo: Box<ScriptCall>,
+    },
+    /// Releases by token: answers how many keys were released.
+    Release,
+    /// Extends leases by token: answers one 0 or 1 per lease.
+    Extend,
+    /// Raises fencing counters: answers nothing of interest.
+    Raise,
+    /// A fair queue's call; a route that refuses fair requests never sees one.
+    Fair,
+}
+
+impl Kind {
+    /// Whether, with `min_replicas`, the call counts only once replicas confirmed it: what takes
+    /// or prolongs a lock, or raises a fencing counter.
+    pub(crate) fn needs_replicas(&self) -> bool {
+        matches!(
+            self,
+            Self::Acquire { .. } | Self::Extend | Self::Raise | Self::Fair
+        )
+    }
+}
+
+/// With `min_replicas`: the answer of a call that `acked` replicas confirmed. When fewer did,
+/// an acquire is undone at once (by `run`, its release) and the call fails with
+/// [`LockError::Replication`]; it counts as having written (so the acquire also releases by
+/// token, in the background, whatever the undo could not).
+pub(crate) async fn confirmed<'a, F, Fut>(
+    call: &'a ScriptCall,
+    answer: Value,
+    acked: usize,
+    replicas: Replicas,
+    run: F,
+) -> Result<Value, Failed>
+where
+    F: FnOnce(&'a ScriptCall) -> Fut,
+    Fut: Future<Output = Result<Value, Failed>>,
+{
+    if acked >= replicas.count {
+        return Ok(answer);
+    }
+    let mut undone = false;
+    if let Kind::Acquire { undo, .. } = &call.kind {
+        // The acquire script answers a fencing token when it took the keys, an array when
+        // they are held (see `scripts.rs`).
+        let took = matches!(answer, Value::Int(_) | Value::BulkString(_));
+        if !took {
+            // Held by another owner: nothing was written, and the answer stands.
+            return Ok(answer);
+        }
+        undone = run(undo).await.is_ok();
+    }
+    Err(Failed {
+        error: LockError::Replication {
+            op: call.op,
+            acked,
+            needed: replicas.count,
+            within: replicas.timeout,
+        },
+        reached: if undone {
+            Reached::Refused
+        } else {
+            Reached::Answered
+        },
+    })
+}
+
+/// One script call: the script, its keys and arguments, and its [`Kind`].
+pub(crate) struct ScriptCall {
+    /// What it does, for errors and logs.
+    pub(crate) op: &'static str,
+    lua: &'static Lua,
+    keys: Vec<String>,
+    args: Vec<Vec<u8>>,
+    pub(crate) kind: Kind,
+}
+
+impl ScriptCall {
+    pub(crate) fn new(op: &'static str, lua: &'static Lua, kind: Kind) -> Self {
+        Self {
+            op,
+            lua,
+            keys: Vec::new(),
+            args: Vec::new(),
+            kind,
+        }
+    }
+
+    pub(crate) fn key(&mut self, key: impl Into<String>) -> &mut Self {
+        self.keys.push(key.into());
+        self
+    }
+
+    pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    /// An owned copy of the call, for one server of a quorum (its kind is [`Kind::Read`]:
+    /// the combining is the quorum's).
+    pub(crate) fn detached(&self) -> Self {
+        Self {
+            op: self.op,
+            lua: self.lua,
+            keys: self.keys.clone(),
+            args: self.args.clone(),
+            kind: Kind::Read,
+        }
+    }
+
+    /// [`detached`](Self::detached), with one more argument (a quorum's proposed fencing
+    /// token).
+    pub(crate) fn with_arg(&self, arg: impl ToRedisArgs) -> Self {
+        let mut call = self.detached();
+        call.arg(arg);
+        call
+    }
+
+    /// The keys, in order.
+    pub(crate) fn keys(&self) -> &[String] {
+        &self.keys
+    }
+
+    /// `EVALSHA`: the script by its hash.
+    pub(crate) fn evalsha(&self) -> Cmd {
+        self.command("EVALSHA", &self.lua.hash)
+    }
+
+    /// `EVAL`: the whole script, which also loads it (for a server that lost it: a restart, a
+    /// `SCRIPT FLUSH`, a promoted replica).
+    pub(crate) fn eval(&self) -> Cmd {
+        self.command("EVAL", &self.lua.code)
+    }
+
+    fn command(&self, name: &str, script: &str) -> Cmd {
+        let mut cmd = redis::cmd(name);
+        cmd.arg(script).arg(self.keys.len());
+        for key in &self.keys {
+            cmd.arg(key.as_str());
+        }
+        for arg in &self.args {
+            cmd.arg(arg.as_slice());
+        }
+        cmd
+    }
+
+    /// Sends `EVALSHA` through `send`, and `EVAL` once if the server does not know the script.
+    /// Every distlock script may run twice: an acquire that finds its own token takes the key
+    /// as it is, release and extend are idempotent.
+    pub(crate) async fn run_with<'a, F, Fut>(&'a self, mut send: F) -> Result<Value, Failed>
+    where
+        F: FnMut(Cmd) -> Fut,
+        Fut: Future<Output = Result<Value, Failed>> + 'a,
+    {
+        match send(self.evalsha()).await {
+            Err(failed) if failed.is_noscript() => send(self.eval()).await,
+            answer => answer,
+        }
+    }
+}
+
+/// `min_replicas`: how many replicas must acknowledge an acquire or extend, and how long to
+/// wait for them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Replicas {
+    pub(crate) count: usize,
+    pub(crate) timeout: Duration,
+}
+
+/// A call that failed, and how far its request got.
+#[derive(Debug)]
+pub(crate) struct Failed {
+    pub(crate) error: LockError,
+    pub(crate) reached: Reached,
+}
+
+impl Failed {
+    /// Whether a replica (a demoted primary) refused the write before running it.
+    pub(crate) fn is_read_only(&self) -> bool {
+        matches!(&self.error, LockError::Redis { source, .. }
+            if source.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly))
+    }
+
+    /// Whether the server did not know the script (`NOSCRIPT`): nothing ran.
+    pub(crate) fn is_noscript(&self) -> bool {
+        matches!(&self.error, LockError::Redis { source, .. }
+            if source.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
+    }
+}
+
+/// How far a failed request got, which decides whether what it would have written may be there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reached {
+    /// Never sent: no connection could be had.
+    No,
+    /// Sent, or maybe sent, with no answer: it may still arrive and run.
+    Maybe,
+    /// Redis ran it and answered with an error: whatever it wrote before failing stays
+    /// written (or its answer could not be read).
+    Answered,
+    /// Redis refused it before running it (a replica's `READONLY`, `LOADING`, `OOM`, a key the
+    /// user may not touch, a script that does not compile): nothing was written.
+    Refused,
+}
+
+/// Whether a failed request ran on the server: an error raised inside a script says where
+/// (`... script: <sha>, on @user_script:<line>.`), a refusal before the script ran does not,
+/// and an answer that could not be read came from a request that ran.
+pub(crate) fn ran(error: &redis::RedisError) -> bool {
+    match error.kind() {
+        redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType => true,
+        _ => error.to_string().contains("@user_script"),
+    }
+}
+
+impl Reached {
+    /// A refusal after an earlier try that may have reached Redis still may have.
+    pub(crate) fn max_with(self, earlier: Reached) -> Reached {
+        if earlier == Reached::Maybe && self == Reached::Refused {
+            Reached::Maybe
+        } else {
+            self
+        }
+    }
+}
+
+/// What a request that was sent and failed with `source` tells: a timeout or a broken
+/// connection may have reached Redis; an error Redis answered ran the script (or not, see
+/// [`ran`]).
+pub(crate) fn failed(op: &'static str, source: redis::RedisError, after: Duration) -> Failed {
+    if source.is_timeout() {
+        return Failed {
+            error: LockError::RedisTimeout { op, after },
+            reached: Reached::Maybe,
+        };
+    }
+    if is_connection_failure(&source) {
+        return Failed {
+            error: LockError::Redis { op, source },
+            reached: Reached::Maybe,
+        };
+    }
+    let reached = if ran(&source) {
+        Reached::Answered
+    } else {
+        Reached::Refused
+    };
+    Failed {
+        error: LockError::from_redis(op, source),
+        reached,
+    }
+}
+
+/// True when the error says the connection itself is unusable, not that the command failed.
+pub(crate) fn is_connection_failure(err: &redis::RedisError) -> bool {
+    err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_timeout()
+        || err.is_unrecoverable_error()
+}
