@@ -47,7 +47,10 @@ pub(crate) async fn acquire(
     fair: bool,
 ) -> Result<Lease, LockError> {
     let redis_keys: Arc<[LockKeys]> = keys.iter().map(|k| context.lock_keys(k)).collect();
-    let token: Arc<str> = new_token().into();
+    let token: Arc<str> = match &context.holder_label {
+        Some(label) => format!("{}:{label}", new_token()).into(),
+        None => new_token().into(),
+    };
     let state = Arc::new(LeaseState::new(ttl, renew));
     // Registered before the request goes out: an acquired lease can never miss renewal.
     let mut registration = renew.then(|| {

@@ -76,6 +76,7 @@ pub struct LockManagerBuilder {
     default_ttl: Duration,
     default_wait: Duration,
     default_fair: bool,
+    holder_label: Option<String>,
     pool_size: usize,
     connect_timeout: Duration,
     response_timeout: Duration,
@@ -113,6 +114,7 @@ impl Default for LockManagerBuilder {
             default_ttl: Duration::from_secs(30),
             default_wait: Duration::from_secs(10),
             default_fair: false,
+            holder_label: None,
             pool_size: 8,
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(1),
@@ -239,6 +241,25 @@ impl LockManagerBuilder {
     /// by notification rather than polling.
     pub fn default_fair(mut self, fair: bool) -> Self {
         self.default_fair = fair;
+        self
+    }
+
+    /// A label for this manager's leases, such as the host and process id, which
+    /// [`LockManager::inspect`] and the `distlock` command-line tool show as the holder, so
+    /// "who holds it?" has an answer. It travels inside each owner token, so anyone who may read
+    /// the lock keys sees it: no secrets. Whitespace becomes `_`; at most 64 bytes are kept.
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), distlock_runtime::LockError> {
+    /// let host = std::env::var("HOSTNAME").unwrap_or_default();
+    /// let locks = distlock_runtime::LockManager::builder()
+    ///     .url("redis://127.0.0.1:6379")
+    ///     .holder_label(format!("{host}/{}", std::process::id()))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn holder_label(mut self, label: impl Into<String>) -> Self {
+        self.holder_label = Some(label.into());
         self
     }
 
@@ -379,6 +400,10 @@ impl LockManagerBuilder {
             default_ttl: self.default_ttl,
             default_wait: self.default_wait,
             default_fair: self.default_fair,
+            holder_label: self
+                .holder_label
+                .as_deref()
+                .map(crate::inspect::clean_label),
             stats: Counters::default(),
         }))
     }

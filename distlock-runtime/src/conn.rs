@@ -354,6 +354,32 @@ impl Link {
         }
     }
 
+    /// The keys matching `pattern` on this server, by `SCAN` (never `KEYS`), each call bounded
+    /// by the response timeout.
+    pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, LockError> {
+        let mut found = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let answer = self.query("scan", &cmd).await.map_err(|f| f.error)?;
+            let (next, keys): (u64, Vec<String>) = redis::FromRedisValue::from_redis_value(answer)
+                .map_err(|e| LockError::Redis {
+                    op: "scan",
+                    source: e.into(),
+                })?;
+            found.extend(keys);
+            if next == 0 {
+                return Ok(found);
+            }
+            cursor = next;
+        }
+    }
+
     /// Stops using the current connection and the spare ones: the next call dials anew (a
     /// failover happened).
     pub(crate) fn forget_current(&self) {

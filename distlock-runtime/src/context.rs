@@ -25,6 +25,8 @@ pub(crate) struct Context {
     pub(crate) default_ttl: Duration,
     pub(crate) default_wait: Duration,
     pub(crate) default_fair: bool,
+    /// Appended to every owner token (`token:label`), for `inspect`.
+    pub(crate) holder_label: Option<String>,
     pub(crate) stats: Counters,
 }
 

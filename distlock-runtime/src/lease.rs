@@ -86,6 +86,26 @@ impl Lease {
         self.state.is_lost()
     }
 
+    /// How much longer the lease is valid: until Redis expires it, less the clock-drift margin,
+    /// counted from before the request that set its expiry was sent (renewals move it on).
+    /// Zero once it is lost or has run out.
+    ///
+    /// ```no_run
+    /// # async fn demo(lease: distlock_runtime::Lease) {
+    /// if lease.remaining() < std::time::Duration::from_secs(1) {
+    ///     // too little left to start another write under this lease
+    /// }
+    /// # }
+    /// ```
+    pub fn remaining(&self) -> Duration {
+        if self.state.is_lost() {
+            return Duration::ZERO;
+        }
+        self.state
+            .valid_until()
+            .saturating_duration_since(tokio::time::Instant::now())
+    }
+
     /// Resolves when the lease is lost: renewal found a key gone or owned by someone else,
     /// renewal kept failing until the lease's validity ran out, or (without renewal) its ttl
     /// passed. Never resolves while the lease stays valid.

@@ -94,6 +94,10 @@ impl LockManager {
         self.lock(key).wait(Duration::ZERO)
     }
 
+    pub(crate) fn context(&self) -> &Context {
+        &self.context
+    }
+
     /// The connection pool this manager takes its connections from: the one given to
     /// [`LockManagerBuilder::pool`](crate::LockManagerBuilder::pool) or made for
     /// [`url`](crate::LockManagerBuilder::url); `None` on a cluster, Sentinel or quorum

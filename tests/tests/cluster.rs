@@ -213,6 +213,21 @@ async fn scripts_flushed_from_every_node_are_sent_again() {
     }
     let lease = locks.lock_all(KEYS).acquire().await.unwrap();
     lease.extend(Duration::from_secs(10)).await.unwrap();
+    // The operator's view spans every primary.
+    let held: Vec<String> = locks
+        .held_locks("*")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|info| info.key)
+        .collect();
+    assert_eq!(held, KEYS);
+    let info = locks.inspect("delta").await.unwrap().unwrap();
+    assert_eq!(info.fencing_token, lease.fencing_token());
+    assert!(locks.force_release("delta").await.unwrap());
+    assert!(locks.inspect("delta").await.unwrap().is_none());
+    let lost = lease.extend(Duration::from_secs(10)).await.unwrap_err();
+    assert!(matches!(lost, LockError::LeaseLost { .. }), "{lost:?}");
     lease.release().await.unwrap();
 }
 

@@ -235,6 +235,10 @@ async fn a_waiter_on_a_quorum_is_woken_by_the_release() {
         .acquire()
         .await
         .unwrap();
+    let info = locks[1].inspect("q-wake").await.unwrap().unwrap();
+    assert!(info.remaining > Duration::from_secs(29));
+    let listed = locks[1].held_locks("q-*").await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
     let waiter = locks[1].clone();
     let waiting = tokio::spawn(async move {
         let lease = waiter

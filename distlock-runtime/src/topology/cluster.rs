@@ -515,6 +515,33 @@ impl Route for Cluster {
         }))
     }
 
+    fn scan<'a>(&'a self, pattern: &'a str) -> BoxFuture<'a, Result<Vec<String>, LockError>> {
+        Box::pin(async move {
+            let kept = lock(&self.conn).clone();
+            let ranges = fetch_slots(&self.client, kept, self.timeouts).await.ok_or(
+                LockError::RedisTimeout {
+                    op: "scan (CLUSTER SLOTS)",
+                    after: self.timeouts.response,
+                },
+            )?;
+            self.direct.install(&ranges);
+            let mut primaries: Vec<(String, u16)> = ranges
+                .into_iter()
+                .map(|(_, _, host, port)| (host, port))
+                .collect();
+            primaries.sort();
+            primaries.dedup();
+            let mut found = Vec::new();
+            for primary in primaries {
+                let link = lock(&self.direct.links).get(&primary).cloned();
+                if let Some(link) = link {
+                    found.extend(link.scan(pattern).await?);
+                }
+            }
+            Ok(found)
+        })
+    }
+
     fn response_timeout(&self) -> Duration {
         self.timeouts.response
     }

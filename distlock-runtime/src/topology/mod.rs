@@ -61,6 +61,9 @@ pub(crate) trait Route: Send + Sync + 'static {
         None
     }
 
+    /// The keys matching `pattern` on every server that holds locks (`SCAN`).
+    fn scan<'a>(&'a self, pattern: &'a str) -> BoxFuture<'a, Result<Vec<String>, LockError>>;
+
     /// Why fair requests cannot run here, if they cannot.
     fn refuses_fair(&self) -> Option<&'static str> {
         None

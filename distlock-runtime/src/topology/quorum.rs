@@ -488,6 +488,28 @@ impl Route for Quorum {
         }))
     }
 
+    fn scan<'a>(&'a self, pattern: &'a str) -> BoxFuture<'a, Result<Vec<String>, LockError>> {
+        Box::pin(async move {
+            // A key any node holds: the operator wants to see stragglers too.
+            let mut found = Vec::new();
+            let mut answered = 0;
+            let mut last_error = None;
+            for node in &self.nodes {
+                match node.scan(pattern).await {
+                    Ok(keys) => {
+                        answered += 1;
+                        found.extend(keys);
+                    }
+                    Err(error) => last_error = Some(error),
+                }
+            }
+            match last_error {
+                Some(error) if answered < self.majority() => Err(error),
+                _ => Ok(found),
+            }
+        })
+    }
+
     fn response_timeout(&self) -> Duration {
         self.timeouts.response
     }

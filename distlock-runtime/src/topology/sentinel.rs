@@ -298,6 +298,10 @@ impl Route for Sentinel {
         Some(Arc::new(SentinelSubscriber(Arc::clone(&self.resolver))))
     }
 
+    fn scan<'a>(&'a self, pattern: &'a str) -> BoxFuture<'a, Result<Vec<String>, LockError>> {
+        Box::pin(self.link.scan(pattern))
+    }
+
     fn response_timeout(&self) -> Duration {
         self.link.timeouts().response
     }

@@ -61,6 +61,10 @@ impl Route for Standalone {
         }))
     }
 
+    fn scan<'a>(&'a self, pattern: &'a str) -> BoxFuture<'a, Result<Vec<String>, LockError>> {
+        Box::pin(self.link.scan(pattern))
+    }
+
     fn response_timeout(&self) -> Duration {
         self.link.timeouts().response
     }

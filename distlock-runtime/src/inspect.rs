@@ -1,0 +1,282 @@
+//! The operator's view of locks: who holds one and for how long ([`LockManager::inspect`]),
+//! which are held ([`LockManager::held_locks`]), and breaking one by hand
+//! ([`LockManager::force_release`]).
+//!
+//! A holder's label ([`LockManagerBuilder::holder_label`](crate::LockManagerBuilder::holder_label))
+//! travels inside its owner token (`<128 random bits in hex>:<label>`), so every script that
+//! compares tokens compares it too, and no key is added per lock.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{FromRedisValue, Value};
+
+use crate::call::{Kind, Lua, ScriptCall};
+use crate::error::LockError;
+use crate::fair::FAIR_QUEUE;
+use crate::fence::FENCE;
+use crate::manager::LockManager;
+
+/// Who holds a lock and for how long, from [`LockManager::inspect`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The lock's key, as requested (`order:42`).
+    pub key: String,
+    /// How long the lock is held for at most (its expiry in Redis, unless renewed).
+    pub remaining: Duration,
+    /// The last fencing token drawn for the key: the holder's (or, after a hand-off that its
+    /// recipient has not yet confirmed, the hand-off's).
+    pub fencing_token: u64,
+    /// Fair waiters queued for the key.
+    pub waiters: usize,
+    /// The first 8 hex digits of the holder's owner token: enough to tell holders apart in
+    /// logs, not enough to release the lock.
+    pub token_prefix: String,
+    /// The holder's label, if its manager set one
+    /// ([`LockManagerBuilder::holder_label`](crate::LockManagerBuilder::holder_label)).
+    pub holder: Option<String>,
+}
+
+/// Reads a lock without changing it.
+///
+/// KEYS: the lock key, its fencing counter, its queue's entries.
+/// Returns nil when the lock is free, else `{owner, pttl, counter, waiters}` (`counter` as
+/// digits, empty when gone; `pttl` -1 for a key without expiry).
+static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"#!lua flags=no-writes
+local owner = redis.pcall('GET', KEYS[1])
+if type(owner) ~= 'string' then return nil end
+local counter = redis.pcall('GET', KEYS[2])
+if type(counter) ~= 'string' then counter = '' end
+local waiters = redis.pcall('HLEN', KEYS[3])
+if type(waiters) ~= 'number' then waiters = 0 end
+return {owner, redis.call('PTTL', KEYS[1]), counter, waiters}
+",
+    )
+});
+
+/// Deletes a lock whoever holds it, as a release would: its oldest live fair waiter, if any, is
+/// handed the lock, else the deletion is announced to waiters.
+///
+/// KEYS: the lock key, its queue, its queue's entries, its fencing counter.
+/// ARGV[1]: the command that announces a release (`PUBLISH`, or `SPUBLISH` on a cluster).
+/// Returns 1 when a lock was held, 0 when the key was free.
+static FORCE_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        r"#!lua flags=allow-oom
+local publish = ARGV[1]
+local L, Q, W = KEYS[1], KEYS[2], KEYS[3]
+if redis.call('EXISTS', L) == 0 then return 0 end
+local served = false
+if redis.call('EXISTS', Q) == 1 then
+  {FENCE}{FAIR_QUEUE}
+  served = serve(L, Q, W, 4, redis.call('TIME'))
+end
+if not served then
+  redis.call('DEL', L)
+  redis.pcall(publish, L, '')
+end
+return 1
+"
+    ))
+});
+
+/// Splits an owner token into its random part and its holder label.
+pub(crate) fn split_token(token: &str) -> (&str, Option<&str>) {
+    match token.split_once(':') {
+        Some((random, label)) => (random, Some(label)),
+        None => (token, None),
+    }
+}
+
+/// A label made fit for a token: no spaces or control characters (hand-off messages are
+/// space-separated), at most 64 bytes.
+pub(crate) fn clean_label(label: &str) -> String {
+    let mut clean: String = label
+        .chars()
+        .map(|c| {
+            if c.is_whitespace() || c.is_control() {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect();
+    while clean.len() > 64 {
+        clean.pop();
+    }
+    clean
+}
+
+impl LockManager {
+    /// Who holds the lock on `key`, and for how long; `None` when it is free. Reads only.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// match locks.inspect("order:42").await? {
+    ///     Some(info) => println!(
+    ///         "held by {} for {:?} more, token {}, {} waiting",
+    ///         info.holder.as_deref().unwrap_or(&info.token_prefix),
+    ///         info.remaining,
+    ///         info.fencing_token,
+    ///         info.waiters
+    ///     ),
+    ///     None => println!("free"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked;
+    /// [`LockError::InvalidKey`] for an empty key.
+    pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
+        check_key(key)?;
+        let keys = self.context().lock_keys(key);
+        let mut call = ScriptCall::new("inspect", &INSPECT, Kind::Read);
+        call.key(keys.lock.as_str())
+            .key(keys.fence.as_str())
+            .key(keys.waiters.as_str());
+        let answer: Value = self.context().redis().invoke(&call).await?;
+        parse_info(key, answer)
+    }
+
+    /// Deletes the lock on `key` whoever holds it; `true` if one was held. Its oldest live fair
+    /// waiter, if any, is handed the lock, as on a release.
+    ///
+    /// **Dangerous.** This breaks the current holder's exclusion: its body may still be running,
+    /// and another caller can now take the lock and run beside it. The holder learns of the loss
+    /// at its next renewal (its `run` then returns [`LockError::LeaseLost`]), not before; only
+    /// storage that checks fencing tokens turns its late writes away. Use it for a lock whose
+    /// holder is known to be gone (a stuck process, a ttl set far too long).
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// if locks.force_release("nightly-report").await? {
+    ///     println!("released a lock held by someone else");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked;
+    /// [`LockError::InvalidKey`] for an empty key.
+    pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
+        check_key(key)?;
+        let keys = self.context().lock_keys(key);
+        let route = self.context().redis();
+        let mut call = ScriptCall::new("force release", &FORCE_RELEASE, Kind::Release);
+        call.key(keys.lock.as_str())
+            .key(keys.queue.as_str())
+            .key(keys.waiters.as_str())
+            .key(keys.fence.as_str());
+        call.arg(route.publish_command());
+        let released: i64 = route.invoke(&call).await?;
+        Ok(released > 0)
+    }
+
+    /// The locks held now whose key matches the glob `pattern` (`*` for all, `order:*`), with
+    /// what [`inspect`](Self::inspect) tells of each, sorted by key. Found with `SCAN` (never
+    /// `KEYS`) on every server that holds locks: the primary, each cluster primary, each quorum
+    /// node (a quorum lists a key any node holds).
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// for info in locks.held_locks("order:*").await? {
+    ///     println!("{} for {:?}", info.key, info.remaining);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when a server cannot be asked.
+    pub async fn held_locks(&self, pattern: &str) -> Result<Vec<LockInfo>, LockError> {
+        let prefix = format!("{}lock:", self.prefix());
+        let glob = format!("{}{{{}}}", glob_escape(&prefix), pattern);
+        let mut names = self.context().redis().scan(&glob).await?;
+        names.sort();
+        names.dedup();
+        let mut held = Vec::with_capacity(names.len());
+        for name in names {
+            let Some(key) = name
+                .strip_prefix(&prefix)
+                .and_then(|k| k.strip_prefix('{'))
+                .and_then(|k| k.strip_suffix('}'))
+            else {
+                continue;
+            };
+            if let Some(info) = self.inspect(key).await? {
+                held.push(info);
+            }
+        }
+        Ok(held)
+    }
+}
+
+fn check_key(key: &str) -> Result<(), LockError> {
+    if key.is_empty() {
+        return Err(LockError::InvalidKey {
+            key: String::new(),
+            reason: "the key is empty",
+        });
+    }
+    Ok(())
+}
+
+/// `text` with glob specials escaped, for `SCAN MATCH`.
+fn glob_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
+fn parse_info(key: &str, answer: Value) -> Result<Option<LockInfo>, LockError> {
+    let bad = |what: &str| LockError::Redis {
+        op: "inspect",
+        source: redis::RedisError::from((
+            redis::ErrorKind::Parse,
+            "unexpected inspect answer",
+            what.to_owned(),
+        )),
+    };
+    if matches!(answer, Value::Nil) {
+        return Ok(None);
+    }
+    let (owner, pttl, counter, waiters): (String, i64, String, i64) =
+        FromRedisValue::from_redis_value(answer).map_err(|e| bad(&e.to_string()))?;
+    let (random, holder) = split_token(&owner);
+    Ok(Some(LockInfo {
+        key: key.to_owned(),
+        remaining: u64::try_from(pttl)
+            .map(Duration::from_millis)
+            .unwrap_or(Duration::MAX),
+        fencing_token: counter.parse().unwrap_or(0),
+        waiters: usize::try_from(waiters).unwrap_or(0),
+        token_prefix: random.chars().take(8).collect(),
+        holder: holder.map(str::to_owned),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_cleaned_and_split_back() {
+        assert_eq!(clean_label("web-1 pid 42\n"), "web-1_pid_42_");
+        assert_eq!(clean_label(&"x".repeat(100)).len(), 64);
+        let token = format!("{}:{}", "0af3".repeat(8), clean_label("host:9"));
+        assert_eq!(
+            split_token(&token),
+            ("0af30af30af30af30af30af30af30af3", Some("host:9"))
+        );
+        assert_eq!(split_token("0af3"), ("0af3", None));
+        assert_eq!(glob_escape("a*b[c]"), "a\\*b\\[c\\]");
+    }
+}

@@ -1,0 +1,143 @@
+//! The operator's view: `inspect` tells who holds a lock and for how long, `held_locks` lists
+//! them with `SCAN`, `force_release` breaks one (the holder learns at its next renewal), and
+//! `Lease::remaining` counts down.
+
+use std::time::{Duration, Instant};
+
+use distlock_runtime::LockError;
+use distlock_tests::RedisServer;
+
+#[tokio::test]
+async fn inspect_tells_who_holds_a_lock_for_how_long_and_who_waits() {
+    let server = RedisServer::start();
+    let locks = server
+        .manager_builder()
+        .holder_label("web-1 pid 42")
+        .build()
+        .unwrap();
+    assert_eq!(locks.inspect("i-free").await.unwrap(), None);
+    let lease = locks
+        .lock("i-held")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let info = locks.inspect("i-held").await.unwrap().expect("held");
+    assert_eq!(info.key, "i-held");
+    assert_eq!(info.holder.as_deref(), Some("web-1_pid_42"));
+    assert_eq!(info.fencing_token, lease.fencing_token());
+    assert_eq!(info.waiters, 0);
+    assert_eq!(info.token_prefix.len(), 8);
+    assert!(info.remaining > Duration::from_secs(29) && info.remaining <= Duration::from_secs(30));
+    // A fair waiter of another manager (no label) queues.
+    let other = server.manager();
+    let waiting = tokio::spawn(async move {
+        other
+            .lock("i-held")
+            .fair(true)
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+    });
+    let mut conn = server.client().await;
+    distlock_tests::until_queued(&mut conn, "i-held", 1).await;
+    assert_eq!(locks.inspect("i-held").await.unwrap().unwrap().waiters, 1);
+    lease.release().await.unwrap();
+    let handed = waiting.await.unwrap().unwrap();
+    let info = locks.inspect("i-held").await.unwrap().unwrap();
+    assert_eq!(info.holder, None);
+    assert_eq!(info.waiters, 0);
+    handed.release().await.unwrap();
+    assert!(locks.inspect("").await.is_err());
+}
+
+#[tokio::test]
+async fn held_locks_lists_what_is_held_under_the_prefix() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let other_prefix = server.manager_builder().prefix("other:").build().unwrap();
+    let a = locks.lock("order:1").acquire().await.unwrap();
+    let b = locks.lock("order:2").acquire().await.unwrap();
+    let c = locks.lock("report").acquire().await.unwrap();
+    let elsewhere = other_prefix.lock("order:3").acquire().await.unwrap();
+    let orders: Vec<String> = locks
+        .held_locks("order:*")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|info| info.key)
+        .collect();
+    assert_eq!(orders, ["order:1", "order:2"]);
+    assert_eq!(locks.held_locks("*").await.unwrap().len(), 3);
+    for lease in [a, b, c, elsewhere] {
+        lease.release().await.unwrap();
+    }
+    assert!(locks.held_locks("*").await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn force_release_frees_the_lock_and_the_holder_learns_at_its_next_renewal() {
+    let server = RedisServer::start();
+    let holder = server.manager();
+    let operator = server.manager();
+    assert!(!operator.force_release("f-free").await.unwrap());
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let body = tokio::spawn(async move {
+        holder
+            .lock("f-stuck")
+            .ttl(Duration::from_millis(600))
+            .run(async move {
+                let _ = started_tx.send(());
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            })
+            .await
+    });
+    started_rx.await.unwrap();
+    // A waiter is woken by the forced release, not by the holder's expiry.
+    let waiter = server.manager();
+    let waiting = tokio::spawn(async move {
+        let lease = waiter
+            .lock("f-stuck")
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await;
+        (Instant::now(), lease)
+    });
+    let conn = server.client().await;
+    distlock_tests::until_subscribed(&conn, "f-stuck").await;
+    let forced = Instant::now();
+    assert!(operator.force_release("f-stuck").await.unwrap());
+    let (acquired, lease) = waiting.await.unwrap();
+    assert!(acquired - forced < Duration::from_millis(500));
+    let lost = tokio::time::timeout(Duration::from_secs(2), body)
+        .await
+        .expect("the holder learns of the loss at its next renewal (ttl/3)")
+        .unwrap();
+    assert!(matches!(lost, Err(LockError::LeaseLost { .. })), "{lost:?}");
+    lease.unwrap().release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_lease_counts_its_remaining_validity_down() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let lease = locks
+        .lock("r-down")
+        .ttl(Duration::from_secs(2))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let first = lease.remaining();
+    assert!(
+        first > Duration::from_millis(1500) && first < Duration::from_secs(2),
+        "{first:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(lease.remaining() < first - Duration::from_millis(250));
+    lease.extend(Duration::from_secs(5)).await.unwrap();
+    assert!(lease.remaining() > Duration::from_secs(4));
+    server.command(&["DEL", "distlock:lock:{r-down}"]);
+    assert!(lease.extend(Duration::from_secs(5)).await.is_err());
+    assert_eq!(lease.remaining(), Duration::ZERO);
+}
