@@ -39,8 +39,8 @@ async fn inspect_tells_who_holds_a_lock_for_how_long_and_who_waits() {
             .acquire()
             .await
     });
-    let mut conn = server.client().await;
-    distlock_tests::until_queued(&mut conn, "i-held", 1).await;
+    let conn = server.client().await;
+    distlock_tests::until_queued(&conn, "i-held", 1).await;
     assert_eq!(locks.inspect("i-held").await.unwrap().unwrap().waiters, 1);
     lease.release().await.unwrap();
     let handed = waiting.await.unwrap().unwrap();
