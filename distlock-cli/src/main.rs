@@ -1,0 +1,269 @@
+//! `distlock`: the operator's command-line tool for distlock's locks.
+//!
+//! ```text
+//! distlock --url redis://127.0.0.1:6379 inspect order:42 order:43
+//! distlock --url redis://127.0.0.1:6379 list 'order:*'
+//! distlock --url redis://127.0.0.1:6379 release order:42 --force
+//! distlock --cluster redis://10.0.0.5:7000 --cluster redis://10.0.0.6:7000 list --json
+//! ```
+//!
+//! It connects the way a service's `LockManager` does (one server, a cluster, Sentinel or a
+//! quorum; the same key prefix), prints a table, or one JSON document with `--json`. Exit
+//! status: 0 on success, 1 when Redis could not be asked, 2 on bad arguments.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use distlock_runtime::{LockError, LockInfo, LockManager, LockManagerBuilder};
+use serde::Serialize;
+
+#[derive(Parser)]
+#[command(
+    name = "distlock",
+    about = "Who holds a distlock lock, which are held, and breaking one by hand"
+)]
+struct Cli {
+    /// One Redis: redis://[user:password@]host[:port][/db] (or rediss://).
+    #[arg(long, global = true)]
+    url: Option<String>,
+    /// A Redis Cluster: a seed node's URL (repeat for more seeds).
+    #[arg(long = "cluster", global = true)]
+    cluster: Vec<String>,
+    /// Sentinel: the name of the primary the sentinels monitor (with --sentinel-url).
+    #[arg(long = "sentinel", global = true)]
+    sentinel: Option<String>,
+    /// Sentinel: a sentinel's URL (repeat for more).
+    #[arg(long = "sentinel-url", global = true)]
+    sentinel_urls: Vec<String>,
+    /// A Redlock quorum: a node's URL (repeat for each node).
+    #[arg(long = "quorum", global = true)]
+    quorum: Vec<String>,
+    /// The key prefix the services use.
+    #[arg(long, global = true, default_value = "distlock:")]
+    prefix: String,
+    /// Connect and response timeout, in milliseconds.
+    #[arg(long, global = true, default_value_t = 2000)]
+    timeout_ms: u64,
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Who holds each key, for how long, with which fencing token, and how many wait.
+    Inspect {
+        /// Lock keys, as the services name them (`order:42`).
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
+    /// The locks held now whose key matches a glob pattern (found with SCAN, never KEYS).
+    List {
+        /// A glob over lock keys: `order:*`, `*` (the default).
+        #[arg(default_value = "*")]
+        pattern: String,
+    },
+    /// Delete a lock whoever holds it. Dangerous: the holder may still be running, and learns
+    /// of the loss only at its next renewal; only fencing tokens protect the storage.
+    Release {
+        /// The lock key.
+        key: String,
+        /// Required: says you mean it.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// One lock, as printed.
+#[derive(Serialize)]
+struct Row {
+    key: String,
+    held: bool,
+    holder: Option<String>,
+    token_prefix: Option<String>,
+    remaining_ms: Option<u64>,
+    fencing_token: Option<u64>,
+    waiters: Option<usize>,
+}
+
+impl Row {
+    fn held(info: &LockInfo) -> Self {
+        Self {
+            key: info.key.clone(),
+            held: true,
+            holder: info.holder.clone(),
+            token_prefix: Some(info.token_prefix.clone()),
+            remaining_ms: Some(u64::try_from(info.remaining.as_millis()).unwrap_or(u64::MAX)),
+            fencing_token: Some(info.fencing_token),
+            waiters: Some(info.waiters),
+        }
+    }
+
+    fn free(key: &str) -> Self {
+        Self {
+            key: key.to_owned(),
+            held: false,
+            holder: None,
+            token_prefix: None,
+            remaining_ms: None,
+            fencing_token: None,
+            waiters: None,
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let locks = match manager(&cli) {
+        Ok(locks) => locks,
+        Err(message) => {
+            eprintln!("distlock: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&cli, &locks).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Usage(message)) => {
+            eprintln!("distlock: {message}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Redis(error)) => {
+            eprintln!("distlock: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+enum Failure {
+    Usage(String),
+    Redis(LockError),
+}
+
+impl From<LockError> for Failure {
+    fn from(error: LockError) -> Self {
+        Self::Redis(error)
+    }
+}
+
+/// The manager the options describe: exactly one topology.
+fn manager(cli: &Cli) -> Result<LockManager, String> {
+    let timeout = Duration::from_millis(cli.timeout_ms.max(1));
+    let mut builder: LockManagerBuilder = LockManager::builder()
+        .prefix(cli.prefix.clone())
+        .connect_timeout(timeout)
+        .response_timeout(timeout)
+        .pool_wait_timeout(timeout);
+    let mut chosen = 0;
+    if let Some(url) = &cli.url {
+        builder = builder.url(url.clone());
+        chosen += 1;
+    }
+    if !cli.cluster.is_empty() {
+        builder = builder.cluster(cli.cluster.clone());
+        chosen += 1;
+    }
+    if let Some(name) = &cli.sentinel {
+        if cli.sentinel_urls.is_empty() {
+            return Err("--sentinel NAME needs at least one --sentinel-url".to_owned());
+        }
+        builder = builder.sentinel(name.clone(), cli.sentinel_urls.clone());
+        chosen += 1;
+    }
+    if !cli.quorum.is_empty() {
+        builder = builder.quorum(cli.quorum.clone());
+        chosen += 1;
+    }
+    if chosen != 1 {
+        return Err(
+            "say where the locks live with exactly one of --url, --cluster, --sentinel (with \
+             --sentinel-url) or --quorum"
+                .to_owned(),
+        );
+    }
+    builder.build().map_err(|e| e.to_string())
+}
+
+async fn run(cli: &Cli, locks: &LockManager) -> Result<(), Failure> {
+    match &cli.command {
+        Command::Inspect { keys } => {
+            let mut rows = Vec::with_capacity(keys.len());
+            for key in keys {
+                rows.push(match locks.inspect(key).await? {
+                    Some(info) => Row::held(&info),
+                    None => Row::free(key),
+                });
+            }
+            print_rows(cli.json, &rows);
+        }
+        Command::List { pattern } => {
+            let rows: Vec<Row> = locks
+                .held_locks(pattern)
+                .await?
+                .iter()
+                .map(Row::held)
+                .collect();
+            print_rows(cli.json, &rows);
+        }
+        Command::Release { key, force } => {
+            if !force {
+                return Err(Failure::Usage(format!(
+                    "refusing to release {key:?} without --force: its holder may still be \
+                     running, and another caller could then run beside it"
+                )));
+            }
+            let released = locks.force_release(key).await?;
+            if cli.json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "key": key, "released": released })
+                );
+            } else if released {
+                println!("released {key}");
+            } else {
+                println!("{key} was not held");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_rows(json: bool, rows: &[Row]) {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(rows).unwrap_or_else(|_| "[]".to_owned())
+        );
+        return;
+    }
+    if rows.is_empty() {
+        println!("no locks held");
+        return;
+    }
+    let width = rows.iter().map(|r| r.key.len()).max().unwrap_or(3).max(3);
+    println!(
+        "{:<width$}  {:>10}  {:>18}  {:>7}  {:<8}  holder",
+        "key", "remaining", "fencing token", "waiters", "token"
+    );
+    for row in rows {
+        if !row.held {
+            println!("{:<width$}  {:>10}", row.key, "free");
+            continue;
+        }
+        let remaining = row
+            .remaining_ms
+            .map_or_else(String::new, |ms| format!("{:.1}s", ms as f64 / 1000.0));
+        println!(
+            "{:<width$}  {:>10}  {:>18}  {:>7}  {:<8}  {}",
+            row.key,
+            remaining,
+            row.fencing_token.unwrap_or(0),
+            row.waiters.unwrap_or(0),
+            row.token_prefix.as_deref().unwrap_or(""),
+            row.holder.as_deref().unwrap_or("-"),
+        );
+    }
+}
