@@ -12,7 +12,8 @@ use crate::errors::Errors;
 const MAX_TTL_MS: u64 = 365 * 24 * 60 * 60 * 1000;
 
 /// The options the attribute accepts, for "unknown option" messages.
-pub(crate) const OPTIONS: &str = "`ttl`, `wait`, `renew`, `fair`, `manager`, `crate`";
+pub(crate) const OPTIONS: &str =
+    "`ttl`, `wait`, `renew`, `fair`, `hold_at_least`, `manager`, `crate`";
 
 /// The parsed attribute.
 pub(crate) struct Args {
@@ -22,6 +23,7 @@ pub(crate) struct Args {
     pub(crate) wait: Option<Millis>,
     pub(crate) renew: Option<syn::LitBool>,
     pub(crate) fair: Option<syn::LitBool>,
+    pub(crate) hold_at_least: Option<Millis>,
     pub(crate) manager: Option<Expr>,
     pub(crate) krate: Option<syn::Path>,
 }
@@ -55,6 +57,7 @@ impl Parse for Parsed {
             wait: None,
             renew: None,
             fair: None,
+            hold_at_least: None,
             manager: None,
             krate: None,
         };
@@ -109,7 +112,7 @@ impl Args {
             return Err(syn::Error::new_spanned(
                 &name,
                 match key.as_str() {
-                    "ttl" | "wait" | "renew" | "fair" | "manager" | "crate" => {
+                    "ttl" | "wait" | "renew" | "fair" | "hold_at_least" | "manager" | "crate" => {
                         format!("`{key}` needs a value: `{key} = ...`")
                     }
                     _ => format!("unknown option `{key}`; valid options are {OPTIONS}"),
@@ -136,6 +139,11 @@ impl Args {
             "wait" => set_once(&mut self.wait, duration(&value, "wait", true)?, duplicate),
             "renew" => set_once(&mut self.renew, boolean(&value, "renew")?, duplicate),
             "fair" => set_once(&mut self.fair, boolean(&value, "fair")?, duplicate),
+            "hold_at_least" => set_once(
+                &mut self.hold_at_least,
+                duration(&value, "hold_at_least", true)?,
+                duplicate,
+            ),
             "manager" => set_once(&mut self.manager, value, duplicate),
             "crate" => set_once(&mut self.krate, path(&value)?, duplicate),
             _ => Err(syn::Error::new_spanned(
@@ -358,7 +366,8 @@ mod tests {
             parse(r#""a:{id}", fair"#).1,
             ["`fair` needs a value: `fair = ...`"]
         );
-        assert!(parse(r#""a:{id}", fiar = true"#).1[0].contains("`renew`, `fair`, `manager`"));
+        assert!(parse(r#""a:{id}", fiar = true"#).1[0]
+            .contains("`renew`, `fair`, `hold_at_least`, `manager`"));
     }
 
     #[test]

@@ -49,6 +49,7 @@ pub(crate) fn expand(args: &Args, templates: &[Template], item: &LockedFn) -> To
     let ttl = option_duration(args.ttl.as_ref());
     let wait = option_duration(args.wait.as_ref());
     let renew = args.renew.as_ref().is_none_or(syn::LitBool::value);
+    let hold_at_least = option_duration(args.hold_at_least.as_ref());
     let fair = match &args.fair {
         Some(fair) => quote!(::core::option::Option::Some(#fair)),
         None => quote!(::core::option::Option::None),
@@ -63,7 +64,13 @@ pub(crate) fn expand(args: &Args, templates: &[Template], item: &LockedFn) -> To
             #private::run(
                 #manager_local,
                 #keys_local,
-                #private::Options { ttl: #ttl, wait: #wait, renew: #renew, fair: #fair },
+                #private::Options {
+                    ttl: #ttl,
+                    wait: #wait,
+                    renew: #renew,
+                    fair: #fair,
+                    hold_at_least: #hold_at_least,
+                },
                 #on_error,
                 // Boxed once, so nesting annotated calls does not multiply the future's size.
                 ::std::boxed::Box::pin(async move {

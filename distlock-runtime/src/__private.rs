@@ -19,6 +19,8 @@ pub struct Options {
     pub renew: bool,
     /// `fair = ..`; `None` keeps the manager's default.
     pub fair: Option<bool>,
+    /// `hold_at_least = ..`.
+    pub hold_at_least: Option<Duration>,
 }
 
 /// A return type that can carry a [`LockError`]: `Result<T, E>` with `E: From<LockError>`.
@@ -168,6 +170,9 @@ where
     }
     if let Some(fair) = options.fair {
         request = request.fair(fair);
+    }
+    if let Some(hold) = options.hold_at_least {
+        request = request.hold_at_least(hold);
     }
     match request.run(body).await {
         Ok(output) => output,

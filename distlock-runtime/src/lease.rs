@@ -162,6 +162,31 @@ impl Lease {
         Ok(())
     }
 
+    /// Stops renewing and lets the keys expire `keep` from now (by owner, like an extension),
+    /// instead of releasing them: `hold_at_least`. If Redis cannot be asked, the keys expire
+    /// at their current ttl, and a warning says so.
+    pub(crate) async fn keep_for(mut self, keep: Duration) {
+        self.renewal = None;
+        let kept = crate::renew::extend_lease(
+            self.manager.redis(),
+            &self.redis_keys,
+            &self.token,
+            keep.max(crate::MIN_TTL),
+        )
+        .await;
+        // Held until it expires, or gone: either way nothing is left to release.
+        self.released = true;
+        match kept {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::debug!(keys = ?self.keys, "distlock lease gone before hold_at_least could keep it");
+            }
+            Err(error) => {
+                tracing::warn!(keys = ?self.keys, %error, "distlock could not keep the lock for hold_at_least; it expires at its ttl");
+            }
+        }
+    }
+
     /// Why the lease was lost, for the log line of a `run` it stopped.
     pub(crate) fn loss(&self) -> &'static str {
         if self.state.was_taken() {

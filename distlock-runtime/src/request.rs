@@ -28,6 +28,8 @@ pub struct LockRequest {
     renew: bool,
     /// `None`: the manager's default (for one key).
     fair: Option<bool>,
+    /// `run` keeps the keys held at least this long after the acquisition.
+    hold_at_least: Option<Duration>,
 }
 
 impl LockRequest {
@@ -40,7 +42,32 @@ impl LockRequest {
             keys,
             renew: true,
             fair: None,
+            hold_at_least: None,
         }
+    }
+
+    /// With [`run`](Self::run): after the body ends, the keys stay held until this long after
+    /// the acquisition (then they expire by themselves), instead of being released at once. For
+    /// jobs that must run at most once per tick across a fleet: an instance whose clock or
+    /// schedule runs a little late finds the tick's lock still held and does not run it again
+    /// (ShedLock's `lockAtLeastFor`). A body that runs longer than this is released as usual.
+    /// A body that fails keeps the lock held too, so a failing tick is not retried by the next
+    /// instance within the same tick.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// use std::time::Duration;
+    /// // Every instance calls this every minute; one of them sends the report.
+    /// let sent = locks
+    ///     .try_lock("report:daily")
+    ///     .hold_at_least(Duration::from_secs(50))
+    ///     .run(async { /* send the report */ })
+    ///     .await;
+    /// # Ok(()) }
+    /// ```
+    pub fn hold_at_least(mut self, hold: Duration) -> Self {
+        self.hold_at_least = Some(hold);
+        self
     }
 
     /// How long the lease lasts without renewal (Redis expires it then). Default: the manager's
@@ -151,6 +178,8 @@ impl LockRequest {
         async move {
             let missing: Arc<[String]> = found.missing().into();
             let lease = acquire::acquire(&manager, missing, self.ttl, wait, self.renew, fair).await?;
+            // After Redis set the keys: `hold_at_least` counts from no earlier than that.
+            let acquired = tokio::time::Instant::now();
             // Held keys are borrowed only now: no loan is kept while waiting on Redis.
             let entry = match found.borrow(wait).await {
                 Ok(entry) => entry,
@@ -181,8 +210,14 @@ impl LockRequest {
                 drop(lease);
                 return Err(LockError::LeaseLost { keys });
             };
-            if let Err(error) = lease.release().await {
-                tracing::warn!(%error, "distlock release failed; the lock expires after its ttl");
+            let held_for = acquired.elapsed();
+            match self.hold_at_least.filter(|&hold| hold > held_for) {
+                Some(hold) => lease.keep_for(hold - held_for).await,
+                None => {
+                    if let Err(error) = lease.release().await {
+                        tracing::warn!(%error, "distlock release failed; the lock expires after its ttl");
+                    }
+                }
             }
             Ok(output)
         }

@@ -13,6 +13,10 @@
 //! sleeps SECS under the lock (renewed), printing `acquired` when it starts; print
 //! `outcome OUTCOME after_ms MS` when `run` returns (OUTCOME is `ok`, `lost` or the error), wait
 //! until SECS have passed since the start, then print `cpu_ms MS`, the process's CPU time.
+//! `lock_worker schedule URL JOB TICKS TICK_MS HOLD_MS LATE_MS`: a scheduled job, one instance
+//! of several: at each tick boundary of the wall clock (TICK_MS apart) for TICKS ticks, start up
+//! to LATE_MS late (random, as a late clock or a busy scheduler would), try the lock on JOB once
+//! with `hold_at_least(HOLD_MS)`, and print `ran TICK` when this instance ran it.
 
 use std::io::Write;
 use std::time::Duration;
@@ -147,9 +151,42 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("cpu_ms {}", cpu_time()?.as_millis());
             Ok(())
         }
+        ["schedule", url, job, ticks, tick_ms, hold_ms, late_ms] => {
+            let locks = LockManager::from_url(url)?;
+            let tick_ms: u64 = tick_ms.parse()?;
+            let hold = Duration::from_millis(hold_ms.parse()?);
+            let late_ms: u64 = late_ms.parse()?;
+            let now_ms = || {
+                u64::try_from(
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .as_millis(),
+                )
+                .unwrap_or(0)
+            };
+            // Start at the next tick boundary, so every instance counts the same ticks.
+            let first = now_ms() / tick_ms + 1;
+            for tick in first..first + ticks.parse::<u64>()? {
+                let at = tick * tick_ms + fastrand::u64(0..=late_ms);
+                tokio::time::sleep(Duration::from_millis(at.saturating_sub(now_ms()))).await;
+                let ran = locks
+                    .try_lock(*job)
+                    .ttl(Duration::from_millis(tick_ms))
+                    .hold_at_least(hold)
+                    .run(async { tokio::time::sleep(Duration::from_millis(20)).await })
+                    .await;
+                if ran.is_ok() {
+                    println!("ran {tick}");
+                    std::io::stdout().flush()?;
+                }
+            }
+            Ok(())
+        }
         _ => Err(
             "usage: lock_worker count|count-fair|count-attr URL KEY COUNTER N | hold URL KEY TTL_MS \
-             | wait-fair URL KEY N [WAIT_MS] | outage URL KEY TTL_MS SECS".into(),
+             | wait-fair URL KEY N [WAIT_MS] | outage URL KEY TTL_MS SECS \
+             | schedule URL JOB TICKS TICK_MS HOLD_MS LATE_MS".into(),
         ),
     }
 }
