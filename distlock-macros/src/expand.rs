@@ -50,6 +50,13 @@ pub(crate) fn expand(args: &Args, templates: &[Template], item: &LockedFn) -> To
     let wait = option_duration(args.wait.as_ref());
     let renew = args.renew.as_ref().is_none_or(syn::LitBool::value);
     let hold_at_least = option_duration(args.hold_at_least.as_ref());
+    // The templates as written, for metrics: never the rendered keys.
+    let template = args
+        .keys
+        .iter()
+        .map(syn::LitStr::value)
+        .collect::<Vec<_>>()
+        .join(",");
     let fair = match &args.fair {
         Some(fair) => quote!(::core::option::Option::Some(#fair)),
         None => quote!(::core::option::Option::None),
@@ -70,6 +77,7 @@ pub(crate) fn expand(args: &Args, templates: &[Template], item: &LockedFn) -> To
                     renew: #renew,
                     fair: #fair,
                     hold_at_least: #hold_at_least,
+                    template: #template,
                 },
                 #on_error,
                 // Boxed once, so nesting annotated calls does not multiply the future's size.

@@ -21,6 +21,8 @@ pub struct Options {
     pub fair: Option<bool>,
     /// `hold_at_least = ..`.
     pub hold_at_least: Option<Duration>,
+    /// The key template(s) as written, for metrics and spans.
+    pub template: &'static str,
 }
 
 /// A return type that can carry a [`LockError`]: `Result<T, E>` with `E: From<LockError>`.
@@ -161,7 +163,10 @@ where
         Ok(manager) => manager,
         Err(error) => return on_error(error),
     };
-    let mut request = manager.lock_all(keys).renew(options.renew);
+    let mut request = manager
+        .lock_all(keys)
+        .renew(options.renew)
+        .metrics_label(options.template);
     if let Some(ttl) = options.ttl {
         request = request.ttl(ttl);
     }

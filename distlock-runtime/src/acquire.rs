@@ -32,12 +32,14 @@ use crate::keys::LockKeys;
 use crate::lease::Lease;
 use crate::release::{release_call, release_in_background, Leaving};
 use crate::scripts::{self, Acquire};
+use crate::telemetry;
 use crate::topology::{by_shard, Route};
 use crate::validity::{validity, LeaseState};
 use crate::wait::{Wait, Waiter, Wake};
 
 /// Takes the locks on `keys` (sorted, de-duplicated) for `ttl`, waiting within `wait`: the
 /// state machine behind every request, fair or not.
+/// `label` names the request in metrics (its key template).
 pub(crate) async fn acquire(
     context: &Arc<Context>,
     keys: Arc<[String]>,
@@ -45,6 +47,30 @@ pub(crate) async fn acquire(
     wait: Wait,
     renew: bool,
     fair: bool,
+    label: &'static str,
+) -> Result<Lease, LockError> {
+    let started = wait.started;
+    let mut attempts = 0u32;
+    let outcome = attempt(context, keys, ttl, wait, renew, fair, label, &mut attempts).await;
+    let took = started.elapsed();
+    telemetry::acquisition(label, outcome.as_ref().map(|_| took), attempts > 1);
+    if outcome.is_ok() {
+        telemetry::waited(label, took);
+    }
+    outcome
+}
+
+/// The attempts of [`acquire`], counted in `attempts`.
+#[allow(clippy::too_many_arguments)]
+async fn attempt(
+    context: &Arc<Context>,
+    keys: Arc<[String]>,
+    ttl: Duration,
+    wait: Wait,
+    renew: bool,
+    fair: bool,
+    label: &'static str,
+    attempts: &mut u32,
 ) -> Result<Lease, LockError> {
     let redis_keys: Arc<[LockKeys]> = keys.iter().map(|k| context.lock_keys(k)).collect();
     let token: Arc<str> = match &context.holder_label {
@@ -93,11 +119,10 @@ pub(crate) async fn acquire(
     let mut queued = false;
     // When the last fair attempt was sent, and Redis's clock when it ran: dates a hand-off.
     let mut calibration = None;
-    let mut attempts = 0u32;
     // The secret of the latest fair attempt (see `fair.rs`).
     let mut secret: Option<Arc<str>> = None;
     loop {
-        attempts += 1;
+        *attempts += 1;
         // Taken first: validity is counted from a moment before the request is sent.
         let sent = Instant::now();
         // A fair attempt that still waits stores a new secret in the queue, and only a
@@ -183,6 +208,7 @@ pub(crate) async fn acquire(
                 };
                 state.handed(start, handoff.claim, ttl);
                 context.stats.handed_over.fetch_add(1, Ordering::Relaxed);
+                telemetry::handed_over(label);
                 // A claim shorter than the ttl is extended to the ttl at once.
                 let claimed = (handoff.claim < ttl).then(Instant::now);
                 match (&registration, claimed) {
@@ -209,8 +235,8 @@ pub(crate) async fn acquire(
             });
         }
         in_doubt.armed = false;
-        if attempts > 1 {
-            tracing::debug!(keys = ?keys, waited = ?started.elapsed(), attempts, "distlock acquired after waiting");
+        if *attempts > 1 {
+            tracing::debug!(keys = ?keys, waited = ?started.elapsed(), attempts = *attempts, "distlock acquired after waiting");
         }
         return Ok(Lease::new(
             Arc::clone(context),

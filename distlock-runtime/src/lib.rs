@@ -236,6 +236,30 @@
 //! channel, then try again. Adding a topology is adding a file under `topology/` and a builder
 //! method.
 //!
+//! # Metrics and traces
+//! With the cargo feature `metrics` (on by default), distlock reports through the
+//! [`metrics`](https://docs.rs/metrics) facade to whatever recorder the application installs
+//! (Prometheus, StatsD, ...); without a recorder they cost next to nothing, and without the
+//! feature nothing at all.
+//!
+//! | name | kind | labels | what |
+//! |---|---|---|---|
+//! | `distlock_acquisitions_total` | counter | `template`, `outcome` | acquire requests by outcome: `acquired` (at once), `contended` (after waiting), `timed_out`, `not_acquired` (a try-lock that found it held), `error` |
+//! | `distlock_wait_seconds` | histogram | `template` | time from asking to holding (acquired and contended) |
+//! | `distlock_hold_seconds` | histogram | `template` | time a `run` body held the lock |
+//! | `distlock_leases_lost_total` | counter | `template` | leases lost while their body ran |
+//! | `distlock_handoffs_total` | counter | `template` | fair leases handed over by a release |
+//! | `distlock_renewals_total` | counter | `outcome` (`ok`, `failed`) | renewal round trips |
+//! | `distlock_subscriber_reconnects_total` | counter | | subscriber connections opened after the first |
+//!
+//! `template` is the attribute's key template (`order:{order_id}`), or the label given to
+//! [`LockRequest::metrics_label`], else `manual`: never a
+//! rendered key, which would make one series per order.
+//!
+//! Every `run` (and annotated call) runs in a `debug` span named `distlock` with the fields
+//! `template`, `keys`, `fencing_token` and `outcome` (`ok`, `lease_lost`, `timed_out`,
+//! `not_acquired`, `error`).
+//!
 //! # Least-privilege ACL user
 //! distlock works under a Redis ACL user that may touch only the keys under the manager's prefix
 //! (`distlock:` by default) and run only the commands it uses: `EVALSHA` (and `EVAL`, which a server that lost a script is sent once) for
@@ -280,6 +304,7 @@ mod release;
 mod renew;
 mod request;
 mod scripts;
+mod telemetry;
 mod topology;
 mod validity;
 mod wait;

@@ -390,6 +390,9 @@ async fn connect(hub: Arc<Hub>) {
     match opened {
         Ok(Ok((sink, stream))) if !hub.closed.is_cancelled() => {
             state.generation += 1;
+            if state.generation > 1 {
+                crate::telemetry::subscriber_reconnect();
+            }
             let close = hub.closed.child_token();
             state.connection = Connection::Up {
                 sink,

@@ -406,6 +406,7 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
         .iter()
         .find_map(|answer| answer.as_ref().err().cloned());
     let failed = answers.iter().filter(|answer| answer.is_err()).count();
+    crate::telemetry::renewal(failure.is_none());
     let mut events = Vec::new();
     // The largest lateness among leases renewed late in this batch, and how many.
     let mut late: Option<(Duration, usize)> = None;

@@ -30,6 +30,8 @@ pub struct LockRequest {
     fair: Option<bool>,
     /// `run` keeps the keys held at least this long after the acquisition.
     hold_at_least: Option<Duration>,
+    /// Names the request in metrics and spans.
+    label: &'static str,
 }
 
 impl LockRequest {
@@ -43,7 +45,22 @@ impl LockRequest {
             renew: true,
             fair: None,
             hold_at_least: None,
+            label: crate::telemetry::UNLABELLED,
         }
+    }
+
+    /// The `template` label of this request's metrics and span: what the request is for, such as
+    /// its key template (`"order:{id}"`); the attribute sets its own. Never a rendered key:
+    /// each distinct label is a series of its own. Default `"manual"`.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager, id: u64) -> Result<(), distlock_runtime::LockError> {
+    /// let lease = locks.lock(format!("order:{id}")).metrics_label("order:{id}").acquire().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn metrics_label(mut self, label: &'static str) -> Self {
+        self.label = label;
+        self
     }
 
     /// With [`run`](Self::run): after the body ends, the keys stay held until this long after
@@ -133,7 +150,16 @@ impl LockRequest {
             });
         }
         let wait = Wait::new(Instant::now(), self.wait);
-        acquire::acquire(&self.manager, keys, self.ttl, wait, self.renew, fair).await
+        acquire::acquire(
+            &self.manager,
+            keys,
+            self.ttl,
+            wait,
+            self.renew,
+            fair,
+            self.label,
+        )
+        .await
     }
 
     /// Takes the lock, runs `body` under it, and releases it whatever happens: when the body
@@ -173,11 +199,23 @@ impl LockRequest {
             let entry = found.borrow(wait).await?;
             return Ok(entry.scope(None, body).await);
         }
-        let span =
-            tracing::debug_span!("distlock", keys = ?keys, fencing_token = tracing::field::Empty);
+        let label = self.label;
+        let span = tracing::debug_span!(
+            "distlock",
+            template = label,
+            keys = ?keys,
+            fencing_token = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
         async move {
             let missing: Arc<[String]> = found.missing().into();
-            let lease = acquire::acquire(&manager, missing, self.ttl, wait, self.renew, fair).await?;
+            let lease = match acquire::acquire(&manager, missing, self.ttl, wait, self.renew, fair, label).await {
+                Ok(lease) => lease,
+                Err(error) => {
+                    tracing::Span::current().record("outcome", error_outcome(&error));
+                    return Err(error);
+                }
+            };
             // After Redis set the keys: `hold_at_least` counts from no earlier than that.
             let acquired = tokio::time::Instant::now();
             // Held keys are borrowed only now: no loan is kept while waiting on Redis.
@@ -208,9 +246,14 @@ impl LockRequest {
                 // Dropping the lease releases it in the background (a key still held by this
                 // owner, after renewal failed, is freed before its ttl once Redis answers).
                 drop(lease);
+                crate::telemetry::lease_lost(label);
+                crate::telemetry::held(label, acquired.elapsed());
+                tracing::Span::current().record("outcome", "lease_lost");
                 return Err(LockError::LeaseLost { keys });
             };
             let held_for = acquired.elapsed();
+            crate::telemetry::held(label, held_for);
+            tracing::Span::current().record("outcome", "ok");
             match self.hold_at_least.filter(|&hold| hold > held_for) {
                 Some(hold) => lease.keep_for(hold - held_for).await,
                 None => {
@@ -223,6 +266,15 @@ impl LockRequest {
         }
         .instrument(span)
         .await
+    }
+}
+
+/// The span's `outcome` for a failed acquire.
+fn error_outcome(error: &LockError) -> &'static str {
+    match error {
+        LockError::Timeout { .. } => "timed_out",
+        LockError::NotAcquired { .. } => "not_acquired",
+        _ => "error",
     }
 }
 

@@ -39,7 +39,7 @@ use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use distlock_runtime::{distributed_lock, LockError, LockManager};
 use redis::aio::ConnectionManager;
@@ -172,6 +172,8 @@ impl Shop {
         strategy: Strategy,
         prefix: &str,
     ) -> Result<Self, ShopError> {
+        // distlock reports through the `metrics` facade; this process serves them.
+        prometheus();
         let locks = locks
             .prefix(format!("{prefix}lock:"))
             .default_wait(BUSY_AFTER)
@@ -233,6 +235,7 @@ impl Shop {
         Router::new()
             .route("/products/{id}", post(create_product).get(show_product))
             .route("/products/{id}/buy", post(buy))
+            .route("/metrics", get(metrics))
             .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
             .method_not_allowed_fallback(|| async {
                 error(
@@ -719,4 +722,36 @@ async fn buy(
 fn unavailable(e: &ShopError) -> Response {
     tracing::warn!(error = %e, "seckill request failed");
     error(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+}
+
+/// The process's Prometheus recorder, installed on first use: every shop in the process (and
+/// every lock manager) reports to it. `None` if another recorder was installed first.
+fn prometheus() -> Option<&'static metrics_exporter_prometheus::PrometheusHandle> {
+    static HANDLE: OnceLock<Option<metrics_exporter_prometheus::PrometheusHandle>> =
+        OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .ok()
+        })
+        .as_ref()
+}
+
+/// `GET /metrics`: distlock's metrics (and anything else recorded) in the Prometheus text format.
+async fn metrics() -> Response {
+    match prometheus() {
+        Some(handle) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            handle.render(),
+        )
+            .into_response(),
+        None => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "another metrics recorder is installed in this process",
+        ),
+    }
 }

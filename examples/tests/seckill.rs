@@ -12,6 +12,37 @@ use distlock_examples::seckill::{BuyResponse, Outcome, ProductReport, Shop, Shop
 use distlock_runtime::LockError;
 use distlock_tests::RedisServer;
 
+/// The tests of this file share the process's metrics recorder; the one that checks the
+/// counters runs alone (the others hold this too).
+static METRICS: Mutex<()> = Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    METRICS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The value of the Prometheus sample `name{labels}` in `text`, 0 when absent.
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|line| line.starts_with(name) && !line.starts_with('#'))
+        .filter(|line| {
+            let (series, _) = line.rsplit_once(' ').unwrap_or((line, ""));
+            series.split('{').next() == Some(name)
+                && labels
+                    .iter()
+                    .all(|(k, v)| series.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+async fn scrape(base: &str) -> String {
+    let response = reqwest::get(format!("{base}/metrics")).await.unwrap();
+    assert_eq!(response.status(), 200);
+    response.text().await.unwrap()
+}
+
 /// Starts an instance on a loopback port; returns its base URL.
 async fn instance(redis_url: &str) -> String {
     let shop = Shop::connect(redis_url, Strategy::Lock, "seckill-test:")
@@ -24,9 +55,13 @@ async fn instance(redis_url: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(clippy::await_holding_lock)] // held for the whole test, to run it alone
 async fn five_hundred_buyers_two_instances_exactly_one_hundred_sold() {
+    let _alone = alone();
     let server = RedisServer::start();
     let instances = [instance(&server.url()).await, instance(&server.url()).await];
+    let template = [("template", "seckill:{product_id}")];
+    let before = scrape(&instances[0]).await;
     let client = reqwest::Client::new();
     let created = client
         .post(format!("{}/products/7", instances[0]))
@@ -66,6 +101,26 @@ async fn five_hundred_buyers_two_instances_exactly_one_hundred_sold() {
     assert_eq!(winners.len(), 100);
     assert_eq!(sold_out, 400);
 
+    // GET /metrics agrees with the demo's own counts: every buyer's purchase ran under the
+    // lock once (at once or after waiting), and held it once.
+    let after = scrape(&instances[1]).await;
+    let delta = |name: &str, labels: &[(&str, &str)]| {
+        sample(&after, name, labels) - sample(&before, name, labels)
+    };
+    let acquired = delta(
+        "distlock_acquisitions_total",
+        &[template[0], ("outcome", "acquired")],
+    ) + delta(
+        "distlock_acquisitions_total",
+        &[template[0], ("outcome", "contended")],
+    );
+    assert_eq!(acquired, 500.0, "{after}");
+    assert_eq!(delta("distlock_hold_seconds_count", &template), 500.0);
+    assert_eq!(delta("distlock_wait_seconds_count", &template), 500.0);
+    assert_eq!(delta("distlock_leases_lost_total", &template), 0.0);
+    // No rendered key ever becomes a label.
+    assert!(!after.contains("seckill:7"), "{after}");
+
     let report: ProductReport = client
         .get(format!("{}/products/7", instances[1]))
         .send()
@@ -93,7 +148,9 @@ async fn five_hundred_buyers_two_instances_exactly_one_hundred_sold() {
 }
 
 #[tokio::test]
+#[allow(clippy::await_holding_lock)] // held for the whole test, to run it alone
 async fn malformed_requests_get_4xx_json_errors() {
+    let _alone = alone();
     let server = RedisServer::start();
     let base = instance(&server.url()).await;
     let client = reqwest::Client::builder()
@@ -253,6 +310,7 @@ fn lock_shop(server: &RedisServer) -> (tokio::runtime::Runtime, Shop) {
 /// others bought, cannot land its write when it runs again (the lease alone cannot stop it).
 #[test]
 fn a_holder_paused_past_its_lease_cannot_sell_after_newer_holders_did() {
+    let _alone = alone();
     let server = RedisServer::start();
     let (runtime, shop) = lock_shop(&server);
 
@@ -285,6 +343,7 @@ fn a_holder_paused_past_its_lease_cannot_sell_after_newer_holders_did() {
 /// holder, so its write cannot slip in before the newer holder's write.
 #[test]
 fn a_stale_write_between_a_newer_holders_read_and_write_is_refused() {
+    let _alone = alone();
     let server = RedisServer::start();
     let (runtime, shop) = lock_shop(&server);
     // A first sale (the product's `fence` now holds an older token than both holders below).

@@ -1,0 +1,91 @@
+//! Metrics, through the `metrics` facade (cargo feature `metrics`, on by default): whatever
+//! recorder the application installs (Prometheus, StatsD, ...) receives them; without one, or
+//! without the feature, they cost nothing.
+//!
+//! | name | kind | labels | what |
+//! |---|---|---|---|
+//! | `distlock_acquisitions_total` | counter | `template`, `outcome` | acquire requests by outcome: `acquired` (at once), `contended` (after waiting), `timed_out`, `not_acquired` (a try-lock that found it held), `error` |
+//! | `distlock_wait_seconds` | histogram | `template` | time from asking to holding (acquired and contended) |
+//! | `distlock_hold_seconds` | histogram | `template` | time a `run` body held the lock |
+//! | `distlock_leases_lost_total` | counter | `template` | leases lost while their body ran |
+//! | `distlock_handoffs_total` | counter | `template` | fair leases handed over by a release |
+//! | `distlock_renewals_total` | counter | `outcome` (`ok`, `failed`) | renewal round trips |
+//! | `distlock_subscriber_reconnects_total` | counter | | subscriber connections opened after the first |
+//!
+//! `template` is the attribute's key template (`order:{order_id}`), or the label given to
+//! [`LockRequest::metrics_label`](crate::LockRequest::metrics_label), else `manual`: never a
+//! rendered key, which would make one series per order.
+
+use std::time::Duration;
+
+use crate::error::LockError;
+
+/// The label of requests that name no template.
+pub(crate) const UNLABELLED: &str = "manual";
+
+/// How an acquire ended, for `distlock_acquisitions_total`.
+pub(crate) fn acquisition(
+    template: &'static str,
+    outcome: Result<Duration, &LockError>,
+    waited: bool,
+) {
+    let outcome = match outcome {
+        Ok(_) if waited => "contended",
+        Ok(_) => "acquired",
+        Err(LockError::Timeout { .. }) => "timed_out",
+        Err(LockError::NotAcquired { .. }) => "not_acquired",
+        Err(_) => "error",
+    };
+    #[cfg(feature = "metrics")]
+    metrics::counter!("distlock_acquisitions_total", "template" => template, "outcome" => outcome)
+        .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (template, outcome);
+}
+
+/// How long an acquire took, for `distlock_wait_seconds`.
+pub(crate) fn waited(template: &'static str, wait: Duration) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!("distlock_wait_seconds", "template" => template).record(wait.as_secs_f64());
+    #[cfg(not(feature = "metrics"))]
+    let _ = (template, wait);
+}
+
+/// How long a body held its lease, for `distlock_hold_seconds`.
+pub(crate) fn held(template: &'static str, hold: Duration) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!("distlock_hold_seconds", "template" => template).record(hold.as_secs_f64());
+    #[cfg(not(feature = "metrics"))]
+    let _ = (template, hold);
+}
+
+/// A lease lost while its body ran.
+pub(crate) fn lease_lost(template: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("distlock_leases_lost_total", "template" => template).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = template;
+}
+
+/// A fair lease handed over by a release.
+pub(crate) fn handed_over(template: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("distlock_handoffs_total", "template" => template).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = template;
+}
+
+/// One renewal round trip, and whether it failed.
+pub(crate) fn renewal(ok: bool) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("distlock_renewals_total", "outcome" => if ok { "ok" } else { "failed" })
+        .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = ok;
+}
+
+/// A subscriber connection opened after the manager's first.
+pub(crate) fn subscriber_reconnect() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("distlock_subscriber_reconnects_total").increment(1);
+}
