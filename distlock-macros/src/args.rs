@@ -19,13 +19,21 @@ pub(crate) const OPTIONS: &str =
 pub(crate) struct Args {
     /// The key templates, in the order written.
     pub(crate) keys: Vec<LitStr>,
-    pub(crate) ttl: Option<Millis>,
-    pub(crate) wait: Option<Millis>,
+    pub(crate) ttl: Option<DurationArg>,
+    pub(crate) wait: Option<DurationArg>,
     pub(crate) renew: Option<syn::LitBool>,
     pub(crate) fair: Option<syn::LitBool>,
-    pub(crate) hold_at_least: Option<Millis>,
+    pub(crate) hold_at_least: Option<DurationArg>,
     pub(crate) manager: Option<Expr>,
     pub(crate) krate: Option<syn::Path>,
+}
+
+/// A duration option's value: a literal, checked here, or an expression evaluated at every call
+/// (a `const`, a setting), checked at run time.
+pub(crate) enum DurationArg {
+    Literal(Millis),
+    /// Integer seconds or a `Duration` (the runtime's `IntoDuration`).
+    Expr(Expr),
 }
 
 /// A duration given to `ttl` or `wait`, in milliseconds, with the span of its value.
@@ -212,8 +220,20 @@ fn key_literal(input: ParseStream<'_>) -> syn::Result<LitStr> {
     Err(input.error("expected the lock key: a string literal such as \"order:{order_id}\""))
 }
 
-/// An integer of seconds, or a string with a unit: `"1500ms"`, `"2s"`, `"5m"`, `"1h"`.
-fn duration(value: &Expr, what: &str, zero_ok: bool) -> syn::Result<Millis> {
+/// An integer of seconds, or a string with a unit: `"1500ms"`, `"2s"`, `"5m"`, `"1h"`, checked
+/// here; any expression that is not a literal is evaluated per call.
+fn duration(value: &Expr, what: &str, zero_ok: bool) -> syn::Result<DurationArg> {
+    match value {
+        Expr::Lit(_) | Expr::Unary(_) => {
+            literal_duration(value, what, zero_ok).map(DurationArg::Literal)
+        }
+        Expr::Group(group) => duration(&group.expr, what, zero_ok),
+        Expr::Paren(paren) => duration(&paren.expr, what, zero_ok),
+        _ => Ok(DurationArg::Expr(value.clone())),
+    }
+}
+
+fn literal_duration(value: &Expr, what: &str, zero_ok: bool) -> syn::Result<Millis> {
     let span = value.span();
     let bad = |message: String| Err(syn::Error::new(span, message));
     let millis = match value {

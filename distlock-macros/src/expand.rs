@@ -8,7 +8,7 @@ use quote::{format_ident, quote, quote_spanned, ToTokens};
 use syn::visit_mut::VisitMut;
 use syn::{LitStr, ReturnType, Type};
 
-use crate::args::{Args, Millis};
+use crate::args::{Args, DurationArg, Millis};
 use crate::item::LockedFn;
 use crate::key::{Part, Template};
 
@@ -46,10 +46,10 @@ pub(crate) fn expand(args: &Args, templates: &[Template], item: &LockedFn) -> To
         Some(expr) => quote_spanned!(span_of(expr)=> #private::manager(#expr)),
         None => quote!(#private::default_manager()),
     };
-    let ttl = option_duration(args.ttl.as_ref());
-    let wait = option_duration(args.wait.as_ref());
+    let ttl = option_duration(args.ttl.as_ref(), "ttl", &private);
+    let wait = option_duration(args.wait.as_ref(), "wait", &private);
     let renew = args.renew.as_ref().is_none_or(syn::LitBool::value);
-    let hold_at_least = option_duration(args.hold_at_least.as_ref());
+    let hold_at_least = option_duration(args.hold_at_least.as_ref(), "hold_at_least", &private);
     // The templates as written, for metrics: never the rendered keys.
     let template = args
         .keys
@@ -195,11 +195,18 @@ fn field_span(literal: &LitStr, at: &Range<usize>) -> Span {
         .unwrap_or(fallback)
 }
 
-fn option_duration(value: Option<&Millis>) -> TokenStream {
+/// `Option<Result<Duration, LockError>>`: a literal's milliseconds, or the expression converted
+/// at run time (an error there is the call's error).
+fn option_duration(value: Option<&DurationArg>, what: &str, private: &TokenStream) -> TokenStream {
     match value {
-        Some(Millis { millis, span }) => {
-            quote_spanned!(*span=> ::core::option::Option::Some(::core::time::Duration::from_millis(#millis)))
-        }
+        Some(DurationArg::Literal(Millis { millis, span })) => quote_spanned!(*span=>
+            ::core::option::Option::Some(::core::result::Result::Ok(
+                ::core::time::Duration::from_millis(#millis)
+            ))
+        ),
+        Some(DurationArg::Expr(expr)) => quote_spanned!(span_of(expr)=>
+            ::core::option::Option::Some(#private::IntoDuration::into_duration(#expr, #what))
+        ),
         None => quote!(::core::option::Option::None),
     }
 }

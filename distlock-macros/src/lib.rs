@@ -39,7 +39,7 @@ use proc_macro::TokenStream;
 /// # Options
 /// | option | value | default |
 /// |---|---|---|
-/// | `ttl` | lease length: integer seconds (`ttl = 30`) or a string with a unit (`"1500ms"`, `"2s"`, `"5m"`, `"1h"`); at least 10 ms | the manager's default ttl (30 s unless set with its builder) |
+/// | `ttl` | lease length: integer seconds (`ttl = 30`) or a string with a unit (`"1500ms"`, `"2s"`, `"5m"`, `"1h"`), checked at compile time; at least 10 ms. Or any other expression of integer seconds or a `Duration` (`ttl = SETTINGS_TTL`, `ttl = config.ttl`), evaluated at each call: a negative or out-of-range value is `LockError::InvalidConfig` then, the body not run | the manager's default ttl (30 s unless set with its builder) |
 /// | `wait` | how long to wait for a held lock, same forms; `wait = 0` tries once (try-lock) | the manager's default wait (10 s unless set with its builder) |
 /// | `renew` | `true` / `false`: extend the lease every ttl/3 while the body runs | `true` |
 /// | `fair` | `true` / `false`: serve waiters in arrival order, handing the lock straight to the oldest live waiter; one key only | the manager's (`false` unless `LockManagerBuilder::default_fair` changes it) |

@@ -9,21 +9,60 @@ use crate::error::LockError;
 use crate::manager::LockManager;
 
 /// The options written in the attribute; `None` keeps the manager's default.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct Options {
-    /// `ttl = ..`.
-    pub ttl: Option<Duration>,
+    /// `ttl = ..`: a literal, or an expression converted at the call.
+    pub ttl: Option<Result<Duration, LockError>>,
     /// `wait = ..`.
-    pub wait: Option<Duration>,
+    pub wait: Option<Result<Duration, LockError>>,
     /// `renew = ..`.
     pub renew: bool,
     /// `fair = ..`; `None` keeps the manager's default.
     pub fair: Option<bool>,
     /// `hold_at_least = ..`.
-    pub hold_at_least: Option<Duration>,
+    pub hold_at_least: Option<Result<Duration, LockError>>,
     /// The key template(s) as written, for metrics and spans.
     pub template: &'static str,
 }
+
+/// A duration option's value given as an expression (`ttl = SETTINGS_TTL`, `wait =
+/// config.wait`): whole seconds as an integer, or a `Duration`. A negative integer is a
+/// [`LockError::InvalidConfig`] at the call.
+#[diagnostic::on_unimplemented(
+    message = "`#[distributed_lock]` durations are whole seconds (an integer) or a `std::time::Duration`; `{Self}` is neither",
+    label = "expected integer seconds or a `Duration`",
+    note = "write `ttl = 30`, `ttl = \"1500ms\"`, a `const TTL: u64 = 30;`, or an expression of type `Duration`"
+)]
+pub trait IntoDuration {
+    /// The duration, or why `what` cannot be one.
+    fn into_duration(self, what: &'static str) -> Result<Duration, LockError>;
+}
+
+impl IntoDuration for Duration {
+    fn into_duration(self, _: &'static str) -> Result<Duration, LockError> {
+        Ok(self)
+    }
+}
+
+impl<T: IntoDuration + Copy> IntoDuration for &T {
+    fn into_duration(self, what: &'static str) -> Result<Duration, LockError> {
+        (*self).into_duration(what)
+    }
+}
+
+macro_rules! seconds {
+    ($($t:ty),*) => {$(
+        impl IntoDuration for $t {
+            fn into_duration(self, what: &'static str) -> Result<Duration, LockError> {
+                u64::try_from(self).map(Duration::from_secs).map_err(|_| LockError::InvalidConfig {
+                    what,
+                    reason: format!("{self} seconds: a duration cannot be negative"),
+                })
+            }
+        }
+    )*};
+}
+seconds!(u8, u16, u32, u64, usize, i8, i16, i32, i64, isize);
 
 /// A return type that can carry a [`LockError`]: `Result<T, E>` with `E: From<LockError>`.
 ///
@@ -163,20 +202,28 @@ where
         Ok(manager) => manager,
         Err(error) => return on_error(error),
     };
+    let (ttl, wait, hold_at_least) = match (
+        options.ttl.transpose(),
+        options.wait.transpose(),
+        options.hold_at_least.transpose(),
+    ) {
+        (Ok(ttl), Ok(wait), Ok(hold)) => (ttl, wait, hold),
+        (Err(error), _, _) | (_, Err(error), _) | (_, _, Err(error)) => return on_error(error),
+    };
     let mut request = manager
         .lock_all(keys)
         .renew(options.renew)
         .metrics_label(options.template);
-    if let Some(ttl) = options.ttl {
+    if let Some(ttl) = ttl {
         request = request.ttl(ttl);
     }
-    if let Some(wait) = options.wait {
+    if let Some(wait) = wait {
         request = request.wait(wait);
     }
     if let Some(fair) = options.fair {
         request = request.fair(fair);
     }
-    if let Some(hold) = options.hold_at_least {
+    if let Some(hold) = hold_at_least {
         request = request.hold_at_least(hold);
     }
     match request.run(body).await {

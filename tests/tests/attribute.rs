@@ -367,3 +367,31 @@ async fn user_input_renders_escaped_and_never_collides() {
     assert!(same.is_err(), "the same arguments must contend");
     held.release().await.unwrap();
 }
+
+const SHORT_TTL: u64 = 1;
+
+#[distributed_lock("expr:{id}", ttl = ttl_secs, wait = SHORT_TTL, manager = locks)]
+async fn ttl_from_argument(
+    locks: &LockManager,
+    id: u64,
+    ttl_secs: i64,
+) -> Result<Option<u64>, LockError> {
+    Ok(distlock_runtime::current_fencing_token(&format!(
+        "expr:{id}"
+    )))
+}
+
+#[tokio::test]
+async fn ttl_and_wait_from_expressions_are_checked_at_each_call() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    assert!(ttl_from_argument(&locks, 1, 5).await.unwrap().is_some());
+    let negative = ttl_from_argument(&locks, 1, -5).await.unwrap_err();
+    assert!(
+        matches!(negative, LockError::InvalidConfig { what: "ttl", .. }),
+        "{negative:?}"
+    );
+    assert!(negative.to_string().contains("negative"), "{negative}");
+    let zero = ttl_from_argument(&locks, 1, 0).await.unwrap_err();
+    assert!(matches!(zero, LockError::InvalidConfig { .. }), "{zero:?}");
+}

@@ -6,7 +6,7 @@ async fn letters(id: u64) -> Result<(), LockError> {
     Ok(())
 }
 
-#[distributed_lock("a:{id}", wait = some_fn())]
+#[distributed_lock("a:{id}", wait = 1.5)]
 async fn call(id: u64) -> Result<(), LockError> {
     let _ = id;
     Ok(())
