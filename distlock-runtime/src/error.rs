@@ -187,10 +187,17 @@ impl LockError {
         matches!(self, Self::Timeout { .. } | Self::NotAcquired { .. })
     }
 
-    /// True when Redis could not be asked: unreachable, erroring or not answering in time.
+    /// True when Redis could not be asked: unreachable, erroring or not answering in time, a
+    /// quorum without a majority, replicas that did not confirm in time. Worth retrying later.
     /// Not for [`LockError::Misconfigured`]: Redis answered, and refused.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, Self::Redis { .. } | Self::RedisTimeout { .. })
+        matches!(
+            self,
+            Self::Redis { .. }
+                | Self::RedisTimeout { .. }
+                | Self::NoQuorum { .. }
+                | Self::Replication { .. }
+        )
     }
 
     /// True when the manager's settings are wrong for its Redis ([`LockError::Misconfigured`]),
