@@ -332,7 +332,9 @@ pub mod __private;
 #[doc(hidden)]
 pub use __private::LockResult;
 
-/// The README's examples, compiled as doc-tests.
+/// The README's examples, compiled as doc-tests. `README.md` in this crate's directory is a
+/// symbolic link to the repository's README, and the published package carries it as a file,
+/// so the path holds in both.
 #[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
+#[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
