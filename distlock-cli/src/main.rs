@@ -24,7 +24,7 @@ use serde::Serialize;
     about = "Who holds a distlock lock, which are held, and breaking one by hand"
 )]
 struct Cli {
-    /// One Redis: redis://[user:password@]host[:port][/db] (or rediss://).
+    /// One Redis: `redis://[user:password@]host[:port][/db]` (or `rediss://`).
     #[arg(long, global = true)]
     url: Option<String>,
     /// A Redis Cluster: a seed node's URL (repeat for more seeds).
