@@ -60,6 +60,17 @@
 //! distlock needs Redis 7.0 or newer (its scripts declare themselves with `#!lua`, and the
 //! single-key acquire uses `SET ... NX GET`).
 //!
+//! # Cargo features
+//! `distlock-runtime` has no Cargo features of its own yet: its `default` set is empty, and
+//! everything is always compiled in, so `default-features = false` changes nothing. It builds
+//! its dependencies with their default features off and only these on:
+//!
+//! | dependency | features | what for |
+//! |---|---|---|
+//! | `redis` | `aio`, `tokio-comp`, `script`, `cluster-async` | async connections on Tokio, Lua scripts, and the Redis Cluster topology (compiled in whether a manager uses it or not); no TLS backend |
+//! | `deadpool-redis` | `rt_tokio_1` | the connection pool of a one-server manager, also [`LockManagerBuilder::pool`] |
+//! | `tokio` | `rt`, `time`, `sync`, `macros` | renewal and release tasks, timeouts: locks are taken on a Tokio runtime |
+//!
 //! # Guarantees
 //! - Mutual exclusion per key while leases are valid. A lease's validity is counted from before
 //!   its request was sent, less a clock-drift margin, so this process gives up a lease before
