@@ -331,8 +331,69 @@ pub use request::LockRequest;
 pub use validity::{MAX_TTL, MIN_TTL};
 
 /// Re-exported so callers can build a pool with the same deadpool-redis version.
+///
+/// ```no_run
+/// use distlock_runtime::deadpool_redis::{Config, Runtime};
+///
+/// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = Config::from_url("redis://127.0.0.1:6379").create_pool(Some(Runtime::Tokio1))?;
+/// let locks = distlock_runtime::LockManager::builder().pool(pool).build()?;
+/// # Ok(()) }
+/// ```
 pub use deadpool_redis;
 
+/// Makes an `async fn` run under a distributed lock: the attribute of `distlock-macros`,
+/// re-exported. Its reference follows this example.
+///
+/// ```no_run
+/// use distlock_runtime::{distributed_lock, LockError, LockManager};
+///
+/// #[derive(Debug, thiserror::Error)]
+/// enum JobError {
+///     #[error(transparent)]
+///     Lock(#[from] LockError),
+///     #[error("order {0} not found")]
+///     NotFound(u64),
+/// }
+///
+/// // Uses the manager installed with `set_default_manager`; tries once (`wait = 0`).
+/// #[distributed_lock("invoice:{order_id}", ttl = "2m", wait = 0)]
+/// async fn send_invoice(order_id: u64) -> Result<(), JobError> {
+///     if order_id == 0 {
+///         return Err(JobError::NotFound(order_id));
+///     }
+///     Ok(())
+/// }
+///
+/// struct Shop {
+///     locks: LockManager,
+/// }
+///
+/// impl Shop {
+///     // Two keys locked together (all or nothing), on this shop's manager.
+///     #[distributed_lock(["stock:{sku}", "wallet:{user_id}"], manager = &self.locks, wait = 1)]
+///     async fn buy(&self, sku: &str, user_id: u64) -> Result<u64, LockError> {
+///         Ok(distlock_runtime::current_lease().map_or(0, |lease| lease.fencing_token()))
+///     }
+///
+///     // A hot key: first come, first served; no renewal, as the body is short.
+///     #[distributed_lock("hits:{name}", manager = &self.locks, fair = true, renew = false)]
+///     async fn bump(&self, name: &str) -> Result<(), LockError> {
+///         Ok(())
+///     }
+/// }
+///
+/// #[tokio::main]
+/// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+///     let locks = LockManager::from_url("redis://127.0.0.1:6379")?;
+///     distlock_runtime::set_default_manager(locks.clone());
+///     send_invoice(42).await?;
+///     let shop = Shop { locks };
+///     shop.buy("sku-1", 7).await?;
+///     shop.bump("visits").await?;
+///     Ok(())
+/// }
+/// ```
 pub use distlock_macros::distributed_lock;
 
 #[doc(hidden)]
