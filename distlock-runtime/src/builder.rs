@@ -26,6 +26,18 @@ impl LockManager {
     /// `unix:///path`), with every default of [`LockManagerBuilder`]. No connection is made here:
     /// an unreachable server is reported by the first lock.
     ///
+    /// ```
+    /// use distlock_runtime::{LockError, LockManager};
+    ///
+    /// // No connection is made yet: an unreachable server is reported by the first lock.
+    /// let locks = LockManager::from_url("redis://app:secret@127.0.0.1:6379/2").expect("a URL");
+    /// // A URL that is not a Redis one fails here.
+    /// assert!(matches!(
+    ///     LockManager::from_url("http://127.0.0.1:6379"),
+    ///     Err(LockError::InvalidUrl { .. })
+    /// ));
+    /// ```
+    ///
     /// # Errors
     /// [`LockError::InvalidUrl`] when the URL cannot be parsed or is not a Redis URL; the message
     /// never contains the URL's password.
@@ -34,6 +46,16 @@ impl LockManager {
     }
 
     /// A builder to set the pool, key prefix, defaults and timeouts.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn demo() -> Result<(), distlock_runtime::LockError> {
+    /// let locks = distlock_runtime::LockManager::builder()
+    ///     .url("redis://127.0.0.1:6379")
+    ///     .default_wait(Duration::from_secs(2))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn builder() -> LockManagerBuilder {
         LockManagerBuilder::default()
     }
@@ -136,6 +158,14 @@ impl fmt::Debug for LockManagerBuilder {
 impl LockManagerBuilder {
     /// Connect to the Redis at `url`, through a pool this builder creates. Replaces a
     /// [`pool`](Self::pool) given before.
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), distlock_runtime::LockError> {
+    /// let locks = distlock_runtime::LockManager::builder()
+    ///     .url("redis://app:secret@10.0.0.5:6379/1") // user, password and database 1
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn url(self, url: impl Into<String>) -> Self {
         self.choose(Source::Url(url.into()))
     }
@@ -144,6 +174,15 @@ impl LockManagerBuilder {
     /// nodes): slots, `MOVED` / `ASK` redirections and failovers are followed. Each lock lives
     /// in its key's slot; a request for keys in several slots takes them slot by slot, all or
     /// nothing (see the crate docs, "Topologies").
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), distlock_runtime::LockError> {
+    /// let locks = distlock_runtime::LockManager::builder()
+    ///     // Any of the nodes: the rest is discovered.
+    ///     .cluster(["redis://10.0.0.5:7000", "redis://10.0.0.6:7000"])
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn cluster<I, S>(self, seed_urls: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -158,6 +197,14 @@ impl LockManagerBuilder {
     /// it across failovers (on `READONLY`, a broken connection or `+switch-master`). Credentials
     /// and database in the sentinel URLs are the sentinels'; the primary is reached with the
     /// first URL's user, password and database too.
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), distlock_runtime::LockError> {
+    /// let locks = distlock_runtime::LockManager::builder()
+    ///     .sentinel("mymaster", ["redis://10.0.0.7:26379", "redis://10.0.0.8:26379"])
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn sentinel<I, S>(self, master_name: impl Into<String>, sentinel_urls: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -171,6 +218,13 @@ impl LockManagerBuilder {
 
     /// Use a Redlock quorum over the independent primaries at `node_urls` (an odd number, 3 or
     /// more): a lock is held when a majority granted it (see the crate docs, "Topologies").
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), distlock_runtime::LockError> {
+    /// let nodes: Vec<String> = (1..=5).map(|n| format!("redis://lock-{n}:6379")).collect();
+    /// let locks = distlock_runtime::LockManager::builder().quorum(nodes).build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn quorum<I, S>(self, node_urls: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -186,6 +240,16 @@ impl LockManagerBuilder {
     /// [`LockError::Replication`]. Default 0. For one server with replicas, a Sentinel primary
     /// or a cluster's primaries; not for a quorum. Fair requests are refused with it (nothing
     /// confirms a fair hand-off on the replicas before the next holder's body starts).
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), distlock_runtime::LockError> {
+    /// // A lock counts once a replica has it too, so a failover does not lose it.
+    /// let locks = distlock_runtime::LockManager::builder()
+    ///     .sentinel("mymaster", ["redis://10.0.0.7:26379"])
+    ///     .min_replicas(1)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn min_replicas(mut self, n: usize) -> Self {
         self.min_replicas = n;
         self
@@ -193,6 +257,17 @@ impl LockManagerBuilder {
 
     /// How long an acquire or extend waits for [`min_replicas`](Self::min_replicas)
     /// acknowledgements. Default 1 s.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn demo() -> Result<(), distlock_runtime::LockError> {
+    /// let locks = distlock_runtime::LockManager::builder()
+    ///     .url("redis://10.0.0.5:6379")
+    ///     .min_replicas(1)
+    ///     .replica_timeout(Duration::from_millis(250))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn replica_timeout(mut self, timeout: Duration) -> Self {
         self.replica_timeout = timeout;
         self
@@ -213,23 +288,63 @@ impl LockManagerBuilder {
     /// apply to the pool, but every call is still bounded by this builder's timeouts. A pool
     /// does not say where it connects, so such a manager cannot subscribe to release
     /// notifications: its waiters poll with backoff (1 to 50 ms). Prefer [`url`](Self::url).
+    ///
+    /// ```no_run
+    /// use distlock_runtime::deadpool_redis::{Config, Runtime};
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// // The application's own pool; distlock takes one connection from it.
+    /// let pool = Config::from_url("redis://127.0.0.1:6379").create_pool(Some(Runtime::Tokio1))?;
+    /// let locks = distlock_runtime::LockManager::builder().pool(pool.clone()).build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn pool(self, pool: Pool) -> Self {
         self.choose(Source::Pool(pool))
     }
 
     /// Prefix of every Redis key the manager writes. Default `"distlock:"`.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), distlock_runtime::LockError> {
+    /// let locks = distlock_runtime::LockManager::builder()
+    ///     .url("redis://127.0.0.1:6379")
+    ///     .prefix("billing:")
+    ///     .build()?;
+    /// assert_eq!(locks.redis_key("invoice:7"), "billing:lock:{invoice:7}");
+    /// # Ok(()) }
+    /// ```
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
     }
 
     /// Lease length of requests that do not set one. Default 30 s.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn demo() -> Result<(), distlock_runtime::LockError> {
+    /// let locks = distlock_runtime::LockManager::builder()
+    ///     .url("redis://127.0.0.1:6379")
+    ///     .default_ttl(Duration::from_secs(10))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn default_ttl(mut self, ttl: Duration) -> Self {
         self.default_ttl = ttl;
         self
     }
 
     /// How long requests that do not set a wait wait for a held lock. Default 10 s.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn demo() -> Result<(), distlock_runtime::LockError> {
+    /// // Request handlers answer "busy" quickly rather than queue for long.
+    /// let locks = distlock_runtime::LockManager::builder()
+    ///     .url("redis://127.0.0.1:6379")
+    ///     .default_wait(Duration::from_millis(500))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn default_wait(mut self, wait: Duration) -> Self {
         self.default_wait = wait;
         self
@@ -239,6 +354,16 @@ impl LockManagerBuilder {
     /// [`LockRequest::fair`](crate::LockRequest::fair)). Default `false`: a fair acquire's
     /// script does more work even when the lock is free, and unfair waiters are already woken
     /// by notification rather than polling.
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), distlock_runtime::LockError> {
+    /// // Every single-key request of this manager is fair unless it says `fair(false)`.
+    /// let locks = distlock_runtime::LockManager::builder()
+    ///     .url("redis://127.0.0.1:6379")
+    ///     .default_fair(true)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn default_fair(mut self, fair: bool) -> Self {
         self.default_fair = fair;
         self
@@ -264,30 +389,78 @@ impl LockManagerBuilder {
     }
 
     /// Most connections the created pool opens. Default 8.
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), distlock_runtime::LockError> {
+    /// let locks = distlock_runtime::LockManager::builder()
+    ///     .url("redis://127.0.0.1:6379")
+    ///     .pool_size(2)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn pool_size(mut self, size: usize) -> Self {
         self.pool_size = size;
         self
     }
 
     /// Longest time to open a connection (TCP connect and handshake). Default 2 s.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn demo() -> Result<(), distlock_runtime::LockError> {
+    /// let locks = distlock_runtime::LockManager::builder()
+    ///     .url("redis://redis.internal:6379")
+    ///     .connect_timeout(Duration::from_millis(500))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
     /// Longest time to wait for Redis to answer one call. Default 1 s.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn demo() -> Result<(), distlock_runtime::LockError> {
+    /// let locks = distlock_runtime::LockManager::builder()
+    ///     .url("redis://127.0.0.1:6379")
+    ///     .response_timeout(Duration::from_millis(200))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
     }
 
     /// Longest time to wait for a free connection from the pool. Default 1 s.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn demo() -> Result<(), distlock_runtime::LockError> {
+    /// let locks = distlock_runtime::LockManager::builder()
+    ///     .url("redis://127.0.0.1:6379")
+    ///     .pool_wait_timeout(Duration::from_millis(100))
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
     pub fn pool_wait_timeout(mut self, timeout: Duration) -> Self {
         self.pool_wait_timeout = timeout;
         self
     }
 
     /// Builds the manager. Makes no network connection.
+    ///
+    /// ```
+    /// use distlock_runtime::{LockError, LockManager};
+    ///
+    /// // Settings are checked here, without a connection: no topology is an error.
+    /// assert!(matches!(LockManager::builder().build(), Err(LockError::InvalidConfig { .. })));
+    /// let locks = LockManager::builder().url("redis://127.0.0.1:6379").build();
+    /// assert!(locks.is_ok());
+    /// ```
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] when neither a URL nor a pool was given, a timeout is zero,

@@ -50,6 +50,14 @@ pub struct LockManager {
 
 /// What a [`LockManager`] did so far (all its clones together), from [`LockManager::stats`]:
 /// for metrics, and to see how contended locks behave.
+///
+/// ```no_run
+/// # async fn demo(locks: distlock_runtime::LockManager) {
+/// let stats = locks.stats();
+/// println!("{} acquire requests sent", stats.acquire_requests);
+/// println!("{} fair leases handed over", stats.handed_over);
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockStats {
@@ -70,6 +78,14 @@ impl LockManager {
     }
 
     /// A request for the lock on `key`, with this manager's default ttl and wait and renewal on.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// let lease = locks.lock("order:42").acquire().await?;
+    /// // ... at most one holder of `order:42` in the fleet here ...
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn lock(&self, key: impl Into<String>) -> LockRequest {
         self.lock_all([key])
     }
@@ -77,6 +93,16 @@ impl LockManager {
     /// A request for the locks on all `keys` as one unit: all are taken or none is. Keys are
     /// sorted and de-duplicated first, so two callers naming the same keys in different orders
     /// cannot deadlock.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// // One lease on both keys: taken together, or not at all.
+    /// locks
+    ///     .lock_all(["stock:sku-1", "wallet:7"])
+    ///     .run(async { /* debit one, credit the other */ })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn lock_all<I, K>(&self, keys: I) -> LockRequest
     where
         I: IntoIterator<Item = K>,
@@ -90,6 +116,19 @@ impl LockManager {
 
     /// A request for the lock on `key` that tries once and does not wait:
     /// `lock(key).wait(Duration::ZERO)`.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// match locks.try_lock("report:daily").acquire().await {
+    ///     Ok(lease) => {
+    ///         // ... build the report ...
+    ///         lease.release().await?;
+    ///     }
+    ///     Err(e) if e.is_contention() => println!("another instance is on it"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn try_lock(&self, key: impl Into<String>) -> LockRequest {
         self.lock(key).wait(Duration::ZERO)
     }
@@ -102,16 +141,40 @@ impl LockManager {
     /// [`LockManagerBuilder::pool`](crate::LockManagerBuilder::pool) or made for
     /// [`url`](crate::LockManagerBuilder::url); `None` on a cluster, Sentinel or quorum
     /// manager, which manage their connections themselves.
+    ///
+    /// ```no_run
+    /// # fn demo(locks: distlock_runtime::LockManager) {
+    /// if let Some(pool) = locks.pool() {
+    ///     let status = pool.status();
+    ///     println!("{} of {} connections open", status.size, status.max_size);
+    /// }
+    /// # }
+    /// ```
     pub fn pool(&self) -> Option<&Pool> {
         self.context.redis.pool()
     }
 
     /// The prefix of every Redis key this manager writes.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), distlock_runtime::LockError> {
+    /// let locks = distlock_runtime::LockManager::from_url("redis://127.0.0.1:6379")?;
+    /// assert_eq!(locks.prefix(), "distlock:");
+    /// # Ok(()) }
+    /// ```
     pub fn prefix(&self) -> &str {
         &self.context.prefix
     }
 
     /// The Redis key that holds the lock on `key`.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), distlock_runtime::LockError> {
+    /// let locks = distlock_runtime::LockManager::from_url("redis://127.0.0.1:6379")?;
+    /// // The key in braces: a Redis Cluster hash tag, so a lock's keys share one slot.
+    /// assert_eq!(locks.redis_key("order:42"), "distlock:lock:{order:42}");
+    /// # Ok(()) }
+    /// ```
     pub fn redis_key(&self, key: &str) -> String {
         self.context.lock_keys(key).lock
     }
@@ -172,6 +235,21 @@ static DEFAULT_MANAGER: RwLock<Option<LockManager>> = RwLock::new(None);
 
 /// Installs the manager that `#[distributed_lock]` functions without `manager = ...` use.
 /// Replaces one installed before.
+///
+/// ```no_run
+/// use distlock_runtime::{distributed_lock, LockError, LockManager};
+///
+/// #[distributed_lock("report:{day}")]
+/// async fn build_report(day: u32) -> Result<(), LockError> {
+///     Ok(())
+/// }
+///
+/// #[tokio::main]
+/// async fn main() -> Result<(), LockError> {
+///     distlock_runtime::set_default_manager(LockManager::from_url("redis://127.0.0.1:6379")?);
+///     build_report(7).await // locks `report:7` through the manager installed above
+/// }
+/// ```
 pub fn set_default_manager(manager: LockManager) {
     *DEFAULT_MANAGER
         .write()
@@ -179,6 +257,14 @@ pub fn set_default_manager(manager: LockManager) {
 }
 
 /// The manager installed with [`set_default_manager`].
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), distlock_runtime::LockError> {
+/// // The manager the attribute uses, for a lock taken by hand beside annotated fns.
+/// let locks = distlock_runtime::default_manager()?;
+/// locks.lock("cleanup").run(async { /* ... */ }).await?;
+/// # Ok(()) }
+/// ```
 ///
 /// # Errors
 /// [`LockError::NotConfigured`] when none was installed.
