@@ -68,6 +68,13 @@ impl Lease {
     }
 
     /// The lock keys this lease holds (without the manager's prefix), sorted and de-duplicated.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// let lease = locks.lock_all(["b", "a", "b"]).acquire().await?;
+    /// assert_eq!(lease.keys(), ["a", "b"]);
+    /// # Ok(()) }
+    /// ```
     pub fn keys(&self) -> &[String] {
         &self.keys
     }
@@ -77,11 +84,32 @@ impl Lease {
     /// after an expiry, and after Redis lost its data: see the crate docs, "Fencing tokens").
     /// Storage that remembers the highest token it accepted can reject a holder that lost its
     /// lease.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// let lease = locks.lock("account:7").acquire().await?;
+    /// // Storage that keeps the greatest token per account refuses a write with a smaller one.
+    /// let token = lease.fencing_token();
+    /// let write = format!("UPDATE accounts SET balance = 10, fence = {token} \
+    ///                      WHERE id = 7 AND fence < {token}");
+    /// # Ok(()) }
+    /// ```
     pub fn fencing_token(&self) -> u64 {
         self.fencing_token
     }
 
     /// True once the lease is known to be lost, or its validity has run out without renewal.
+    ///
+    /// ```no_run
+    /// # async fn demo(lease: distlock_runtime::Lease) {
+    /// for batch in 0..10 {
+    ///     if lease.is_lost() {
+    ///         break; // another holder may have the lock now: stop writing
+    ///     }
+    ///     // ... write batch ...
+    /// }
+    /// # }
+    /// ```
     pub fn is_lost(&self) -> bool {
         self.state.is_lost()
     }
@@ -109,12 +137,31 @@ impl Lease {
     /// Resolves when the lease is lost: renewal found a key gone or owned by someone else,
     /// renewal kept failing until the lease's validity ran out, or (without renewal) its ttl
     /// passed. Never resolves while the lease stays valid.
+    ///
+    /// ```no_run
+    /// # async fn copy_files() {}
+    /// # async fn demo(lease: distlock_runtime::Lease) {
+    /// tokio::select! {
+    ///     () = lease.lost() => println!("lease lost: stopped copying"),
+    ///     () = copy_files() => println!("copied"),
+    /// }
+    /// # }
+    /// ```
     pub async fn lost(&self) {
         self.state.lost().await;
     }
 
     /// Extends the lease to `ttl` from now, if this owner still holds every key; later renewals
     /// use `ttl` too.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// let lease = locks.lock("migration").renew(false).acquire().await?;
+    /// // ... the work turns out to need longer ...
+    /// lease.extend(Duration::from_secs(120)).await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`LockError::LeaseLost`] when a key is gone or owned by someone else (nothing is
@@ -149,6 +196,14 @@ impl Lease {
     ///
     /// If this future is dropped before Redis answers, or the call fails, the release is retried
     /// from a background task until the keys' ttl has passed.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// let lease = locks.lock("invoice:7").acquire().await?;
+    /// // ... critical section ...
+    /// lease.release().await?; // the next waiter is woken now
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked.

@@ -18,6 +18,18 @@ use crate::{acquire, reentrancy};
 /// A lock about to be taken: set the ttl, wait and renewal, then [`acquire`](Self::acquire) a
 /// [`Lease`] or [`run`](Self::run) a future under it. Made by
 /// [`LockManager::lock`](crate::LockManager::lock) and its siblings.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+/// let total = locks
+///     .lock("cart:7")
+///     .ttl(Duration::from_secs(5))
+///     .wait(Duration::from_secs(1))
+///     .run(async { /* read, change and write the cart */ 3 })
+///     .await?;
+/// # Ok(()) }
+/// ```
 #[must_use = "a LockRequest does nothing until .acquire() or .run(future) is awaited"]
 #[derive(Debug)]
 pub struct LockRequest {
@@ -89,6 +101,14 @@ impl LockRequest {
 
     /// How long the lease lasts without renewal (Redis expires it then). Default: the manager's
     /// default ttl (30 s unless the builder changed it). From [`MIN_TTL`](crate::MIN_TTL) to [`MAX_TTL`](crate::MAX_TTL).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// // Renewed every 2 s while held; expires 6 s after a crash of this process.
+    /// let lease = locks.lock("import:csv").ttl(Duration::from_secs(6)).acquire().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
@@ -97,6 +117,18 @@ impl LockRequest {
     /// How long to wait for a held lock before giving up with [`LockError::Timeout`]. Zero tries
     /// once and fails with [`LockError::NotAcquired`]. Default: the manager's default wait (10 s
     /// unless the builder changed it).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use distlock_runtime::LockError;
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), LockError> {
+    /// match locks.lock("order:42").wait(Duration::from_millis(250)).acquire().await {
+    ///     Ok(lease) => lease.release().await?,
+    ///     Err(LockError::Timeout { key, waited }) => println!("{key} held for {waited:?}"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
@@ -104,6 +136,19 @@ impl LockRequest {
 
     /// Whether to extend the lease every ttl/3 while it is held. Default: `true`. Without it the
     /// lease ends after its ttl, and [`run`](Self::run) stops a body still running then.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// // A short body: no renewal round trips; it is stopped if it is still running after 2 s.
+    /// locks
+    ///     .lock("counter:visits")
+    ///     .renew(false)
+    ///     .ttl(Duration::from_secs(2))
+    ///     .run(async { /* a quick read-modify-write */ })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn renew(mut self, renew: bool) -> Self {
         self.renew = renew;
         self
@@ -134,6 +179,14 @@ impl LockRequest {
     /// Inside a [`run`](Self::run) body (or an annotated fn), a key the body's task already holds
     /// cannot be acquired: the lease would wait for the enclosing one, which waits for the body.
     /// That fails at once with [`LockError::HeldByThisTask`]; a nested `run` re-enters instead.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// let lease = locks.lock("invoice:7").acquire().await?;
+    /// println!("holding {:?} with fencing token {}", lease.keys(), lease.fencing_token());
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`LockError::NotAcquired`] (wait zero) or [`LockError::Timeout`] when another owner held a
@@ -185,6 +238,20 @@ impl LockRequest {
     /// it ends; the others wait for it (within their `wait`, failing with
     /// [`LockError::Timeout`], or [`LockError::NotAcquired`] with a zero wait), while calls
     /// nested inside the first re-enter at once.
+    ///
+    /// ```no_run
+    /// use distlock_runtime::LockError;
+    /// # async fn charge(order: u64) -> Result<u64, std::io::Error> { Ok(order) }
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), Box<dyn std::error::Error>> {
+    /// // The body's own result comes back inside the lock's.
+    /// match locks.lock("order:42").run(charge(42)).await {
+    ///     Ok(Ok(receipt)) => println!("charged: {receipt}"),
+    ///     Ok(Err(io)) => return Err(io.into()),
+    ///     Err(LockError::LeaseLost { .. }) => println!("stopped: the lease was lost"),
+    ///     Err(e) => return Err(e.into()),
+    /// }
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// Those of [`acquire`](Self::acquire), and [`LockError::LeaseLost`].
