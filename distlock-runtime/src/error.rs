@@ -12,6 +12,18 @@ use std::time::Duration;
 /// later); [`LockError::Misconfigured`] means Redis refused the manager's settings (fix them:
 /// retrying will not help). [`LockError::is_contention`], [`LockError::is_unavailable`] and
 /// [`LockError::is_misconfigured`] sort them.
+///
+/// ```no_run
+/// use distlock_runtime::LockError;
+/// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), LockError> {
+/// match locks.try_lock("report:daily").acquire().await {
+///     Ok(lease) => lease.release().await?,
+///     Err(LockError::NotAcquired { key }) => println!("{key} is busy; skipping this run"),
+///     Err(e) if e.is_unavailable() => println!("Redis is down, try later: {e}"),
+///     Err(e) => return Err(e),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
@@ -183,6 +195,15 @@ pub enum LockError {
 impl LockError {
     /// True when the error says the lock is held by someone else (a try-lock that failed or a
     /// wait that timed out): the caller may answer "busy" and try again later.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// match locks.lock("order:42").run(async { /* ... */ }).await {
+    ///     Err(e) if e.is_contention() => println!("busy, try again later"), // HTTP 409
+    ///     other => other?,
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn is_contention(&self) -> bool {
         matches!(self, Self::Timeout { .. } | Self::NotAcquired { .. })
     }
@@ -190,6 +211,15 @@ impl LockError {
     /// True when Redis could not be asked: unreachable, erroring or not answering in time, a
     /// quorum without a majority, replicas that did not confirm in time. Worth retrying later.
     /// Not for [`LockError::Misconfigured`]: Redis answered, and refused.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// match locks.lock("order:42").run(async { /* ... */ }).await {
+    ///     Err(e) if e.is_unavailable() => println!("Redis unavailable: {e}"), // HTTP 503
+    ///     other => other?,
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self,
@@ -203,6 +233,18 @@ impl LockError {
     /// True when the manager's settings are wrong for its Redis ([`LockError::Misconfigured`]),
     /// or were refused before any request ([`LockError::InvalidUrl`],
     /// [`LockError::InvalidConfig`], [`LockError::NotConfigured`]): retrying will not help.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), distlock_runtime::LockError> {
+    /// let locks = distlock_runtime::LockManager::from_url("redis://app:secret@127.0.0.1:6379/2")?;
+    /// if let Err(e) = locks.ping().await {
+    ///     if e.is_misconfigured() {
+    ///         eprintln!("fix the lock settings, retrying will not help: {e}");
+    ///     }
+    ///     return Err(e);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn is_misconfigured(&self) -> bool {
         matches!(
             self,
@@ -229,6 +271,18 @@ impl LockError {
 
 /// What is wrong with the manager's settings, in a [`LockError::Misconfigured`]. Its message says
 /// what to fix.
+///
+/// ```no_run
+/// use distlock_runtime::{LockError, Misconfiguration};
+/// # async fn demo(locks: distlock_runtime::LockManager) {
+/// if let Err(LockError::Misconfigured { problem, .. }) = locks.ping().await {
+///     match problem {
+///         Misconfiguration::Credentials => eprintln!("check REDIS_URL's user and password"),
+///         other => eprintln!("Redis refused the lock settings: {other}"),
+///     }
+/// }
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Misconfiguration {

@@ -45,6 +45,16 @@ use crate::topology::Route;
 /// ttl. A hand-off to a waiter that is gone (crashed, or its process stalled) costs the queue
 /// at most this long (plus a quarter, the next waiter's slack) before the next waiter takes
 /// the lock.
+///
+/// ```no_run
+/// use distlock_runtime::HANDOFF_CLAIM;
+/// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+/// // The holder's usual time, plus one crashed waiter ahead in the queue (a claim and a
+/// // quarter).
+/// let wait = std::time::Duration::from_secs(5) + HANDOFF_CLAIM * 5 / 4;
+/// let lease = locks.lock("stock:sku-1").fair(true).wait(wait).acquire().await?;
+/// # Ok(()) }
+/// ```
 pub const HANDOFF_CLAIM: Duration = Duration::from_secs(2);
 
 /// Lua shared by the scripts that can hand a lock over to a fair waiter.

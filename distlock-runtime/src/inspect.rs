@@ -18,6 +18,15 @@ use crate::fence::FENCE;
 use crate::manager::LockManager;
 
 /// Who holds a lock and for how long, from [`LockManager::inspect`].
+///
+/// ```no_run
+/// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+/// if let Some(info) = locks.inspect("order:42").await? {
+///     let holder = info.holder.as_deref().unwrap_or(&info.token_prefix);
+///     println!("{} held by {holder} for {:?} more", info.key, info.remaining);
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockInfo {

@@ -252,6 +252,16 @@ impl Entry {
 /// The lease the current task's innermost [`run`](crate::LockRequest::run) body holds.
 ///
 /// Returned by [`current_lease`].
+///
+/// ```no_run
+/// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+/// locks.lock("order:42").run(async {
+///     if let Some(lease) = distlock_runtime::current_lease() {
+///         println!("{:?} under fencing token {}", lease.keys(), lease.fencing_token());
+///     }
+/// }).await?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CurrentLease {
     keys: Arc<[String]>,
@@ -260,11 +270,29 @@ pub struct CurrentLease {
 
 impl CurrentLease {
     /// The keys of the lease (without the manager's prefix).
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// locks.lock_all(["wallet:7", "stock:sku-1"]).run(async {
+    ///     let lease = distlock_runtime::current_lease().expect("inside a locked body");
+    ///     assert_eq!(lease.keys(), ["stock:sku-1", "wallet:7"]);
+    /// }).await?;
+    /// # Ok(()) }
+    /// ```
     pub fn keys(&self) -> &[String] {
         &self.keys
     }
 
     /// The lease's fencing token.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// locks.lock("account:7").run(async {
+    ///     let token = distlock_runtime::current_lease().map(|lease| lease.fencing_token());
+    ///     // pass `token` with every write to the account's storage
+    /// }).await?;
+    /// # Ok(()) }
+    /// ```
     pub fn fencing_token(&self) -> u64 {
         self.fencing_token
     }
@@ -301,6 +329,18 @@ pub fn current_lease() -> Option<CurrentLease> {
 /// task holds it. It does not ask which manager took the lease: a task that locks the same key
 /// name through two managers (two Redis servers or prefixes) should use
 /// [`Lease::fencing_token`](crate::Lease::fencing_token) instead.
+///
+/// ```no_run
+/// use distlock_runtime::{distributed_lock, LockError};
+///
+/// #[distributed_lock("account:{id}")]
+/// async fn deposit(id: u64, cents: u64) -> Result<(), LockError> {
+///     let key = format!("account:{id}");
+///     let token = distlock_runtime::current_fencing_token(&key).expect("held by this body");
+///     // write `cents` only if the account's storage has seen no token above `token`
+///     Ok(())
+/// }
+/// ```
 pub fn current_fencing_token(key: &str) -> Option<u64> {
     let innermost = innermost()?;
     let token = innermost

@@ -16,9 +16,29 @@ use crate::conn::lock;
 use crate::error::LockError;
 
 /// The shortest lease accepted: below this the clock-drift margin eats the whole lease.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_runtime::{LockError, LockManager, MIN_TTL};
+///
+/// let too_short = LockManager::builder()
+///     .url("redis://127.0.0.1:6379")
+///     .default_ttl(MIN_TTL - Duration::from_millis(1))
+///     .build();
+/// assert!(matches!(too_short, Err(LockError::InvalidConfig { what: "ttl", .. })));
+/// ```
 pub const MIN_TTL: Duration = Duration::from_millis(10);
 
 /// The longest lease accepted (one year); longer is surely a mistake, and would overflow clocks.
+///
+/// ```
+/// use std::time::Duration;
+/// use distlock_runtime::{MAX_TTL, MIN_TTL};
+///
+/// // A ttl read from configuration, kept in the accepted range.
+/// let configured = Duration::from_secs(10 * 365 * 24 * 60 * 60);
+/// assert_eq!(configured.clamp(MIN_TTL, MAX_TTL), MAX_TTL);
+/// ```
 pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 
 /// What a lease and its renewal share: until when it is valid, its ttl, and whether it was lost.
