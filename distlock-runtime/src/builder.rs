@@ -14,6 +14,7 @@ use crate::error::LockError;
 use crate::manager::LockManager;
 use crate::notify::Notifications;
 use crate::renew::Renewals;
+use crate::tls::Tls;
 use crate::topology::cluster::Cluster;
 use crate::topology::quorum::Quorum;
 use crate::topology::sentinel::Sentinel;
@@ -22,9 +23,9 @@ use crate::topology::Route;
 use crate::validity::check_ttl;
 
 impl LockManager {
-    /// A manager for the Redis at `url` (`redis://[user:password@]host[:port][/db]`, or
-    /// `unix:///path`), with every default of [`LockManagerBuilder`]. No connection is made here:
-    /// an unreachable server is reported by the first lock.
+    /// A manager for the Redis at `url` (`redis://[user:password@]host[:port][/db]`,
+    /// `rediss://...` for TLS, or `unix:///path`), with every default of [`LockManagerBuilder`].
+    /// No connection is made here: an unreachable server is reported by the first lock.
     ///
     /// ```
     /// use distlock_runtime::{LockError, LockManager};
@@ -67,6 +68,7 @@ impl LockManager {
 /// |---|---|
 /// | where Redis is: [`url`](Self::url) or [`pool`](Self::pool) (one server), [`cluster`](Self::cluster), [`sentinel`](Self::sentinel) or [`quorum`](Self::quorum) | required, exactly one |
 /// | [`min_replicas`](Self::min_replicas) / [`replica_timeout`](Self::replica_timeout) | 0 / 1 s |
+/// | for `rediss://` URLs: [`tls_ca_pem`](Self::tls_ca_pem) / [`tls_client_cert_pem`](Self::tls_client_cert_pem) | the system's root CAs / no client certificate |
 /// | [`prefix`](Self::prefix) | `"distlock:"` |
 /// | [`default_ttl`](Self::default_ttl) | 30 s |
 /// | [`default_wait`](Self::default_wait) | 10 s |
@@ -103,6 +105,7 @@ pub struct LockManagerBuilder {
     connect_timeout: Duration,
     response_timeout: Duration,
     pool_wait_timeout: Duration,
+    tls: Tls,
 }
 
 enum Source {
@@ -123,6 +126,15 @@ impl Source {
             Self::Quorum(_) => ".quorum(..)",
         }
     }
+
+    /// The URLs the manager connects to (none for a caller's pool).
+    fn urls(&self) -> &[String] {
+        match self {
+            Self::Url(url) => std::slice::from_ref(url),
+            Self::Pool(_) => &[],
+            Self::Cluster(urls) | Self::Quorum(urls) | Self::Sentinel { urls, .. } => urls,
+        }
+    }
 }
 
 impl Default for LockManagerBuilder {
@@ -141,6 +153,7 @@ impl Default for LockManagerBuilder {
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(1),
             pool_wait_timeout: Duration::from_secs(1),
+            tls: Tls::default(),
         }
     }
 }
@@ -157,7 +170,9 @@ impl fmt::Debug for LockManagerBuilder {
 
 impl LockManagerBuilder {
     /// Connect to the Redis at `url`, through a pool this builder creates. Replaces a
-    /// [`pool`](Self::pool) given before.
+    /// [`pool`](Self::pool) given before. A `rediss://` URL connects over TLS (see
+    /// [`tls_ca_pem`](Self::tls_ca_pem)); an ACL user goes in the URL:
+    /// `redis://user:password@host:port`.
     ///
     /// ```no_run
     /// # fn demo() -> Result<(), distlock_runtime::LockError> {
@@ -196,7 +211,9 @@ impl LockManagerBuilder {
     /// Use the primary that the sentinels at `sentinel_urls` name for `master_name`, and follow
     /// it across failovers (on `READONLY`, a broken connection or `+switch-master`). Credentials
     /// and database in the sentinel URLs are the sentinels'; the primary is reached with the
-    /// first URL's user, password and database too.
+    /// first URL's user, password and database too (so that user must exist, with that
+    /// password, on the sentinels and on the data servers), and over TLS, with the same
+    /// certificates, exactly when the first URL is a `rediss://` one.
     ///
     /// ```no_run
     /// # fn demo() -> Result<(), distlock_runtime::LockError> {
@@ -388,6 +405,65 @@ impl LockManagerBuilder {
         self
     }
 
+    /// Trust the CA certificates in `pem` (PEM text: one or more `-----BEGIN CERTIFICATE-----`
+    /// blocks) to sign the servers' certificates, on every `rediss://` connection the manager
+    /// opens: to the server, every cluster node, the sentinels and the primary they name, every
+    /// quorum node. Called again, the CAs given before stay trusted too.
+    ///
+    /// The CAs given here are then the only ones trusted, as with `redis-cli --cacert`: the
+    /// system's root certificates are not. Without this call they are, which suits a server
+    /// whose certificate a public CA signed. The server's certificate must name the host of the
+    /// URL (a DNS name, or an IP address in its subject alternative names).
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let locks = distlock_runtime::LockManager::builder()
+    ///     .url("rediss://redis.internal:6380")
+    ///     .tls_ca_pem(std::fs::read("/etc/redis/tls/ca.crt")?)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// [`build`](Self::build) fails with [`LockError::InvalidConfig`] when `pem` holds no
+    /// certificate or a broken one, and when none of the manager's URLs is a `rediss://` one
+    /// (the connections would not be encrypted).
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.add_ca(pem.into());
+        self
+    }
+
+    /// Present this client certificate on every `rediss://` connection the manager opens, for
+    /// servers that check their clients' certificates (mutual TLS: `tls-auth-clients yes`).
+    /// `cert_chain_pem` holds the certificate, then any intermediate CA certificates, as PEM;
+    /// `key_pem` its private key (PEM: PKCS#8 `PRIVATE KEY`, `RSA PRIVATE KEY` or
+    /// `EC PRIVATE KEY`, unencrypted). Replaces a certificate given before. The key is never
+    /// shown in `Debug` output or errors.
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let locks = distlock_runtime::LockManager::builder()
+    ///     .url("rediss://redis.internal:6380")
+    ///     .tls_ca_pem(std::fs::read("/etc/redis/tls/ca.crt")?)
+    ///     .tls_client_cert_pem(
+    ///         std::fs::read("/etc/app/tls/client.crt")?,
+    ///         std::fs::read("/etc/app/tls/client.key")?,
+    ///     )
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// [`build`](Self::build) fails with [`LockError::InvalidConfig`] when the certificate or
+    /// the key cannot be read, when they do not belong together, and when none of the
+    /// manager's URLs is a `rediss://` one.
+    pub fn tls_client_cert_pem(
+        mut self,
+        cert_chain_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.set_client(cert_chain_pem.into(), key_pem.into());
+        self
+    }
+
     /// Most connections the created pool opens. Default 8.
     ///
     /// ```no_run
@@ -464,7 +540,8 @@ impl LockManagerBuilder {
     ///
     /// # Errors
     /// [`LockError::InvalidConfig`] when neither a URL nor a pool was given, a timeout is zero,
-    /// the pool size is zero or the default ttl is outside [`MIN_TTL`](crate::MIN_TTL)..=[`MAX_TTL`](crate::MAX_TTL);
+    /// the pool size is zero, the default ttl is outside [`MIN_TTL`](crate::MIN_TTL)..=[`MAX_TTL`](crate::MAX_TTL),
+    /// or the TLS certificates are unusable or given without a `rediss://` URL;
     /// [`LockError::InvalidUrl`] when the URL is unusable.
     pub fn build(self) -> Result<LockManager, LockError> {
         for (what, value) in [
@@ -499,6 +576,19 @@ impl LockManagerBuilder {
                 ),
             });
         }
+        if self.tls.is_set() {
+            self.tls.check()?;
+            let urls = self.source.as_ref().map_or(&[][..], Source::urls);
+            if !urls.iter().any(|url| crate::tls::is_tls_url(url)) {
+                return Err(LockError::InvalidConfig {
+                    what: "tls",
+                    reason: "TLS certificates were given, but none of the manager's URLs is a \
+                             rediss:// one (and a caller's pool has TLS settings of its own): \
+                             use rediss://host:port for a server that speaks TLS"
+                        .to_owned(),
+                });
+            }
+        }
         if self.replica_timeout.is_zero() && self.min_replicas > 0 {
             return Err(LockError::InvalidConfig {
                 what: "replica_timeout",
@@ -527,7 +617,7 @@ impl LockManagerBuilder {
                 replicas,
             )),
             Some(Source::Url(url)) => {
-                let (info, endpoint) = conn::parse_url(&url)?;
+                let (info, endpoint) = conn::parse_url(&url, &self.tls)?;
                 let client = conn::client(info.clone())?;
                 let pool = conn::create_pool(info, self.pool_size, timeouts)?;
                 Arc::new(Standalone::new(
@@ -539,9 +629,11 @@ impl LockManagerBuilder {
                     replicas,
                 ))
             }
-            Some(Source::Cluster(urls)) => Arc::new(Cluster::new(&urls, timeouts, replicas)?),
+            Some(Source::Cluster(urls)) => {
+                Arc::new(Cluster::new(&urls, &self.tls, timeouts, replicas)?)
+            }
             Some(Source::Sentinel { master, urls }) => {
-                Arc::new(Sentinel::new(master, &urls, timeouts, replicas)?)
+                Arc::new(Sentinel::new(master, &urls, &self.tls, timeouts, replicas)?)
             }
             Some(Source::Quorum(urls)) => {
                 if replicas.is_some() {
@@ -552,7 +644,7 @@ impl LockManagerBuilder {
                             .to_owned(),
                     });
                 }
-                Arc::new(Quorum::new(&urls, timeouts)?)
+                Arc::new(Quorum::new(&urls, &self.tls, timeouts)?)
             }
         };
         if let (true, Some(reason)) = (self.default_fair, redis.refuses_fair()) {

@@ -16,6 +16,7 @@ use crate::call::{
     failed, is_connection_failure, ran, BoxFuture, Failed, Reached, Replicas, ScriptCall,
 };
 use crate::error::LockError;
+use crate::tls::Tls;
 
 /// The timeouts every Redis call is bounded by.
 #[derive(Debug, Clone, Copy)]
@@ -471,8 +472,12 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Parses a Redis URL; returns the connection info and the URL with its password masked.
-pub(crate) fn parse_url(url: &str) -> Result<(redis::ConnectionInfo, String), LockError> {
+/// Parses a Redis URL; returns the connection info (with `tls`'s certificates for a `rediss://`
+/// URL) and the URL with its password masked.
+pub(crate) fn parse_url(
+    url: &str,
+    tls: &Tls,
+) -> Result<(redis::ConnectionInfo, String), LockError> {
     let mut parsed = url::Url::parse(url).map_err(|e| LockError::InvalidUrl {
         reason: format!("{e}; expected redis://[user:password@]host[:port][/db]"),
     })?;
@@ -495,6 +500,7 @@ pub(crate) fn parse_url(url: &str) -> Result<(redis::ConnectionInfo, String), Lo
         }
         LockError::InvalidUrl { reason }
     })?;
+    let info = tls.apply(info)?;
     if password.is_some() {
         let _ = parsed.set_password(Some("***"));
     }
@@ -570,12 +576,13 @@ mod tests {
 
     #[test]
     fn urls_are_checked_without_leaking_the_password() {
-        let (_, shown) = parse_url("redis://app:s3cret@127.0.0.1:6380/2").unwrap();
+        let (_, shown) = parse_url("redis://app:s3cret@127.0.0.1:6380/2", &Tls::default()).unwrap();
         assert_eq!(shown, "redis://app:***@127.0.0.1:6380/2");
-        assert!(parse_url("unix:///run/redis.sock").is_ok());
-        let (_, shown) = parse_url("unix:///run/redis.sock?db=1&pass=s3cret").unwrap();
+        assert!(parse_url("unix:///run/redis.sock", &Tls::default()).is_ok());
+        let (_, shown) =
+            parse_url("unix:///run/redis.sock?db=1&pass=s3cret", &Tls::default()).unwrap();
         assert!(!shown.contains("s3cret"), "{shown}");
-        let err = parse_url("postgres://app:s3cret@db/0").unwrap_err();
+        let err = parse_url("postgres://app:s3cret@db/0", &Tls::default()).unwrap_err();
         assert!(err.to_string().contains("`postgres:`"), "{err}");
         assert!(!err.to_string().contains("s3cret"));
     }

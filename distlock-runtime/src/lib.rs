@@ -71,7 +71,8 @@
 //!
 //! | dependency | features | what for |
 //! |---|---|---|
-//! | `redis` | `aio`, `tokio-comp`, `script`, `cluster-async` | async connections on Tokio, Lua scripts, and the Redis Cluster topology (compiled in whether a manager uses it or not); no TLS backend |
+//! | `redis` | `aio`, `tokio-comp`, `tokio-rustls-comp`, `script`, `cluster-async` | async connections on Tokio, TLS for `rediss://` URLs (rustls, trusting the system's root CAs through `rustls-native-certs`), Lua scripts, and the Redis Cluster topology (compiled in whether a manager uses them or not) |
+//! | `rustls` | `ring`, `std`, `tls12` | the crypto provider distlock installs for TLS when none is (ring builds with a C compiler alone), and TLS 1.2 beside 1.3; see [`LockManagerBuilder::tls_ca_pem`] |
 //! | `deadpool-redis` | `rt_tokio_1` | the connection pool of a one-server manager, also [`LockManagerBuilder::pool`] |
 //! | `tokio` | `rt`, `time`, `sync`, `macros` | renewal and release tasks, timeouts: locks are taken on a Tokio runtime |
 //!
@@ -320,6 +321,7 @@ mod renew;
 mod request;
 mod scripts;
 mod telemetry;
+mod tls;
 mod topology;
 mod validity;
 mod wait;

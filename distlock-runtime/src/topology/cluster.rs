@@ -21,7 +21,9 @@
 //! stalls no other call. An answer that says the slot is elsewhere or moving (`MOVED`, `ASK`,
 //! `TRYAGAIN`, `CLUSTERDOWN`: refused before anything ran), or a node that cannot be reached,
 //! sends the call through the cluster connection instead, which follows redirections, and has
-//! the slot map fetched again.
+//! the slot map fetched again. A link reaches its node the way the first seed is reached: plain
+//! TCP, or TLS with the manager's certificates (a node answers `CLUSTER SLOTS` on a TLS
+//! connection with its TLS port).
 //!
 //! **Notifications** use sharded pub/sub: the scripts announce with `SPUBLISH` on the lock key's
 //! name, whose slot is the lock's, and waiters `SSUBSCRIBE` over a RESP3 cluster connection of
@@ -36,13 +38,14 @@ use std::time::Duration;
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::{PushKind, Value};
+use redis::{PushKind, TlsCertificates, Value};
 
 use super::{Channels, Message, Messages, Route, Subscribe};
 use crate::call::{self, Failed, Reached};
 use crate::call::{confirmed, BoxFuture, Replicas, ScriptCall};
 use crate::conn::{self, lock, Dial, Link, Timeouts};
 use crate::error::LockError;
+use crate::tls::Tls;
 
 /// Retries of one call (after an IO error, `MOVED` to a node not yet connected, `TRYAGAIN`, a
 /// cluster briefly down), within one response timeout in all.
@@ -56,6 +59,8 @@ pub(crate) struct Cluster {
     replicated: Option<(ClusterClient, Mutex<Option<ClusterConnection>>)>,
     /// The seed nodes, for the subscriber's client.
     seeds: Vec<redis::ConnectionInfo>,
+    /// The certificates for `rediss://` seeds, for the subscriber's client.
+    certificates: Option<TlsCertificates>,
     timeouts: Timeouts,
     endpoint: String,
     replicas: Option<Replicas>,
@@ -72,9 +77,10 @@ struct Direct {
     slots: RwLock<Option<SlotMap>>,
     links: Mutex<HashMap<(String, u16), Arc<Link>>>,
     refreshing: AtomicBool,
-    /// How to reach a node: the seeds' user, password and database; `None` when the seeds use
-    /// TLS or a socket (then every call goes through the cluster connection).
-    settings: Option<redis::RedisConnectionInfo>,
+    /// How to reach a node: the first seed's address (TLS or not, with its certificates) and
+    /// its user, password and database; `None` when the seeds use a socket (then every call
+    /// goes through the cluster connection).
+    settings: Option<(redis::ConnectionAddr, redis::RedisConnectionInfo)>,
     timeouts: Timeouts,
     replicas: Option<Replicas>,
 }
@@ -82,6 +88,7 @@ struct Direct {
 impl Cluster {
     pub(crate) fn new(
         urls: &[String],
+        tls: &Tls,
         timeouts: Timeouts,
         replicas: Option<Replicas>,
     ) -> Result<Self, LockError> {
@@ -94,7 +101,7 @@ impl Cluster {
         let mut seeds = Vec::with_capacity(urls.len());
         let mut shown = Vec::with_capacity(urls.len());
         for url in urls {
-            let (info, endpoint) = conn::parse_url(url)?;
+            let (info, endpoint) = conn::parse_url(url, tls)?;
             seeds.push(info);
             shown.push(endpoint);
         }
@@ -102,10 +109,16 @@ impl Cluster {
             what: "cluster",
             reason: e.to_string(),
         };
-        let client = builder(&seeds, timeouts).build().map_err(invalid)?;
+        // The cluster client takes its certificates apart from the seeds' addresses.
+        let certificates = tls
+            .certificates()
+            .filter(|_| matches!(seeds[0].addr(), redis::ConnectionAddr::TcpTls { .. }));
+        let client = builder(&seeds, certificates.as_ref(), timeouts)
+            .build()
+            .map_err(invalid)?;
         let replicated = match replicas {
             Some(replicas) => {
-                let client = builder(&seeds, timeouts)
+                let client = builder(&seeds, certificates.as_ref(), timeouts)
                     .overall_response_timeout(Some(timeouts.response + replicas.timeout))
                     .response_timeout(timeouts.response + replicas.timeout)
                     .build()
@@ -114,13 +127,17 @@ impl Cluster {
             }
             None => None,
         };
-        let settings = matches!(seeds[0].addr(), redis::ConnectionAddr::Tcp(..))
-            .then(|| seeds[0].redis_settings().clone());
+        let settings = matches!(
+            seeds[0].addr(),
+            redis::ConnectionAddr::Tcp(..) | redis::ConnectionAddr::TcpTls { .. }
+        )
+        .then(|| (seeds[0].addr().clone(), seeds[0].redis_settings().clone()));
         Ok(Self {
             client,
             conn: Mutex::new(None),
             replicated,
             seeds,
+            certificates,
             timeouts,
             endpoint: format!("cluster [{}]", shown.join(", ")),
             replicas,
@@ -294,7 +311,7 @@ impl Direct {
 
     /// Installs a slot map: `(first slot, last slot, host, port)` per range.
     fn install(&self, ranges: &[(u16, u16, String, u16)]) {
-        let Some(settings) = &self.settings else {
+        let Some((transport, settings)) = &self.settings else {
             return;
         };
         let mut links = lock(&self.links);
@@ -304,7 +321,7 @@ impl Direct {
                 .entry((host.clone(), *port))
                 .or_insert_with(|| {
                     let info = redis::IntoConnectionInfo::into_connection_info(
-                        redis::ConnectionAddr::Tcp(host.clone(), *port),
+                        crate::tls::address_like(transport, host.clone(), *port),
                     )
                     .map(|info| info.set_redis_settings(settings.clone()));
                     let dial = NodeDial {
@@ -484,9 +501,18 @@ fn redirected(error: &redis::RedisError) -> bool {
     )
 }
 
-/// A cluster client builder for `seeds` with bounded timeouts and retries.
-fn builder(seeds: &[redis::ConnectionInfo], timeouts: Timeouts) -> ClusterClientBuilder {
-    ClusterClientBuilder::new(seeds.to_vec())
+/// A cluster client builder for `seeds` (with `certificates` for `rediss://` seeds) with
+/// bounded timeouts and retries.
+fn builder(
+    seeds: &[redis::ConnectionInfo],
+    certificates: Option<&TlsCertificates>,
+    timeouts: Timeouts,
+) -> ClusterClientBuilder {
+    let builder = match certificates {
+        Some(certificates) => ClusterClientBuilder::new(seeds.to_vec()).certs(certificates.clone()),
+        None => ClusterClientBuilder::new(seeds.to_vec()),
+    };
+    builder
         .connection_timeout(timeouts.connect)
         .response_timeout(timeouts.response)
         .overall_response_timeout(Some(timeouts.response))
@@ -511,6 +537,7 @@ impl Route for Cluster {
     fn subscriber(&self) -> Option<Arc<dyn Subscribe>> {
         Some(Arc::new(ClusterSubscriber {
             seeds: self.seeds.clone(),
+            certificates: self.certificates.clone(),
             timeouts: self.timeouts,
         }))
     }
@@ -558,6 +585,7 @@ impl Route for Cluster {
 /// Subscribes with `SSUBSCRIBE` over a RESP3 cluster connection of its own.
 struct ClusterSubscriber {
     seeds: Vec<redis::ConnectionInfo>,
+    certificates: Option<TlsCertificates>,
     timeouts: Timeouts,
 }
 
@@ -607,7 +635,7 @@ impl Subscribe for ClusterSubscriber {
                     None => Err(()),
                 }
             };
-            let client = builder(&self.seeds, self.timeouts)
+            let client = builder(&self.seeds, self.certificates.as_ref(), self.timeouts)
                 .use_protocol(redis::ProtocolVersion::RESP3)
                 .push_sender(pushes)
                 .build()?;

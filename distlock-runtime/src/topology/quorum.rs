@@ -40,6 +40,7 @@ use crate::conn::{self, Link, Timeouts};
 use crate::error::LockError;
 use crate::fence::RAISE;
 use crate::scripts::Acquire;
+use crate::tls::Tls;
 
 /// Connections per node pool (the link takes one for good; the rest serve nobody else).
 const POOL_SIZE: usize = 2;
@@ -56,7 +57,7 @@ pub(crate) struct Quorum {
 type Answer = Result<Value, Failed>;
 
 impl Quorum {
-    pub(crate) fn new(urls: &[String], timeouts: Timeouts) -> Result<Self, LockError> {
+    pub(crate) fn new(urls: &[String], tls: &Tls, timeouts: Timeouts) -> Result<Self, LockError> {
         if urls.len() < 3 {
             return Err(LockError::InvalidConfig {
                 what: "quorum",
@@ -71,7 +72,7 @@ impl Quorum {
         let mut clients = Vec::with_capacity(urls.len());
         let mut shown = Vec::with_capacity(urls.len());
         for url in urls {
-            let (info, endpoint) = conn::parse_url(url)?;
+            let (info, endpoint) = conn::parse_url(url, tls)?;
             clients.push(conn::client(info.clone())?);
             let pool = conn::create_pool(info, POOL_SIZE, timeouts)?;
             let dial = PoolDial { pool, timeouts };

@@ -36,6 +36,7 @@ use crate::call::Failed;
 use crate::call::{BoxFuture, Replicas, ScriptCall};
 use crate::conn::{self, Dial, Link, Timeouts};
 use crate::error::LockError;
+use crate::tls::Tls;
 
 /// A Sentinel-managed primary.
 pub(crate) struct Sentinel {
@@ -52,6 +53,9 @@ struct Resolver {
     sentinels: Vec<redis::ConnectionInfo>,
     /// User, password and database for the primary.
     primary: redis::RedisConnectionInfo,
+    /// How the primary is reached: over TLS, with the certificates of the first sentinel's
+    /// address, when that is a `rediss://` one; else over plain TCP.
+    transport: redis::ConnectionAddr,
     timeouts: Timeouts,
     /// The sentinel that answered last is asked first.
     next: AtomicUsize,
@@ -63,6 +67,7 @@ impl Sentinel {
     pub(crate) fn new(
         master: String,
         urls: &[String],
+        tls: &Tls,
         timeouts: Timeouts,
         replicas: Option<Replicas>,
     ) -> Result<Self, LockError> {
@@ -75,15 +80,17 @@ impl Sentinel {
         let mut sentinels = Vec::with_capacity(urls.len());
         let mut shown = Vec::with_capacity(urls.len());
         for url in urls {
-            let (info, endpoint) = conn::parse_url(url)?;
+            let (info, endpoint) = conn::parse_url(url, tls)?;
             sentinels.push(info);
             shown.push(endpoint);
         }
         let primary = sentinels[0].redis_settings().clone();
+        let transport = sentinels[0].addr().clone();
         let resolver = Arc::new(Resolver {
             master: master.clone(),
             sentinels,
             primary,
+            transport,
             timeouts,
             next: AtomicUsize::new(0),
             switched: watch::Sender::new(0),
@@ -163,7 +170,7 @@ impl Resolver {
                 })
             }
         };
-        let addr = redis::ConnectionAddr::Tcp(host, port);
+        let addr = crate::tls::address_like(&self.transport, host, port);
         Ok(redis::IntoConnectionInfo::into_connection_info(addr)
             .map_err(|e| LockError::InvalidUrl {
                 reason: e.to_string(),
