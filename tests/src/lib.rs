@@ -3,8 +3,10 @@
 //! A [`RedisServer`] runs with persistence off, can be paused (SIGSTOP), resumed, killed and
 //! restarted on the same port, and is stopped (by its pid) when dropped. Tests never touch the
 //! machine's shared Redis. [`topology`] starts several of them as a Redis Cluster, a Sentinel
-//! group or a set of independent servers.
+//! group or a set of independent servers; [`tls`] makes certificates and starts servers that
+//! serve TLS with them.
 
+pub mod tls;
 pub mod topology;
 
 use std::io::{Read, Write};
