@@ -79,8 +79,8 @@ pub enum LockError {
 
     /// Redis could not be reached, or answered with an error.
     #[error(
-        "Redis {op} failed: {source}; check that Redis is up, reachable at the manager's URL, \
-         and a writable primary"
+        "Redis {op} failed: {source}; check that Redis is up, reachable at the manager's URL \
+         (rediss:// if the port serves TLS), and a writable primary"
     )]
     Redis {
         /// What distlock was doing.
@@ -103,10 +103,18 @@ pub enum LockError {
     },
 
     /// Redis refused the manager's settings: wrong credentials, an ACL user without a right
-    /// distlock needs, a database the server does not have, or a server older than 7.0.
-    /// Retrying does not help: fix what [`Misconfiguration`] names. Check settings at startup with
-    /// [`LockManager::ping`](crate::LockManager::ping).
-    #[error("Redis refused distlock's {op}: {problem}; Redis said: {source}")]
+    /// distlock needs, a database the server does not have, or a server older than 7.0; or a
+    /// TLS connection could not be opened because a certificate was refused, the server's or
+    /// this client's. Retrying does not help: fix what [`Misconfiguration`] names. Check
+    /// settings at startup with [`LockManager::ping`](crate::LockManager::ping).
+    #[error(
+        "{}",
+        if problem.is_tls() {
+            format!("distlock's {op} could not open a TLS connection: {problem}; the TLS error: {source}")
+        } else {
+            format!("Redis refused distlock's {op}: {problem}; Redis said: {source}")
+        }
+    )]
     Misconfigured {
         /// What distlock was doing.
         op: &'static str,
@@ -296,14 +304,47 @@ pub enum Misconfiguration {
     Database,
     /// The server is older than Redis 7.0.
     ServerVersion,
+    /// This client does not trust the server's TLS certificate: signed by a CA it does not
+    /// trust, issued for another host name, or expired.
+    ServerCertificate,
+    /// The server refused this client's TLS certificate, or wanted one and got none (mutual
+    /// TLS).
+    ClientCertificate,
 }
 
 impl Misconfiguration {
+    /// Whether it is about TLS certificates (rather than something Redis refused).
+    fn is_tls(self) -> bool {
+        matches!(self, Self::ServerCertificate | Self::ClientCertificate)
+    }
+
     /// Recognizes a refusal of the manager's settings among Redis errors.
     fn of(error: &redis::RedisError) -> Option<Self> {
+        // What the server says of a client certificate (TLS alerts, as rustls shows them).
+        const CLIENT_CERTIFICATE_ALERTS: [&str; 7] = [
+            "CertificateRequired",
+            "BadCertificate",
+            "UnknownCA",
+            "CertificateUnknown",
+            "UnsupportedCertificate",
+            "CertificateExpired",
+            "CertificateRevoked",
+        ];
         let text = error.to_string();
         let code = error.code().unwrap_or_default();
-        if error.kind() == redis::ErrorKind::AuthenticationFailed
+        if text.contains("invalid peer certificate") {
+            Some(Self::ServerCertificate)
+        } else if text
+            .split("received fatal alert: ")
+            .nth(1)
+            .is_some_and(|alert| {
+                CLIENT_CERTIFICATE_ALERTS
+                    .iter()
+                    .any(|name| alert.starts_with(name))
+            })
+        {
+            Some(Self::ClientCertificate)
+        } else if error.kind() == redis::ErrorKind::AuthenticationFailed
             || matches!(code, "WRONGPASS" | "NOAUTH")
             || text.contains("WRONGPASS")
             || text.contains("NOAUTH")
@@ -338,6 +379,17 @@ impl std::fmt::Display for Misconfiguration {
                  `databases` setting (16 by default)"
             }
             Self::ServerVersion => "distlock needs Redis 7.0 or newer: upgrade the server",
+            Self::ServerCertificate => {
+                "this client does not trust the server's certificate: give the CA that signed it \
+                 with LockManagerBuilder::tls_ca_pem (without it, the system's root CAs are \
+                 trusted), and check that the certificate names the host in the URL and has not \
+                 expired"
+            }
+            Self::ClientCertificate => {
+                "the server wants a client certificate (mutual TLS) and refused this one, or got \
+                 none: give one its CA signed, with its key, with \
+                 LockManagerBuilder::tls_client_cert_pem"
+            }
         })
     }
 }
