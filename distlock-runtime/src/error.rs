@@ -345,6 +345,8 @@ impl Misconfiguration {
         {
             Some(Self::ClientCertificate)
         } else if error.kind() == redis::ErrorKind::AuthenticationFailed
+            // The cluster client reports a refused AUTH inside an IO error of its own.
+            || text.contains("AuthenticationFailed")
             || matches!(code, "WRONGPASS" | "NOAUTH")
             || text.contains("WRONGPASS")
             || text.contains("NOAUTH")
