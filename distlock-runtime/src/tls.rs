@@ -107,8 +107,17 @@ impl Tls {
     /// `info` with these certificates when it is a TLS address (`rediss://`); unchanged
     /// otherwise. Installs the crypto provider for a TLS address.
     pub(crate) fn apply(&self, info: ConnectionInfo) -> Result<ConnectionInfo, LockError> {
-        if !matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
-            return Ok(info);
+        match info.addr() {
+            ConnectionAddr::TcpTls { insecure: true, .. } => {
+                return Err(LockError::InvalidUrl {
+                    reason: "`#insecure` would turn the server's certificate check off, which \
+                             distlock does not do; trust the CA that signed it with \
+                             LockManagerBuilder::tls_ca_pem instead"
+                        .to_owned(),
+                })
+            }
+            ConnectionAddr::TcpTls { .. } => {}
+            _ => return Ok(info),
         }
         install_provider();
         let Some(certificates) = self.certificates() else {

@@ -283,6 +283,10 @@ fn unusable_certificates_fail_build_with_a_clear_error() {
             "none of the manager's URLs is a rediss:// one",
         ),
     ];
+    // Certificate checks cannot be turned off.
+    let error = LockManager::from_url(&format!("{url}/#insecure")).unwrap_err();
+    assert!(matches!(error, LockError::InvalidUrl { .. }), "{error:?}");
+    assert!(error.to_string().contains("tls_ca_pem"), "{error}");
     for (error, setting, says) in cases {
         assert!(
             matches!(&error, LockError::InvalidConfig { what, .. } if *what == setting),
