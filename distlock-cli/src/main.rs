@@ -42,6 +42,16 @@ struct Cli {
     /// The key prefix the services use.
     #[arg(long, global = true, default_value = "distlock:")]
     prefix: String,
+    /// TLS (`rediss://` URLs): trust the CA certificates in this PEM file instead of the
+    /// system's.
+    #[arg(long, global = true, value_name = "PEM_FILE")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// Mutual TLS: this client's certificate chain (PEM file), with --tls-key.
+    #[arg(long, global = true, value_name = "PEM_FILE", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// Mutual TLS: this client's private key (PEM file), with --tls-cert.
+    #[arg(long, global = true, value_name = "PEM_FILE", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
     /// Connect and response timeout, in milliseconds.
     #[arg(long, global = true, default_value_t = 2000)]
     timeout_ms: u64,
@@ -157,6 +167,15 @@ fn manager(cli: &Cli) -> Result<LockManager, String> {
         .connect_timeout(timeout)
         .response_timeout(timeout)
         .pool_wait_timeout(timeout);
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    };
+    if let Some(ca) = &cli.tls_ca {
+        builder = builder.tls_ca_pem(read(ca)?);
+    }
+    if let (Some(cert), Some(key)) = (&cli.tls_cert, &cli.tls_key) {
+        builder = builder.tls_client_cert_pem(read(cert)?, read(key)?);
+    }
     let mut chosen = 0;
     if let Some(url) = &cli.url {
         builder = builder.url(url.clone());

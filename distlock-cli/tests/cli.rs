@@ -100,3 +100,37 @@ fn bad_arguments_and_an_unreachable_redis_fail_clearly() {
     let all = format!("{down:?}");
     assert!(!all.contains("cli-secret-99"), "{all}");
 }
+
+#[test]
+fn mutual_tls_with_certificate_files() {
+    use distlock_tests::tls::{ClientCerts, TestCa, TlsServer};
+    let ca = TestCa::new();
+    let server = TlsServer::start(&ca, ClientCerts::Required);
+    let path = |file: &str| ca.path(file).to_string_lossy().into_owned();
+    let (ca_file, cert, key) = (path("ca.crt"), path("client.crt"), path("client.key"));
+    let url = server.url();
+    let listed = distlock(&[
+        "--url",
+        &url,
+        "--tls-ca",
+        &ca_file,
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "list",
+    ]);
+    assert!(listed.status.success(), "{listed:?}");
+    assert!(stdout(&listed).contains("no locks held"));
+    // Without the client certificate the server refuses it: a clear error, not a hang.
+    let refused = distlock(&[
+        "--url",
+        &url,
+        "--tls-ca",
+        &ca_file,
+        "--timeout-ms",
+        "1000",
+        "list",
+    ]);
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+}
