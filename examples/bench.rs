@@ -90,6 +90,8 @@ enum Scenario {
     Macro,
     Contended,
     Held,
+    /// How the cost grows with keys per request and leases held.
+    Growth,
 }
 
 #[tokio::main]
@@ -114,6 +116,7 @@ async fn main() -> ExitCode {
         (None, true, _) => compare(&cli, &url).await,
         (None, false, Some(Scenario::Contended)) => contended(&cli, &url).await,
         (None, false, Some(Scenario::Held)) => held(&cli, &url).await,
+        (None, false, Some(Scenario::Growth)) => growth(&cli, &url).await,
         (None, false, Some(scenario)) => single(&cli, &url, scenario).await,
         (None, false, None) => Err(
             "name a scenario (raw, uncontended, macro, contended, held) or pass --compare".into(),
@@ -286,7 +289,9 @@ async fn run_scenario(
         Scenario::Uncontended => uncontended_cycles(locks, n, false).await,
         Scenario::UncontendedFair => uncontended_cycles(locks, n, true).await,
         Scenario::Macro => macro_cycles(locks, n).await,
-        Scenario::Contended | Scenario::Held => Err("not a cycle scenario".into()),
+        Scenario::Contended | Scenario::Held | Scenario::Growth => {
+            Err("not a cycle scenario".into())
+        }
     }
 }
 
@@ -298,6 +303,7 @@ fn scenario_name(s: Scenario) -> &'static str {
         Scenario::Macro => "macro",
         Scenario::Contended => "contended",
         Scenario::Held => "held",
+        Scenario::Growth => "growth",
     }
 }
 
@@ -842,20 +848,29 @@ fn rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
-async fn held(cli: &Cli, url: &str) -> Fallible<()> {
+/// What holding `leases` leases for a while cost.
+struct Held {
+    acquired_in: Duration,
+    renewals_per_s: f64,
+    lost: usize,
+    cpu_share: Option<f64>,
+    rss: Option<f64>,
+    rss_growth: Option<f64>,
+}
+
+async fn measure_held(url: &str, leases: u32, ttl: Duration, hold: Duration) -> Fallible<Held> {
     let locks = manager(url)?;
     let mut conn = connection(url).await?;
-    let ttl = Duration::from_millis(cli.ttl_ms);
     let rss_before = rss_mib();
     let acquire_started = Instant::now();
-    let mut leases = Vec::with_capacity(cli.leases as usize);
+    let mut held = Vec::with_capacity(leases as usize);
     let mut pending = tokio::task::JoinSet::new();
-    for i in 0..cli.leases {
+    for i in 0..leases {
         let locks = locks.clone();
         pending.spawn(async move { locks.lock(format!("held:{i}")).ttl(ttl).acquire().await });
         if pending.len() >= 256 {
             if let Some(joined) = pending.join_next().await {
-                leases.push(
+                held.push(
                     joined
                         .map_err(|e| e.to_string())?
                         .map_err(|e| e.to_string())?,
@@ -864,7 +879,7 @@ async fn held(cli: &Cli, url: &str) -> Fallible<()> {
         }
     }
     while let Some(joined) = pending.join_next().await {
-        leases.push(
+        held.push(
             joined
                 .map_err(|e| e.to_string())?
                 .map_err(|e| e.to_string())?,
@@ -874,36 +889,47 @@ async fn held(cli: &Cli, url: &str) -> Fallible<()> {
 
     let evalsha_before = command_calls(&mut conn, "evalsha").await?;
     let cpu_before = cpu_time();
-    let hold = Duration::from_secs(cli.seconds.min(86_400));
     tokio::time::sleep(hold).await;
     let cpu = cpu_time().zip(cpu_before).map(|(a, b)| a.saturating_sub(b));
     let renewals = command_calls(&mut conn, "evalsha")
         .await?
         .saturating_sub(evalsha_before);
     let rss = rss_mib();
-    let lost = leases.iter().filter(|l| l.is_lost()).count();
-    for lease in leases {
+    let lost = held.iter().filter(|l| l.is_lost()).count();
+    for lease in held {
         let _ = lease.release().await;
     }
     remove_counters(
         &mut conn,
         locks.prefix(),
-        (0..cli.leases).map(|i| format!("held:{i}")),
+        (0..leases).map(|i| format!("held:{i}")),
     )
     .await?;
-    let renewals_per_s = renewals as f64 / hold.as_secs_f64();
-    let cpu_share = cpu.map(|c| c.as_secs_f64() / hold.as_secs_f64());
+    Ok(Held {
+        acquired_in,
+        renewals_per_s: renewals as f64 / hold.as_secs_f64(),
+        lost,
+        cpu_share: cpu.map(|c| c.as_secs_f64() / hold.as_secs_f64()),
+        rss,
+        rss_growth: rss.zip(rss_before).map(|(a, b)| a - b),
+    })
+}
+
+async fn held(cli: &Cli, url: &str) -> Fallible<()> {
+    let hold = Duration::from_secs(cli.seconds.min(86_400));
+    let ttl = Duration::from_millis(cli.ttl_ms);
+    let m = measure_held(url, cli.leases, ttl, hold).await?;
     let row = json!({
         "scenario": "held",
         "leases": cli.leases,
         "ttl_ms": cli.ttl_ms,
         "seconds": cli.seconds,
-        "acquired_in_ms": ms(acquired_in),
-        "renewal_round_trips_per_s": renewals_per_s,
-        "leases_lost": lost,
-        "client_cpu_share_of_one_core": cpu_share,
-        "rss_mib": rss,
-        "rss_growth_mib": rss.zip(rss_before).map(|(a, b)| a - b),
+        "acquired_in_ms": ms(m.acquired_in),
+        "renewal_round_trips_per_s": m.renewals_per_s,
+        "leases_lost": m.lost,
+        "client_cpu_share_of_one_core": m.cpu_share,
+        "rss_mib": m.rss,
+        "rss_growth_mib": m.rss_growth,
     });
     if cli.json {
         println!("{row}");
@@ -912,18 +938,110 @@ async fn held(cli: &Cli, url: &str) -> Fallible<()> {
             "held: {} leases, ttl {} ms, held {} s",
             cli.leases, cli.ttl_ms, cli.seconds
         );
-        println!("  acquired in             {:.0} ms", ms(acquired_in));
-        println!("  renewal round trips/s   {renewals_per_s:.1}");
-        println!("  leases lost             {lost}");
-        if let Some(share) = cpu_share {
+        println!("  acquired in             {:.0} ms", ms(m.acquired_in));
+        println!("  renewal round trips/s   {:.1}", m.renewals_per_s);
+        println!("  leases lost             {}", m.lost);
+        if let Some(share) = m.cpu_share {
             println!(
                 "  client CPU              {:.1}% of one core",
                 share * 100.0
             );
         }
-        if let Some(rss) = rss {
+        if let Some(rss) = m.rss {
             println!("  client RSS              {rss:.1} MiB");
         }
+    }
+    Ok(())
+}
+
+/// How the cost grows: keys per request (1, 4, 16, 64 in one slot; uncontended cycles,
+/// interleaved in rounds, as a ratio of one key's rate), and leases held at once (1, 1k, 10k:
+/// renewal round trips per second, client CPU, memory per lease).
+async fn growth(cli: &Cli, url: &str) -> Fallible<()> {
+    let locks = manager(url)?;
+    let sizes = [1usize, 4, 16, 64];
+    // One slot on a cluster too: the braces are the template's own hash tag.
+    let key_sets: Vec<Vec<String>> = sizes
+        .iter()
+        .map(|&n| (0..n).map(|i| format!("{{grow}}:{n}:{i}")).collect())
+        .collect();
+    let cycle = |keys: Vec<String>, n: u32| {
+        let locks = locks.clone();
+        async move {
+            let mut cycles = Cycles::default();
+            let started = Instant::now();
+            for _ in 0..n {
+                let t = Instant::now();
+                let lease = locks
+                    .lock_all(keys.clone())
+                    .acquire()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                lease.release().await.map_err(|e| e.to_string())?;
+                cycles.latencies.push(t.elapsed());
+            }
+            cycles.total = started.elapsed();
+            Fallible::Ok(cycles)
+        }
+    };
+    for keys in &key_sets {
+        cycle(keys.clone(), 200).await?;
+    }
+    let rounds = 20;
+    let per_round = (cli.cycles / rounds / 4).max(1);
+    let mut results: Vec<Cycles> = sizes.iter().map(|_| Cycles::default()).collect();
+    for _ in 0..rounds {
+        for (keys, total) in key_sets.iter().zip(&mut results) {
+            total.add_round(cycle(keys.clone(), per_round).await?);
+        }
+    }
+    let mut conn = connection(url).await?;
+    remove_counters(&mut conn, locks.prefix(), key_sets.iter().flatten()).await?;
+    let ratio = |i: usize| {
+        let mut ratios: Vec<f64> = results[i]
+            .round_rates
+            .iter()
+            .zip(&results[0].round_rates)
+            .map(|(x, y)| x / y)
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        ratios.get(ratios.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    println!(
+        "{:<22} {:>10} {:>10} {:>12} {:>14}",
+        "keys per request", "cycles/s", "p50", "vs 1 key", "per key (us)"
+    );
+    for (i, (&n, c)) in sizes.iter().zip(&results).enumerate() {
+        println!(
+            "{:<22} {:>10.0} {:>8.1}us {:>12.3} {:>14.1}",
+            n,
+            c.per_second(),
+            us(c.quantile(0.5)),
+            ratio(i),
+            us(c.quantile(0.5)) / n as f64
+        );
+    }
+    println!();
+    let hold = Duration::from_secs(cli.seconds.min(86_400));
+    let ttl = Duration::from_millis(cli.ttl_ms);
+    println!(
+        "{:<22} {:>14} {:>12} {:>14} {:>10}",
+        "leases held", "renewal rt/s", "client CPU", "RSS per lease", "lost"
+    );
+    for leases in [1u32, 1_000, 10_000] {
+        let m = measure_held(url, leases, ttl, hold).await?;
+        let per_lease = m.rss_growth.map_or_else(
+            || "-".to_owned(),
+            |g| format!("{:.2} KiB", g * 1024.0 / f64::from(leases)),
+        );
+        println!(
+            "{:<22} {:>14.1} {:>11.1}% {:>14} {:>10}",
+            leases,
+            m.renewals_per_s,
+            m.cpu_share.unwrap_or(f64::NAN) * 100.0,
+            per_lease,
+            m.lost
+        );
     }
     Ok(())
 }
