@@ -650,6 +650,21 @@ async fn contended_worker(cli: &Cli, url: &str, base: u32) -> Fallible<()> {
     Ok(())
 }
 
+/// The `calls` of every command in `INFO commandstats`, summed: everything Redis ran, the
+/// commands scripts call included. Give the bench a Redis of its own.
+async fn all_command_calls(conn: &mut MultiplexedConnection) -> Fallible<u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(info
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(":calls="))
+        .filter_map(|(_, rest)| rest.split(',').next()?.parse::<u64>().ok())
+        .sum())
+}
+
 /// `calls` of one command in `INFO commandstats`.
 async fn command_calls(conn: &mut MultiplexedConnection, command: &str) -> Fallible<u64> {
     let info: String = redis::cmd("INFO")
@@ -684,6 +699,7 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         .await
         .map_err(|e| e.to_string())?;
 
+    let commands_before = all_command_calls(&mut conn).await?;
     let started = Instant::now();
     let mut report = WorkerReport::default();
     if cli.procs <= 1 {
@@ -722,6 +738,12 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         }
     }
     let elapsed = started.elapsed();
+    // Every command Redis ran, those inside scripts included (the body's three too), less the
+    // INFO calls that read the counts.
+    let commands = all_command_calls(&mut conn)
+        .await?
+        .saturating_sub(commands_before)
+        .saturating_sub(1);
     let _: () = redis::cmd("DEL")
         .arg(format!("{prefix}seq"))
         .arg(format!("{prefix}fence:{{{CONTENDED_KEY}}}"))
@@ -766,6 +788,7 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         .unwrap_or_default();
     let acquisitions_per_s = n as f64 / elapsed.as_secs_f64();
     let attempts = report.acquire_requests as f64 / (n.max(1) as f64);
+    let commands_per_acquisition = commands as f64 / (n.max(1) as f64);
     let handoff_share = handoffs as f64 / (n.saturating_sub(1).max(1) as f64);
     let p99_over_mean = quantile(&waits, 0.99).as_secs_f64() / mean_wait.as_secs_f64().max(1e-9);
     let vs_sequential = acquisitions_per_s / sequential_per_s.max(1e-9);
@@ -786,6 +809,7 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         "wait_p99_ms": ms(quantile(&waits, 0.99)),
         "wait_max_ms": ms(quantile(&waits, 1.0)),
         "attempts_per_acquisition": attempts,
+        "redis_commands_per_acquisition": commands_per_acquisition,
         "handoff_share": handoff_share,
         "jain_fairness": jain,
         "violations": report.violations,
@@ -813,6 +837,9 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         );
         println!("  p99 / mean wait         {p99_over_mean:.2}");
         println!("  attempts/acquisition    {attempts:.2}");
+        println!(
+            "  Redis commands/acq.     {commands_per_acquisition:.1}  (scripts' own included)"
+        );
         println!("  by hand-off             {}", report.handed_over);
         println!("  hand-off share          {handoff_share:.3}");
         println!("  Jain fairness           {jain:.3}");
