@@ -263,9 +263,9 @@ enum AcquireRequest {
 struct Group {
     /// The index of each of its keys among the request's sorted keys.
     indices: Vec<usize>,
+    /// Also carries this group's release (its kind's `undo`), sent when a later group finds
+    /// its keys held.
     acquire: ScriptCall,
-    /// Releases this group's keys, if a later group finds its keys held.
-    release: ScriptCall,
     /// Raises this group's fencing counters to the lease's token (`fence::RAISE`), when
     /// another group drew a greater one.
     fences: Vec<String>,
@@ -300,7 +300,6 @@ impl AcquireRequest {
                 acquire.arg(token).arg(millis(ttl));
                 Group {
                     indices,
-                    release: release_call(route, keys.iter().copied(), token, false),
                     acquire,
                     fences,
                     ttl,
@@ -368,9 +367,12 @@ async fn take_groups(redis: &dyn Route, groups: &[Group]) -> Result<Acquire, Fai
                 first_held,
                 remaining,
             }) => {
-                for taken in &groups[..drawn.len()] {
+                for undo in groups[..drawn.len()]
+                    .iter()
+                    .filter_map(|g| g.acquire.undo())
+                {
                     redis
-                        .call::<redis::Value>(&taken.release)
+                        .call::<redis::Value>(undo)
                         .await
                         .map_err(|failed| wrote(failed, true))?;
                 }

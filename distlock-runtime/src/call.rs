@@ -63,14 +63,14 @@ impl Kind {
     }
 }
 
-/// With `min_replicas`: the answer of a call that `acked` replicas confirmed. When fewer did,
-/// an acquire is undone at once (by `run`, its release) and the call fails with
-/// [`LockError::Replication`]; it counts as having written (so the acquire also releases by
-/// token, in the background, whatever the undo could not).
+/// With `min_replicas`: the answer of `call` sent in one pipeline with `WAIT` (`pipelined` is
+/// `[answer, replicas that acknowledged]`). When fewer replicas than required did, an acquire is
+/// undone at once (by `run`, its release) and the call fails with [`LockError::Replication`]; it
+/// counts as having written (so the acquire also releases by token, in the background, whatever
+/// the undo could not).
 pub(crate) async fn confirmed<'a, F, Fut>(
     call: &'a ScriptCall,
-    answer: Value,
-    acked: usize,
+    pipelined: Value,
     replicas: Replicas,
     run: F,
 ) -> Result<Value, Failed>
@@ -78,11 +78,32 @@ where
     F: FnOnce(&'a ScriptCall) -> Fut,
     Fut: Future<Output = Result<Value, Failed>>,
 {
+    let (answer, acked) = match pipelined {
+        Value::Array(mut values) if values.len() == 2 => {
+            let acked = match values.pop() {
+                Some(Value::Int(n)) => usize::try_from(n).unwrap_or(0),
+                _ => 0,
+            };
+            (values.pop().unwrap_or(Value::Nil), acked)
+        }
+        _ => {
+            return Err(Failed {
+                error: LockError::Redis {
+                    op: call.op,
+                    source: redis::RedisError::from((
+                        redis::ErrorKind::Parse,
+                        "unexpected answer to a write and WAIT",
+                    )),
+                },
+                reached: Reached::Answered,
+            })
+        }
+    };
     if acked >= replicas.count {
         return Ok(answer);
     }
     let mut undone = false;
-    if let Kind::Acquire { undo, .. } = &call.kind {
+    if let Some(undo) = call.undo() {
         // The acquire script answers a fencing token when it took the keys, an array when
         // they are held (see `scripts.rs`).
         let took = matches!(answer, Value::Int(_) | Value::BulkString(_));
@@ -156,6 +177,14 @@ impl ScriptCall {
         let mut call = self.detached();
         call.arg(arg);
         call
+    }
+
+    /// The release that undoes an acquire (its kind's `undo`).
+    pub(crate) fn undo(&self) -> Option<&ScriptCall> {
+        match &self.kind {
+            Kind::Acquire { undo, .. } => Some(undo),
+            _ => None,
+        }
     }
 
     /// The keys, in order.

@@ -187,35 +187,14 @@ impl Link {
                 }
             })
             .await;
-        let (answer, acked) = match answer {
-            Ok(Value::Array(mut values)) if values.len() == 2 => {
-                let acked = match values.pop() {
-                    Some(Value::Int(n)) => usize::try_from(n).unwrap_or(0),
-                    _ => 0,
-                };
-                (values.pop().unwrap_or(Value::Nil), acked)
-            }
-            Ok(_) => {
-                return Err(Failed {
-                    error: LockError::Redis {
-                        op,
-                        source: redis::RedisError::from((
-                            redis::ErrorKind::Parse,
-                            "unexpected answer to a write and WAIT",
-                        )),
-                    },
-                    reached: Reached::Answered,
-                })
-            }
-            Err(failed) => return Err(failed),
-        };
+        let answer = answer?;
         {
             let mut spare = lock(&self.spare);
             if spare.idle.len() < MAX_SPARE && spare.generation == generation {
                 spare.idle.push(conn);
             }
         }
-        crate::call::confirmed(call, answer, acked, replicas, |undo| self.run_plain(undo)).await
+        crate::call::confirmed(call, answer, replicas, |undo| self.run_plain(undo)).await
     }
 
     /// Sends one command, bounded by the response timeout (and the dial's timeouts when a

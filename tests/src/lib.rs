@@ -584,6 +584,23 @@ pub async fn lock_once(locks: &LockManager, key: &str) {
         .unwrap_or_else(|e| panic!("release {key}: {e}"));
 }
 
+/// Starts a task that waits up to `wait` for the lock on `key` and says when it got it (or
+/// why not): for tests that time a waiter's wake-up after a release.
+pub fn spawn_waiter(
+    locks: &LockManager,
+    key: &str,
+    wait: Duration,
+) -> tokio::task::JoinHandle<(
+    Instant,
+    Result<distlock_runtime::Lease, distlock_runtime::LockError>,
+)> {
+    let (locks, key) = (locks.clone(), key.to_owned());
+    tokio::spawn(async move {
+        let lease = locks.lock(key).wait(wait).acquire().await;
+        (Instant::now(), lease)
+    })
+}
+
 /// Takes and releases one lock, so the manager's connection is open and its scripts loaded
 /// before a test counts requests or times calls.
 pub async fn warm_up(locks: &LockManager) {

@@ -169,16 +169,7 @@ async fn a_waiter_is_woken_by_a_sharded_release_notification() {
         .acquire()
         .await
         .unwrap();
-    let waiter = locks[1].clone();
-    let waiting = tokio::spawn(async move {
-        let lease = waiter
-            .lock("woken")
-            .wait(Duration::from_secs(20))
-            .acquire()
-            .await
-            .unwrap();
-        (Instant::now(), lease)
-    });
+    let waiting = distlock_tests::spawn_waiter(&locks[1], "woken", Duration::from_secs(20));
     let channel = "distlock:lock:{woken}";
     let node = cluster.primary_of(channel);
     let subscribed = distlock_tests::eventually(Duration::from_secs(5), || async {
@@ -193,6 +184,7 @@ async fn a_waiter_is_woken_by_a_sharded_release_notification() {
     let released = Instant::now();
     held.release().await.unwrap();
     let (acquired, lease) = waiting.await.unwrap();
+    let lease = lease.unwrap();
     assert!(
         acquired - released < Duration::from_secs(1),
         "{:?}",
@@ -426,15 +418,7 @@ async fn waiters_are_not_left_asleep_by_a_killed_primary_and_resubscribe_on_the_
     let new = cluster.wait_for_failover(slot, Duration::from_secs(15));
     // A waiter of the same manager afterwards subscribes on the new primary, and the release
     // there wakes it.
-    let second = tokio::spawn(async move {
-        let lease = waiter
-            .lock("moved")
-            .wait(Duration::from_secs(25))
-            .acquire()
-            .await
-            .unwrap_or_else(|e| panic!("second waiter: {e}"));
-        (Instant::now(), lease)
-    });
+    let second = distlock_tests::spawn_waiter(&waiter, "moved", Duration::from_secs(25));
     let subscribed = distlock_tests::eventually(Duration::from_secs(10), || async {
         shard_subscribed(&cluster, new, channel)
     })
@@ -447,6 +431,7 @@ async fn waiters_are_not_left_asleep_by_a_killed_primary_and_resubscribe_on_the_
     let released = Instant::now();
     held.release().await.unwrap();
     let (acquired, lease) = second.await.unwrap();
+    let lease = lease.unwrap();
     assert!(
         acquired - released < Duration::from_secs(1),
         "woken {:?} after the release",

@@ -95,14 +95,7 @@ async fn force_release_frees_the_lock_and_the_holder_learns_at_its_next_renewal(
     started_rx.await.unwrap();
     // A waiter is woken by the forced release, not by the holder's expiry.
     let waiter = server.manager();
-    let waiting = tokio::spawn(async move {
-        let lease = waiter
-            .lock("f-stuck")
-            .wait(Duration::from_secs(10))
-            .acquire()
-            .await;
-        (Instant::now(), lease)
-    });
+    let waiting = distlock_tests::spawn_waiter(&waiter, "f-stuck", Duration::from_secs(10));
     let conn = server.client().await;
     distlock_tests::until_subscribed(&conn, "f-stuck").await;
     let forced = Instant::now();

@@ -239,22 +239,14 @@ async fn a_waiter_on_a_quorum_is_woken_by_the_release() {
     assert!(info.remaining > Duration::from_secs(29));
     let listed = locks[1].held_locks("q-*").await.unwrap();
     assert_eq!(listed.len(), 1, "{listed:?}");
-    let waiter = locks[1].clone();
-    let waiting = tokio::spawn(async move {
-        let lease = waiter
-            .lock("q-wake")
-            .wait(Duration::from_secs(20))
-            .acquire()
-            .await
-            .unwrap();
-        (Instant::now(), lease)
-    });
+    let waiting = distlock_tests::spawn_waiter(&locks[1], "q-wake", Duration::from_secs(20));
     // The waiter subscribes on the first node that answers.
     let conn = servers[0].client().await;
     distlock_tests::until_subscribed(&conn, "q-wake").await;
     let released = Instant::now();
     held.release().await.unwrap();
     let (acquired, lease) = waiting.await.unwrap();
+    let lease = lease.unwrap();
     assert!(acquired - released < Duration::from_secs(1));
     lease.release().await.unwrap();
 }

@@ -86,16 +86,7 @@ async fn a_failover_with_the_old_primary_alive_is_followed_by_commands_and_waite
         .acquire()
         .await
         .unwrap();
-    let waiter = locks[1].clone();
-    let waiting = tokio::spawn(async move {
-        let lease = waiter
-            .lock("s-switch")
-            .wait(Duration::from_secs(30))
-            .acquire()
-            .await
-            .unwrap_or_else(|e| panic!("waiter: {e:?}"));
-        (Instant::now(), lease)
-    });
+    let waiting = distlock_tests::spawn_waiter(&locks[1], "s-switch", Duration::from_secs(30));
     let conn = group.server(old_index).client().await;
     distlock_tests::until_subscribed(&conn, "s-switch").await;
     // The replica has the lock before it is promoted.
@@ -123,6 +114,7 @@ async fn a_failover_with_the_old_primary_alive_is_followed_by_commands_and_waite
     let released = Instant::now();
     held.release().await.unwrap();
     let (acquired, lease) = waiting.await.unwrap();
+    let lease = lease.unwrap();
     assert!(
         acquired - released < Duration::from_secs(1),
         "{:?}",

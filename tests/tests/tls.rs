@@ -40,23 +40,14 @@ async fn lock_and_hand_over(
     key: &str,
 ) {
     let held = locks.lock(key).acquire().await.unwrap();
-    let waiter = waiter.clone();
-    let owned_key = key.to_owned();
-    let waiting = tokio::spawn(async move {
-        let lease = waiter
-            .lock(&owned_key)
-            .wait(Duration::from_secs(10))
-            .acquire()
-            .await
-            .unwrap();
-        (Instant::now(), lease)
-    });
+    let waiting = distlock_tests::spawn_waiter(waiter, key, Duration::from_secs(10));
     let conn = plain.server().client().await;
     distlock_tests::until_subscribed(&conn, key).await;
     let first = held.fencing_token();
     let released = Instant::now();
     held.release().await.unwrap();
     let (acquired, lease) = waiting.await.unwrap();
+    let lease = lease.unwrap();
     assert!(acquired - released < Duration::from_secs(1));
     assert!(lease.fencing_token() > first);
     lease.release().await.unwrap();

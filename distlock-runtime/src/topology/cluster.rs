@@ -267,28 +267,7 @@ impl Cluster {
                 }
             })
             .await?;
-        let (answer, acked) = match answer {
-            Value::Array(mut values) if values.len() == 2 => {
-                let acked = match values.pop() {
-                    Some(Value::Int(n)) => usize::try_from(n).unwrap_or(0),
-                    _ => 0,
-                };
-                (values.pop().unwrap_or(Value::Nil), acked)
-            }
-            _ => {
-                return Err(Failed {
-                    error: LockError::Redis {
-                        op,
-                        source: redis::RedisError::from((
-                            redis::ErrorKind::Parse,
-                            "unexpected answer to a write and WAIT",
-                        )),
-                    },
-                    reached: Reached::Answered,
-                })
-            }
-        };
-        confirmed(call, answer, acked, replicas, |undo| self.run_plain(undo)).await
+        confirmed(call, answer, replicas, |undo| self.run_plain(undo)).await
     }
 }
 
