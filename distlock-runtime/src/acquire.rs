@@ -209,19 +209,20 @@ async fn attempt(
                 state.handed(start, handoff.claim, ttl);
                 context.stats.handed_over.fetch_add(1, Ordering::Relaxed);
                 telemetry::handed_over(label);
-                // A claim shorter than the ttl is extended to the ttl at once.
-                let claimed = (handoff.claim < ttl).then(Instant::now);
+                // A claim shorter than the ttl is renewed to the ttl like any lease, a third of
+                // the claim after it began (a body that ends sooner spends no round trip on
+                // it); a lease without renewal is extended to its ttl at once.
+                let claimed = handoff.claim < ttl;
                 match (&registration, claimed) {
-                    (Some(registration), Some(now)) => registration.schedule_at(now),
-                    (Some(registration), None) => registration.schedule(start, ttl),
-                    (None, Some(_)) => {
+                    (Some(registration), _) => registration.schedule(start, handoff.claim),
+                    (None, true) => {
                         registration = Some(context.renewals.register_once(
                             Arc::clone(&redis_keys),
                             Arc::clone(&token),
                             Arc::clone(&state),
                         ));
                     }
-                    (None, None) => {}
+                    (None, false) => {}
                 }
                 handoff.fencing_token
             }
@@ -309,7 +310,8 @@ impl AcquireRequest {
         Self::All(groups)
     }
 
-    /// Sends one attempt; returns the answer and, for a fair attempt, Redis's clock (ms).
+    /// Sends one attempt; returns the answer and, for a fair attempt that queued, Redis's clock
+    /// (ms) when it ran.
     async fn send(
         &self,
         redis: &dyn Route,
@@ -327,10 +329,9 @@ impl AcquireRequest {
                 fair.send(redis, token, secret.unwrap_or_default(), wait_left)
                     .await
                     .map(|answer| match answer {
-                        FairAnswer::Acquired {
-                            fencing_token,
-                            server_ms,
-                        } => (Acquire::Acquired { fencing_token }, Some(server_ms)),
+                        FairAnswer::Acquired { fencing_token } => {
+                            (Acquire::Acquired { fencing_token }, None)
+                        }
                         FairAnswer::Queued {
                             remaining,
                             server_ms,

@@ -7,8 +7,8 @@
 //!    (deadline, claim time, secret). A free key is taken only if no live waiter queued first.
 //! 2. **Hand-off.** A release with a live waiter queued sets the key to that waiter's token for
 //!    a claim time ([`HANDOFF_CLAIM`]), draws its fencing token, and publishes
-//!    `h <token> <fence> <redis_ms> <claim_ms> <next> <mac>` on the key's channel, where `<mac>`
-//!    is `sha1hex(secret + " " + fields + " " + secret)` over the fields before it.
+//!    `h <token> <fence> <redis_ms> <claim_ms> <mac>` on the key's channel, where `<mac>` is
+//!    `sha1hex(secret + " " + fields + " " + secret)` over the fields before it.
 //! 3. **Trust.** Anyone allowed to publish on the channel could name a waiter; anyone allowed
 //!    to subscribe sees every message. So a message signs its fields with the secret the
 //!    waiter's latest attempt stored in the queue (128 random bits, new at every attempt, never
@@ -23,11 +23,12 @@
 //!    the key: [`handoff_start`] maps the message's Redis time onto this host's clock through
 //!    the Redis time of the waiter's own last attempt. A message too old to trust is confirmed by
 //!    one attempt instead (which finds the key already the waiter's).
-//! 5. **Claim.** The recipient extends the key from its claim to its ttl at once. A recipient
-//!    that is gone (its process crashed) leaves the claim to lapse; the message names the next
-//!    waiter in line, which watches the claim, and the oldest fair waiter of every subscribed
-//!    process watches it too ([`deliver`]); a watcher retries once the claim (plus a quarter)
-//!    has passed. Each crashed waiter at the head of the queue costs the queue at most that long.
+//! 5. **Claim.** The recipient's renewal extends the key from its claim to its ttl a third of
+//!    the claim later, like any renewal (a body that ends sooner spends no round trip on it); a
+//!    recipient without renewal extends it at once. A recipient that is gone (its process
+//!    crashed) leaves the claim to lapse; the oldest fair waiter of every subscribed process
+//!    watches it ([`deliver`]), and retries once the claim (plus a quarter) has passed. Each
+//!    crashed waiter at the head of the queue costs the queue at most that long.
 
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
@@ -42,9 +43,9 @@ use crate::keys::LockKeys;
 use crate::topology::Route;
 
 /// How long a lock handed to a fair waiter is held for it before the waiter extends it to its
-/// ttl. A hand-off to a waiter that is gone (crashed, or its process stalled) costs the queue
-/// at most this long (plus a quarter, the next waiter's slack) before the next waiter takes
-/// the lock.
+/// ttl (its renewal does, a third of the claim later). A hand-off to a waiter that is gone
+/// (crashed, or its process stalled) costs the queue at most this long (plus a quarter, the
+/// watchers' slack) before the next waiter takes the lock.
 ///
 /// ```no_run
 /// use distlock_runtime::HANDOFF_CLAIM;
@@ -66,44 +67,35 @@ pub const HANDOFF_CLAIM: Duration = Duration::from_secs(2);
 /// attempt that only a hand-off made by this script can show it). The lock's fencing counter
 /// (see `fence.rs`) is named by its index in `KEYS`.
 pub(crate) const FAIR_QUEUE: &str = r"
--- The token of the oldest waiter whose deadline is after now; stale entries in front are
--- dropped. nil when none is left.
-local function first_live(Q, W, now)
+-- Takes waiters off the front of the queue until one whose deadline is after now: its token,
+-- claim time and secret; nil when the queue ran out. Entries of waiters whose wait has passed
+-- are dropped on the way. `head`, if given, is the first waiter, already taken off.
+local function pop_live(Q, W, now, head)
   while true do
-    local head = redis.call('LINDEX', Q, 0)
+    head = head or redis.call('LPOP', Q)
     if not head then return nil end
     local entry = redis.pcall('HGET', W, head)
-    local deadline = type(entry) == 'string' and tonumber(string.match(entry, '^(%d+) ')) or 0
-    if deadline > now then return head end
-    redis.call('LPOP', Q)
     redis.pcall('HDEL', W, head)
+    if type(entry) == 'string' then
+      local deadline, claim, secret = string.match(entry, '^(%d+) (%d+) ?(%x*)$')
+      if deadline and tonumber(deadline) > now then return head, claim, secret end
+    end
+    head = nil
   end
 end
--- Gives the lock L (free, or held by the caller) to the oldest live waiter at Redis time t (a
--- TIME reply): L is set to its token for its claim time (drawing a fencing token from the
--- counter KEYS[f]), and a message
--- on L's channel tells it (and the waiter after it, which watches the claim) so, with the
--- waiter's secret as the key of the message's signature (the secret itself is never
--- published), announced with the command in the script's local `publish` (PUBLISH, or
--- SPUBLISH on a cluster). Returns false when no live waiter is left.
-local function serve(L, Q, W, f, t)
-  local now = t[1] * 1000 + math.floor(t[2] / 1000)
-  local head = first_live(Q, W, now)
-  if not head then
-    redis.call('DEL', Q, W)
-    return false
-  end
-  local claim, secret = string.match(redis.call('HGET', W, head), '^%d+ (%d+) ?(%x*)$')
-  redis.call('LPOP', Q)
-  redis.call('HDEL', W, head)
+-- Gives the lock L (free, or held by the caller) to the waiter `head` (taken off the queue by
+-- pop_live) at Redis time t (a TIME reply; now in ms): L is set to its token for its claim time
+-- (drawing a fencing token from the counter KEYS[f]), and a message on L's channel tells it
+-- so, with the waiter's secret as the key of the message's signature (the secret itself is
+-- never published), announced with the command in the script's local `publish` (PUBLISH, or
+-- SPUBLISH on a cluster).
+local function hand(L, head, claim, secret, f, t, now)
   local fence = draw(f, f, claim, t)
   redis.call('SET', L, head, 'PX', claim)
-  local next = first_live(Q, W, now) or ''
-  local signed = string.format('%s %s %.0f %s %s', head, fence, now, claim, next)
+  local signed = string.format('%s %s %.0f %s', head, fence, now, claim)
   -- pcall: a user without channel rights still hands over; its waiters poll.
   redis.pcall(publish, L,
     'h ' .. signed .. ' ' .. redis.sha1hex(secret .. ' ' .. signed .. ' ' .. secret))
-  return true
 end
 ";
 
@@ -130,34 +122,47 @@ static ACQUIRE_FAIR: LazyLock<Lua> = LazyLock::new(|| {
         r"
 local L, Q, W = KEYS[1], KEYS[2], KEYS[3]
 local token, ttl, claim, wait, secret = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local queued = redis.call('EXISTS', Q) == 1
+local owner
+if queued then
+  owner = redis.call('GET', L)
+else
+  -- Nobody queued: take the key if it is free, in one command.
+  owner = redis.call('SET', L, token, 'NX', 'PX', ttl, 'GET')
+  if not owner then return {1, draw(4, 4, ttl, redis.call('TIME')), 0} end
+end
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local owner = redis.call('GET', L)
-if owner == token or (not owner and redis.call('EXISTS', Q) == 0) then
-  -- Ours already (a hand-off, or a retried request), or free with nobody queued.
+if owner == token then
+  -- Ours already (a hand-off, or a retried request): the ttl counts from now.
   local fence = draw(4, 4, ttl, t)
   redis.call('SET', L, token, 'PX', ttl)
   return {1, fence, now}
 end
 if not owner then
-  local head = first_live(Q, W, now)
+  -- Free, with waiters queued: the first live one has it, which may be this caller.
+  local head, hclaim, hsecret = pop_live(Q, W, now)
   if not head or head == token then
-    if head then
-      redis.call('LPOP', Q)
-      redis.call('HDEL', W, token)
-    end
     local fence = draw(4, 4, ttl, t)
     redis.call('SET', L, token, 'PX', ttl)
     return {1, fence, now}
   end
-  serve(L, Q, W, 4, t)
+  hand(L, head, hclaim, hsecret, 4, t, now)
 end
 if wait <= 0 then return {0, redis.call('PTTL', L), now} end
-if redis.call('HEXISTS', W, token) == 0 then redis.call('RPUSH', Q, token) end
-redis.call('HSET', W, token, string.format('%.0f %s %s', now + wait, claim, secret))
-local keep = wait + tonumber(claim)
-if redis.call('PTTL', Q) < keep then redis.call('PEXPIRE', Q, string.format('%.0f', keep)) end
-if redis.call('PTTL', W) < keep then redis.call('PEXPIRE', W, string.format('%.0f', keep)) end
+local entry = string.format('%.0f %s %s', now + wait, claim, secret)
+if redis.call('HSET', W, token, entry) == 1 then
+  -- New in the queue (a later attempt keeps its place, and its deadline): the queue keys live
+  -- until this waiter's wait and a claim are over.
+  local keep = string.format('%.0f', wait + tonumber(claim))
+  if redis.call('RPUSH', Q, token) == 1 then
+    redis.call('PEXPIRE', Q, keep)
+    redis.call('PEXPIRE', W, keep)
+  else
+    redis.call('PEXPIRE', Q, keep, 'GT')
+    redis.call('PEXPIRE', W, keep, 'GT')
+  end
+end
 return {0, redis.call('PTTL', L), now}
 "
     ))
@@ -175,7 +180,7 @@ pub(crate) struct FairRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FairAnswer {
     /// The caller holds the key now.
-    Acquired { fencing_token: u64, server_ms: u64 },
+    Acquired { fencing_token: u64 },
     /// The caller is queued behind the holder, whose lease has `remaining` left (if it expires).
     Queued {
         remaining: Option<Duration>,
@@ -231,10 +236,9 @@ impl redis::FromRedisValue for FairAnswer {
             u64::try_from(now).map_err(|_| redis::ParsingError::from("negative server time"))
         };
         match fields.as_slice() {
-            [1, fence, now] => Ok(Self::Acquired {
+            [1, fence, _] => Ok(Self::Acquired {
                 fencing_token: u64::try_from(*fence)
                     .map_err(|_| redis::ParsingError::from("negative fencing token"))?,
-                server_ms: server_ms(*now)?,
             }),
             [0, pttl, now] => Ok(Self::Queued {
                 remaining: u64::try_from(*pttl).ok().map(Duration::from_millis),
@@ -257,8 +261,6 @@ pub(crate) struct Handoff {
     pub(crate) server_ms: u64,
     /// How long the lock is held for the waiter before it must be extended.
     pub(crate) claim: Duration,
-    /// The next live waiter in line, which watches the claim; empty when none.
-    pub(crate) next: String,
     /// The fields the signature covers, as published.
     pub(crate) signed: String,
     /// `sha1hex(secret + " " + signed + " " + secret)`, with the secret of the recipient's
@@ -277,7 +279,6 @@ impl Handoff {
         let fencing_token = fields.next()?.parse().ok()?;
         let server_ms = fields.next()?.parse().ok()?;
         let claim = Duration::from_millis(fields.next()?.parse().ok()?);
-        let next = fields.next()?.to_owned();
         if fields.next().is_some() {
             return None;
         }
@@ -286,7 +287,6 @@ impl Handoff {
             fencing_token,
             server_ms,
             claim,
-            next,
             signed: signed.to_owned(),
             mac: mac.to_owned(),
         })
@@ -422,10 +422,9 @@ impl FairWaiter {
 }
 
 /// Gives a hand-off published on `channel` to its recipient, if it waits in this process, and
-/// has the claim watched: by the next waiter in line if it waits here, and by this process's
-/// oldest other fair waiter (so the claim stays watched when the next waiter's process is gone
-/// too). A watcher tries again once the claim would have lapsed; a newer hand-off replaces the
-/// one it watched. `waiters` are this process's fair waiters of the key, oldest first, each with
+/// has the claim watched by this process's oldest other fair waiter (every subscribed process
+/// has one, so the claim stays watched whichever processes are gone). A watcher tries again once
+/// the claim would have lapsed; a newer hand-off replaces the one it watched. `waiters` are this process's fair waiters of the key, oldest first, each with
 /// the `Notify` that wakes it.
 ///
 /// A hand-off reaches its recipient only if it is signed with the secret of the recipient's
@@ -454,11 +453,8 @@ pub(crate) fn deliver(channel: &str, handoff: Handoff, waiters: &[(&FairWaiter, 
     // Some slack past the claim: the recipient's extension may be on its way.
     let claim = handoff.claim.min(HANDOFF_CLAIM);
     let until = Instant::now() + claim + claim / 4;
-    let next = Some(handoff.next.as_str())
-        .filter(|n| !n.is_empty())
-        .and_then(named);
     let oldest = waiters.iter().find(|(w, _)| *w.token != *handoff.token);
-    for (watcher, wake) in next.into_iter().chain(oldest) {
+    if let Some((watcher, wake)) = oldest {
         // A watcher already sleeping until an earlier watch finds this one when it wakes; only
         // one without a watch needs waking to take it into account.
         if watcher.start_watch(until) {
@@ -477,7 +473,7 @@ mod tests {
 
     #[test]
     fn hand_off_messages_parse_and_plain_releases_do_not() {
-        let handoff = Handoff::parse(b"h 0af3 17 1795000000123 2000 9bc1 5e5e").unwrap();
+        let handoff = Handoff::parse(b"h 0af3 17 1795000000123 2000 5e5e").unwrap();
         assert_eq!(
             handoff,
             Handoff {
@@ -485,24 +481,23 @@ mod tests {
                 fencing_token: 17,
                 server_ms: 1_795_000_000_123,
                 claim: Duration::from_secs(2),
-                next: "9bc1".into(),
-                signed: "0af3 17 1795000000123 2000 9bc1".into(),
+                signed: "0af3 17 1795000000123 2000".into(),
                 mac: "5e5e".into(),
             }
         );
-        let last_in_line = Handoff::parse(b"h a 1 2 3  5e").unwrap();
-        assert_eq!((&*last_in_line.next, &*last_in_line.mac), ("", "5e"));
         assert!(Handoff::parse(b"").is_none());
-        assert!(Handoff::parse(b"h a x 2 3  5e").is_none());
+        assert!(Handoff::parse(b"h a x 2 3 5e").is_none());
+        // The format before this one (a `next` field before the signature) is not a hand-off.
+        assert!(Handoff::parse(b"h a 1 2 3  5e").is_none());
         assert!(Handoff::parse(b"h a 1 2 3 b c 5e").is_none());
     }
 
     #[test]
     fn signatures_match_redis_sha1hex() {
-        // redis-cli EVAL "return redis.sha1hex('s1 w1 7 1 2000  s1')" 0
+        // redis-cli EVAL "return redis.sha1hex('s1 w1 7 1 2000 s1')" 0
         assert_eq!(
-            mac("s1", "w1 7 1 2000 "),
-            "5e1b258a7c4e17ba261433113442e4cb1d3dbc04"
+            mac("s1", "w1 7 1 2000"),
+            "24ae421153f088ed7449444a667b2697d384f968"
         );
     }
 
@@ -526,11 +521,11 @@ mod tests {
     fn only_a_hand_off_signed_with_the_latest_secret_reaches_its_waiter() {
         let waiter = FairWaiter::new("w1".into(), Some("s1".into()));
         let wake = Notify::new();
-        let signed = "w1 7 1 2000 ";
+        let signed = "w1 7 1 2000";
         let handoff = |mac: String| Handoff::parse(format!("h {signed} {mac}").as_bytes());
         // Forged: the secret is unknown to the sender, or the signed fields were changed.
         deliver("k", handoff("0".repeat(40)).unwrap(), &[(&waiter, &wake)]);
-        let altered = Handoff::parse(format!("h w1 9 1 2000  {}", mac("s1", signed)).as_bytes());
+        let altered = Handoff::parse(format!("h w1 9 1 2000 {}", mac("s1", signed)).as_bytes());
         deliver("k", altered.unwrap(), &[(&waiter, &wake)]);
         assert!(waiter.take_handed().is_none());
         waiter.expect_secret(Some("s2".into()));

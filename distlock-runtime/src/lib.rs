@@ -151,10 +151,11 @@
 //!   that gives up or is cancelled leaves the queue (and passes on a hand-off it was given) from
 //!   a background task.
 //! - A hand-off holds the key for [`HANDOFF_CLAIM`] (2 s, or the ttl if shorter); the new
-//!   holder extends it to its ttl in the background. If the waiter is gone (its process
+//!   holder's renewal extends it to its ttl a third of the claim later (at once without
+//!   renewal), so a short body spends no round trip on it. If the waiter is gone (its process
 //!   crashed), the claim lapses and a watcher takes the lock: the hand-off message tells the
-//!   next waiter in line, and the oldest fair waiter of every process that waits, to try again
-//!   once the claim (plus a quarter) has passed. Each crashed waiter at the head of the queue
+//!   oldest fair waiter of every process that waits to try again once the claim (plus a quarter)
+//!   has passed. Each crashed waiter at the head of the queue
 //!   delays it by at most 2.5 s, as long as some process with a live waiter of the key is
 //!   subscribed to its notifications. (A fair waiter whose manager has no notifications, built
 //!   on a caller's pool, polls, and notices a lapsed claim at its next poll.)

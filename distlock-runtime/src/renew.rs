@@ -66,6 +66,10 @@ struct Entry {
     state: Arc<LeaseState>,
     /// When to renew next; `None` while the acquire request is still out.
     due: Option<Instant>,
+    /// How early the renewal may go with others due sooner: a quarter of the interval that
+    /// led to `due`, so a lease handed over for a short claim is not renewed at once because
+    /// its ttl is long.
+    slack: Duration,
     /// Extend once, then leave the registry: the claim of a lease without renewal that was
     /// handed over for a claim time shorter than its ttl.
     once: bool,
@@ -133,6 +137,7 @@ impl Renewals {
                 token,
                 state,
                 due: None,
+                slack: Duration::ZERO,
                 once,
                 failures: 0,
             },
@@ -149,14 +154,20 @@ impl Registration {
     /// The keys' expiry was set to `ttl` by a request sent at `sent` (the acquire, or a manual
     /// extend): renew a third of `ttl` after it.
     pub(crate) fn schedule(&self, sent: Instant, ttl: Duration) {
-        self.schedule_at(sent + interval(ttl));
+        self.schedule_with(sent + interval(ttl), interval(ttl) / 4);
     }
 
-    /// Renew at `due` (now, for a lease handed over for a short claim time).
+    /// Renew at `due` exactly (now, for a lease without renewal handed over for a short
+    /// claim time).
     pub(crate) fn schedule_at(&self, due: Instant) {
+        self.schedule_with(due, Duration::ZERO);
+    }
+
+    fn schedule_with(&self, due: Instant, slack: Duration) {
         let mut registry = lock(&self.shared.registry);
         if let Some(entry) = registry.leases.get_mut(&self.id) {
             entry.due = Some(due);
+            entry.slack = slack;
             // Scheduled from a request that went through (an acquire, a hand-off, an extend).
             entry.failures = 0;
         }
@@ -368,7 +379,7 @@ fn collect_due(shared: &Shared) -> Collected {
         // number of distinct intervals, not the number of leases.
         // A retry after a failure is due exactly when its backoff says.
         let slack = if entry.failures == 0 {
-            interval(ttl) / 4
+            entry.slack
         } else {
             Duration::ZERO
         };
@@ -429,6 +440,7 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
                     entry.failures = 0;
                     if current {
                         entry.due = Some(sent + interval(lease.ttl));
+                        entry.slack = interval(lease.ttl) / 4;
                     }
                     if sent > lease.due + interval(lease.ttl) / 2 {
                         let by = sent - lease.due;

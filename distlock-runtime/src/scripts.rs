@@ -92,13 +92,19 @@ for i = 1, #KEYS, 4 do
   if queued and redis.pcall('HDEL', W, token) == 1 then redis.call('LREM', Q, 1, token) end
   if redis.pcall('GET', L) == token then
     released = released + 1
-    local served = false
-    if redis.call('EXISTS', Q) == 1 then
+    -- The queue's first waiter, if any (pcall: a queue key of another type holds none).
+    local head = redis.pcall('LPOP', Q)
+    if type(head) ~= 'string' then head = nil end
+    if head then
       -- Defined here, so a release without a queue spends nothing on them.
       {FENCE}{FAIR_QUEUE}
-      served = serve(L, Q, W, i + 3, redis.call('TIME'))
+      local t = redis.call('TIME')
+      local now = t[1] * 1000 + math.floor(t[2] / 1000)
+      local claim, secret
+      head, claim, secret = pop_live(Q, W, now, head)
+      if head then hand(L, head, claim, secret, i + 3, t, now) end
     end
-    if not served then
+    if not head then
       redis.call('DEL', L)
       -- pcall: a user without channel rights still releases; its waiters poll.
       redis.pcall(publish, L, '')
