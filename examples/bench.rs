@@ -8,7 +8,9 @@
 //! - `macro`: the same cycle through a `#[distributed_lock]` fn.
 //! - `contended`: W workers (across P processes with `--procs`; fair with `--fair`) on one key,
 //!   each critical section checking exclusion with a `SET NX` marker. A one-worker phase with
-//!   the same options runs first, and the contended rate is reported as a ratio of it.
+//!   the same options runs first, and the contended rate is reported as a ratio of it; with
+//!   `--rounds R` the two phases alternate R times and the median of the per-round ratios is
+//!   reported (the machine's speed drifts between phases).
 //! - `held`: K leases held (and renewed) at once for a while.
 //!
 //! `--compare` runs `raw`, `uncontended`, `macro` and `uncontended-fair` interleaved (50
@@ -61,9 +63,13 @@ struct Cli {
     /// Fair locking (contended): waiters queue and each release hands the lock to the oldest.
     #[arg(long)]
     fair: bool,
-    /// Seconds of contention (contended) or of holding (held).
+    /// Seconds of contention (contended, per round) or of holding (held).
     #[arg(long, default_value_t = 5)]
     seconds: u64,
+    /// Rounds (contended): each runs the one-worker phase and then the contended one, and the
+    /// median of the per-round ratios is reported.
+    #[arg(long, default_value_t = 1)]
+    rounds: u32,
     /// Leases held at once (held).
     #[arg(long, default_value_t = 10_000)]
     leases: u32,
@@ -681,10 +687,23 @@ async fn command_calls(conn: &mut MultiplexedConnection, command: &str) -> Falli
         .unwrap_or(0))
 }
 
-async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
-    let prefix = format!("distlock-bench:{}:", std::process::id());
+/// One round of `contended`: a one-worker phase, then the contended phase, each `cli.seconds`.
+struct Round {
+    report: WorkerReport,
+    elapsed: Duration,
+    sequential_per_s: f64,
+    /// Redis commands run in the contended phase (scripts' own included).
+    commands: u64,
+    /// Entries into the critical section in `seq` order whose fencing token did not rise.
+    fence_inversions: usize,
+    /// Consecutive entries by different workers.
+    handoffs: usize,
+}
+
+async fn contended_round(cli: &Cli, url: &str, round: u32) -> Fallible<Round> {
+    let prefix = format!("distlock-bench:{}:{round}:", std::process::id());
     let mut conn = connection(url).await?;
-    // The same run's sequential rate: one worker, one process, same lock options.
+    // The same round's sequential rate: one worker, one process, same lock options.
     let sequential = Cli {
         workers: 1,
         ..cli.clone()
@@ -750,8 +769,6 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         .query_async(&mut conn)
         .await
         .map_err(|e| e.to_string())?;
-
-    let n = report.acquisitions.len();
     report.acquisitions.sort_by_key(|a| a.seq);
     // Entries into the critical section in order must carry increasing fencing tokens.
     let fence_inversions = report
@@ -764,6 +781,41 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         .windows(2)
         .filter(|w| w[0].worker != w[1].worker)
         .count();
+    Ok(Round {
+        report,
+        elapsed,
+        sequential_per_s,
+        commands,
+        fence_inversions,
+        handoffs,
+    })
+}
+
+/// `contended`: `cli.rounds` rounds, each a one-worker phase and then the contended one; the
+/// ratio of their rates is taken per round (the machine's speed drifts) and its median reported.
+async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
+    let mut report = WorkerReport::default();
+    let (mut elapsed, mut commands, mut fence_inversions, mut handoffs) =
+        (Duration::ZERO, 0u64, 0usize, 0usize);
+    let mut sequential = Vec::new();
+    let mut ratios = Vec::new();
+    for round in 0..cli.rounds.max(1) {
+        let r = contended_round(cli, url, round).await?;
+        let n = r.report.acquisitions.len();
+        ratios.push(n as f64 / r.elapsed.as_secs_f64() / r.sequential_per_s.max(1e-9));
+        sequential.push(r.sequential_per_s);
+        elapsed += r.elapsed;
+        commands += r.commands;
+        fence_inversions += r.fence_inversions;
+        handoffs += r.handoffs;
+        report.merge(r.report);
+    }
+    let median = |values: &mut Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let sequential_per_s = median(&mut sequential);
+    let n = report.acquisitions.len();
     let mut per_worker: HashMap<u32, f64> = HashMap::new();
     for a in &report.acquisitions {
         *per_worker.entry(a.worker).or_default() += 1.0;
@@ -791,13 +843,14 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
     let commands_per_acquisition = commands as f64 / (n.max(1) as f64);
     let handoff_share = handoffs as f64 / (n.saturating_sub(1).max(1) as f64);
     let p99_over_mean = quantile(&waits, 0.99).as_secs_f64() / mean_wait.as_secs_f64().max(1e-9);
-    let vs_sequential = acquisitions_per_s / sequential_per_s.max(1e-9);
+    let vs_sequential = median(&mut ratios);
     let row = json!({
         "scenario": "contended",
         "fair": cli.fair,
         "workers": cli.workers,
         "procs": cli.procs.max(1),
         "seconds": cli.seconds,
+        "rounds": cli.rounds.max(1),
         "acquisitions": n,
         "acquisitions_per_s": acquisitions_per_s.round(),
         "sequential_per_s": sequential_per_s.round(),
@@ -820,14 +873,17 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         println!("{row}");
     } else {
         println!(
-            "contended{}: {} workers in {} process(es), {} s on one key",
+            "contended{}: {} workers in {} process(es), {} round(s) of {} s on one key",
             if cli.fair { " (fair)" } else { "" },
             cli.workers,
             cli.procs.max(1),
+            cli.rounds.max(1),
             cli.seconds
         );
         println!("  acquisitions            {n} ({acquisitions_per_s:.0}/s)");
-        println!("  1 worker, same run      {sequential_per_s:.0}/s  (ratio {vs_sequential:.2})");
+        println!(
+            "  1 worker, same rounds   {sequential_per_s:.0}/s  (ratio {vs_sequential:.2}, median of rounds)"
+        );
         println!(
             "  wait mean/p50/p99/max   {:.1} / {:.1} / {:.1} / {:.1} ms",
             ms(mean_wait),

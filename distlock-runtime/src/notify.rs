@@ -545,7 +545,7 @@ async fn deliver(hub: Weak<Hub>, closed: CancellationToken, mut stream: Messages
     };
     loop {
         let message = tokio::select! {
-            message = stream.recv() => message,
+            message = futures_util::StreamExt::next(&mut stream) => message,
             () = closed.cancelled() => return,
         };
         let Some(hub) = hub.upgrade() else { return };

@@ -571,7 +571,7 @@ struct ClusterSubscriber {
 impl Subscribe for ClusterSubscriber {
     fn open(&self) -> BoxFuture<'_, redis::RedisResult<(Arc<dyn Channels>, Messages)>> {
         Box::pin(async move {
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
             // Dropped when a node's connection is lost: the receiver then ends (the client
             // ignores what the push sender returns).
             let tx = Mutex::new(Some(tx));
@@ -619,7 +619,11 @@ impl Subscribe for ClusterSubscriber {
                 .push_sender(pushes)
                 .build()?;
             let conn = client.get_async_connection().await?;
-            Ok((Arc::new(ClusterChannels(conn)) as Arc<dyn Channels>, rx))
+            let messages = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+            Ok((
+                Arc::new(ClusterChannels(conn)) as Arc<dyn Channels>,
+                Box::pin(messages) as Messages,
+            ))
         })
     }
 }

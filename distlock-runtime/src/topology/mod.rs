@@ -106,7 +106,10 @@ pub(crate) trait Channels: Send + Sync + 'static {
 }
 
 /// What arrives on a subscriber connection; the receiver ends with the connection.
-pub(crate) type Messages = tokio::sync::mpsc::UnboundedReceiver<Message>;
+///
+/// A stream, read by the notifier's own task: a message reaches its waiter with no task in
+/// between (each hop between tasks costs a wake-up on the path of every hand-off).
+pub(crate) type Messages = std::pin::Pin<Box<dyn futures_core::Stream<Item = Message> + Send>>;
 
 /// One event on a subscriber connection.
 #[derive(Debug)]

@@ -118,36 +118,22 @@ impl Subscribe for PlainSubscriber {
     }
 }
 
-/// Opens a pub/sub connection to `client`'s server; a task forwards its messages until it
-/// closes, the receiver is dropped, or `end` completes (the server is no longer the primary).
+/// Opens a pub/sub connection to `client`'s server: its messages, until it closes or `end`
+/// completes (the server is no longer the primary).
 pub(crate) async fn open_plain(
     client: &redis::Client,
     end: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> redis::RedisResult<(Arc<dyn Channels>, Messages)> {
+    use futures_util::StreamExt;
     let pubsub = client.get_async_pubsub().await?;
-    let (sink, mut stream) = pubsub.split();
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        use futures_core::Stream;
-        tokio::pin!(end);
-        loop {
-            let next = std::future::poll_fn(|cx| std::pin::Pin::new(&mut stream).poll_next(cx));
-            let message = tokio::select! {
-                message = next => message,
-                () = tx.closed() => return,
-                () = &mut end => return,
-            };
-            let Some(message) = message else { return };
-            let message = Message::Published {
-                channel: message.get_channel_name().to_owned(),
-                payload: message.get_payload_bytes().to_vec(),
-            };
-            if tx.send(message).is_err() {
-                return;
-            }
-        }
-    });
-    Ok((Arc::new(PlainChannels(sink)), rx))
+    let (sink, stream) = pubsub.split();
+    let messages = stream
+        .map(|message| Message::Published {
+            channel: message.get_channel_name().to_owned(),
+            payload: message.get_payload_bytes().to_vec(),
+        })
+        .take_until(Box::pin(end));
+    Ok((Arc::new(PlainChannels(sink)), Box::pin(messages)))
 }
 
 /// `SUBSCRIBE` / `UNSUBSCRIBE` on a plain pub/sub connection.
