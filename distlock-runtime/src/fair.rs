@@ -7,8 +7,11 @@
 //!    (deadline, claim time, secret). A free key is taken only if no live waiter queued first.
 //! 2. **Hand-off.** A release with a live waiter queued sets the key to that waiter's token for
 //!    a claim time ([`HANDOFF_CLAIM`]), draws its fencing token, and publishes
-//!    `h <token> <fence> <redis_ms> <claim_ms> <mac>` on the key's channel, where `<mac>` is
-//!    `sha1hex(secret + " " + fields + " " + secret)` over the fields before it.
+//!    `h <token> <fence> <redis_ms> <claim_ms> <next> <mac>` on the key's channel, where `<mac>`
+//!    is `sha1hex(secret + " " + fields + " " + secret)` over the fields before it. `<next>`
+//!    names a waiter that should watch the claim; the release leaves it empty (finding the next
+//!    live waiter would cost two more commands per hand-off, and the watchers of point 5 cover
+//!    it).
 //! 3. **Trust.** Anyone allowed to publish on the channel could name a waiter; anyone allowed
 //!    to subscribe sees every message. So a message signs its fields with the secret the
 //!    waiter's latest attempt stored in the queue (128 random bits, new at every attempt, never
@@ -92,7 +95,8 @@ end
 local function hand(L, head, claim, secret, f, t, now)
   local fence = draw(f, f, claim, t)
   redis.call('SET', L, head, 'PX', claim)
-  local signed = string.format('%s %s %.0f %s', head, fence, now, claim)
+  -- The next waiter's field is left empty (see the module docs, point 2).
+  local signed = string.format('%s %s %.0f %s ', head, fence, now, claim)
   -- pcall: a user without channel rights still hands over; its waiters poll.
   redis.pcall(publish, L,
     'h ' .. signed .. ' ' .. redis.sha1hex(secret .. ' ' .. signed .. ' ' .. secret))
@@ -122,14 +126,11 @@ static ACQUIRE_FAIR: LazyLock<Lua> = LazyLock::new(|| {
         r"
 local L, Q, W = KEYS[1], KEYS[2], KEYS[3]
 local token, ttl, claim, wait, secret = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
-local queued = redis.call('EXISTS', Q) == 1
-local owner
-if queued then
-  owner = redis.call('GET', L)
-else
-  -- Nobody queued: take the key if it is free, in one command.
-  owner = redis.call('SET', L, token, 'NX', 'PX', ttl, 'GET')
-  if not owner then return {1, draw(4, 4, ttl, redis.call('TIME')), 0} end
+-- Takes the key if it is free, in one command; a held key is left as it is.
+local owner = redis.call('SET', L, token, 'NX', 'PX', ttl, 'GET')
+if not owner and redis.call('EXISTS', Q) == 0 then
+  -- Free, and nobody queued.
+  return {1, draw(4, 4, ttl, redis.call('TIME')), 0}
 end
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -140,13 +141,10 @@ if owner == token then
   return {1, fence, now}
 end
 if not owner then
-  -- Free, with waiters queued: the first live one has it, which may be this caller.
+  -- Was free, with waiters queued: the first live one has it (which may be this caller, who
+  -- holds it now), or this caller if none is left.
   local head, hclaim, hsecret = pop_live(Q, W, now)
-  if not head or head == token then
-    local fence = draw(4, 4, ttl, t)
-    redis.call('SET', L, token, 'PX', ttl)
-    return {1, fence, now}
-  end
+  if not head or head == token then return {1, draw(4, 4, ttl, t), now} end
   hand(L, head, hclaim, hsecret, 4, t, now)
 end
 if wait <= 0 then return {0, redis.call('PTTL', L), now} end
@@ -261,6 +259,8 @@ pub(crate) struct Handoff {
     pub(crate) server_ms: u64,
     /// How long the lock is held for the waiter before it must be extended.
     pub(crate) claim: Duration,
+    /// A waiter that should watch the claim; empty when none (the release leaves it empty).
+    pub(crate) next: String,
     /// The fields the signature covers, as published.
     pub(crate) signed: String,
     /// `sha1hex(secret + " " + signed + " " + secret)`, with the secret of the recipient's
@@ -279,6 +279,7 @@ impl Handoff {
         let fencing_token = fields.next()?.parse().ok()?;
         let server_ms = fields.next()?.parse().ok()?;
         let claim = Duration::from_millis(fields.next()?.parse().ok()?);
+        let next = fields.next()?.to_owned();
         if fields.next().is_some() {
             return None;
         }
@@ -287,6 +288,7 @@ impl Handoff {
             fencing_token,
             server_ms,
             claim,
+            next,
             signed: signed.to_owned(),
             mac: mac.to_owned(),
         })
@@ -423,8 +425,9 @@ impl FairWaiter {
 
 /// Gives a hand-off published on `channel` to its recipient, if it waits in this process, and
 /// has the claim watched by this process's oldest other fair waiter (every subscribed process
-/// has one, so the claim stays watched whichever processes are gone). A watcher tries again once
-/// the claim would have lapsed; a newer hand-off replaces the one it watched. `waiters` are this process's fair waiters of the key, oldest first, each with
+/// has one, so the claim stays watched whichever processes are gone), and by the waiter the
+/// message names as next, if it waits here. A watcher tries again once the claim would have
+/// lapsed; a newer hand-off replaces the one it watched. `waiters` are this process's fair waiters of the key, oldest first, each with
 /// the `Notify` that wakes it.
 ///
 /// A hand-off reaches its recipient only if it is signed with the secret of the recipient's
@@ -453,8 +456,11 @@ pub(crate) fn deliver(channel: &str, handoff: Handoff, waiters: &[(&FairWaiter, 
     // Some slack past the claim: the recipient's extension may be on its way.
     let claim = handoff.claim.min(HANDOFF_CLAIM);
     let until = Instant::now() + claim + claim / 4;
+    let next = Some(handoff.next.as_str())
+        .filter(|n| !n.is_empty())
+        .and_then(named);
     let oldest = waiters.iter().find(|(w, _)| *w.token != *handoff.token);
-    if let Some((watcher, wake)) = oldest {
+    for (watcher, wake) in next.into_iter().chain(oldest) {
         // A watcher already sleeping until an earlier watch finds this one when it wakes; only
         // one without a watch needs waking to take it into account.
         if watcher.start_watch(until) {
@@ -473,7 +479,7 @@ mod tests {
 
     #[test]
     fn hand_off_messages_parse_and_plain_releases_do_not() {
-        let handoff = Handoff::parse(b"h 0af3 17 1795000000123 2000 5e5e").unwrap();
+        let handoff = Handoff::parse(b"h 0af3 17 1795000000123 2000 9bc1 5e5e").unwrap();
         assert_eq!(
             handoff,
             Handoff {
@@ -481,23 +487,24 @@ mod tests {
                 fencing_token: 17,
                 server_ms: 1_795_000_000_123,
                 claim: Duration::from_secs(2),
-                signed: "0af3 17 1795000000123 2000".into(),
+                next: "9bc1".into(),
+                signed: "0af3 17 1795000000123 2000 9bc1".into(),
                 mac: "5e5e".into(),
             }
         );
+        let last_in_line = Handoff::parse(b"h a 1 2 3  5e").unwrap();
+        assert_eq!((&*last_in_line.next, &*last_in_line.mac), ("", "5e"));
         assert!(Handoff::parse(b"").is_none());
-        assert!(Handoff::parse(b"h a x 2 3 5e").is_none());
-        // The format before this one (a `next` field before the signature) is not a hand-off.
-        assert!(Handoff::parse(b"h a 1 2 3  5e").is_none());
+        assert!(Handoff::parse(b"h a x 2 3  5e").is_none());
         assert!(Handoff::parse(b"h a 1 2 3 b c 5e").is_none());
     }
 
     #[test]
     fn signatures_match_redis_sha1hex() {
-        // redis-cli EVAL "return redis.sha1hex('s1 w1 7 1 2000 s1')" 0
+        // redis-cli EVAL "return redis.sha1hex('s1 w1 7 1 2000  s1')" 0
         assert_eq!(
-            mac("s1", "w1 7 1 2000"),
-            "24ae421153f088ed7449444a667b2697d384f968"
+            mac("s1", "w1 7 1 2000 "),
+            "5e1b258a7c4e17ba261433113442e4cb1d3dbc04"
         );
     }
 
@@ -521,11 +528,11 @@ mod tests {
     fn only_a_hand_off_signed_with_the_latest_secret_reaches_its_waiter() {
         let waiter = FairWaiter::new("w1".into(), Some("s1".into()));
         let wake = Notify::new();
-        let signed = "w1 7 1 2000";
+        let signed = "w1 7 1 2000 ";
         let handoff = |mac: String| Handoff::parse(format!("h {signed} {mac}").as_bytes());
         // Forged: the secret is unknown to the sender, or the signed fields were changed.
         deliver("k", handoff("0".repeat(40)).unwrap(), &[(&waiter, &wake)]);
-        let altered = Handoff::parse(format!("h w1 9 1 2000 {}", mac("s1", signed)).as_bytes());
+        let altered = Handoff::parse(format!("h w1 9 1 2000  {}", mac("s1", signed)).as_bytes());
         deliver("k", altered.unwrap(), &[(&waiter, &wake)]);
         assert!(waiter.take_handed().is_none());
         waiter.expect_secret(Some("s2".into()));
