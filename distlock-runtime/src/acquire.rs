@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::call::{Failed, Kind, Reached, ScriptCall};
+use crate::call::{Failed, Kind, Reached, ScriptCall, Taking};
 use crate::conn::millis;
 use crate::context::Context;
 use crate::error::LockError;
@@ -30,7 +30,7 @@ use crate::fair::{handoff_start, FairAnswer, FairRequest};
 use crate::fence::RAISE;
 use crate::keys::LockKeys;
 use crate::lease::Lease;
-use crate::release::{release_call, release_in_background, Leaving};
+use crate::release::{release_in_background, Leaving};
 use crate::scripts::{self, Acquire};
 use crate::telemetry;
 use crate::topology::{by_shard, Route};
@@ -264,47 +264,50 @@ enum AcquireRequest {
 struct Group {
     /// The index of each of its keys among the request's sorted keys.
     indices: Vec<usize>,
-    /// Also carries this group's release (its kind's `undo`), sent when a later group finds
-    /// its keys held.
+    /// Its kind also makes this group's release (`undo`), sent when a later group finds its
+    /// keys held, and names its fencing counters, raised to the lease's token
+    /// (`fence::RAISE`) when another group drew a greater one.
     acquire: ScriptCall,
-    /// Raises this group's fencing counters to the lease's token (`fence::RAISE`), when
-    /// another group drew a greater one.
-    fences: Vec<String>,
-    ttl: Duration,
+}
+
+impl Group {
+    fn taking(&self) -> Option<&Taking> {
+        match &self.acquire.kind {
+            Kind::Acquire(taking) => Some(taking),
+            _ => None,
+        }
+    }
 }
 
 impl AcquireRequest {
-    fn new(route: &dyn Route, redis_keys: &[LockKeys], token: &str, ttl: Duration) -> Self {
+    fn new(
+        route: &dyn Route,
+        redis_keys: &Arc<[LockKeys]>,
+        token: &Arc<str>,
+        ttl: Duration,
+    ) -> Self {
         // One global order (shard, then key: the keys are sorted), so two requests for
         // overlapping keys on several shards take them in the same order.
         let groups = by_shard(route, redis_keys)
             .into_iter()
             .map(|indices| {
-                let keys: Vec<&LockKeys> = indices.iter().map(|&i| &redis_keys[i]).collect();
-                let fences: Vec<String> = keys.iter().map(|k| k.fence.clone()).collect();
-                let undo = release_call(route, keys.iter().copied(), token, false);
-                let mut acquire = ScriptCall::new(
-                    "acquire",
-                    &scripts::ACQUIRE,
-                    Kind::Acquire {
-                        fences: fences.clone(),
-                        ttl,
-                        undo: Box::new(undo),
-                    },
-                );
-                for keys in &keys {
-                    acquire.key(keys.lock.as_str());
-                }
-                for fence in &fences {
-                    acquire.key(fence.as_str());
-                }
-                acquire.arg(token).arg(millis(ttl));
-                Group {
-                    indices,
-                    acquire,
-                    fences,
+                let taking = Taking {
+                    keys: Arc::clone(redis_keys),
+                    indices: indices.clone(),
+                    token: Arc::clone(token),
                     ttl,
+                    publish: route.publish_command(),
+                };
+                let mut acquire =
+                    ScriptCall::new("acquire", &scripts::ACQUIRE, Kind::Acquire(taking));
+                for &i in &indices {
+                    acquire.key(redis_keys[i].lock.as_str());
                 }
+                for &i in &indices {
+                    acquire.key(redis_keys[i].fence.as_str());
+                }
+                acquire.arg(&**token).arg(millis(ttl));
+                Group { indices, acquire }
             })
             .collect();
         Self::All(groups)
@@ -373,7 +376,7 @@ async fn take_groups(redis: &dyn Route, groups: &[Group]) -> Result<Acquire, Fai
                     .filter_map(|g| g.acquire.undo())
                 {
                     redis
-                        .call::<redis::Value>(undo)
+                        .call::<redis::Value>(&undo)
                         .await
                         .map_err(|failed| wrote(failed, true))?;
                 }
@@ -386,12 +389,17 @@ async fn take_groups(redis: &dyn Route, groups: &[Group]) -> Result<Acquire, Fai
         }
     }
     let token = drawn.iter().copied().max().unwrap_or(0);
-    for (group, _) in groups.iter().zip(&drawn).filter(|(_, &t)| t < token) {
+    for (taking, _) in groups
+        .iter()
+        .zip(&drawn)
+        .filter(|(_, &t)| t < token)
+        .filter_map(|(group, t)| Some((group.taking()?, t)))
+    {
         let mut raise = ScriptCall::new("acquire (fencing write-back)", &RAISE, Kind::Raise);
-        for fence in &group.fences {
-            raise.key(fence.as_str());
+        for fence in taking.fences() {
+            raise.key(fence);
         }
-        raise.arg(token).arg(millis(group.ttl));
+        raise.arg(token).arg(millis(taking.ttl));
         redis
             .call::<redis::Value>(&raise)
             .await

@@ -7,11 +7,13 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{Cmd, ToRedisArgs, Value};
+use redis::{Arg, Cmd, ToRedisArgs, Value};
 
 use crate::error::LockError;
+use crate::keys::LockKeys;
 
 /// A boxed future, as the object-safe [`Route`] returns.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -35,13 +37,7 @@ pub(crate) enum Kind {
     /// Writes nothing; counts when a majority answers.
     Read,
     /// Takes lock keys: answers a fencing token, or who holds them (`scripts::Acquire`).
-    /// `fences` are the keys' fencing counters and `ttl` the lease's, so a quorum can write the
-    /// greatest token back; `undo` releases what this call took.
-    Acquire {
-        fences: Vec<String>,
-        ttl: Duration,
-        undo: Box<ScriptCall>,
-    },
+    Acquire(Taking),
     /// Releases by token: answers how many keys were released.
     Release,
     /// Extends leases by token: answers one 0 or 1 per lease.
@@ -52,13 +48,44 @@ pub(crate) enum Kind {
     Fair,
 }
 
+/// What an acquire call takes, so a quorum can write the greatest fencing token back to the
+/// keys' counters, and a failed or unconfirmed acquire can be undone. The undo is built only
+/// when needed: most acquires never use it.
+pub(crate) struct Taking {
+    /// The request's keys; the call takes those at `indices`.
+    pub(crate) keys: Arc<[LockKeys]>,
+    pub(crate) indices: Vec<usize>,
+    pub(crate) token: Arc<str>,
+    /// The lease's ttl.
+    pub(crate) ttl: Duration,
+    /// How the route announces a release (see `Route::publish_command`).
+    pub(crate) publish: &'static str,
+}
+
+impl Taking {
+    /// The fencing counters of the keys taken.
+    pub(crate) fn fences(&self) -> impl Iterator<Item = &str> {
+        self.indices.iter().map(|&i| self.keys[i].fence.as_str())
+    }
+
+    /// The release that undoes this acquire.
+    pub(crate) fn undo(&self) -> ScriptCall {
+        crate::release::release_call_announced(
+            self.publish,
+            self.indices.iter().map(|&i| &self.keys[i]),
+            &self.token,
+            false,
+        )
+    }
+}
+
 impl Kind {
     /// Whether, with `min_replicas`, the call counts only once replicas confirmed it: what takes
     /// or prolongs a lock, or raises a fencing counter.
     pub(crate) fn needs_replicas(&self) -> bool {
         matches!(
             self,
-            Self::Acquire { .. } | Self::Extend | Self::Raise | Self::Fair
+            Self::Acquire(_) | Self::Extend | Self::Raise | Self::Fair
         )
     }
 }
@@ -68,14 +95,14 @@ impl Kind {
 /// undone at once (by `run`, its release) and the call fails with [`LockError::Replication`]; it
 /// counts as having written (so the acquire also releases by token, in the background, whatever
 /// the undo could not).
-pub(crate) async fn confirmed<'a, F, Fut>(
-    call: &'a ScriptCall,
+pub(crate) async fn confirmed<F, Fut>(
+    call: &ScriptCall,
     pipelined: Value,
     replicas: Replicas,
     run: F,
 ) -> Result<Value, Failed>
 where
-    F: FnOnce(&'a ScriptCall) -> Fut,
+    F: FnOnce(ScriptCall) -> Fut,
     Fut: Future<Output = Result<Value, Failed>>,
 {
     let (answer, acked) = match pipelined {
@@ -133,8 +160,11 @@ pub(crate) struct ScriptCall {
     /// What it does, for errors and logs.
     pub(crate) op: &'static str,
     lua: &'static Lua,
-    keys: Vec<String>,
-    args: Vec<Vec<u8>>,
+    /// The keys, then the arguments, in one buffer (a command without a name): no allocation
+    /// per key or argument, and copied into the `EVALSHA` command in one pass.
+    parts: Cmd,
+    /// How many of `parts` are keys.
+    keys: usize,
     pub(crate) kind: Kind,
 }
 
@@ -143,19 +173,26 @@ impl ScriptCall {
         Self {
             op,
             lua,
-            keys: Vec::new(),
-            args: Vec::new(),
+            parts: Cmd::with_capacity(8, 256),
+            keys: 0,
             kind,
         }
     }
 
-    pub(crate) fn key(&mut self, key: impl Into<String>) -> &mut Self {
-        self.keys.push(key.into());
+    /// Adds a key; every key comes before the first argument.
+    pub(crate) fn key(&mut self, key: &str) -> &mut Self {
+        debug_assert_eq!(
+            self.parts.args_iter().count(),
+            self.keys,
+            "a key after an argument"
+        );
+        self.parts.arg(key);
+        self.keys += 1;
         self
     }
 
     pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
-        arg.write_redis_args(&mut self.args);
+        self.parts.arg(arg);
         self
     }
 
@@ -165,8 +202,8 @@ impl ScriptCall {
         Self {
             op: self.op,
             lua: self.lua,
-            keys: self.keys.clone(),
-            args: self.args.clone(),
+            parts: self.parts.clone(),
+            keys: self.keys,
             kind: Kind::Read,
         }
     }
@@ -179,17 +216,20 @@ impl ScriptCall {
         call
     }
 
-    /// The release that undoes an acquire (its kind's `undo`).
-    pub(crate) fn undo(&self) -> Option<&ScriptCall> {
+    /// The release that undoes an acquire (built from its kind).
+    pub(crate) fn undo(&self) -> Option<ScriptCall> {
         match &self.kind {
-            Kind::Acquire { undo, .. } => Some(undo),
+            Kind::Acquire(taking) => Some(taking.undo()),
             _ => None,
         }
     }
 
-    /// The keys, in order.
-    pub(crate) fn keys(&self) -> &[String] {
-        &self.keys
+    /// The first key, if any.
+    pub(crate) fn first_key(&self) -> Option<&[u8]> {
+        match self.parts.args_iter().next() {
+            Some(Arg::Simple(key)) if self.keys > 0 => Some(key),
+            _ => None,
+        }
     }
 
     /// `EVALSHA`: the script by its hash.
@@ -204,13 +244,19 @@ impl ScriptCall {
     }
 
     fn command(&self, name: &str, script: &str) -> Cmd {
-        let mut cmd = redis::cmd(name);
-        cmd.arg(script).arg(self.keys.len());
-        for key in &self.keys {
-            cmd.arg(key.as_str());
-        }
-        for arg in &self.args {
-            cmd.arg(arg.as_slice());
+        let (count, bytes) = self
+            .parts
+            .args_iter()
+            .fold((0, 0), |(n, len), part| match part {
+                Arg::Simple(part) => (n + 1, len + part.len()),
+                _ => (n, len),
+            });
+        let mut cmd = Cmd::with_capacity(count + 3, bytes + name.len() + script.len() + 8);
+        cmd.arg(name).arg(script).arg(self.keys);
+        for part in self.parts.args_iter() {
+            if let Arg::Simple(part) = part {
+                cmd.arg(part);
+            }
         }
         cmd
     }

@@ -194,7 +194,10 @@ impl Link {
                 spare.idle.push(conn);
             }
         }
-        crate::call::confirmed(call, answer, replicas, |undo| self.run_plain(undo)).await
+        crate::call::confirmed(call, answer, replicas, |undo| async move {
+            self.run_plain(&undo).await
+        })
+        .await
     }
 
     /// Sends one command, bounded by the response timeout (and the dial's timeouts when a

@@ -198,7 +198,7 @@ impl LockManager {
     pub async fn ping(&self) -> Result<(), LockError> {
         use crate::call::{Kind, ScriptCall};
         let mut call = ScriptCall::new("ping", &crate::scripts::PING, Kind::Read);
-        call.key(self.redis_key("ping"));
+        call.key(&self.redis_key("ping"));
         self.context
             .redis()
             .invoke::<redis::Value>(&call)

@@ -41,6 +41,16 @@ pub(crate) fn release_call<'a>(
     token: &str,
     queued: bool,
 ) -> ScriptCall {
+    release_call_announced(route.publish_command(), keys, token, queued)
+}
+
+/// [`release_call`], announced with `publish` (the route's `publish_command`).
+pub(crate) fn release_call_announced<'a>(
+    publish: &'static str,
+    keys: impl IntoIterator<Item = &'a LockKeys>,
+    token: &str,
+    queued: bool,
+) -> ScriptCall {
     let mut call = ScriptCall::new("release", &scripts::RELEASE, Kind::Release);
     for keys in keys {
         call.key(keys.lock.as_str())
@@ -50,7 +60,7 @@ pub(crate) fn release_call<'a>(
     }
     call.arg(token)
         .arg(if queued { "1" } else { "0" })
-        .arg(route.publish_command());
+        .arg(publish);
     call
 }
 

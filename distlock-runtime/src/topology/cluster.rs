@@ -165,7 +165,7 @@ impl Cluster {
     /// Runs `call` on the link of its slot's primary; through the cluster connection when the
     /// slot map is not known or turns out stale (see the module docs).
     async fn run_call(&self, call: &ScriptCall) -> Result<Value, Failed> {
-        let slot = call.keys().first().map_or(0, |key| slot(key));
+        let slot = call.first_key().map_or(0, slot);
         match self.direct.link(slot) {
             Some(link) => match link.run(call).await {
                 // Refused (the slot moved), or the node is gone (refused the connection): the
@@ -243,7 +243,7 @@ impl Cluster {
         use redis::cluster_routing::{Route as SlotRoute, SingleNodeRoutingInfo, SlotAddr};
         let op = call.op;
         let after = self.timeouts.response + replicas.timeout;
-        let slot = call.keys().first().map_or(0, |key| slot(key));
+        let slot = call.first_key().map_or(0, slot);
         let route = SingleNodeRoutingInfo::SpecificNode(SlotRoute::new(slot, SlotAddr::Master));
         // The write and its WAIT in one pipeline, to the slot's primary: one round trip.
         let answer = call
@@ -267,7 +267,10 @@ impl Cluster {
                 }
             })
             .await?;
-        confirmed(call, answer, replicas, |undo| self.run_plain(undo)).await
+        confirmed(call, answer, replicas, |undo| async move {
+            self.run_plain(&undo).await
+        })
+        .await
     }
 }
 
@@ -645,8 +648,8 @@ impl Channels for ClusterChannels {
 
 /// The cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the part between the first `{`
 /// and the next `}`, when not empty) or of the whole key, modulo 16384.
-pub(crate) fn slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
+pub(crate) fn slot(key: impl AsRef<[u8]>) -> u16 {
+    let bytes = key.as_ref();
     let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
         let rest = &bytes[open + 1..];
         let close = rest.iter().position(|&b| b == b'}')?;

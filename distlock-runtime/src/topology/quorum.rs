@@ -34,7 +34,7 @@ use redis::{FromRedisValue, Value};
 
 use super::standalone::{PlainSubscriber, PoolDial};
 use super::{Route, Subscribe};
-use crate::call::{BoxFuture, Kind, ScriptCall};
+use crate::call::{BoxFuture, Kind, ScriptCall, Taking};
 use crate::call::{Failed, Reached};
 use crate::conn::{self, Link, Timeouts};
 use crate::error::LockError;
@@ -95,7 +95,7 @@ impl Quorum {
     /// than the response timeout.
     fn node_timeout(&self, call: &ScriptCall) -> Duration {
         match &call.kind {
-            Kind::Acquire { ttl, .. } => (*ttl / 10)
+            Kind::Acquire(taking) => (taking.ttl / 10)
                 .max(Duration::from_millis(5))
                 .min(self.timeouts.response),
             _ => self.timeouts.response,
@@ -169,9 +169,7 @@ impl Quorum {
 
     async fn run_call(&self, call: &ScriptCall) -> Result<Value, Failed> {
         match &call.kind {
-            Kind::Acquire {
-                fences, ttl, undo, ..
-            } => self.acquire(call, fences, *ttl, undo).await,
+            Kind::Acquire(taking) => self.acquire(call, taking).await,
             Kind::Extend => self.extend(call).await,
             Kind::Release | Kind::Read | Kind::Raise => {
                 // Done once a majority answered: the others were sent, and run anyway.
@@ -240,13 +238,7 @@ impl Quorum {
         }
     }
 
-    async fn acquire(
-        &self,
-        call: &ScriptCall,
-        fences: &[String],
-        ttl: Duration,
-        undo: &ScriptCall,
-    ) -> Result<Value, Failed> {
+    async fn acquire(&self, call: &ScriptCall, taking: &Taking) -> Result<Value, Failed> {
         let majority = self.majority();
         let nodes = self.nodes.len();
         let granted = |answer: &Option<Answer>| token(answer).is_some();
@@ -322,7 +314,7 @@ impl Quorum {
             let token = tokens.iter().copied().max().unwrap_or(0);
             let uniform = tokens.iter().all(|&t| t == token);
             // A majority already holds the token in its counters when every grant drew it.
-            if uniform || self.raise(fences, token, ttl).await {
+            if uniform || self.raise(taking, token).await {
                 return Ok(Value::Int(i64::try_from(token).unwrap_or(i64::MAX)));
             }
             failures.push(Failed {
@@ -340,7 +332,7 @@ impl Quorum {
         // same per-node bound). A node that may still run the acquire (hung, or its answer
         // lost) is released in the background, after a response timeout and once more after
         // another: waiting for it here would stall the round.
-        let undo = Arc::new(undo.detached());
+        let undo = Arc::new(taking.undo().detached());
         let limit = self.node_timeout(call);
         let undone = self
             .fan_out_on(Arc::clone(&undo), limit, &took, |_| false)
@@ -394,13 +386,14 @@ impl Quorum {
         });
     }
 
-    /// Writes `token` back to the counters `fences` on every node; whether a majority took it.
-    async fn raise(&self, fences: &[String], token: u64, ttl: Duration) -> bool {
+    /// Writes `token` back to the fencing counters of the keys `taking` takes, on every node;
+    /// whether a majority took it.
+    async fn raise(&self, taking: &Taking, token: u64) -> bool {
         let mut raise = ScriptCall::new("acquire (fencing write-back)", &RAISE, Kind::Raise);
-        for fence in fences {
-            raise.key(fence.as_str());
+        for fence in taking.fences() {
+            raise.key(fence);
         }
-        raise.arg(token).arg(conn::millis(ttl));
+        raise.arg(token).arg(conn::millis(taking.ttl));
         let answers = self
             .fan_out(&raise, self.timeouts.response, |_| false)
             .await;
