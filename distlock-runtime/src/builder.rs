@@ -72,7 +72,7 @@ impl LockManager {
 /// | [`prefix`](Self::prefix) | `"distlock:"` |
 /// | [`default_ttl`](Self::default_ttl) | 30 s |
 /// | [`default_wait`](Self::default_wait) | 10 s |
-/// | [`default_fair`](Self::default_fair) | `false` |
+/// | [`default_fair`](Self::default_fair) | `true` where the topology serves fair requests (not on a quorum, nor with `min_replicas`) |
 /// | [`pool_size`](Self::pool_size) | 8 connections |
 /// | [`connect_timeout`](Self::connect_timeout) | 2 s |
 /// | [`response_timeout`](Self::response_timeout) | 1 s |
@@ -99,7 +99,8 @@ pub struct LockManagerBuilder {
     prefix: String,
     default_ttl: Duration,
     default_wait: Duration,
-    default_fair: bool,
+    /// `None`: fair where the topology serves fair requests.
+    default_fair: Option<bool>,
     holder_label: Option<String>,
     pool_size: usize,
     connect_timeout: Duration,
@@ -147,7 +148,7 @@ impl Default for LockManagerBuilder {
             prefix: "distlock:".to_owned(),
             default_ttl: Duration::from_secs(30),
             default_wait: Duration::from_secs(10),
-            default_fair: false,
+            default_fair: None,
             holder_label: None,
             pool_size: 8,
             connect_timeout: Duration::from_secs(2),
@@ -368,21 +369,24 @@ impl LockManagerBuilder {
     }
 
     /// Whether single-key requests that do not say are fair (see
-    /// [`LockRequest::fair`](crate::LockRequest::fair)). Default `false`: a fair acquire's
-    /// script does more work even when the lock is free, and unfair waiters are already woken
-    /// by notification rather than polling.
+    /// [`LockRequest::fair`](crate::LockRequest::fair)). Default: fair wherever the topology
+    /// serves fair requests, which is everywhere but a quorum and a manager with
+    /// [`min_replicas`](Self::min_replicas) (those default to unfair; asking for
+    /// `default_fair(true)` there is [`LockError::InvalidConfig`]). Requests for several keys
+    /// are never fair by default. The crate docs, "Fair locks", say why fair is the default.
     ///
     /// ```no_run
     /// # fn demo() -> Result<(), distlock_runtime::LockError> {
-    /// // Every single-key request of this manager is fair unless it says `fair(false)`.
+    /// // Every request of this manager is unfair unless it says `fair(true)`: whoever asks
+    /// // first after a release gets the lock.
     /// let locks = distlock_runtime::LockManager::builder()
     ///     .url("redis://127.0.0.1:6379")
-    ///     .default_fair(true)
+    ///     .default_fair(false)
     ///     .build()?;
     /// # Ok(()) }
     /// ```
     pub fn default_fair(mut self, fair: bool) -> Self {
-        self.default_fair = fair;
+        self.default_fair = Some(fair);
         self
     }
 
@@ -647,12 +651,16 @@ impl LockManagerBuilder {
                 Arc::new(Quorum::new(&urls, &self.tls, timeouts)?)
             }
         };
-        if let (true, Some(reason)) = (self.default_fair, redis.refuses_fair()) {
-            return Err(LockError::InvalidConfig {
-                what: "default_fair",
-                reason: reason.to_owned(),
-            });
-        }
+        let default_fair = match (self.default_fair, redis.refuses_fair()) {
+            (Some(true), Some(reason)) => {
+                return Err(LockError::InvalidConfig {
+                    what: "default_fair",
+                    reason: reason.to_owned(),
+                })
+            }
+            (Some(fair), _) => fair,
+            (None, refused) => refused.is_none(),
+        };
         let notifications = redis
             .subscriber()
             .map(|subscriber| Notifications::new(subscriber, timeouts));
@@ -664,7 +672,7 @@ impl LockManagerBuilder {
             prefix: self.prefix,
             default_ttl: self.default_ttl,
             default_wait: self.default_wait,
-            default_fair: self.default_fair,
+            default_fair,
             holder_label: self
                 .holder_label
                 .as_deref()

@@ -160,11 +160,12 @@ pub(crate) struct ScriptCall {
     /// What it does, for errors and logs.
     pub(crate) op: &'static str,
     lua: &'static Lua,
-    /// The keys, then the arguments, in one buffer (a command without a name): no allocation
-    /// per key or argument, and copied into the `EVALSHA` command in one pass.
-    parts: Cmd,
-    /// How many of `parts` are keys.
-    keys: usize,
+    /// The keys, and the arguments, each in one buffer (a command without a name): no
+    /// allocation per key or argument, and copied into the `EVALSHA` command in one pass.
+    keys: Cmd,
+    args: Cmd,
+    /// How many keys `keys` holds.
+    key_count: usize,
     pub(crate) kind: Kind,
 }
 
@@ -173,26 +174,22 @@ impl ScriptCall {
         Self {
             op,
             lua,
-            parts: Cmd::with_capacity(8, 256),
-            keys: 0,
+            keys: Cmd::with_capacity(4, 128),
+            args: Cmd::with_capacity(4, 64),
+            key_count: 0,
             kind,
         }
     }
 
-    /// Adds a key; every key comes before the first argument.
+    /// Adds a key. Keys and arguments may be added in any order: the keys go first.
     pub(crate) fn key(&mut self, key: &str) -> &mut Self {
-        debug_assert_eq!(
-            self.parts.args_iter().count(),
-            self.keys,
-            "a key after an argument"
-        );
-        self.parts.arg(key);
-        self.keys += 1;
+        self.keys.arg(key);
+        self.key_count += 1;
         self
     }
 
     pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
-        self.parts.arg(arg);
+        self.args.arg(arg);
         self
     }
 
@@ -202,8 +199,9 @@ impl ScriptCall {
         Self {
             op: self.op,
             lua: self.lua,
-            parts: self.parts.clone(),
-            keys: self.keys,
+            keys: self.keys.clone(),
+            args: self.args.clone(),
+            key_count: self.key_count,
             kind: Kind::Read,
         }
     }
@@ -226,8 +224,8 @@ impl ScriptCall {
 
     /// The first key, if any.
     pub(crate) fn first_key(&self) -> Option<&[u8]> {
-        match self.parts.args_iter().next() {
-            Some(Arg::Simple(key)) if self.keys > 0 => Some(key),
+        match self.keys.args_iter().next() {
+            Some(Arg::Simple(key)) => Some(key),
             _ => None,
         }
     }
@@ -244,16 +242,14 @@ impl ScriptCall {
     }
 
     fn command(&self, name: &str, script: &str) -> Cmd {
-        let (count, bytes) = self
-            .parts
-            .args_iter()
-            .fold((0, 0), |(n, len), part| match part {
-                Arg::Simple(part) => (n + 1, len + part.len()),
-                _ => (n, len),
-            });
+        let parts = || self.keys.args_iter().chain(self.args.args_iter());
+        let (count, bytes) = parts().fold((0, 0), |(n, len), part| match part {
+            Arg::Simple(part) => (n + 1, len + part.len()),
+            _ => (n, len),
+        });
         let mut cmd = Cmd::with_capacity(count + 3, bytes + name.len() + script.len() + 8);
-        cmd.arg(name).arg(script).arg(self.keys);
-        for part in self.parts.args_iter() {
+        cmd.arg(name).arg(script).arg(self.key_count);
+        for part in parts() {
             if let Arg::Simple(part) = part {
                 cmd.arg(part);
             }
@@ -374,4 +370,37 @@ pub(crate) fn is_connection_failure(err: &redis::RedisError) -> bool {
         || err.is_connection_dropped()
         || err.is_timeout()
         || err.is_unrecoverable_error()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static ECHO: std::sync::LazyLock<Lua> =
+        std::sync::LazyLock::new(|| Lua::new("return {KEYS, ARGV}"));
+
+    #[test]
+    fn keys_go_before_arguments_whatever_order_they_were_added_in() {
+        // As the renewal batch adds them: a lease's keys, its arguments, the next lease's keys.
+        let mut call = ScriptCall::new("test", &ECHO, Kind::Read);
+        call.key("k1").arg("a1").arg(7).key("k2").arg("a2");
+        let mut expected = redis::cmd("EVALSHA");
+        expected
+            .arg(&ECHO.hash)
+            .arg(2)
+            .arg("k1")
+            .arg("k2")
+            .arg("a1")
+            .arg(7)
+            .arg("a2");
+        assert_eq!(
+            call.evalsha().get_packed_command(),
+            expected.get_packed_command()
+        );
+        assert_eq!(call.first_key(), Some(&b"k1"[..]));
+        assert_eq!(
+            call.detached().evalsha().get_packed_command(),
+            expected.get_packed_command()
+        );
+    }
 }

@@ -101,6 +101,16 @@ local function hand(L, head, claim, secret, f, t, now)
   redis.pcall(publish, L,
     'h ' .. signed .. ' ' .. redis.sha1hex(secret .. ' ' .. signed .. ' ' .. secret))
 end
+-- A release's hand-off: gives L to the first live waiter of the queue, whose first entry
+-- `head` the caller took off already; whether there was one.
+local function serve(L, Q, W, f, head)
+  local t = redis.call('TIME')
+  local now = t[1] * 1000 + math.floor(t[2] / 1000)
+  local claim, secret
+  head, claim, secret = pop_live(Q, W, now, head)
+  if head then hand(L, head, claim, secret, f, t, now) end
+  return head ~= nil
+end
 ";
 
 /// Takes one lock key fairly: only when it is free and no live waiter arrived first; otherwise

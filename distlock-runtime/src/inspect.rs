@@ -78,12 +78,13 @@ static FORCE_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
 local publish = ARGV[1]
 local L, Q, W = KEYS[1], KEYS[2], KEYS[3]
 if redis.call('EXISTS', L) == 0 then return 0 end
-local served = false
-if redis.call('EXISTS', Q) == 1 then
+local head = redis.pcall('LPOP', Q)
+if type(head) ~= 'string' then head = nil end
+if head then
   {FENCE}{FAIR_QUEUE}
-  served = serve(L, Q, W, 4, redis.call('TIME'))
+  head = serve(L, Q, W, 4, head)
 end
-if not served then
+if not head then
   redis.call('DEL', L)
   redis.pcall(publish, L, '')
 end

@@ -137,10 +137,12 @@
 //! token, greater than every earlier token of each of its keys.
 //!
 //! # Fair locks
-//! By default a released lock goes to whichever waiter asks first after the release, which may
-//! be the task that just released it. A fair request (`fair = true` on the attribute,
-//! [`LockRequest::fair`], or [`LockManagerBuilder::default_fair`]) serves waiters in arrival
-//! order instead:
+//! A request for one key is fair by default: waiters are served in arrival order. An unfair
+//! request (`fair = false` on the attribute, [`LockRequest::fair`]`(false)`, or
+//! [`LockManagerBuilder::default_fair`]`(false)`) gives a released lock to whichever waiter
+//! asks first after the release, which may be the task that just released it. Requests for
+//! several keys, and every request on a quorum or with `min_replicas`, are unfair. A fair
+//! request works like this:
 //! - A fair waiter that finds the key held joins the key's queue in Redis (`distlock:queue:{KEY}`
 //!   and `distlock:waiters:{KEY}` by default, gone when the queue empties or its last waiter's wait has
 //!   passed). A free key is taken only if no live waiter queued first.
@@ -171,13 +173,19 @@
 //!   fake hand-offs naming waiters of other processes make watchers wait, by at most a claim and
 //!   a quarter each), never exclusion or fencing.
 //!
-//! Fair is not the default because its acquire script does more work even when the lock is
-//! free, a crashed waiter delays a fair queue by up to 2.5 s where it costs unfair waiters
-//! nothing, and unfair waiters are already woken by notification rather than polling. Under
-//! contention fair wins on every count (the README's performance section has the figures): use
-//! it for hot keys. Only single-key requests can be fair. Fair and unfair requests on one key can be mixed: every release then hands the key
-//! to a queued fair waiter if there is one, so unfair waiters go after the queue (an unfair
-//! request can still take a key whose holder's lease expired before the queue's head does).
+//! Why fair is the default: under contention it wins on every count the benchmark measures
+//! (the README's performance section has the figures): every waiter gets its turn in order, so
+//! no waiter starves and the slowest waits stay close to the mean; a hand-off starts the next
+//! holder without an acquire round trip, so the lock changes hands faster than one client can
+//! take and release it; and a release wakes one waiter instead of a crowd that retries. Without
+//! contention it costs about what an unfair lock does (one `EXISTS` more per acquire). What it
+//! costs: a waiter that crashed in the queue delays the queue by up to 2.5 s (a claim and a
+//! quarter) where it costs unfair waiters nothing, and a hand-off needs a subscribed process
+//! to notice a lapsed claim. Use `fair(false)` where any waiter may go next and a crash must cost
+//! nothing (a cache rebuild, say). Fair and unfair requests on one key can be mixed: every
+//! release then hands the key to a queued fair waiter if there is one, so unfair waiters go
+//! after the queue (an unfair request can still take a key whose holder's lease expired before
+//! the queue's head does).
 //!
 //! # Topologies
 //! A manager talks to exactly one deployment, chosen on its builder (two, or none, is

@@ -157,15 +157,19 @@ impl LockRequest {
     /// Whether waiters are served in arrival order: waiters queue in Redis, and a release hands
     /// the lock straight to the oldest live waiter, which starts without another acquire
     /// request (see the crate docs, "Fair locks"). Default: the manager's
-    /// [`default_fair`](crate::LockManagerBuilder::default_fair) (`false` unless changed). Only a
-    /// request for one key can be fair: [`acquire`](Self::acquire) and [`run`](Self::run)
-    /// refuse `fair(true)` with several keys ([`LockError::InvalidConfig`]).
+    /// [`default_fair`](crate::LockManagerBuilder::default_fair) (fair for one key, unless the
+    /// topology cannot serve fair requests). Only a request for one key can be fair:
+    /// [`acquire`](Self::acquire) and [`run`](Self::run) refuse `fair(true)` with several keys
+    /// ([`LockError::InvalidConfig`]).
     ///
     /// ```no_run
     /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
-    /// // Buyers of one hot product are served first come, first served.
+    /// // Buyers of one hot product are served first come, first served (the default, said
+    /// // here for the reader).
     /// let lease = locks.lock("stock:sku-1").fair(true).acquire().await?;
     /// lease.release().await?;
+    /// // A cache rebuild that any waiter may do next: whoever asks first after the release.
+    /// let lease = locks.lock("cache:home").fair(false).acquire().await?;
     /// # Ok(()) }
     /// ```
     pub fn fair(mut self, fair: bool) -> Self {

@@ -98,11 +98,7 @@ for i = 1, #KEYS, 4 do
     if head then
       -- Defined here, so a release without a queue spends nothing on them.
       {FENCE}{FAIR_QUEUE}
-      local t = redis.call('TIME')
-      local now = t[1] * 1000 + math.floor(t[2] / 1000)
-      local claim, secret
-      head, claim, secret = pop_live(Q, W, now, head)
-      if head then hand(L, head, claim, secret, i + 3, t, now) end
+      head = serve(L, Q, W, i + 3, head)
     end
     if not head then
       redis.call('DEL', L)

@@ -124,11 +124,11 @@ async fn an_unfair_waiter_cancelled_with_an_unused_notification_passes_it_on() {
         .unwrap();
     let wait = Duration::from_secs(20);
     // The manager's first waiter is the one a release notification wakes.
-    let first = first_waiter(locks.lock("notified").wait(wait));
+    let first = first_waiter(locks.lock("notified").fair(false).wait(wait));
     // Its attempt, then another once it subscribed: it sleeps until a notification.
     until_subscribed(&conn, "notified").await;
     until_attempts(&locks, 3).await;
-    let second = second_waiter(locks.lock("notified").wait(wait));
+    let second = second_waiter(locks.lock("notified").fair(false).wait(wait));
     until_attempts(&locks, 4).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
 

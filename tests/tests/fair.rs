@@ -587,3 +587,46 @@ async fn crashed_waiters_of_several_processes_delay_a_live_one_elsewhere_by_one_
     );
     live.kill().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_for_one_key_are_fair_unless_they_say_otherwise() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    warm_up(&locks).await;
+    let mut conn = server.client().await;
+    let holder = locks.lock("default").acquire().await.unwrap();
+    // A request that says nothing queues in Redis, as a fair one does; one that says
+    // fair(false) does not.
+    let fair = distlock_tests::spawn_waiter(&locks, "default", Duration::from_secs(10));
+    until_queued(&conn, "default", 1).await;
+    let unfair = tokio::spawn(
+        locks
+            .lock("default")
+            .fair(false)
+            .wait(Duration::from_secs(10))
+            .acquire(),
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(queued(&mut conn, "default").await, 1);
+    // The release hands the lock to the queued waiter, ahead of the unfair one.
+    holder.release().await.unwrap();
+    let (_, lease) = fair.await.unwrap();
+    assert_eq!(locks.stats().handed_over, 1);
+    lease.unwrap().release().await.unwrap();
+    unfair.await.unwrap().unwrap().release().await.unwrap();
+
+    // Several keys are never fair by default (a fair request for them is refused).
+    let both = locks.lock_all(["default:a", "default:b"]).acquire().await;
+    both.expect("several keys, unfair by default").release().await.unwrap();
+
+    // A manager that says default_fair(false): its waiters do not queue.
+    let unfair_locks = server.manager_builder().default_fair(false).build().unwrap();
+    let holder = unfair_locks.lock("plain").acquire().await.unwrap();
+    let waiter = distlock_tests::spawn_waiter(&unfair_locks, "plain", Duration::from_secs(10));
+    distlock_tests::until_subscribed(&conn, "plain").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(queued(&mut conn, "plain").await, 0);
+    holder.release().await.unwrap();
+    waiter.await.unwrap().1.unwrap().release().await.unwrap();
+    assert_eq!(unfair_locks.stats().handed_over, 0);
+}
