@@ -180,14 +180,11 @@ impl Instances {
         for _ in 0..2 {
             // Each instance has its own Shop, hence its own LockManager and connections, as two
             // processes would.
-            // Buyers are served in arrival order, except on a quorum, which refuses fair
-            // requests (see the crate docs, "Topologies").
+            // Buyers are served in arrival order (fair, the default), except on a quorum,
+            // which serves fair requests nowhere (see the crate docs, "Topologies").
             let locks = match servers {
-                Some(quorum @ Servers::Quorum(_)) => quorum.builder(),
-                Some(servers) => servers.builder().default_fair(true),
-                None => distlock_runtime::LockManager::builder()
-                    .url(redis_url)
-                    .default_fair(true),
+                Some(servers) => servers.builder(),
+                None => distlock_runtime::LockManager::builder().url(redis_url),
             };
             let shop = Shop::connect_with_locks(redis_url, locks, strategy, prefix)
                 .await

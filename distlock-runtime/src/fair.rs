@@ -123,7 +123,9 @@ end
 /// (`PUBLISH`, or `SPUBLISH` on a cluster).
 /// Returns `{1, fencing_token, now_ms}` when the caller holds the key now with `PX ttl`: it was
 /// free and the caller first in line, or it had been handed to the caller (whose attempt
-/// confirms the hand-off and draws a new fencing token, greater than the hand-off's).
+/// confirms the hand-off and draws a new fencing token, greater than the hand-off's); `now_ms`
+/// is 0 when the key was free with nobody queued (the common case reads no clock but the
+/// fencing draw's).
 /// `{0, pttl, now_ms}` when the caller is queued (once, keeping its place on later attempts)
 /// behind the holder, whose remaining PTTL in ms is `pttl` (-1: no expiry); a caller that does
 /// not wait (ARGV[4] is 0) is not queued. If the key was free

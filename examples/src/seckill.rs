@@ -156,13 +156,14 @@ impl Shop {
     /// When the URL is unusable, Redis cannot be reached, or it refuses the settings
     /// ([`LockManager::ping`]).
     pub async fn connect(url: &str, strategy: Strategy, prefix: &str) -> Result<Self, ShopError> {
-        let locks = LockManager::builder().url(url).default_fair(true);
+        // Fair, the default: buyers are served in the order they queued.
+        let locks = LockManager::builder().url(url);
         Self::connect_with_locks(url, locks, strategy, prefix).await
     }
 
     /// A shop whose products live on the Redis at `url` and whose locks come from `locks` (a
     /// builder with its topology chosen: a cluster, a Sentinel group, a quorum, or `url` too,
-    /// and its fairness: [`Shop::connect`] makes requests fair by default).
+    /// and its fairness: fair by default, except on a quorum).
     ///
     /// # Errors
     /// As [`Shop::connect`].

@@ -617,10 +617,17 @@ async fn requests_for_one_key_are_fair_unless_they_say_otherwise() {
 
     // Several keys are never fair by default (a fair request for them is refused).
     let both = locks.lock_all(["default:a", "default:b"]).acquire().await;
-    both.expect("several keys, unfair by default").release().await.unwrap();
+    both.expect("several keys, unfair by default")
+        .release()
+        .await
+        .unwrap();
 
     // A manager that says default_fair(false): its waiters do not queue.
-    let unfair_locks = server.manager_builder().default_fair(false).build().unwrap();
+    let unfair_locks = server
+        .manager_builder()
+        .default_fair(false)
+        .build()
+        .unwrap();
     let holder = unfair_locks.lock("plain").acquire().await.unwrap();
     let waiter = distlock_tests::spawn_waiter(&unfair_locks, "plain", Duration::from_secs(10));
     distlock_tests::until_subscribed(&conn, "plain").await;
