@@ -227,7 +227,7 @@
 //! are escaped and can never choose a slot.
 //!
 //! **Notifications.** Releases are announced with `PUBLISH` (with `SPUBLISH`, sharded pub/sub in
-//! the key's slot, on a cluster, subscribed over RESP3), and waiters subscribe. When a
+//! the key's slot, on a cluster), and waiters subscribe, over RESP3 on every topology. When a
 //! subscription is lost (a node's connection lost, a slot moved, a Sentinel switch), every
 //! waiter that counted on it is woken to try again and subscribes anew; a waiter whose attempt
 //! meets the failover itself gets its error, as on one server.
@@ -293,7 +293,7 @@
 //! scripts, `SUBSCRIBE` on a connection of their own) are optional. With the default prefix:
 //!
 //! ```text
-//! ACL SETUSER distlock on >CHANGE-ME resetkeys ~distlock:* resetchannels -@all +evalsha +eval +select +del +exists +get +hdel +hexists +hget +hset +lindex +lpop +lrem +pexpire +pttl +rpush +set +time
+//! ACL SETUSER distlock on >CHANGE-ME resetkeys ~distlock:* resetchannels -@all +evalsha +eval +select +del +exists +get +hdel +hget +hset +lpop +lrem +pexpire +pttl +rpush +set +time
 //! ACL SETUSER distlock &distlock:* +publish +subscribe +unsubscribe
 //! ```
 //!

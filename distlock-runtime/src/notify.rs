@@ -1,7 +1,8 @@
 //! Release notifications: the release script `PUBLISH`es (`SPUBLISH` on a cluster) on each
 //! lock key it deletes (the channel is the key's name), and one subscriber connection per
-//! manager (opened through the route's [`Subscribe`]) hands each notification to one local
-//! waiter of that key, oldest first. A release that hands the lock to
+//! manager (opened through the route's [`Subscribe`], over RESP3) hands each notification to one
+//! local waiter of that key, oldest first, from the connection's own push handler (no task in
+//! between, so a hand-off reaches its waiter with one wake-up). A release that hands the lock to
 //! a fair waiter publishes a hand-off message instead, which `fair.rs` routes (to its recipient,
 //! and to the waiters that watch its claim; a watcher that leaves passes its watch on).
 //!
@@ -43,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::conn::{lock, Timeouts};
 use crate::fair::{self, FairWaiter, Handoff};
-use crate::topology::{Channels, Message, Messages, Subscribe};
+use crate::topology::{Channels, Ended, Message, OnMessage, Subscribe};
 
 /// The notification side of one manager.
 pub(crate) struct Notifications {
@@ -385,10 +386,18 @@ async fn connect(hub: Arc<Hub>) {
         drop(state);
         hub.changed.notify_waiters();
     });
-    let opened = tokio::time::timeout(hub.timeouts.connect, hub.subscriber.open()).await;
+    let on_message: OnMessage = {
+        let hub = Arc::downgrade(&hub);
+        Arc::new(move |message| {
+            if let Some(hub) = hub.upgrade() {
+                receive(&hub, message);
+            }
+        })
+    };
+    let opened = tokio::time::timeout(hub.timeouts.connect, hub.subscriber.open(on_message)).await;
     let mut state = lock(&hub.state);
     match opened {
-        Ok(Ok((sink, stream))) if !hub.closed.is_cancelled() => {
+        Ok(Ok((sink, ended))) if !hub.closed.is_cancelled() => {
             state.generation += 1;
             if state.generation > 1 {
                 crate::telemetry::subscriber_reconnect();
@@ -402,7 +411,7 @@ async fn connect(hub: Arc<Hub>) {
             tokio::spawn(deliver(
                 Arc::downgrade(&hub),
                 close,
-                stream,
+                ended,
                 state.generation,
             ));
         }
@@ -535,58 +544,60 @@ async fn reconcile(hub: Arc<Hub>, channel: String) {
     }
 }
 
-/// Hands each notification to the oldest waiter of its key that has none pending; when the
-/// connection ends, wakes every waiter so they try again. Holds the hub weakly, and stops (closing
-/// the connection) when the manager is dropped.
-async fn deliver(hub: Weak<Hub>, closed: CancellationToken, mut stream: Messages, connection: u64) {
+/// Waits for the subscriber connection of `connection` to end (lost, or its server no longer
+/// the primary), then marks it closed, so the next waiter connects anew: every waiter is woken to
+/// try again. Stops (closing the connection) when the manager is dropped.
+async fn deliver(hub: Weak<Hub>, closed: CancellationToken, ended: Ended, connection: u64) {
     let _delivering = Delivering {
-        hub: hub.clone(),
+        hub,
         generation: connection,
     };
-    loop {
-        let message = tokio::select! {
-            message = futures_util::StreamExt::next(&mut stream) => message,
-            () = closed.cancelled() => return,
-        };
-        let Some(hub) = hub.upgrade() else { return };
-        let Some(message) = message else { break };
-        let (name, payload) = match message {
-            Message::Published { channel, payload } => (channel, payload),
-            Message::Dropped { channel } => {
-                // The server ended the subscription (its slot moved): its waiters try again,
-                // and subscribe anew where the slot lives now.
-                let mut state = lock(&hub.state);
-                if let Some(entry) = state.channels.get_mut(&channel) {
-                    entry.subscribed_on = None;
-                    for slot in &entry.waiters {
-                        slot.woken.store(true, Ordering::SeqCst);
-                        slot.wake.notify_one();
-                    }
-                }
-                drop(state);
-                hub.changed.notify_waiters();
-                continue;
-            }
-        };
-        let handoff = Handoff::parse(&payload);
-        let mut state = lock(&hub.state);
-        let Some(channel) = state.channels.get_mut(&name) else {
-            continue;
-        };
-        channel.last_message = Some(Instant::now());
-        match handoff {
-            None => wake_one(channel),
-            Some(handoff) => {
-                let fair_waiters: Vec<_> = channel
-                    .waiters
-                    .iter()
-                    .filter_map(|s| Some((s.fair.as_ref()?, &s.wake)))
-                    .collect();
-                fair::deliver(&name, handoff, &fair_waiters);
-            }
-        }
+    tokio::select! {
+        () = ended => {}
+        () = closed.cancelled() => return,
     }
     tracing::debug!("distlock subscriber connection closed; waiters will resubscribe");
+}
+
+/// Hands a notification to the oldest waiter of its key that has none pending (a plain
+/// release), or to its fair recipient and watchers (a hand-off): called on the subscriber
+/// connection's own task, for each message.
+fn receive(hub: &Hub, message: Message) {
+    let (name, payload) = match message {
+        Message::Published { channel, payload } => (channel, payload),
+        Message::Dropped { channel } => {
+            // The server ended the subscription (its slot moved): its waiters try again,
+            // and subscribe anew where the slot lives now.
+            let mut state = lock(&hub.state);
+            if let Some(entry) = state.channels.get_mut(&channel) {
+                entry.subscribed_on = None;
+                for slot in &entry.waiters {
+                    slot.woken.store(true, Ordering::SeqCst);
+                    slot.wake.notify_one();
+                }
+            }
+            drop(state);
+            hub.changed.notify_waiters();
+            return;
+        }
+    };
+    let handoff = Handoff::parse(&payload);
+    let mut state = lock(&hub.state);
+    let Some(channel) = state.channels.get_mut(&name) else {
+        return;
+    };
+    channel.last_message = Some(Instant::now());
+    match handoff {
+        None => wake_one(channel),
+        Some(handoff) => {
+            let fair_waiters: Vec<_> = channel
+                .waiters
+                .iter()
+                .filter_map(|s| Some((s.fair.as_ref()?, &s.wake)))
+                .collect();
+            fair::deliver(&name, handoff, &fair_waiters);
+        }
+    }
 }
 
 /// Marks the subscriber connection of `generation` closed when its `deliver` task ends, however

@@ -38,9 +38,9 @@ use std::time::Duration;
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::{PushKind, TlsCertificates, Value};
+use redis::{TlsCertificates, Value};
 
-use super::{Channels, Message, Messages, Route, Subscribe};
+use super::{push_handler, Channels, Ended, OnMessage, Route, Subscribe};
 use crate::call::{self, Failed, Reached};
 use crate::call::{confirmed, BoxFuture, Replicas, ScriptCall};
 use crate::conn::{self, lock, Dial, Link, Timeouts};
@@ -572,61 +572,20 @@ struct ClusterSubscriber {
 }
 
 impl Subscribe for ClusterSubscriber {
-    fn open(&self) -> BoxFuture<'_, redis::RedisResult<(Arc<dyn Channels>, Messages)>> {
+    fn open(
+        &self,
+        on_message: OnMessage,
+    ) -> BoxFuture<'_, redis::RedisResult<(Arc<dyn Channels>, Ended)>> {
         Box::pin(async move {
-            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-            // Dropped when a node's connection is lost: the receiver then ends (the client
-            // ignores what the push sender returns).
-            let tx = Mutex::new(Some(tx));
-            let pushes = move |push: redis::PushInfo| -> Result<(), ()> {
-                let message = match push.kind {
-                    PushKind::SMessage | PushKind::Message => {
-                        let mut data = push.data.into_iter();
-                        let (Some(channel), Some(payload)) = (data.next(), data.next()) else {
-                            return Ok(());
-                        };
-                        let (Ok(channel), Ok(payload)) = (
-                            redis::from_redis_value::<String>(channel),
-                            redis::from_redis_value::<Vec<u8>>(payload),
-                        ) else {
-                            return Ok(());
-                        };
-                        Message::Published { channel, payload }
-                    }
-                    PushKind::SUnsubscribe => {
-                        let Some(Ok(channel)) = push
-                            .data
-                            .into_iter()
-                            .next()
-                            .map(redis::from_redis_value::<String>)
-                        else {
-                            return Ok(());
-                        };
-                        Message::Dropped { channel }
-                    }
-                    PushKind::Disconnection => {
-                        // A node's connection was lost, and the subscriptions on it: the
-                        // receiver ends, and the notifier opens a new subscriber connection.
-                        lock(&tx).take();
-                        return Err(());
-                    }
-                    _ => return Ok(()),
-                };
-                match &*lock(&tx) {
-                    Some(tx) => tx.send(message).map_err(drop),
-                    None => Err(()),
-                }
-            };
+            // A node's connection lost ends the whole subscriber connection (the client ignores
+            // what the push handler returns); the notifier opens a new one.
+            let (pushes, ended) = push_handler(on_message);
             let client = builder(&self.seeds, self.certificates.as_ref(), self.timeouts)
                 .use_protocol(redis::ProtocolVersion::RESP3)
                 .push_sender(pushes)
                 .build()?;
             let conn = client.get_async_connection().await?;
-            let messages = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
-            Ok((
-                Arc::new(ClusterChannels(conn)) as Arc<dyn Channels>,
-                Box::pin(messages) as Messages,
-            ))
+            Ok((Arc::new(ClusterChannels(conn)) as Arc<dyn Channels>, ended))
         })
     }
 }

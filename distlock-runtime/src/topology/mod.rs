@@ -94,9 +94,84 @@ impl dyn Route {
 
 /// How a route's scripts announce releases to subscribers.
 pub(crate) trait Subscribe: Send + Sync + 'static {
-    /// Opens a subscriber connection: what subscribes on it, and its messages (which end when
-    /// the connection does).
-    fn open(&self) -> BoxFuture<'_, redis::RedisResult<(Arc<dyn Channels>, Messages)>>;
+    /// Opens a subscriber connection that hands each message to `on_message`: what subscribes
+    /// on it, and a future that completes when the connection ends.
+    fn open(
+        &self,
+        on_message: OnMessage,
+    ) -> BoxFuture<'_, redis::RedisResult<(Arc<dyn Channels>, Ended)>>;
+}
+
+/// Takes each message of a subscriber connection, on the connection's own task (a RESP3 push
+/// handler): a message reaches its waiter with no task in between, where each hop between
+/// tasks would cost a wake-up on the path of every hand-off. It must not block.
+pub(crate) type OnMessage = Arc<dyn Fn(Message) + Send + Sync>;
+
+/// Completes when a subscriber connection ends.
+pub(crate) type Ended = BoxFuture<'static, ()>;
+
+/// A RESP3 push handler for a subscriber connection: published messages (`MESSAGE`,
+/// `SMESSAGE`) and ended subscriptions (`SUNSUBSCRIBE`, a cluster slot that moved) go to
+/// `on_message`; the returned future completes when the connection is lost (or the handler is
+/// dropped with it), and nothing more is handed on after that.
+pub(crate) fn push_handler(
+    on_message: OnMessage,
+) -> (
+    impl Fn(redis::PushInfo) -> Result<(), ()> + Send + Sync + 'static,
+    Ended,
+) {
+    use redis::PushKind;
+    let (lost, ended) = tokio::sync::oneshot::channel::<()>();
+    let lost = std::sync::Mutex::new(Some(lost));
+    let handler = move |push: redis::PushInfo| -> Result<(), ()> {
+        if crate::conn::lock(&lost).is_none() {
+            // Lost already (on a cluster, one node's connection): the notifier is opening a
+            // new subscriber connection, which takes over.
+            return Err(());
+        }
+        let message = match push.kind {
+            PushKind::SMessage | PushKind::Message => {
+                let mut data = push.data.into_iter();
+                let (Some(channel), Some(payload)) = (data.next(), data.next()) else {
+                    return Ok(());
+                };
+                let (Ok(channel), Ok(payload)) = (
+                    redis::from_redis_value::<String>(channel),
+                    redis::from_redis_value::<Vec<u8>>(payload),
+                ) else {
+                    return Ok(());
+                };
+                Message::Published { channel, payload }
+            }
+            PushKind::SUnsubscribe => {
+                let Some(Ok(channel)) = push
+                    .data
+                    .into_iter()
+                    .next()
+                    .map(redis::from_redis_value::<String>)
+                else {
+                    return Ok(());
+                };
+                Message::Dropped { channel }
+            }
+            PushKind::Disconnection => {
+                // The connection was lost, and its subscriptions with it.
+                if let Some(lost) = crate::conn::lock(&lost).take() {
+                    let _ = lost.send(());
+                }
+                return Err(());
+            }
+            _ => return Ok(()),
+        };
+        on_message(message);
+        Ok(())
+    };
+    (
+        handler,
+        Box::pin(async move {
+            let _ = ended.await;
+        }),
+    )
 }
 
 /// Subscribes and unsubscribes channels on one subscriber connection.
@@ -104,12 +179,6 @@ pub(crate) trait Channels: Send + Sync + 'static {
     fn subscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>>;
     fn unsubscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>>;
 }
-
-/// What arrives on a subscriber connection; the receiver ends with the connection.
-///
-/// A stream, read by the notifier's own task: a message reaches its waiter with no task in
-/// between (each hop between tasks costs a wake-up on the path of every hand-off).
-pub(crate) type Messages = std::pin::Pin<Box<dyn futures_core::Stream<Item = Message> + Send>>;
 
 /// One event on a subscriber connection.
 #[derive(Debug)]

@@ -31,7 +31,7 @@ use redis::Value;
 use tokio::sync::watch;
 
 use super::standalone::open_plain;
-use super::{Channels, Messages, Route, Subscribe};
+use super::{Channels, Ended, OnMessage, Route, Subscribe};
 use crate::call::Failed;
 use crate::call::{BoxFuture, Replicas, ScriptCall};
 use crate::conn::{self, Dial, Link, Timeouts};
@@ -328,7 +328,10 @@ impl Route for Sentinel {
 struct SentinelSubscriber(Arc<Resolver>);
 
 impl Subscribe for SentinelSubscriber {
-    fn open(&self) -> BoxFuture<'_, redis::RedisResult<(Arc<dyn Channels>, Messages)>> {
+    fn open(
+        &self,
+        on_message: OnMessage,
+    ) -> BoxFuture<'_, redis::RedisResult<(Arc<dyn Channels>, Ended)>> {
         Box::pin(async move {
             let mut switched = self.0.switched.subscribe();
             switched.mark_unchanged();
@@ -339,7 +342,7 @@ impl Subscribe for SentinelSubscriber {
             let end = async move {
                 let _ = switched.changed().await;
             };
-            open_plain(&client, end).await
+            open_plain(&client, end, on_message).await
         })
     }
 }

@@ -9,7 +9,7 @@ use deadpool_redis::Pool;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 
-use super::{Channels, Message, Messages, Route, Subscribe};
+use super::{push_handler, Channels, Ended, OnMessage, Route, Subscribe};
 use crate::call::Failed;
 use crate::call::{BoxFuture, Replicas, ScriptCall};
 use crate::conn::{take_from_pool, Dial, Link, Timeouts};
@@ -104,12 +104,15 @@ pub(crate) struct PlainSubscriber {
 }
 
 impl Subscribe for PlainSubscriber {
-    fn open(&self) -> BoxFuture<'_, redis::RedisResult<(Arc<dyn Channels>, Messages)>> {
+    fn open(
+        &self,
+        on_message: OnMessage,
+    ) -> BoxFuture<'_, redis::RedisResult<(Arc<dyn Channels>, Ended)>> {
         use std::sync::atomic::Ordering;
         let i = self.next.load(Ordering::Relaxed) % self.clients.len();
         let client = self.clients[i].clone();
         Box::pin(async move {
-            let opened = open_plain(&client, std::future::pending()).await;
+            let opened = open_plain(&client, std::future::pending(), on_message).await;
             if opened.is_err() {
                 self.next.store(i + 1, Ordering::Relaxed);
             }
@@ -118,35 +121,45 @@ impl Subscribe for PlainSubscriber {
     }
 }
 
-/// Opens a pub/sub connection to `client`'s server: its messages, until it closes or `end`
+/// Opens a subscriber connection to `client`'s server over RESP3, whose pushes go to
+/// `on_message` on the connection's own task; it ends when the connection is lost or `end`
 /// completes (the server is no longer the primary).
 pub(crate) async fn open_plain(
     client: &redis::Client,
     end: impl std::future::Future<Output = ()> + Send + 'static,
-) -> redis::RedisResult<(Arc<dyn Channels>, Messages)> {
-    use futures_util::StreamExt;
-    let pubsub = client.get_async_pubsub().await?;
-    let (sink, stream) = pubsub.split();
-    let messages = stream
-        .map(|message| Message::Published {
-            channel: message.get_channel_name().to_owned(),
-            payload: message.get_payload_bytes().to_vec(),
-        })
-        .take_until(Box::pin(end));
-    Ok((Arc::new(PlainChannels(sink)), Box::pin(messages)))
+    on_message: OnMessage,
+) -> redis::RedisResult<(Arc<dyn Channels>, Ended)> {
+    let info = client.get_connection_info().clone();
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(redis::ProtocolVersion::RESP3);
+    let client = redis::Client::open(info.set_redis_settings(settings))?;
+    let (pushes, lost) = push_handler(on_message);
+    let config = redis::AsyncConnectionConfig::new().set_push_sender(pushes);
+    let conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
+    let ended = async move {
+        tokio::select! {
+            () = lost => {}
+            () = end => {}
+        }
+    };
+    Ok((Arc::new(PlainChannels(conn)), Box::pin(ended)))
 }
 
-/// `SUBSCRIBE` / `UNSUBSCRIBE` on a plain pub/sub connection.
-struct PlainChannels(redis::aio::PubSubSink);
+/// `SUBSCRIBE` / `UNSUBSCRIBE` on a RESP3 subscriber connection.
+struct PlainChannels(MultiplexedConnection);
 
 impl Channels for PlainChannels {
     fn subscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>> {
-        let mut sink = self.0.clone();
-        Box::pin(async move { sink.subscribe(channel).await })
+        let mut conn = self.0.clone();
+        Box::pin(async move { conn.subscribe(channel).await })
     }
 
     fn unsubscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>> {
-        let mut sink = self.0.clone();
-        Box::pin(async move { sink.unsubscribe(channel).await })
+        let mut conn = self.0.clone();
+        Box::pin(async move { conn.unsubscribe(channel).await })
     }
 }
