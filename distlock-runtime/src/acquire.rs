@@ -297,6 +297,7 @@ impl AcquireRequest {
                     token: Arc::clone(token),
                     ttl,
                     publish: route.publish_command(),
+                    make_undo: crate::release::undo_of,
                 };
                 let mut acquire =
                     ScriptCall::new("acquire", &scripts::ACQUIRE, Kind::Acquire(taking));

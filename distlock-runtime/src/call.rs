@@ -60,6 +60,9 @@ pub(crate) struct Taking {
     pub(crate) ttl: Duration,
     /// How the route announces a release (see `Route::publish_command`).
     pub(crate) publish: &'static str,
+    /// Builds the release that undoes the acquire (`release::undo_of`, passed in: releasing
+    /// sits above this module).
+    pub(crate) make_undo: fn(&Taking) -> ScriptCall,
 }
 
 impl Taking {
@@ -70,12 +73,7 @@ impl Taking {
 
     /// The release that undoes this acquire.
     pub(crate) fn undo(&self) -> ScriptCall {
-        crate::release::release_call_announced(
-            self.publish,
-            self.indices.iter().map(|&i| &self.keys[i]),
-            &self.token,
-            false,
-        )
+        (self.make_undo)(self)
     }
 }
 

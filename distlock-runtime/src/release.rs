@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::call::{Kind, ScriptCall};
+use crate::call::{Kind, ScriptCall, Taking};
 use crate::conn;
 use crate::context::Context;
 use crate::error::{LockError, Misconfiguration};
@@ -44,8 +44,18 @@ pub(crate) fn release_call<'a>(
     release_call_announced(route.publish_command(), keys, token, queued)
 }
 
+/// The release that undoes the acquire `taking` describes (its `make_undo`).
+pub(crate) fn undo_of(taking: &Taking) -> ScriptCall {
+    release_call_announced(
+        taking.publish,
+        taking.indices.iter().map(|&i| &taking.keys[i]),
+        &taking.token,
+        false,
+    )
+}
+
 /// [`release_call`], announced with `publish` (the route's `publish_command`).
-pub(crate) fn release_call_announced<'a>(
+fn release_call_announced<'a>(
     publish: &'static str,
     keys: impl IntoIterator<Item = &'a LockKeys>,
     token: &str,
