@@ -42,7 +42,7 @@ use proc_macro::TokenStream;
 /// | `ttl` | lease length: integer seconds (`ttl = 30`) or a string with a unit (`"1500ms"`, `"2s"`, `"5m"`, `"1h"`), checked at compile time; at least 10 ms. Or any other expression of integer seconds or a `Duration` (`ttl = SETTINGS_TTL`, `ttl = config.ttl`), evaluated at each call: a negative or out-of-range value is `LockError::InvalidConfig` then, the body not run | the manager's default ttl (30 s unless set with its builder) |
 /// | `wait` | how long to wait for a held lock, same forms; `wait = 0` tries once (try-lock) | the manager's default wait (10 s unless set with its builder) |
 /// | `renew` | `true` / `false`: extend the lease every ttl/3 while the body runs | `true` |
-/// | `fair` | `true` / `false`: serve waiters in arrival order, handing the lock straight to the oldest live waiter; one key only | the manager's (`false` unless `LockManagerBuilder::default_fair` changes it) |
+/// | `fair` | `true` / `false`: serve waiters in arrival order, handing the lock straight to the oldest live waiter; one key only | the manager's (`true` for one key unless `LockManagerBuilder::default_fair(false)`; unfair on a quorum or with `min_replicas`) |
 /// | `hold_at_least` | after the body, keep the keys held until this long after the acquisition (same forms as `ttl`): scheduled jobs that must run at most once per tick across a fleet | released when the body ends |
 /// | `manager` | an expression yielding a `LockManager`, `&LockManager` or `Arc<LockManager>`; may use the parameters and `self` (`manager = &self.locks`) | the manager installed with `set_default_manager` |
 /// | `crate` | path of the runtime crate as a string, for a renamed dependency (`crate = "lock"`) | `"::distlock_runtime"` |
