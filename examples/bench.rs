@@ -832,16 +832,7 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
     } else {
         0.0
     };
-    let waits: Vec<Duration> = report
-        .acquisitions
-        .iter()
-        .map(|a| Duration::from_micros(a.wait_us))
-        .collect();
-    let mean_wait = waits
-        .iter()
-        .sum::<Duration>()
-        .checked_div(u32::try_from(n).unwrap_or(u32::MAX))
-        .unwrap_or_default();
+    let (waits, mean_wait) = wait_times(&report.acquisitions);
     let acquisitions_per_s = n as f64 / elapsed.as_secs_f64();
     let attempts = report.acquire_requests as f64 / (n.max(1) as f64);
     let commands_per_acquisition = commands as f64 / (n.max(1) as f64);
@@ -916,8 +907,8 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
     Ok(())
 }
 
-/// The 99th percentile wait over the mean wait of `acquisitions`.
-fn p99_over_mean(acquisitions: &[Acquisition]) -> f64 {
+/// The waits of `acquisitions`, and their mean.
+fn wait_times(acquisitions: &[Acquisition]) -> (Vec<Duration>, Duration) {
     let waits: Vec<Duration> = acquisitions
         .iter()
         .map(|a| Duration::from_micros(a.wait_us))
@@ -927,6 +918,12 @@ fn p99_over_mean(acquisitions: &[Acquisition]) -> f64 {
         .sum::<Duration>()
         .checked_div(u32::try_from(waits.len()).unwrap_or(u32::MAX))
         .unwrap_or_default();
+    (waits, mean)
+}
+
+/// The 99th percentile wait over the mean wait of `acquisitions`.
+fn p99_over_mean(acquisitions: &[Acquisition]) -> f64 {
+    let (waits, mean) = wait_times(acquisitions);
     quantile(&waits, 0.99).as_secs_f64() / mean.as_secs_f64().max(1e-9)
 }
 

@@ -439,8 +439,8 @@ impl FairWaiter {
 /// has the claim watched by this process's oldest other fair waiter (every subscribed process
 /// has one, so the claim stays watched whichever processes are gone), and by the waiter the
 /// message names as next, if it waits here. A watcher tries again once the claim would have
-/// lapsed; a newer hand-off replaces the one it watched. `waiters` are this process's fair waiters of the key, oldest first, each with
-/// the `Notify` that wakes it.
+/// lapsed; a newer hand-off replaces the one it watched. `waiters` are this process's fair
+/// waiters of the key, oldest first, each with the `Notify` that wakes it.
 ///
 /// A hand-off reaches its recipient only if it is signed with the secret of the recipient's
 /// latest attempt. One signed with the attempt before is genuine but stale (made before the

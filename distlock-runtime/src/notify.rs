@@ -375,7 +375,8 @@ impl Hub {
     }
 }
 
-/// Opens the subscriber connection and starts the task that hands out its messages.
+/// Opens the subscriber connection (whose push handler hands out its messages, see [`receive`])
+/// and starts the task that notices its end.
 async fn connect(hub: Arc<Hub>) {
     // Dropped with its runtime half way: the next waiter connects anew.
     let connecting = OnDrop(|| {
@@ -408,7 +409,7 @@ async fn connect(hub: Arc<Hub>) {
                 close: close.clone(),
                 since: Instant::now(),
             };
-            tokio::spawn(deliver(
+            tokio::spawn(watch_end(
                 Arc::downgrade(&hub),
                 close,
                 ended,
@@ -547,8 +548,8 @@ async fn reconcile(hub: Arc<Hub>, channel: String) {
 /// Waits for the subscriber connection of `connection` to end (lost, or its server no longer
 /// the primary), then marks it closed, so the next waiter connects anew: every waiter is woken to
 /// try again. Stops (closing the connection) when the manager is dropped.
-async fn deliver(hub: Weak<Hub>, closed: CancellationToken, ended: Ended, connection: u64) {
-    let _delivering = Delivering {
+async fn watch_end(hub: Weak<Hub>, closed: CancellationToken, ended: Ended, connection: u64) {
+    let _watching = Watching {
         hub,
         generation: connection,
     };
@@ -600,16 +601,16 @@ fn receive(hub: &Hub, message: Message) {
     }
 }
 
-/// Marks the subscriber connection of `generation` closed when its `deliver` task ends, however
-/// it ends (the stream ended, the connection was closed, or the task was dropped with its
-/// runtime). A connection that ended within [`RECONNECT_AFTER`] of opening is not reopened
+/// Marks the subscriber connection of `generation` closed when its `watch_end` task ends,
+/// however it ends (the connection ended, the manager closed it, or the task was dropped with
+/// its runtime). A connection that ended within [`RECONNECT_AFTER`] of opening is not reopened
 /// before that much time has passed again.
-struct Delivering {
+struct Watching {
     hub: Weak<Hub>,
     generation: u64,
 }
 
-impl Drop for Delivering {
+impl Drop for Watching {
     fn drop(&mut self) {
         let Some(hub) = self.hub.upgrade() else {
             return;
