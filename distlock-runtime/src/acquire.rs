@@ -73,10 +73,13 @@ async fn attempt(
     attempts: &mut u32,
 ) -> Result<Lease, LockError> {
     let redis_keys: Arc<[LockKeys]> = keys.iter().map(|k| context.lock_keys(k)).collect();
+    // The owner token, and the secret of a fair request's first attempt, from one OS call.
+    let [token_id, first_secret] = random_ids();
     let token: Arc<str> = match &context.holder_label {
-        Some(label) => format!("{}:{label}", new_token()).into(),
-        None => new_token().into(),
+        Some(label) => format!("{}:{label}", id_text(token_id)).into(),
+        None => id_text(token_id),
     };
+    let mut first_secret = fair.then_some(first_secret);
     let state = Arc::new(LeaseState::new(ttl, renew));
     // Registered before the request goes out: an acquired lease can never miss renewal.
     let mut registration = renew.then(|| {
@@ -129,9 +132,11 @@ async fn attempt(
         // hand-off made after it (by the release script, which alone can read it) is signed
         // with it. The last attempt, at the deadline, stores nothing: it keeps the secret.
         if fair && (secret.is_none() || sent < deadline) {
-            secret = Some(new_token().into());
+            secret = Some(id_text(
+                first_secret.take().unwrap_or_else(|| random_ids()[0]),
+            ));
         }
-        waiter.before_attempt(&redis_keys[0].lock, secret.clone());
+        waiter.before_attempt(redis_keys[0].lock(), secret.clone());
         // If this call is cancelled or fails while the request is out, the lock may have
         // been taken: release it (by token) rather than leave it until its ttl.
         in_doubt.armed = true;
@@ -187,7 +192,7 @@ async fn attempt(
                 }
                 queued = fair;
                 in_doubt.armed = queued;
-                let held_key = redis_keys.get(first_held).map_or("", |k| k.lock.as_str());
+                let held_key = redis_keys.get(first_held).map_or("", |k| k.lock());
                 let handoff = match waiter.wait(held_key, remaining, sent).await {
                     Wake::Retry => continue,
                     Wake::Deadline => {
@@ -299,13 +304,17 @@ impl AcquireRequest {
                     publish: route.publish_command(),
                     make_undo: crate::release::undo_of,
                 };
-                let mut acquire =
-                    ScriptCall::new("acquire", &scripts::ACQUIRE, Kind::Acquire(taking));
+                let mut acquire = ScriptCall::new(
+                    "acquire",
+                    &scripts::ACQUIRE,
+                    Kind::Acquire(taking),
+                    2 * indices.len(),
+                );
                 for &i in &indices {
-                    acquire.key(redis_keys[i].lock.as_str());
+                    acquire.key(redis_keys[i].lock());
                 }
                 for &i in &indices {
-                    acquire.key(redis_keys[i].fence.as_str());
+                    acquire.key(redis_keys[i].fence());
                 }
                 acquire.arg(&**token).arg(millis(ttl));
                 Group { indices, acquire }
@@ -396,7 +405,12 @@ async fn take_groups(redis: &dyn Route, groups: &[Group]) -> Result<Acquire, Fai
         .filter(|(_, &t)| t < token)
         .filter_map(|(group, t)| Some((group.taking()?, t)))
     {
-        let mut raise = ScriptCall::new("acquire (fencing write-back)", &RAISE, Kind::Raise);
+        let mut raise = ScriptCall::new(
+            "acquire (fencing write-back)",
+            &RAISE,
+            Kind::Raise,
+            taking.indices.len(),
+        );
         for fence in taking.fences() {
             raise.key(fence);
         }
@@ -444,11 +458,32 @@ impl Drop for InDoubt<'_> {
     }
 }
 
-/// A random 128-bit owner token (a uuid v4 from the OS random source, as 32 hex digits). Not from
-/// a seeded per-thread generator: a fork, a restored VM snapshot or a call that reseeds such a
-/// generator would repeat its tokens, and an acquire that finds its own token counts as success.
-fn new_token() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
+/// Two random 128-bit ids from the OS random source, in one call: a request's owner token and
+/// its first fair secret. Not from a seeded per-thread generator: a fork, a restored VM snapshot
+/// or a call that reseeds such a generator would repeat its tokens, and an acquire that finds
+/// its own token counts as success.
+fn random_ids() -> [[u8; 16]; 2] {
+    let mut bytes = [0; 32];
+    // As `uuid::Uuid::new_v4` does: without an OS random source no token is safe to use.
+    getrandom::fill(&mut bytes).expect("distlock: the OS random source failed");
+    let (token, secret) = bytes.split_at(16);
+    [
+        token.try_into().unwrap_or_default(),
+        secret.try_into().unwrap_or_default(),
+    ]
+}
+
+/// An id as a uuid v4 in 32 hex digits.
+fn id_text(random: [u8; 16]) -> Arc<str> {
+    let mut digits = [0; uuid::fmt::Simple::LENGTH];
+    let id = uuid::Builder::from_random_bytes(random).into_uuid();
+    Arc::from(&*id.simple().encode_lower(&mut digits))
+}
+
+/// A fresh random owner token.
+#[cfg(test)]
+fn new_token() -> Arc<str> {
+    id_text(random_ids()[0])
 }
 
 #[cfg(test)]

@@ -68,7 +68,7 @@ pub(crate) struct Taking {
 impl Taking {
     /// The fencing counters of the keys taken.
     pub(crate) fn fences(&self) -> impl Iterator<Item = &str> {
-        self.indices.iter().map(|&i| self.keys[i].fence.as_str())
+        self.indices.iter().map(|&i| self.keys[i].fence())
     }
 
     /// The release that undoes this acquire.
@@ -158,36 +158,61 @@ pub(crate) struct ScriptCall {
     /// What it does, for errors and logs.
     pub(crate) op: &'static str,
     lua: &'static Lua,
-    /// The keys, and the arguments, each in one buffer (a command without a name): no
-    /// allocation per key or argument, and copied into the `EVALSHA` command in one pass.
-    keys: Cmd,
-    args: Cmd,
-    /// How many keys `keys` holds.
+    /// The `EVALSHA` command itself, built as the keys and arguments are added: sending the
+    /// call copies nothing but its encoding. Its first three parts are `EVALSHA`, the hash and
+    /// the key count.
+    evalsha: Cmd,
+    /// How many keys the call declared, and how many were added so far.
     key_count: usize,
+    keys_added: usize,
     pub(crate) kind: Kind,
 }
 
+/// Where the keys start among an `EVALSHA` command's parts.
+const FIRST_KEY: usize = 3;
+
 impl ScriptCall {
-    pub(crate) fn new(op: &'static str, lua: &'static Lua, kind: Kind) -> Self {
+    /// A call of `lua` with `key_count` keys, added with [`key`](Self::key) before any
+    /// argument (Redis takes the count first).
+    pub(crate) fn new(op: &'static str, lua: &'static Lua, kind: Kind, key_count: usize) -> Self {
+        let mut evalsha = Cmd::with_capacity(FIRST_KEY + key_count + 6, 128 + 64 * key_count);
+        evalsha.arg("EVALSHA").arg(&lua.hash).arg(key_count);
         Self {
             op,
             lua,
-            keys: Cmd::with_capacity(4, 128),
-            args: Cmd::with_capacity(4, 64),
-            key_count: 0,
+            evalsha,
+            key_count,
+            keys_added: 0,
             kind,
         }
     }
 
-    /// Adds a key. Keys and arguments may be added in any order: the keys go first.
+    /// Adds the next key; every key goes before the first argument.
     pub(crate) fn key(&mut self, key: &str) -> &mut Self {
-        self.keys.arg(key);
-        self.key_count += 1;
+        debug_assert!(
+            self.keys_added < self.key_count,
+            "{}: more keys than declared",
+            self.op
+        );
+        debug_assert_eq!(
+            self.evalsha.args_iter().count(),
+            FIRST_KEY + self.keys_added,
+            "{}: a key after an argument",
+            self.op
+        );
+        self.evalsha.arg(key);
+        self.keys_added += 1;
         self
     }
 
+    /// Adds the next argument, after every key.
     pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
-        self.args.arg(arg);
+        debug_assert_eq!(
+            self.keys_added, self.key_count,
+            "{}: an argument before every key was added",
+            self.op
+        );
+        self.evalsha.arg(arg);
         self
     }
 
@@ -197,9 +222,9 @@ impl ScriptCall {
         Self {
             op: self.op,
             lua: self.lua,
-            keys: self.keys.clone(),
-            args: self.args.clone(),
+            evalsha: self.evalsha.clone(),
             key_count: self.key_count,
+            keys_added: self.keys_added,
             kind: Kind::Read,
         }
     }
@@ -222,37 +247,31 @@ impl ScriptCall {
 
     /// The first key, if any.
     pub(crate) fn first_key(&self) -> Option<&[u8]> {
-        match self.keys.args_iter().next() {
+        if self.key_count == 0 {
+            return None;
+        }
+        match self.evalsha.args_iter().nth(FIRST_KEY) {
             Some(Arg::Simple(key)) => Some(key),
             _ => None,
         }
     }
 
     /// `EVALSHA`: the script by its hash.
-    pub(crate) fn evalsha(&self) -> Cmd {
-        self.command("EVALSHA", &self.lua.hash)
+    pub(crate) fn evalsha(&self) -> &Cmd {
+        &self.evalsha
     }
 
     /// `EVAL`: the whole script, which also loads it (for a server that lost it: a restart, a
-    /// `SCRIPT FLUSH`, a promoted replica).
+    /// `SCRIPT FLUSH`, a promoted replica). Built when needed: it is rare.
     pub(crate) fn eval(&self) -> Cmd {
-        self.command("EVAL", &self.lua.code)
-    }
-
-    fn command(&self, name: &str, script: &str) -> Cmd {
-        let parts = || self.keys.args_iter().chain(self.args.args_iter());
-        let (count, bytes) = parts().fold((0, 0), |(n, len), part| match part {
-            Arg::Simple(part) => (n + 1, len + part.len()),
-            _ => (n, len),
-        });
-        let mut cmd = Cmd::with_capacity(count + 3, bytes + name.len() + script.len() + 8);
-        cmd.arg(name).arg(script).arg(self.key_count);
-        for part in parts() {
+        let mut eval = Cmd::with_capacity(0, 0);
+        eval.arg("EVAL").arg(&self.lua.code);
+        for part in self.evalsha.args_iter().skip(2) {
             if let Arg::Simple(part) = part {
-                cmd.arg(part);
+                eval.arg(part);
             }
         }
-        cmd
+        eval
     }
 
     /// Sends `EVALSHA` through `send`, and `EVAL` once if the server does not know the script.
@@ -263,7 +282,7 @@ impl ScriptCall {
         F: FnMut(Cmd) -> Fut,
         Fut: Future<Output = Result<Value, Failed>> + 'a,
     {
-        match send(self.evalsha()).await {
+        match send(self.evalsha().clone()).await {
             Err(failed) if failed.is_noscript() => send(self.eval()).await,
             answer => answer,
         }
@@ -378,10 +397,9 @@ mod tests {
         std::sync::LazyLock::new(|| Lua::new("return {KEYS, ARGV}"));
 
     #[test]
-    fn keys_go_before_arguments_whatever_order_they_were_added_in() {
-        // As the renewal batch adds them: a lease's keys, its arguments, the next lease's keys.
-        let mut call = ScriptCall::new("test", &ECHO, Kind::Read);
-        call.key("k1").arg("a1").arg(7).key("k2").arg("a2");
+    fn a_call_is_its_evalsha_command_and_falls_back_to_eval_with_the_same_parts() {
+        let mut call = ScriptCall::new("test", &ECHO, Kind::Read, 2);
+        call.key("k1").key("k2").arg("a1").arg(7).arg("a2");
         let mut expected = redis::cmd("EVALSHA");
         expected
             .arg(&ECHO.hash)
@@ -400,5 +418,26 @@ mod tests {
             call.detached().evalsha().get_packed_command(),
             expected.get_packed_command()
         );
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(&ECHO.code)
+            .arg(2)
+            .arg("k1")
+            .arg("k2")
+            .arg("a1")
+            .arg(7)
+            .arg("a2");
+        assert_eq!(call.eval().get_packed_command(), eval.get_packed_command());
+        assert_eq!(
+            ScriptCall::new("none", &ECHO, Kind::Read, 0).first_key(),
+            None
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "an argument before every key was added")]
+    #[cfg(debug_assertions)]
+    fn an_argument_before_the_last_key_is_refused() {
+        let mut call = ScriptCall::new("test", &ECHO, Kind::Read, 2);
+        call.key("k1").arg("a1").key("k2");
     }
 }

@@ -112,18 +112,9 @@ impl Link {
         }
     }
 
+    /// Runs `call`: `EVALSHA`, and `EVAL` if the server lost the script.
     async fn run_plain(&self, call: &ScriptCall) -> Result<Value, Failed> {
-        self.run_prepared(call, &call.evalsha()).await
-    }
-
-    /// Runs `call`, whose `EVALSHA` command `evalsha` the caller built (once for several
-    /// servers); `EVAL` if the server lost the script.
-    pub(crate) async fn run_prepared(
-        &self,
-        call: &ScriptCall,
-        evalsha: &Cmd,
-    ) -> Result<Value, Failed> {
-        match self.query(call.op, evalsha).await {
+        match self.query(call.op, call.evalsha()).await {
             Err(failed) if failed.is_noscript() => self.query(call.op, &call.eval()).await,
             answer => answer,
         }

@@ -202,10 +202,10 @@ impl FairRequest {
     pub(crate) fn new(keys: &LockKeys, ttl: Duration) -> Self {
         Self {
             keys: [
-                keys.lock.clone(),
-                keys.queue.clone(),
-                keys.waiters.clone(),
-                keys.fence.clone(),
+                keys.lock().to_owned(),
+                keys.queue().to_owned(),
+                keys.waiters().to_owned(),
+                keys.fence().to_owned(),
             ],
             ttl_ms: millis(ttl),
             claim_ms: millis(ttl.min(HANDOFF_CLAIM)),
@@ -220,7 +220,7 @@ impl FairRequest {
         secret: &str,
         wait_left: Duration,
     ) -> Result<FairAnswer, Failed> {
-        let mut invocation = ScriptCall::new("acquire", &ACQUIRE_FAIR, Kind::Fair);
+        let mut invocation = ScriptCall::new("acquire", &ACQUIRE_FAIR, Kind::Fair, self.keys.len());
         for key in &self.keys {
             invocation.key(key.as_str());
         }

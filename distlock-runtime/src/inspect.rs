@@ -144,10 +144,8 @@ impl LockManager {
     pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
         check_key(key)?;
         let keys = self.context().lock_keys(key);
-        let mut call = ScriptCall::new("inspect", &INSPECT, Kind::Read);
-        call.key(keys.lock.as_str())
-            .key(keys.fence.as_str())
-            .key(keys.waiters.as_str());
+        let mut call = ScriptCall::new("inspect", &INSPECT, Kind::Read, 3);
+        call.key(keys.lock()).key(keys.fence()).key(keys.waiters());
         let answer: Value = self.context().redis().invoke(&call).await?;
         parse_info(key, answer)
     }
@@ -176,11 +174,11 @@ impl LockManager {
         check_key(key)?;
         let keys = self.context().lock_keys(key);
         let route = self.context().redis();
-        let mut call = ScriptCall::new("force release", &FORCE_RELEASE, Kind::Release);
-        call.key(keys.lock.as_str())
-            .key(keys.queue.as_str())
-            .key(keys.waiters.as_str())
-            .key(keys.fence.as_str());
+        let mut call = ScriptCall::new("force release", &FORCE_RELEASE, Kind::Release, 4);
+        call.key(keys.lock())
+            .key(keys.queue())
+            .key(keys.waiters())
+            .key(keys.fence());
         call.arg(route.publish_command());
         let released: i64 = route.invoke(&call).await?;
         Ok(released > 0)

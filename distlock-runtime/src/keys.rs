@@ -20,37 +20,58 @@
 //! be taken in one atomic script. Interpolated values are escaped by the attribute, so a caller's
 //! input never chooses a slot. A prefix should contain no `{`: the first one would make the tag.
 
-/// The Redis keys of the lock on one user key.
+/// The Redis keys of the lock on one user key, in one buffer (one allocation for the four).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LockKeys {
-    /// The lock itself: its value is the owner's token, its PTTL the lease's expiry.
-    pub(crate) lock: String,
-    /// The lock's fencing counter.
-    pub(crate) fence: String,
-    /// The fair queue: waiting owner tokens in arrival order.
-    pub(crate) queue: String,
-    /// The fair queue's entries: token -> "deadline_ms claim_ms secret".
-    pub(crate) waiters: String,
+    /// The four names back to back: lock, fence, queue, waiters.
+    names: String,
+    /// Where each name ends in `names`.
+    ends: [usize; 4],
 }
+
+/// The kinds of key, in their order in [`LockKeys`].
+const KINDS: [&str; 4] = ["lock:", "fence:", "queue:", "waiters:"];
 
 impl LockKeys {
     /// The keys of the lock on `key` under `prefix`.
     pub(crate) fn new(prefix: &str, key: &str) -> Self {
-        let named = |kind: &str| {
-            let mut name = String::with_capacity(prefix.len() + kind.len() + key.len() + 2);
-            name.push_str(prefix);
-            name.push_str(kind);
-            name.push('{');
-            name.push_str(key);
-            name.push('}');
-            name
-        };
-        Self {
-            lock: named("lock:"),
-            fence: named("fence:"),
-            queue: named("queue:"),
-            waiters: named("waiters:"),
+        let length: usize = KINDS.iter().map(|kind| kind.len()).sum();
+        let mut names = String::with_capacity(4 * (prefix.len() + key.len() + 2) + length);
+        let mut ends = [0; 4];
+        for (end, kind) in ends.iter_mut().zip(KINDS) {
+            names.push_str(prefix);
+            names.push_str(kind);
+            names.push('{');
+            names.push_str(key);
+            names.push('}');
+            *end = names.len();
         }
+        Self { names, ends }
+    }
+
+    fn name(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.names[start..self.ends[i]]
+    }
+
+    /// The lock itself: its value is the owner's token, its PTTL the lease's expiry.
+    pub(crate) fn lock(&self) -> &str {
+        self.name(0)
+    }
+
+    /// The lock's fencing counter.
+    pub(crate) fn fence(&self) -> &str {
+        self.name(1)
+    }
+
+    /// The fair queue: waiting owner tokens in arrival order.
+    pub(crate) fn queue(&self) -> &str {
+        self.name(2)
+    }
+
+    /// The fair queue's entries: token -> "deadline_ms claim_ms secret".
+    pub(crate) fn waiters(&self) -> &str {
+        self.name(3)
     }
 }
 
@@ -61,9 +82,9 @@ mod tests {
     #[test]
     fn every_key_of_a_lock_sits_under_the_prefix_beside_the_others() {
         let keys = LockKeys::new("app:", "order:42");
-        assert_eq!(keys.lock, "app:lock:{order:42}");
-        assert_eq!(keys.fence, "app:fence:{order:42}");
-        assert_eq!(keys.queue, "app:queue:{order:42}");
-        assert_eq!(keys.waiters, "app:waiters:{order:42}");
+        assert_eq!(keys.lock(), "app:lock:{order:42}");
+        assert_eq!(keys.fence(), "app:fence:{order:42}");
+        assert_eq!(keys.queue(), "app:queue:{order:42}");
+        assert_eq!(keys.waiters(), "app:waiters:{order:42}");
     }
 }

@@ -176,7 +176,7 @@ impl LockManager {
     /// # Ok(()) }
     /// ```
     pub fn redis_key(&self, key: &str) -> String {
-        self.context.lock_keys(key).lock
+        self.context.lock_keys(key).lock().to_owned()
     }
 
     /// Checks now that this manager's settings work with its Redis, so a service can fail at
@@ -197,7 +197,7 @@ impl LockManager {
     /// manager's timeouts.
     pub async fn ping(&self) -> Result<(), LockError> {
         use crate::call::{Kind, ScriptCall};
-        let mut call = ScriptCall::new("ping", &crate::scripts::PING, Kind::Read);
+        let mut call = ScriptCall::new("ping", &crate::scripts::PING, Kind::Read, 1);
         call.key(&self.redis_key("ping"));
         self.context
             .redis()
@@ -313,6 +313,9 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(locks.redis_key("fence"), "app:lock:{fence}");
-        assert_eq!(locks.context.lock_keys("fence").fence, "app:fence:{fence}");
+        assert_eq!(
+            locks.context.lock_keys("fence").fence(),
+            "app:fence:{fence}"
+        );
     }
 }

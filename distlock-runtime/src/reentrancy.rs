@@ -103,6 +103,15 @@ impl Drop for Loan {
     }
 }
 
+/// The first of `keys` that an enclosing `run` body on the current task holds through
+/// `manager_id`, if any: what a plain acquire, which cannot re-enter, refuses.
+pub(crate) fn first_held(manager_id: u64, keys: &[String]) -> Option<&str> {
+    let innermost = innermost()?;
+    keys.iter()
+        .find(|key| innermost.holder(manager_id, key).is_some())
+        .map(String::as_str)
+}
+
 /// Looks up `keys` (sorted) for a `run` through `manager_id` on the current task: which an
 /// enclosing body holds, which are missing.
 pub(crate) fn find(manager_id: u64, keys: &[String]) -> Found {
@@ -131,11 +140,6 @@ pub(crate) fn find(manager_id: u64, keys: &[String]) -> Found {
 }
 
 impl Found {
-    /// The first key an enclosing body on this task holds, if any.
-    pub(crate) fn first_held(&self) -> Option<&str> {
-        self.wanted.first().map(|(_, key)| key.as_str())
-    }
-
     /// The keys no enclosing body holds: they need a lease of their own, taken before the held
     /// keys are borrowed, so that no loan is kept while waiting on Redis (a sibling using a
     /// held key could be waiting for a key of this request's lease).

@@ -26,6 +26,11 @@ pub(crate) async fn release_keys(
     queued: bool,
 ) -> Result<usize, LockError> {
     let route = context.redis();
+    if let [keys] = redis_keys {
+        // One key, one call: no grouping to do.
+        let call = release_call(route, std::iter::once(keys), token, queued);
+        return route.invoke::<usize>(&call).await;
+    }
     let mut released = 0;
     for group in by_shard(route, redis_keys) {
         let call = release_call(route, group.iter().map(|&i| &redis_keys[i]), token, queued);
@@ -37,7 +42,7 @@ pub(crate) async fn release_keys(
 /// The release script call for `keys` (which share a shard).
 pub(crate) fn release_call<'a>(
     route: &dyn Route,
-    keys: impl IntoIterator<Item = &'a LockKeys>,
+    keys: impl ExactSizeIterator<Item = &'a LockKeys>,
     token: &str,
     queued: bool,
 ) -> ScriptCall {
@@ -57,16 +62,16 @@ pub(crate) fn undo_of(taking: &Taking) -> ScriptCall {
 /// [`release_call`], announced with `publish` (the route's `publish_command`).
 fn release_call_announced<'a>(
     publish: &'static str,
-    keys: impl IntoIterator<Item = &'a LockKeys>,
+    keys: impl ExactSizeIterator<Item = &'a LockKeys>,
     token: &str,
     queued: bool,
 ) -> ScriptCall {
-    let mut call = ScriptCall::new("release", &scripts::RELEASE, Kind::Release);
+    let mut call = ScriptCall::new("release", &scripts::RELEASE, Kind::Release, 4 * keys.len());
     for keys in keys {
-        call.key(keys.lock.as_str())
-            .key(keys.queue.as_str())
-            .key(keys.waiters.as_str())
-            .key(keys.fence.as_str());
+        call.key(keys.lock())
+            .key(keys.queue())
+            .key(keys.waiters())
+            .key(keys.fence());
     }
     call.arg(token)
         .arg(if queued { "1" } else { "0" })
@@ -155,7 +160,7 @@ pub(crate) fn release_in_background(
 
 /// The lock keys' Redis names, for logs.
 fn lock_names(redis_keys: &[LockKeys]) -> Vec<&str> {
-    redis_keys.iter().map(|k| k.lock.as_str()).collect()
+    redis_keys.iter().map(|k| k.lock()).collect()
 }
 
 /// Why a release runs in the background, which decides how often it is repeated.

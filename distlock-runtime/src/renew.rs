@@ -498,7 +498,7 @@ enum Event {
 
 impl Event {
     fn log(&self, keys: &[LockKeys]) {
-        let keys: Vec<&str> = keys.iter().map(|k| k.lock.as_str()).collect();
+        let keys: Vec<&str> = keys.iter().map(|k| k.lock()).collect();
         match self {
             Self::NotOwned => tracing::warn!(
                 ?keys,
@@ -570,30 +570,43 @@ async fn extend_calls(
     leases: &[(&[LockKeys], &str, Duration)],
 ) -> Vec<(Vec<usize>, Result<Vec<i64>, LockError>)> {
     use futures_util::stream::{FuturesUnordered, StreamExt};
-    // Per shard: the call, and which lease each of its entries belongs to.
-    let mut calls: Vec<(u16, ScriptCall, Vec<usize>)> = Vec::new();
-    for (i, (keys, token, ttl)) in leases.iter().enumerate() {
+    // Per shard: its entries, each a lease (its index in `leases`) and the indices of its keys
+    // in that shard.
+    type Entries = Vec<(usize, Vec<usize>)>;
+    let mut shards: Vec<(u16, Entries)> = Vec::new();
+    for (i, (keys, _, _)) in leases.iter().enumerate() {
         for group in by_shard(route, keys) {
-            let shard = route.shard(&keys[group[0]].lock);
-            let at = match calls.iter().position(|(s, _, _)| *s == shard) {
+            let shard = route.shard(keys[group[0]].lock());
+            let at = match shards.iter().position(|(s, _)| *s == shard) {
                 Some(at) => at,
                 None => {
-                    let call = ScriptCall::new(op, &scripts::EXTEND, Kind::Extend);
-                    calls.push((shard, call, Vec::new()));
-                    calls.len() - 1
+                    shards.push((shard, Vec::new()));
+                    shards.len() - 1
                 }
             };
-            let (_, call, members) = &mut calls[at];
-            for &k in &group {
-                call.key(keys[k].lock.as_str());
-            }
-            call.arg(*token).arg(millis(*ttl)).arg(group.len());
-            members.push(i);
+            shards[at].1.push((i, group));
         }
     }
+    // One call per shard: every entry's keys, then every entry's arguments.
+    let calls = shards.into_iter().map(|(_, entries)| {
+        let key_count = entries.iter().map(|(_, group)| group.len()).sum();
+        let mut call = ScriptCall::new(op, &scripts::EXTEND, Kind::Extend, key_count);
+        for (i, group) in &entries {
+            for &k in group {
+                call.key(leases[*i].0[k].lock());
+            }
+        }
+        for (i, group) in &entries {
+            let (_, token, ttl) = leases[*i];
+            call.arg(token).arg(millis(ttl)).arg(group.len());
+        }
+        (
+            call,
+            entries.into_iter().map(|(i, _)| i).collect::<Vec<_>>(),
+        )
+    });
     let pending: FuturesUnordered<_> = calls
-        .into_iter()
-        .map(|(_, call, members)| async move {
+        .map(|(call, members)| async move {
             let answer = match route.invoke::<Vec<i64>>(&call).await {
                 Ok(owned) if owned.len() == members.len() => Ok(owned),
                 Ok(_) => Err(LockError::Redis {

@@ -201,7 +201,7 @@ impl LockRequest {
         let keys = prepare_keys(self.keys)?;
         check_ttl(self.ttl)?;
         let fair = fair_for(&self.manager, self.fair, &keys)?;
-        if let Some(key) = reentrancy::find(self.manager.id, &keys).first_held() {
+        if let Some(key) = reentrancy::first_held(self.manager.id, &keys) {
             return Err(LockError::HeldByThisTask {
                 key: key.to_owned(),
             });

@@ -198,9 +198,13 @@ pub(crate) const FAIR_WITH_REPLICAS: &str = "fair requests cannot be combined wi
 /// The indices of `redis_keys` grouped by shard, groups in shard order, keys in their order
 /// (one group on every route but a cluster's).
 pub(crate) fn by_shard(route: &dyn Route, redis_keys: &[LockKeys]) -> Vec<Vec<usize>> {
+    if redis_keys.len() == 1 {
+        // Most requests: one group, whatever the route.
+        return vec![vec![0]];
+    }
     let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
     for (i, keys) in redis_keys.iter().enumerate() {
-        let shard = route.shard(&keys.lock);
+        let shard = route.shard(keys.lock());
         match groups.iter_mut().find(|(s, _)| *s == shard) {
             Some((_, group)) => group.push(i),
             None => groups.push((shard, vec![i])),

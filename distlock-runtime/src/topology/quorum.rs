@@ -128,7 +128,6 @@ impl Quorum {
         // answers) leaves the others to finish: a request dropped before it was written would
         // never reach its node, and a release or a grant would be left behind there.
         let owned = call;
-        let evalsha = Arc::new(owned.evalsha());
         let mut answers: Vec<Option<Answer>> = self.nodes.iter().map(|_| None).collect();
         let mut pending: FuturesUnordered<_> = self
             .nodes
@@ -136,10 +135,9 @@ impl Quorum {
             .enumerate()
             .filter(|(i, _)| to.get(*i).copied().unwrap_or(false))
             .map(|(i, node)| {
-                let (node, call, evalsha) =
-                    (Arc::clone(node), Arc::clone(&owned), Arc::clone(&evalsha));
+                let (node, call) = (Arc::clone(node), Arc::clone(&owned));
                 let task = tokio::spawn(async move {
-                    match tokio::time::timeout(limit, node.run_prepared(&call, &evalsha)).await {
+                    match tokio::time::timeout(limit, node.run(&call)).await {
                         Ok(answer) => answer,
                         Err(_) => Err(Failed {
                             error: LockError::RedisTimeout { op, after: limit },
@@ -376,11 +374,10 @@ impl Quorum {
         let undo = Arc::clone(undo);
         let pause = self.timeouts.response;
         runtime.spawn(async move {
-            let evalsha = undo.evalsha();
             for _ in 0..2 {
                 tokio::time::sleep(pause).await;
                 for node in &nodes {
-                    let _ = tokio::time::timeout(pause, node.run_prepared(&undo, &evalsha)).await;
+                    let _ = tokio::time::timeout(pause, node.run(&undo)).await;
                 }
             }
         });
@@ -389,7 +386,12 @@ impl Quorum {
     /// Writes `token` back to the fencing counters of the keys `taking` takes, on every node;
     /// whether a majority took it.
     async fn raise(&self, taking: &Taking, token: u64) -> bool {
-        let mut raise = ScriptCall::new("acquire (fencing write-back)", &RAISE, Kind::Raise);
+        let mut raise = ScriptCall::new(
+            "acquire (fencing write-back)",
+            &RAISE,
+            Kind::Raise,
+            taking.indices.len(),
+        );
         for fence in taking.fences() {
             raise.key(fence);
         }
