@@ -121,11 +121,10 @@ end
 /// ms; ARGV[4]: how much longer this caller waits, in ms; ARGV[5]: this attempt's secret (hex),
 /// which a hand-off to this caller will show; ARGV[6]: the command that announces a hand-off
 /// (`PUBLISH`, or `SPUBLISH` on a cluster).
-/// Returns `{1, fencing_token, now_ms}` when the caller holds the key now with `PX ttl`: it was
+/// Returns the fencing token (its decimal digits, like the plain acquire: a reply the client
+/// reads without parsing an array) when the caller holds the key now with `PX ttl`: it was
 /// free and the caller first in line, or it had been handed to the caller (whose attempt
-/// confirms the hand-off and draws a new fencing token, greater than the hand-off's); `now_ms`
-/// is 0 when the key was free with nobody queued (the common case reads no clock but the
-/// fencing draw's).
+/// confirms the hand-off and draws a new fencing token, greater than the hand-off's).
 /// `{0, pttl, now_ms}` when the caller is queued (once, keeping its place on later attempts)
 /// behind the holder, whose remaining PTTL in ms is `pttl` (-1: no expiry); a caller that does
 /// not wait (ARGV[4] is 0) is not queued. If the key was free
@@ -142,7 +141,7 @@ local token, ttl, claim, wait, secret = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV
 local owner = redis.call('SET', L, token, 'NX', 'PX', ttl, 'GET')
 if not owner and redis.call('EXISTS', Q) == 0 then
   -- Free, and nobody queued.
-  return {1, draw(4, 4, ttl, redis.call('TIME')), 0}
+  return draw(4, 4, ttl, redis.call('TIME'))
 end
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -150,13 +149,13 @@ if owner == token then
   -- Ours already (a hand-off, or a retried request): the ttl counts from now.
   local fence = draw(4, 4, ttl, t)
   redis.call('SET', L, token, 'PX', ttl)
-  return {1, fence, now}
+  return fence
 end
 if not owner then
   -- Was free, with waiters queued: the first live one has it (which may be this caller, who
   -- holds it now), or this caller if none is left.
   local head, hclaim, hsecret = pop_live(Q, W, now)
-  if not head or head == token then return {1, draw(4, 4, ttl, t), now} end
+  if not head or head == token then return draw(4, 4, ttl, t) end
   hand(L, head, hclaim, hsecret, 4, t, now)
 end
 if wait <= 0 then return {0, redis.call('PTTL', L), now} end
@@ -241,15 +240,16 @@ impl FairRequest {
 
 impl redis::FromRedisValue for FairAnswer {
     fn from_redis_value(v: redis::Value) -> Result<Self, redis::ParsingError> {
+        if let redis::Value::Int(_) | redis::Value::BulkString(_) = v {
+            return Ok(Self::Acquired {
+                fencing_token: redis::FromRedisValue::from_redis_value(v)?,
+            });
+        }
         let fields: Vec<i64> = redis::FromRedisValue::from_redis_value(v)?;
         let server_ms = |now: i64| {
             u64::try_from(now).map_err(|_| redis::ParsingError::from("negative server time"))
         };
         match fields.as_slice() {
-            [1, fence, _] => Ok(Self::Acquired {
-                fencing_token: u64::try_from(*fence)
-                    .map_err(|_| redis::ParsingError::from("negative fencing token"))?,
-            }),
             [0, pttl, now] => Ok(Self::Queued {
                 remaining: u64::try_from(*pttl).ok().map(Duration::from_millis),
                 server_ms: server_ms(*now)?,
@@ -488,6 +488,42 @@ pub(crate) fn deliver(channel: &str, handoff: Handoff, waiters: &[(&FairWaiter, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fair_scripts_answers_parse_a_bare_token_as_taken_and_an_array_as_queued() {
+        use redis::{FromRedisValue, Value};
+        let taken = FairAnswer::from_redis_value(Value::BulkString(b"1795000000123456".to_vec()));
+        assert!(matches!(
+            taken,
+            Ok(FairAnswer::Acquired {
+                fencing_token: 1_795_000_000_123_456
+            })
+        ));
+        let queued = FairAnswer::from_redis_value(Value::Array(vec![
+            Value::Int(0),
+            Value::Int(2500),
+            Value::Int(1_795_000_000_123),
+        ]));
+        assert!(matches!(
+            queued,
+            Ok(FairAnswer::Queued { remaining: Some(r), server_ms: 1_795_000_000_123 })
+                if r == Duration::from_millis(2500)
+        ));
+        let no_expiry = FairAnswer::from_redis_value(Value::Array(vec![
+            Value::Int(0),
+            Value::Int(-1),
+            Value::Int(5),
+        ]));
+        assert!(matches!(
+            no_expiry,
+            Ok(FairAnswer::Queued {
+                remaining: None,
+                ..
+            })
+        ));
+        let wrong = FairAnswer::from_redis_value(Value::Array(vec![Value::Int(1), Value::Int(7)]));
+        assert!(wrong.is_err());
+    }
 
     #[test]
     fn hand_off_messages_parse_and_plain_releases_do_not() {
