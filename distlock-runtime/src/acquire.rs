@@ -89,7 +89,7 @@ async fn attempt(
             Arc::clone(&state),
         )
     });
-    let request = if fair {
+    let mut request = if fair {
         if let Some(reason) = context.redis().refuses_fair() {
             return Err(LockError::InvalidConfig {
                 what: "fair",
@@ -98,8 +98,11 @@ async fn attempt(
         }
         AcquireRequest::Fair(FairRequest::new(&redis_keys[0], ttl))
     } else {
-        AcquireRequest::new(context.redis(), &redis_keys, &token, ttl)
+        AcquireRequest::new(context.redis(), &redis_keys, &token, ttl, false)
     };
+    // Whether an attempt found a key held: later attempts take keys marked as waited on (see
+    // `scripts.rs`), since other waiters may still wait for them.
+    let mut waited = false;
 
     let started = wait.started;
     let deadline = wait.deadline();
@@ -146,7 +149,14 @@ async fn attempt(
             .acquire_requests
             .fetch_add(1, Ordering::Relaxed);
         let answer = match request
-            .send(context.redis(), &token, secret.as_deref(), deadline, sent)
+            .send(
+                context.redis(),
+                &token,
+                secret.as_deref(),
+                deadline,
+                sent,
+                waited,
+            )
             .await
         {
             Ok((answer, server_ms)) => {
@@ -189,6 +199,13 @@ async fn attempt(
                 let key = || keys.get(first_held).cloned().unwrap_or_default();
                 if wait.is_try() {
                     return Err(LockError::NotAcquired { key: key() });
+                }
+                if !waited {
+                    waited = true;
+                    if !fair {
+                        request =
+                            AcquireRequest::new(context.redis(), &redis_keys, &token, ttl, true);
+                    }
                 }
                 queued = fair;
                 in_doubt.armed = queued;
@@ -285,11 +302,13 @@ impl Group {
 }
 
 impl AcquireRequest {
+    /// `waited`: an earlier attempt found a key held.
     fn new(
         route: &dyn Route,
         redis_keys: &Arc<[LockKeys]>,
         token: &Arc<str>,
         ttl: Duration,
+        waited: bool,
     ) -> Self {
         // One global order (shard, then key: the keys are sorted), so two requests for
         // overlapping keys on several shards take them in the same order.
@@ -316,7 +335,10 @@ impl AcquireRequest {
                 for &i in &indices {
                     acquire.key(redis_keys[i].fence());
                 }
-                acquire.arg(&**token).arg(millis(ttl));
+                acquire
+                    .arg(&**token)
+                    .arg(millis(ttl))
+                    .arg(if waited { "1" } else { "0" });
                 Group { indices, acquire }
             })
             .collect();
@@ -332,6 +354,7 @@ impl AcquireRequest {
         secret: Option<&str>,
         deadline: Instant,
         now: Instant,
+        waited: bool,
     ) -> Result<(Acquire, Option<u64>), Failed> {
         match self {
             Self::All(groups) => take_groups(redis, groups)
@@ -339,7 +362,7 @@ impl AcquireRequest {
                 .map(|answer| (answer, None)),
             Self::Fair(fair) => {
                 let wait_left = deadline.saturating_duration_since(now);
-                fair.send(redis, token, secret.unwrap_or_default(), wait_left)
+                fair.send(redis, token, secret.unwrap_or_default(), wait_left, waited)
                     .await
                     .map(|answer| match answer {
                         FairAnswer::Acquired { fencing_token } => {

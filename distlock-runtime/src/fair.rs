@@ -94,7 +94,8 @@ end
 -- SPUBLISH on a cluster).
 local function hand(L, head, claim, secret, f, t, now)
   local fence = draw(f, f, claim, t)
-  redis.call('SET', L, head, 'PX', claim)
+  -- Marked as waited on: more waiters may be queued behind it.
+  redis.call('SET', L, '~' .. head, 'PX', claim)
   -- The next waiter's field is left empty (see the module docs, point 2).
   local signed = string.format('%s %s %.0f %s ', head, fence, now, claim)
   -- pcall: a user without channel rights still hands over; its waiters poll.
@@ -120,14 +121,17 @@ end
 /// ARGV[1]: the owner token; ARGV[2]: the ttl in ms; ARGV[3]: the claim time of a hand-off in
 /// ms; ARGV[4]: how much longer this caller waits, in ms; ARGV[5]: this attempt's secret (hex),
 /// which a hand-off to this caller will show; ARGV[6]: the command that announces a hand-off
-/// (`PUBLISH`, or `SPUBLISH` on a cluster).
+/// (`PUBLISH`, or `SPUBLISH` on a cluster); ARGV[7]: `1` when this caller has waited already
+/// (a key it takes is marked as waited on: others may still wait), else `0`.
 /// Returns the fencing token (its decimal digits, like the plain acquire: a reply the client
 /// reads without parsing an array) when the caller holds the key now with `PX ttl`: it was
 /// free and the caller first in line, or it had been handed to the caller (whose attempt
 /// confirms the hand-off and draws a new fencing token, greater than the hand-off's).
 /// `{0, pttl, now_ms}` when the caller is queued (once, keeping its place on later attempts)
-/// behind the holder, whose remaining PTTL in ms is `pttl` (-1: no expiry); a caller that does
-/// not wait (ARGV[4] is 0) is not queued. If the key was free
+/// behind the holder, whose remaining PTTL in ms is `pttl` (-1: no expiry), and whose value is
+/// then marked as waited on (see `scripts.rs`); a caller that does not wait (ARGV[4] is 0) is
+/// neither queued nor marks. A lock this caller takes from its queue's head, or is handed, is
+/// marked too: others may be queued behind it. If the key was free
 /// but another waiter was first in line, it is handed to that waiter first. `now_ms` is Redis
 /// server time, which lets the caller date a hand-off it learns of by message.
 /// The queue keys expire once no waiter in them can still be waiting.
@@ -138,25 +142,35 @@ static ACQUIRE_FAIR: LazyLock<Lua> = LazyLock::new(|| {
 local L, Q, W = KEYS[1], KEYS[2], KEYS[3]
 local token, ttl, claim, wait, secret = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 -- Takes the key if it is free, in one command; a held key is left as it is.
-local owner = redis.call('SET', L, token, 'NX', 'PX', ttl, 'GET')
+local owner = redis.call('SET', L, ARGV[7] == '1' and '~' .. token or token, 'NX', 'PX', ttl, 'GET')
 if not owner and redis.call('EXISTS', Q) == 0 then
   -- Free, and nobody queued.
   return draw(4, 4, ttl, redis.call('TIME'))
 end
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
-if owner == token then
-  -- Ours already (a hand-off, or a retried request): the ttl counts from now.
+if owner == token or owner == '~' .. token then
+  -- Ours already (a hand-off, or a retried request): the ttl counts from now, and a mark
+  -- stays.
   local fence = draw(4, 4, ttl, t)
-  redis.call('SET', L, token, 'PX', ttl)
+  redis.call('SET', L, owner, 'PX', ttl)
   return fence
 end
 if not owner then
   -- Was free, with waiters queued: the first live one has it (which may be this caller, who
   -- holds it now), or this caller if none is left.
   local head, hclaim, hsecret = pop_live(Q, W, now)
-  if not head or head == token then return draw(4, 4, ttl, t) end
+  if not head then return draw(4, 4, ttl, t) end
+  if head == token then
+    -- Others may still be queued behind this caller: marked as waited on (a caller from the
+    -- queue has waited, and set it so already).
+    if ARGV[7] ~= '1' then redis.call('SET', L, '~' .. token, 'KEEPTTL') end
+    return draw(4, 4, ttl, t)
+  end
   hand(L, head, hclaim, hsecret, 4, t, now)
+elseif string.byte(owner) ~= 126 and wait > 0 then
+  -- Held, and this caller will wait: marked as waited on, so its release hands over.
+  redis.call('SET', L, '~' .. owner, 'KEEPTTL')
 end
 if wait <= 0 then return {0, redis.call('PTTL', L), now} end
 local entry = string.format('%.0f %s %s', now + wait, claim, secret)
@@ -212,12 +226,14 @@ impl FairRequest {
     }
 
     /// One attempt by `token`, which waits `wait_left` more and stores `secret` in its entry.
+    /// `waited`: this request found the key held before.
     pub(crate) async fn send(
         &self,
         redis: &dyn Route,
         token: &str,
         secret: &str,
         wait_left: Duration,
+        waited: bool,
     ) -> Result<FairAnswer, Failed> {
         let mut invocation = ScriptCall::new("acquire", &ACQUIRE_FAIR, Kind::Fair, self.keys.len());
         for key in &self.keys {
@@ -233,7 +249,8 @@ impl FairRequest {
             .arg(self.claim_ms)
             .arg(wait_ms)
             .arg(secret)
-            .arg(redis.publish_command());
+            .arg(redis.publish_command())
+            .arg(if waited { "1" } else { "0" });
         redis.call(&invocation).await
     }
 }

@@ -57,6 +57,8 @@ static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
         r"#!lua flags=no-writes
 local owner = redis.pcall('GET', KEYS[1])
 if type(owner) ~= 'string' then return nil end
+-- Without the mark of a lock someone waits on (see `scripts.rs`).
+if string.byte(owner) == 126 then owner = string.sub(owner, 2) end
 local counter = redis.pcall('GET', KEYS[2])
 if type(counter) ~= 'string' then counter = '' end
 local waiters = redis.pcall('HLEN', KEYS[3])

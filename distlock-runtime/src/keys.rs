@@ -4,7 +4,7 @@
 //!
 //! | Redis key | what it holds | lives |
 //! |---|---|---|
-//! | `distlock:lock:{order:42}` | the owner's token (also the release notification channel) | the lease's ttl |
+//! | `distlock:lock:{order:42}` | the owner's token, `~`-prefixed once someone waits for it (also the release notification channel) | the lease's ttl |
 //! | `distlock:fence:{order:42}` | the last fencing token drawn for it | the ttl after the last draw |
 //! | `distlock:queue:{order:42}` | fair waiters' tokens, in arrival order | until the last waiter's wait ends |
 //! | `distlock:waiters:{order:42}` | each fair waiter's deadline, claim time and secret | likewise |
@@ -54,7 +54,8 @@ impl LockKeys {
         &self.names[start..self.ends[i]]
     }
 
-    /// The lock itself: its value is the owner's token, its PTTL the lease's expiry.
+    /// The lock itself: its value is the owner's token (marked `~` once waited on), its PTTL
+    /// the lease's expiry.
     pub(crate) fn lock(&self) -> &str {
         self.name(0)
     }

@@ -6,6 +6,17 @@
 //! `SCRIPT FLUSH`, a server restart or a promoted replica costs one extra round trip, never a
 //! failure (see `topology/mod.rs`). A lock key holds
 //! the owner's random token as its value and the lease's expiry as its PTTL.
+//!
+//! **Waited on.** A holder's value gets a `~` in front of its token (tokens start with a hex
+//! digit) once someone waits for the key: an attempt that finds it held and will wait marks it,
+//! in the same script, and a hand-off gives the key marked. Only a marked lock's release looks
+//! for a fair waiter to hand it to and announces itself on the key's channel; an unmarked one is
+//! a plain `GET` and `DEL`, as the cheapest hand-written lock is. A waiter therefore marks every
+//! holder it waits on before it relies on that holder's release to wake it: a holder that
+//! changes by a release announces itself if it was marked, one that expires publishes nothing
+//! anyway (waiters wake at its expiry), and one handed over is marked. Scripts that check an
+//! owner accept both forms; a mark is never removed but by the key's deletion, and a stale one
+//! (its waiter gave up, or only tried) costs that release its announcement, nothing else.
 
 use std::sync::LazyLock;
 
@@ -18,13 +29,16 @@ use crate::fence::FENCE;
 ///
 /// KEYS: the lock keys `L1..Ln` (sorted, de-duplicated), then their fencing counters `F1..Fn`
 /// in the same order (see `fence.rs`).
-/// ARGV[1]: the owner token; ARGV[2]: the ttl in milliseconds; ARGV[3] (optional): a proposed
-/// fencing token, the least one drawn (see `fence.rs`).
+/// ARGV[1]: the owner token; ARGV[2]: the ttl in milliseconds; ARGV[3]: `1` when this request
+/// has waited for a key already (it competed with other waiters, who may still wait: the keys
+/// it takes are marked as waited on), else `0`; ARGV[4] (optional): a proposed fencing token,
+/// the least one drawn (see `fence.rs`).
 /// Returns the fencing token (its decimal digits) when every key was free (or already held by this
 /// token, so a retried request after a lost answer is harmless) and is now set with `PX ttl`;
 /// `{0, i, pttl}` when some key is held by another owner, where `i` is the 1-based index of the
 /// first held key and `pttl` the longest remaining PTTL among the held keys in ms (-1 when a held
-/// key has no expiry). Nothing is written then.
+/// key has no expiry). No key is taken then; the first held key is marked as waited on (see the
+/// module docs), since that is the key a waiter waits for.
 ///
 /// Declared with `#!lua` (Redis 7.0): Redis checks memory and key permissions before the script
 /// runs, so an acquire it refuses has written nothing; an acquire that fails after it wrote (a
@@ -36,32 +50,48 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
         "#!lua\n{FENCE}{}",
         r"
 local n = #KEYS / 2
+local token, waited = ARGV[1], '~' .. ARGV[1]
+-- What a free key is set to.
+local value = ARGV[3] == '1' and waited or token
+-- Marks a key held by another owner as waited on (see the module docs): its release will announce itself.
+local function mark(key, owner)
+  if string.byte(owner) ~= 126 then redis.call('SET', key, '~' .. owner, 'KEEPTTL') end
+end
 if n == 1 then
   -- One key: take it if free, in one command.
-  local owner = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
-  if owner and owner ~= ARGV[1] then return {0, 1, redis.call('PTTL', KEYS[1])} end
+  local owner = redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2], 'GET')
+  if owner and owner ~= token and owner ~= waited then
+    mark(KEYS[1], owner)
+    return {0, 1, redis.call('PTTL', KEYS[1])}
+  end
   -- Ours already (a retried request that ran late): the ttl counts from now.
   if owner then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 else
-  local first = 0
+  local first, owners = 0, {}
   for i = 1, n do
     local owner = redis.call('GET', KEYS[i])
-    if owner and owner ~= ARGV[1] then first = i break end
+    if owner and owner ~= token and owner ~= waited then first = i break end
+    owners[i] = owner
   end
   if first > 0 then
     local longest = 0
     for i = first, n do
       local owner = redis.call('GET', KEYS[i])
-      if owner and owner ~= ARGV[1] then
+      if owner and owner ~= token and owner ~= waited then
+        if i == first then mark(KEYS[i], owner) end
         local pttl = redis.call('PTTL', KEYS[i])
         if pttl < 0 then longest = -1 elseif longest >= 0 and pttl > longest then longest = pttl end
       end
     end
     return {0, first, longest}
   end
-  for i = 1, n do redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
+  -- A key of ours already waited on stays marked.
+  for i = 1, n do
+    local owner = owners[i]
+    redis.call('SET', KEYS[i], owner == waited and owner or value, 'PX', ARGV[2])
+  end
 end
-return draw(n + 1, 2 * n, ARGV[2], redis.call('TIME'), ARGV[3])
+return draw(n + 1, 2 * n, ARGV[2], redis.call('TIME'), ARGV[4])
 "
     ))
 });
@@ -73,10 +103,11 @@ return draw(n + 1, 2 * n, ARGV[2], redis.call('TIME'), ARGV[3])
 /// ARGV[1]: the owner token; ARGV[2]: `1` when the owner may be queued as a fair waiter (one
 /// that gives up, or whose attempt's outcome is unknown), which then leaves the queue too;
 /// ARGV[3]: the command that announces a release (`PUBLISH`, or `SPUBLISH` on a cluster).
-/// Returns the number of lock keys this owner held. Each one is handed to the oldest live fair
-/// waiter if its queue has one (a `h ...` message on the key's channel), else deleted and
-/// announced with an empty message on the key's channel, for waiters (an announcement Redis
-/// refuses, to an ACL user without channel rights, is skipped). A key that is not a
+/// Returns the number of lock keys this owner held. One that nobody waited on (unmarked, see the
+/// module docs) is deleted. A marked one is handed to the oldest live fair waiter if its queue
+/// has one (a `h ...` message on the key's channel), else deleted and announced with an empty
+/// message on the key's channel, for waiters (an announcement Redis refuses, to an ACL user
+/// without channel rights, is skipped). A key that is not a
 /// string (overwritten by someone) is not ours and is skipped (`pcall`), so it cannot keep the
 /// others from being released.
 ///
@@ -90,7 +121,12 @@ local released = 0
 for i = 1, #KEYS, 4 do
   local L, Q, W = KEYS[i], KEYS[i + 1], KEYS[i + 2]
   if queued and redis.pcall('HDEL', W, token) == 1 then redis.call('LREM', Q, 1, token) end
-  if redis.pcall('GET', L) == token then
+  local owner = redis.pcall('GET', L)
+  if owner == token then
+    -- Nobody waited on this lease (see the module docs): nothing to hand over or announce.
+    released = released + 1
+    redis.call('DEL', L)
+  elseif owner == '~' .. token then
     released = released + 1
     -- The queue's first waiter, if any (pcall: a queue key of another type holds none).
     local head = redis.pcall('LPOP', Q)
@@ -116,7 +152,8 @@ return released
 ///
 /// KEYS: the keys of every lease in the batch, lease after lease.
 /// ARGV: for each lease, three values: owner token, new ttl in ms, number of keys.
-/// Returns one integer per lease: 1 when every key was held by the token and got `PEXPIRE ttl`;
+/// Returns one integer per lease: 1 when every key was held by the token (marked as waited on or
+/// not) and got `PEXPIRE ttl`;
 /// 0 when some key is gone, owned by another token or no longer a string (`pcall`: one broken
 /// lease never fails the batch), in which case none of that lease's keys is touched (a lost lock
 /// is never re-created or prolonged).
@@ -129,7 +166,8 @@ for a = 1, #ARGV, 3 do
   local token, ttl, count = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
   local owned = 1
   for i = k, k + count - 1 do
-    if redis.pcall('GET', KEYS[i]) ~= token then owned = 0 break end
+    local owner = redis.pcall('GET', KEYS[i])
+    if owner ~= token and owner ~= '~' .. token then owned = 0 break end
   end
   if owned == 1 then
     for i = k, k + count - 1 do redis.call('PEXPIRE', KEYS[i], ttl) end

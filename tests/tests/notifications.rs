@@ -289,3 +289,115 @@ async fn a_waiter_never_counts_on_a_subscription_being_removed() {
     );
     lease.release().await.unwrap();
 }
+
+/// An unfair waiter for `key` on `locks` that says when it got the lock.
+fn spawn_unfair_waiter(
+    locks: &distlock_runtime::LockManager,
+    key: &'static str,
+    wait: Duration,
+) -> tokio::task::JoinHandle<(
+    Instant,
+    Result<distlock_runtime::Lease, distlock_runtime::LockError>,
+)> {
+    let locks = locks.clone();
+    tokio::spawn(async move {
+        let lease = locks.lock(key).fair(false).wait(wait).acquire().await;
+        (Instant::now(), lease)
+    })
+}
+
+/// A release wakes only the oldest waiter of the key in each process; the others sleep on. When
+/// that waiter takes the lock, the others still wait, so its release must be announced too: a
+/// waiter that had to wait takes the key marked as waited on. Without that, the second waiter
+/// would sleep until the first holder's 30 s expiry and time out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_left_asleep_while_another_took_the_lock_is_woken_by_that_release() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    warm_up(&locks).await;
+    let conn = server.client().await;
+    let held = locks
+        .lock("relay")
+        .fair(false)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let first = spawn_unfair_waiter(&locks, "relay", Duration::from_secs(10));
+    distlock_tests::until_subscribed(&conn, "relay").await;
+    let second = spawn_unfair_waiter(&locks, "relay", Duration::from_secs(10));
+    // The second waiter's attempts (held, then once more after joining the subscription).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    held.release().await.unwrap();
+    let (_, lease) = first.await.unwrap();
+    let lease = lease.expect("the oldest waiter is woken by the release");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released = Instant::now();
+    lease.release().await.unwrap();
+    let (acquired, lease) = second.await.unwrap();
+    let lease = lease.expect("the second waiter is woken by the first waiter's release");
+    let after = acquired.duration_since(released);
+    assert!(
+        after < Duration::from_secs(1),
+        "woken {after:?} after the release"
+    );
+    lease.release().await.unwrap();
+}
+
+/// A lock nobody waited for is released without an announcement (a `GET` and a `DEL`); one
+/// somebody waits for announces its release, and inspection still names its holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_release_somebody_waits_for_is_announced() {
+    use futures_util::StreamExt;
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server
+        .manager_builder()
+        .holder_label("api-7")
+        .build()
+        .unwrap();
+    warm_up(&locks).await;
+    let conn = server.client().await;
+    let mut pubsub = redis::Client::open(server.url())
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    pubsub.subscribe(locks.redis_key("quiet")).await.unwrap();
+    let mut messages = pubsub.into_on_message();
+
+    distlock_tests::lock_once(&locks, "quiet").await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), messages.next())
+            .await
+            .is_err(),
+        "a release nobody waited for announced itself"
+    );
+
+    let held = locks
+        .lock("quiet")
+        .fair(false)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let other = server.manager();
+    let waiter = spawn_unfair_waiter(&other, "quiet", Duration::from_secs(10));
+    distlock_tests::until_subscribed(&conn, "quiet").await;
+    let info = locks.inspect("quiet").await.unwrap().expect("held");
+    assert_eq!(info.holder.as_deref(), Some("api-7"));
+    assert!(
+        info.token_prefix.chars().all(|c| c.is_ascii_hexdigit()),
+        "{:?}",
+        info.token_prefix
+    );
+    held.release().await.unwrap();
+    let message = tokio::time::timeout(Duration::from_secs(1), messages.next()).await;
+    assert!(
+        matches!(message, Ok(Some(_))),
+        "the release the waiter waited for was announced"
+    );
+    let (_, lease) = waiter.await.unwrap();
+    lease.unwrap().release().await.unwrap();
+}
