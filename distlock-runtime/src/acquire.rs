@@ -186,6 +186,7 @@ async fn attempt(
         in_doubt.armed = queued;
         let fencing_token = match answer {
             Acquire::Acquired { fencing_token } => {
+                waiter.took();
                 state.acquired(sent, ttl);
                 if let Some(registration) = &registration {
                     registration.schedule(sent, ttl);
@@ -210,6 +211,10 @@ async fn attempt(
                 queued = fair;
                 in_doubt.armed = queued;
                 let held_key = redis_keys.get(first_held).map_or("", |k| k.lock());
+                // A plain attempt marks the first held key; a fair one marks its holder when it
+                // queued, which it does with any wait left (see `fair.rs`).
+                let marked = !fair || deadline.saturating_duration_since(sent).as_millis() > 0;
+                waiter.found_held(held_key, marked);
                 let handoff = match waiter.wait(held_key, remaining, sent).await {
                     Wake::Retry => continue,
                     Wake::Deadline => {

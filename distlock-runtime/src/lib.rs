@@ -105,7 +105,11 @@
 //! - No connection is held while a body runs.
 //! - Waiters are woken by release notifications (`PUBLISH` from the release script, one
 //!   subscriber connection per manager, one local waiter woken per release, oldest first), and
-//!   also at the holder's expiry; a lost notification costs latency, never a hang. A manager
+//!   also at the holder's expiry; a lost notification costs latency, never a hang. Only a lock
+//!   somebody waits for announces its release: a waiter marks the holder it finds (a `~` before
+//!   the token in the lock's value, set by the attempt's own script), and a request that had to
+//!   wait takes its keys marked, for the waiters still behind it; a lock nobody waited for is
+//!   released with a `GET` and a `DEL`. A manager
 //!   built on a caller's pool has no client to subscribe with, and an ACL user may lack channel
 //!   rights (see [Least-privilege ACL user](#least-privilege-acl-user)): their waiters poll with
 //!   backoff.

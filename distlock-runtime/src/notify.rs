@@ -144,6 +144,10 @@ pub(crate) struct Ticket {
     slot: Arc<Slot>,
     /// When this waiter joined the key's waiters: messages after it reach it.
     joined: Instant,
+    /// This waiter took a release announcement and has not yet done what it owes the waiters
+    /// behind it: an attempt that takes the key, or marks its new holder as waited on (see
+    /// `scripts.rs`). Until then, leaving passes the announcement on, as an unused one is.
+    owed: AtomicBool,
 }
 
 impl Notifications {
@@ -183,6 +187,7 @@ impl Notifications {
             channel: channel.to_owned(),
             slot,
             joined: Instant::now(),
+            owed: AtomicBool::new(false),
         }
     }
 }
@@ -242,7 +247,17 @@ impl Ticket {
     /// news stays for [`Ticket::take_handed`] and [`Ticket::watch`].
     pub(crate) async fn woken(&self) -> bool {
         self.slot.wake.notified().await;
-        self.slot.woken.swap(false, Ordering::SeqCst)
+        let plain = self.slot.woken.swap(false, Ordering::SeqCst);
+        if plain {
+            self.owed.store(true, Ordering::SeqCst);
+        }
+        plain
+    }
+
+    /// The attempt after a release announcement took the key, or marked its holder: the waiters
+    /// behind this one will hear of that holder's release themselves.
+    pub(crate) fn discharge(&self) {
+        self.owed.store(false, Ordering::SeqCst);
     }
 
     /// From now on, accepts only hand-offs that show `secret` (a new attempt stored it).
@@ -270,8 +285,9 @@ impl Drop for Ticket {
             return;
         };
         channel.waiters.retain(|s| !Arc::ptr_eq(s, &self.slot));
-        if self.slot.woken.load(Ordering::SeqCst) {
-            // This waiter leaves with a notification it did not use: the next one gets it.
+        if self.slot.woken.load(Ordering::SeqCst) || self.owed.load(Ordering::SeqCst) {
+            // This waiter leaves with a notification it did not use (or one whose attempt
+            // neither took the key nor marked its holder): the next one gets it.
             wake_one(channel);
         }
         let watch = self.slot.fair.as_ref().and_then(FairWaiter::watch);

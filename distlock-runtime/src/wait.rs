@@ -116,6 +116,27 @@ impl<'a> Waiter<'a> {
         }
     }
 
+    /// After an attempt that took the keys: a release announcement this waiter took was used.
+    pub(crate) fn took(&self) {
+        if let Some(ticket) = &self.ticket {
+            ticket.discharge();
+        }
+    }
+
+    /// After an attempt that found the lock key `key` held and, if `marked`, marked its holder
+    /// as waited on: a release announcement this waiter took for `key` was used (that holder's
+    /// release will be announced). One for another key, or an attempt that marked nothing,
+    /// leaves it owed: the waiter passes it on when it leaves the key.
+    pub(crate) fn found_held(&self, key: &str, marked: bool) {
+        if let Some(ticket) = self
+            .ticket
+            .as_ref()
+            .filter(|t| marked && t.channel() == key)
+        {
+            ticket.discharge();
+        }
+    }
+
     /// Sleeps until the next attempt on the held lock key `key` (its Redis name), or until a
     /// release hands the lock to this fair waiter. `holder_remaining` is the holder's remaining
     /// lifetime, if Redis reported one; `sent` is when the attempt that found the key held was

@@ -569,6 +569,18 @@ pub async fn channels(conn: &mut redis::aio::MultiplexedConnection, pattern: &st
         .expect("PUBSUB CHANNELS")
 }
 
+/// Waits until `locks` has sent `n` acquire requests in all.
+///
+/// # Panics
+/// If it has not within 5 s.
+pub async fn until_attempts(locks: &LockManager, n: u64) {
+    let sent = eventually(Duration::from_secs(5), || async {
+        locks.stats().acquire_requests >= n
+    })
+    .await;
+    assert!(sent.is_some(), "{n} acquire requests sent");
+}
+
 /// Takes and releases the lock on `key`.
 ///
 /// # Panics

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use distlock_runtime::{Lease, LockError, LockManager, LockRequest};
 use distlock_tests::{
-    eventually, exists, queued, until_gone, until_queued, until_subscribed, warm_up, Proxy,
+    exists, queued, until_attempts, until_gone, until_queued, until_subscribed, warm_up, Proxy,
     ProxyMode, RedisServer, Tripwire, TripwireHandle,
 };
 use futures_util::StreamExt;
@@ -45,15 +45,6 @@ async fn next_message(
         .await
         .ok()
         .flatten()
-}
-
-/// Waits until `locks` has sent `n` acquire requests in all.
-async fn until_attempts(locks: &LockManager, n: u64) {
-    let sent = eventually(Duration::from_secs(5), || async {
-        locks.stats().acquire_requests >= n
-    })
-    .await;
-    assert!(sent.is_some(), "{n} acquire requests sent");
 }
 
 /// A waiter racing a tripwire: once armed, the tripwire drops it at its task's next wake-up

@@ -324,11 +324,15 @@ async fn a_waiter_left_asleep_while_another_took_the_lock_is_woken_by_that_relea
         .acquire()
         .await
         .unwrap();
+    // Requests so far: the warm-up's and the holder's.
     let first = spawn_unfair_waiter(&locks, "relay", Duration::from_secs(10));
     distlock_tests::until_subscribed(&conn, "relay").await;
+    // The first waiter's two attempts (held, then once more once subscribed).
+    distlock_tests::until_attempts(&locks, 4).await;
     let second = spawn_unfair_waiter(&locks, "relay", Duration::from_secs(10));
-    // The second waiter's attempts (held, then once more after joining the subscription).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The second waiter's attempt, which found the key held (and answered: a little more).
+    distlock_tests::until_attempts(&locks, 5).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
     held.release().await.unwrap();
     let (_, lease) = first.await.unwrap();
     let lease = lease.expect("the oldest waiter is woken by the release");
@@ -358,7 +362,6 @@ async fn only_a_release_somebody_waits_for_is_announced() {
         .build()
         .unwrap();
     warm_up(&locks).await;
-    let conn = server.client().await;
     let mut pubsub = redis::Client::open(server.url())
         .unwrap()
         .get_async_pubsub()
@@ -383,8 +386,11 @@ async fn only_a_release_somebody_waits_for_is_announced() {
         .await
         .unwrap();
     let other = server.manager();
+    warm_up(&other).await;
     let waiter = spawn_unfair_waiter(&other, "quiet", Duration::from_secs(10));
-    distlock_tests::until_subscribed(&conn, "quiet").await;
+    // The waiter's two attempts (held, then once more once subscribed), and their answers.
+    distlock_tests::until_attempts(&other, 3).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
     let info = locks.inspect("quiet").await.unwrap().expect("held");
     assert_eq!(info.holder.as_deref(), Some("api-7"));
     assert!(
@@ -400,4 +406,64 @@ async fn only_a_release_somebody_waits_for_is_announced() {
     );
     let (_, lease) = waiter.await.unwrap();
     lease.unwrap().release().await.unwrap();
+}
+
+/// A waiter that takes a release announcement and then waits for another key (a request for
+/// several keys, finding the next one held) passes the announcement on: the younger waiter of
+/// the released key in its process takes it at once, instead of sleeping until the first
+/// holder's 30 s expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_moves_on_to_another_key_passes_the_release_announcement_on() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let (locks, other) = (server.manager(), server.manager());
+    warm_up(&locks).await;
+    let conn = server.client().await;
+    let first_key = other
+        .lock("first")
+        .fair(false)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let second_key = other
+        .lock("second")
+        .fair(false)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let both = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .lock_all(["first", "second"])
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+        }
+    });
+    distlock_tests::until_subscribed(&conn, "first").await;
+    // The warm-up's request and the two of the waiter for both keys.
+    distlock_tests::until_attempts(&locks, 3).await;
+    let younger = spawn_unfair_waiter(&locks, "first", Duration::from_secs(10));
+    distlock_tests::until_attempts(&locks, 4).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let released = Instant::now();
+    first_key.release().await.unwrap();
+    let (acquired, lease) = younger.await.unwrap();
+    let lease = lease.expect("the younger waiter gets the released key");
+    let after = acquired.duration_since(released);
+    assert!(
+        after < Duration::from_secs(1),
+        "woken {after:?} after the release"
+    );
+    lease.release().await.unwrap();
+    second_key.release().await.unwrap();
+    both.await
+        .unwrap()
+        .expect("the waiter for both keys gets them")
+        .release()
+        .await
+        .unwrap();
 }
