@@ -98,7 +98,12 @@ async fn attempt(
         }
         AcquireRequest::Fair(FairRequest::new(&redis_keys[0], ttl))
     } else {
-        AcquireRequest::new(context.redis(), &redis_keys, &token, ttl, false)
+        let waits = if wait.is_try() {
+            Waits::Never
+        } else {
+            Waits::Yet
+        };
+        AcquireRequest::new(context.redis(), &redis_keys, &token, ttl, waits)
     };
     // Whether an attempt found a key held: later attempts take keys marked as waited on (see
     // `scripts.rs`), since other waiters may still wait for them.
@@ -204,8 +209,13 @@ async fn attempt(
                 if !waited {
                     waited = true;
                     if !fair {
-                        request =
-                            AcquireRequest::new(context.redis(), &redis_keys, &token, ttl, true);
+                        request = AcquireRequest::new(
+                            context.redis(),
+                            &redis_keys,
+                            &token,
+                            ttl,
+                            Waits::Waited,
+                        );
                     }
                 }
                 queued = fair;
@@ -278,6 +288,18 @@ async fn attempt(
     }
 }
 
+/// Whether a request has waited for a key, which says whether its attempts mark a held key as
+/// waited on and take free keys marked (see `scripts.rs`).
+#[derive(Clone, Copy)]
+enum Waits {
+    /// Not yet: an attempt that finds a key held marks it, one that takes keys takes them plain.
+    Yet,
+    /// An earlier attempt found a key held: keys taken now are marked, for the waiters behind.
+    Waited,
+    /// A try-lock: it marks nothing.
+    Never,
+}
+
 /// The acquire request of one lease, built once and sent at every attempt.
 enum AcquireRequest {
     /// The all-or-nothing script, once per group of keys that share a shard (one group but on
@@ -307,13 +329,12 @@ impl Group {
 }
 
 impl AcquireRequest {
-    /// `waited`: an earlier attempt found a key held.
     fn new(
         route: &dyn Route,
         redis_keys: &Arc<[LockKeys]>,
         token: &Arc<str>,
         ttl: Duration,
-        waited: bool,
+        waits: Waits,
     ) -> Self {
         // One global order (shard, then key: the keys are sorted), so two requests for
         // overlapping keys on several shards take them in the same order.
@@ -326,6 +347,7 @@ impl AcquireRequest {
                     token: Arc::clone(token),
                     ttl,
                     publish: route.publish_command(),
+                    announce_always: route.announces_every_release(),
                     make_undo: crate::release::undo_of,
                 };
                 let mut acquire = ScriptCall::new(
@@ -340,10 +362,11 @@ impl AcquireRequest {
                 for &i in &indices {
                     acquire.key(redis_keys[i].fence());
                 }
-                acquire
-                    .arg(&**token)
-                    .arg(millis(ttl))
-                    .arg(if waited { "1" } else { "0" });
+                acquire.arg(&**token).arg(millis(ttl)).arg(match waits {
+                    Waits::Waited => "1",
+                    Waits::Yet => "0",
+                    Waits::Never => "-",
+                });
                 Group { indices, acquire }
             })
             .collect();

@@ -60,6 +60,8 @@ pub(crate) struct Taking {
     pub(crate) ttl: Duration,
     /// How the route announces a release (see `Route::publish_command`).
     pub(crate) publish: &'static str,
+    /// Whether it announces every release (see `Route::announces_every_release`).
+    pub(crate) announce_always: bool,
     /// Builds the release that undoes the acquire (`release::undo_of`, passed in: releasing
     /// sits above this module).
     pub(crate) make_undo: fn(&Taking) -> ScriptCall,

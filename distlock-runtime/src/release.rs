@@ -46,22 +46,24 @@ pub(crate) fn release_call<'a>(
     token: &str,
     queued: bool,
 ) -> ScriptCall {
-    release_call_announced(route.publish_command(), keys, token, queued)
+    let announce = (route.publish_command(), route.announces_every_release());
+    release_call_announced(announce, keys, token, queued)
 }
 
 /// The release that undoes the acquire `taking` describes (its `make_undo`).
 pub(crate) fn undo_of(taking: &Taking) -> ScriptCall {
     release_call_announced(
-        taking.publish,
+        (taking.publish, taking.announce_always),
         taking.indices.iter().map(|&i| &taking.keys[i]),
         &taking.token,
         false,
     )
 }
 
-/// [`release_call`], announced with `publish` (the route's `publish_command`).
+/// [`release_call`], announced with the route's `publish_command` and, when it
+/// `announces_every_release`, even when nobody waited.
 fn release_call_announced<'a>(
-    publish: &'static str,
+    (publish, always): (&'static str, bool),
     keys: impl ExactSizeIterator<Item = &'a LockKeys>,
     token: &str,
     queued: bool,
@@ -75,7 +77,8 @@ fn release_call_announced<'a>(
     }
     call.arg(token)
         .arg(if queued { "1" } else { "0" })
-        .arg(publish);
+        .arg(publish)
+        .arg(if always { "1" } else { "0" });
     call
 }
 

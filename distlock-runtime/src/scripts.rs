@@ -16,7 +16,9 @@
 //! changes by a release announces itself if it was marked, one that expires publishes nothing
 //! anyway (waiters wake at its expiry), and one handed over is marked. Scripts that check an
 //! owner accept both forms; a mark is never removed but by the key's deletion, and a stale one
-//! (its waiter gave up, or only tried) costs that release its announcement, nothing else.
+//! (its waiter gave up, or only tried) costs that release its announcement, nothing else. A
+//! quorum announces every release: its waiter listens on one node, where the attempt that
+//! marked the holder may have failed.
 
 use std::sync::LazyLock;
 
@@ -31,8 +33,9 @@ use crate::fence::FENCE;
 /// in the same order (see `fence.rs`).
 /// ARGV[1]: the owner token; ARGV[2]: the ttl in milliseconds; ARGV[3]: `1` when this request
 /// has waited for a key already (it competed with other waiters, who may still wait: the keys
-/// it takes are marked as waited on), else `0`; ARGV[4] (optional): a proposed fencing token,
-/// the least one drawn (see `fence.rs`).
+/// it takes are marked as waited on), `0` when it has not, `-` when it will not wait at all (a
+/// try-lock, which marks nothing); ARGV[4] (optional): a proposed fencing token, the least one
+/// drawn (see `fence.rs`).
 /// Returns the fencing token (its decimal digits) when every key was free (or already held by this
 /// token, so a retried request after a lost answer is harmless) and is now set with `PX ttl`;
 /// `{0, i, pttl}` when some key is held by another owner, where `i` is the 1-based index of the
@@ -53,9 +56,12 @@ local n = #KEYS / 2
 local token, waited = ARGV[1], '~' .. ARGV[1]
 -- What a free key is set to.
 local value = ARGV[3] == '1' and waited or token
--- Marks a key held by another owner as waited on (see the module docs): its release will announce itself.
+-- Marks a key held by another owner as waited on (see the module docs): its release will announce
+-- itself. A try-lock does not wait, and marks nothing.
 local function mark(key, owner)
-  if string.byte(owner) ~= 126 then redis.call('SET', key, '~' .. owner, 'KEEPTTL') end
+  if ARGV[3] ~= '-' and string.byte(owner) ~= 126 then
+    redis.call('SET', key, '~' .. owner, 'KEEPTTL')
+  end
 end
 if n == 1 then
   -- One key: take it if free, in one command.
@@ -102,7 +108,9 @@ return draw(n + 1, 2 * n, ARGV[2], redis.call('TIME'), ARGV[4])
 /// `fair.rs`) and its fencing counter.
 /// ARGV[1]: the owner token; ARGV[2]: `1` when the owner may be queued as a fair waiter (one
 /// that gives up, or whose attempt's outcome is unknown), which then leaves the queue too;
-/// ARGV[3]: the command that announces a release (`PUBLISH`, or `SPUBLISH` on a cluster).
+/// ARGV[3]: the command that announces a release (`PUBLISH`, or `SPUBLISH` on a cluster);
+/// ARGV[4]: `1` to treat every key as waited on (a quorum's: see
+/// `Route::announces_every_release`).
 /// Returns the number of lock keys this owner held. One that nobody waited on (unmarked, see the
 /// module docs) is deleted. A marked one is handed to the oldest live fair waiter if its queue
 /// has one (a `h ...` message on the key's channel), else deleted and announced with an empty
@@ -116,17 +124,17 @@ return draw(n + 1, 2 * n, ARGV[2], redis.call('TIME'), ARGV[4])
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r"#!lua flags=allow-oom
-local token, queued, publish = ARGV[1], ARGV[2] == '1', ARGV[3]
+local token, queued, publish, always = ARGV[1], ARGV[2] == '1', ARGV[3], ARGV[4] == '1'
 local released = 0
 for i = 1, #KEYS, 4 do
   local L, Q, W = KEYS[i], KEYS[i + 1], KEYS[i + 2]
   if queued and redis.pcall('HDEL', W, token) == 1 then redis.call('LREM', Q, 1, token) end
   local owner = redis.pcall('GET', L)
-  if owner == token then
+  if owner == token and not always then
     -- Nobody waited on this lease (see the module docs): nothing to hand over or announce.
     released = released + 1
     redis.call('DEL', L)
-  elseif owner == '~' .. token then
+  elseif owner == token or owner == '~' .. token then
     released = released + 1
     -- The queue's first waiter, if any (pcall: a queue key of another type holds none).
     local head = redis.pcall('LPOP', Q)

@@ -40,18 +40,25 @@ impl RedisServer {
     /// # Panics
     /// When `redis-server` is not on PATH or no server could be started.
     pub fn start_with(extra: &[&str]) -> Self {
-        for _ in 0..20 {
+        Self::try_start_with(extra, 20)
+            .expect("could not start redis-server on a free port (is redis-server on PATH?)")
+    }
+
+    /// [`start_with`](Self::start_with), trying at most `tries` free ports; `None` if none
+    /// worked (for arguments that name a port of their own, which the caller then changes).
+    pub fn try_start_with(extra: &[&str], tries: usize) -> Option<Self> {
+        for _ in 0..tries {
             let port = free_port();
             if let Some(child) = spawn_on(port, extra) {
-                return Self {
+                return Some(Self {
                     child: Some(child),
                     port,
                     extra: extra.iter().map(|s| (*s).to_owned()).collect(),
                     paused: false,
-                };
+                });
             }
         }
-        panic!("could not start redis-server on a free port (is redis-server on PATH?)");
+        None
     }
 
     /// A replica of `primary`, once its first synchronisation has finished.

@@ -189,24 +189,33 @@ impl RedisCluster {
             primaries,
         };
         for _ in 0..count {
-            // The bus port is free too, rather than the default data port + 10000, which may be
-            // taken or (for a data port above 55535) out of range.
-            let bus_port = free_port();
-            let config_file = unique_temp_file("cluster", bus_port);
-            // Pushed first, so the file is removed on drop even if the node fails to start.
-            cluster.config_files.push(config_file.clone());
-            cluster.nodes.push(RedisServer::start_with(&[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                &config_file.to_string_lossy(),
-                "--cluster-port",
-                &bus_port.to_string(),
-                "--cluster-node-timeout",
-                "500",
-                "--cluster-replica-validity-factor",
-                "0",
-            ]));
+            let node = (0..10).find_map(|_| {
+                // The bus port is free too, rather than the default data port + 10000, which
+                // may be taken or (for a data port above 55535) out of range. Another test's
+                // server may take it before this node binds it: then a new one is chosen.
+                let bus_port = free_port();
+                let config_file = unique_temp_file("cluster", bus_port);
+                // Kept first, so the file is removed on drop even if the node fails to start.
+                cluster.config_files.push(config_file.clone());
+                RedisServer::try_start_with(
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        &config_file.to_string_lossy(),
+                        "--cluster-port",
+                        &bus_port.to_string(),
+                        "--cluster-node-timeout",
+                        "500",
+                        "--cluster-replica-validity-factor",
+                        "0",
+                    ],
+                    3,
+                )
+            });
+            cluster
+                .nodes
+                .push(node.expect("could not start a cluster node on free ports"));
         }
         let addresses: Vec<String> = cluster
             .nodes

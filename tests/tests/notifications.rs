@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use distlock_runtime::LockError;
 use distlock_tests::{warm_up, RedisServer};
 
 /// Subscriber (pub/sub) connections the server has.
@@ -377,6 +378,29 @@ async fn only_a_release_somebody_waits_for_is_announced() {
             .is_err(),
         "a release nobody waited for announced itself"
     );
+    // Nor does a try-lock that found the key held wait for it.
+    let other = server.manager();
+    warm_up(&other).await;
+    for fair in [false, true] {
+        let held = locks.lock("quiet").acquire().await.unwrap();
+        let tried = other
+            .lock("quiet")
+            .fair(fair)
+            .wait(Duration::ZERO)
+            .acquire()
+            .await;
+        assert!(
+            matches!(tried, Err(LockError::NotAcquired { .. })),
+            "{tried:?}"
+        );
+        held.release().await.unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), messages.next())
+                .await
+                .is_err(),
+            "a release only tried for (fair: {fair}) announced itself"
+        );
+    }
 
     let held = locks
         .lock("quiet")
@@ -385,11 +409,9 @@ async fn only_a_release_somebody_waits_for_is_announced() {
         .acquire()
         .await
         .unwrap();
-    let other = server.manager();
-    warm_up(&other).await;
     let waiter = spawn_unfair_waiter(&other, "quiet", Duration::from_secs(10));
     // The waiter's two attempts (held, then once more once subscribed), and their answers.
-    distlock_tests::until_attempts(&other, 3).await;
+    distlock_tests::until_attempts(&other, 5).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     let info = locks.inspect("quiet").await.unwrap().expect("held");
     assert_eq!(info.holder.as_deref(), Some("api-7"));

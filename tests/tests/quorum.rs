@@ -251,6 +251,55 @@ async fn a_waiter_on_a_quorum_is_woken_by_the_release() {
     lease.release().await.unwrap();
 }
 
+/// A quorum's waiter listens on one node, and the attempt that marked the holder as waited on
+/// may have failed on that node: a quorum announces every release, so such a waiter is still
+/// woken by the release, not at the holder's 30 s expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_waiter_is_woken_even_where_its_mark_is_missing() {
+    let servers = quorum(3);
+    let locks = [manager(&servers), manager(&servers)];
+    let held = locks[0]
+        .lock("q-unmarked")
+        .fair(false)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let waiting = tokio::spawn({
+        let locks = locks[1].clone();
+        async move {
+            let lease = locks
+                .lock("q-unmarked")
+                .fair(false)
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await;
+            (Instant::now(), lease)
+        }
+    });
+    let conn = servers[0].client().await;
+    distlock_tests::until_subscribed(&conn, "q-unmarked").await;
+    // The waiter's attempts marked the holder on every node; take the marks away, as if they had
+    // failed there.
+    let key = locks[0].redis_key("q-unmarked");
+    let unmark = "local v = redis.call('GET', KEYS[1]) \
+        if v and string.byte(v) == 126 then \
+          redis.call('SET', KEYS[1], string.sub(v, 2), 'KEEPTTL') return 1 end return 0";
+    for server in &servers {
+        assert_eq!(server.command(&["EVAL", unmark, "1", &key]), ":1\r\n");
+    }
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (acquired, lease) = waiting.await.unwrap();
+    let lease = lease.expect("woken by the release");
+    assert!(
+        acquired - released < Duration::from_secs(1),
+        "{:?}",
+        acquired - released
+    );
+    lease.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_two_of_five_hung_a_waiter_waits_for_the_holder_and_gets_the_lock() {
     let mut servers = quorum(5);

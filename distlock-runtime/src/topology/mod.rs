@@ -46,6 +46,13 @@ pub(crate) trait Route: Send + Sync + 'static {
         "PUBLISH"
     }
 
+    /// Whether every release announces itself, marked as waited on or not (see `scripts.rs`):
+    /// a quorum's waiter listens on one node, whose copy of a mark is missing when the attempt
+    /// that set it failed there.
+    fn announces_every_release(&self) -> bool {
+        false
+    }
+
     /// How to subscribe to those announcements; `None` when this route cannot (a caller's pool
     /// says nowhere where it connects): waiters poll.
     fn subscriber(&self) -> Option<Arc<dyn Subscribe>>;

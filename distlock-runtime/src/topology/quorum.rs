@@ -477,6 +477,10 @@ impl Route for Quorum {
         Box::pin(self.run_call(call))
     }
 
+    fn announces_every_release(&self) -> bool {
+        true
+    }
+
     fn subscriber(&self) -> Option<Arc<dyn Subscribe>> {
         Some(Arc::new(PlainSubscriber {
             clients: self.clients.clone(),
