@@ -256,6 +256,7 @@ async fn a_waiter_on_a_quorum_is_woken_by_the_release() {
 /// woken by the release, not at the holder's 30 s expiry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_waiter_is_woken_even_where_its_mark_is_missing() {
+    let _load = distlock_tests::timed().await;
     let servers = quorum(3);
     let locks = [manager(&servers), manager(&servers)];
     let held = locks[0]
@@ -279,6 +280,9 @@ async fn a_quorum_waiter_is_woken_even_where_its_mark_is_missing() {
     });
     let conn = servers[0].client().await;
     distlock_tests::until_subscribed(&conn, "q-unmarked").await;
+    // Both of the waiter's attempts (held, then once more once subscribed), and their answers.
+    distlock_tests::until_attempts(&locks[1], 2).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
     // The waiter's attempts marked the holder on every node; take the marks away, as if they had
     // failed there.
     let key = locks[0].redis_key("q-unmarked");
