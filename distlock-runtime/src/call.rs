@@ -402,33 +402,26 @@ mod tests {
     fn a_call_is_its_evalsha_command_and_falls_back_to_eval_with_the_same_parts() {
         let mut call = ScriptCall::new("test", &ECHO, Kind::Read, 2);
         call.key("k1").key("k2").arg("a1").arg(7).arg("a2");
-        let mut expected = redis::cmd("EVALSHA");
-        expected
-            .arg(&ECHO.hash)
-            .arg(2)
-            .arg("k1")
-            .arg("k2")
-            .arg("a1")
-            .arg(7)
-            .arg("a2");
-        assert_eq!(
-            call.evalsha().get_packed_command(),
-            expected.get_packed_command()
-        );
+        // `name script 2 k1 k2 a1 7 a2`, as a hand-built command.
+        let by_hand = |name: &str, script: &str| {
+            let mut cmd = redis::cmd(name);
+            cmd.arg(script)
+                .arg(2)
+                .arg("k1")
+                .arg("k2")
+                .arg("a1")
+                .arg(7)
+                .arg("a2");
+            cmd.get_packed_command()
+        };
+        let expected = by_hand("EVALSHA", &ECHO.hash);
+        assert_eq!(call.evalsha().get_packed_command(), expected);
         assert_eq!(call.first_key(), Some(&b"k1"[..]));
+        assert_eq!(call.detached().evalsha().get_packed_command(), expected);
         assert_eq!(
-            call.detached().evalsha().get_packed_command(),
-            expected.get_packed_command()
+            call.eval().get_packed_command(),
+            by_hand("EVAL", &ECHO.code)
         );
-        let mut eval = redis::cmd("EVAL");
-        eval.arg(&ECHO.code)
-            .arg(2)
-            .arg("k1")
-            .arg("k2")
-            .arg("a1")
-            .arg(7)
-            .arg("a2");
-        assert_eq!(call.eval().get_packed_command(), eval.get_packed_command());
         assert_eq!(
             ScriptCall::new("none", &ECHO, Kind::Read, 0).first_key(),
             None

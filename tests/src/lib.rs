@@ -603,19 +603,36 @@ pub async fn lock_once(locks: &LockManager, key: &str) {
         .unwrap_or_else(|e| panic!("release {key}: {e}"));
 }
 
+/// What a spawned waiter returns: when it got the lock, and the lease (or why not).
+pub type Waiting = tokio::task::JoinHandle<(
+    Instant,
+    Result<distlock_runtime::Lease, distlock_runtime::LockError>,
+)>;
+
 /// Starts a task that waits up to `wait` for the lock on `key` and says when it got it (or
 /// why not): for tests that time a waiter's wake-up after a release.
-pub fn spawn_waiter(
+pub fn spawn_waiter(locks: &LockManager, key: &str, wait: Duration) -> Waiting {
+    spawn_waiter_with(locks, key, wait, None)
+}
+
+/// [`spawn_waiter`], for an unfair waiter.
+pub fn spawn_unfair_waiter(locks: &LockManager, key: &str, wait: Duration) -> Waiting {
+    spawn_waiter_with(locks, key, wait, Some(false))
+}
+
+fn spawn_waiter_with(
     locks: &LockManager,
     key: &str,
     wait: Duration,
-) -> tokio::task::JoinHandle<(
-    Instant,
-    Result<distlock_runtime::Lease, distlock_runtime::LockError>,
-)> {
+    fair: Option<bool>,
+) -> Waiting {
     let (locks, key) = (locks.clone(), key.to_owned());
     tokio::spawn(async move {
-        let lease = locks.lock(key).wait(wait).acquire().await;
+        let mut request = locks.lock(key).wait(wait);
+        if let Some(fair) = fair {
+            request = request.fair(fair);
+        }
+        let lease = request.acquire().await;
         (Instant::now(), lease)
     })
 }

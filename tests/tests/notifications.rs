@@ -291,22 +291,6 @@ async fn a_waiter_never_counts_on_a_subscription_being_removed() {
     lease.release().await.unwrap();
 }
 
-/// An unfair waiter for `key` on `locks` that says when it got the lock.
-fn spawn_unfair_waiter(
-    locks: &distlock_runtime::LockManager,
-    key: &'static str,
-    wait: Duration,
-) -> tokio::task::JoinHandle<(
-    Instant,
-    Result<distlock_runtime::Lease, distlock_runtime::LockError>,
-)> {
-    let locks = locks.clone();
-    tokio::spawn(async move {
-        let lease = locks.lock(key).fair(false).wait(wait).acquire().await;
-        (Instant::now(), lease)
-    })
-}
-
 /// A release wakes only the oldest waiter of the key in each process; the others sleep on. When
 /// that waiter takes the lock, the others still wait, so its release must be announced too: a
 /// waiter that had to wait takes the key marked as waited on. Without that, the second waiter
@@ -326,11 +310,11 @@ async fn a_waiter_left_asleep_while_another_took_the_lock_is_woken_by_that_relea
         .await
         .unwrap();
     // Requests so far: the warm-up's and the holder's.
-    let first = spawn_unfair_waiter(&locks, "relay", Duration::from_secs(10));
+    let first = distlock_tests::spawn_unfair_waiter(&locks, "relay", Duration::from_secs(10));
     distlock_tests::until_subscribed(&conn, "relay").await;
     // The first waiter's two attempts (held, then once more once subscribed).
     distlock_tests::until_attempts(&locks, 4).await;
-    let second = spawn_unfair_waiter(&locks, "relay", Duration::from_secs(10));
+    let second = distlock_tests::spawn_unfair_waiter(&locks, "relay", Duration::from_secs(10));
     // The second waiter's attempt, which found the key held (and answered: a little more).
     distlock_tests::until_attempts(&locks, 5).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -409,7 +393,7 @@ async fn only_a_release_somebody_waits_for_is_announced() {
         .acquire()
         .await
         .unwrap();
-    let waiter = spawn_unfair_waiter(&other, "quiet", Duration::from_secs(10));
+    let waiter = distlock_tests::spawn_unfair_waiter(&other, "quiet", Duration::from_secs(10));
     // The waiter's two attempts (held, then once more once subscribed), and their answers.
     distlock_tests::until_attempts(&other, 5).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -468,7 +452,7 @@ async fn a_waiter_that_moves_on_to_another_key_passes_the_release_announcement_o
     distlock_tests::until_subscribed(&conn, "first").await;
     // The warm-up's request and the two of the waiter for both keys.
     distlock_tests::until_attempts(&locks, 3).await;
-    let younger = spawn_unfair_waiter(&locks, "first", Duration::from_secs(10));
+    let younger = distlock_tests::spawn_unfair_waiter(&locks, "first", Duration::from_secs(10));
     distlock_tests::until_attempts(&locks, 4).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     let released = Instant::now();

@@ -266,18 +266,8 @@ async fn a_quorum_waiter_is_woken_even_where_its_mark_is_missing() {
         .acquire()
         .await
         .unwrap();
-    let waiting = tokio::spawn({
-        let locks = locks[1].clone();
-        async move {
-            let lease = locks
-                .lock("q-unmarked")
-                .fair(false)
-                .wait(Duration::from_secs(20))
-                .acquire()
-                .await;
-            (Instant::now(), lease)
-        }
-    });
+    let waiting =
+        distlock_tests::spawn_unfair_waiter(&locks[1], "q-unmarked", Duration::from_secs(20));
     let conn = servers[0].client().await;
     distlock_tests::until_subscribed(&conn, "q-unmarked").await;
     // Both of the waiter's attempts (held, then once more once subscribed), and their answers.
