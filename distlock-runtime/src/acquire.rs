@@ -27,7 +27,7 @@ use crate::conn::millis;
 use crate::context::Context;
 use crate::error::LockError;
 use crate::fair::{handoff_start, FairAnswer, FairRequest};
-use crate::fence::RAISE;
+use crate::fence::raise_call;
 use crate::keys::LockKeys;
 use crate::lease::Lease;
 use crate::release::{release_in_background, Leaving};
@@ -456,18 +456,8 @@ async fn take_groups(redis: &dyn Route, groups: &[Group]) -> Result<Acquire, Fai
         .filter(|(_, &t)| t < token)
         .filter_map(|(group, t)| Some((group.taking()?, t)))
     {
-        let mut raise = ScriptCall::new(
-            "acquire (fencing write-back)",
-            &RAISE,
-            Kind::Raise,
-            taking.indices.len(),
-        );
-        for fence in taking.fences() {
-            raise.key(fence);
-        }
-        raise.arg(token).arg(millis(taking.ttl));
         redis
-            .call::<redis::Value>(&raise)
+            .call::<redis::Value>(&raise_call(taking, token))
             .await
             .map_err(|failed| wrote(failed, true))?;
     }
@@ -514,14 +504,10 @@ impl Drop for InDoubt<'_> {
 /// or a call that reseeds such a generator would repeat its tokens, and an acquire that finds
 /// its own token counts as success.
 fn random_ids() -> [[u8; 16]; 2] {
-    let mut bytes = [0; 32];
+    let mut ids = [[0; 16]; 2];
     // As `uuid::Uuid::new_v4` does: without an OS random source no token is safe to use.
-    getrandom::fill(&mut bytes).expect("distlock: the OS random source failed");
-    let (token, secret) = bytes.split_at(16);
-    [
-        token.try_into().unwrap_or_default(),
-        secret.try_into().unwrap_or_default(),
-    ]
+    getrandom::fill(ids.as_flattened_mut()).expect("distlock: the OS random source failed");
+    ids
 }
 
 /// An id as a uuid v4 in 32 hex digits.
@@ -531,20 +517,13 @@ fn id_text(random: [u8; 16]) -> Arc<str> {
     Arc::from(&*id.simple().encode_lower(&mut digits))
 }
 
-/// A fresh random owner token.
-#[cfg(test)]
-fn new_token() -> Arc<str> {
-    id_text(random_ids()[0])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn tokens_are_uuid_v4_hex_and_distinct() {
-        let a = new_token();
-        let b = new_token();
+        let [a, b] = random_ids().map(id_text);
         assert_eq!(a.len(), 32);
         assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
         assert_eq!(a.as_bytes()[12], b'4', "version 4: {a}");

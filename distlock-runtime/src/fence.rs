@@ -92,3 +92,19 @@ return raised
 ",
     )
 });
+
+/// The write-back of `token` to the fencing counters of the keys `taking` takes ([`RAISE`]).
+pub(crate) fn raise_call(taking: &crate::call::Taking, token: u64) -> crate::call::ScriptCall {
+    use crate::call::{Kind, ScriptCall};
+    let mut raise = ScriptCall::new(
+        "acquire (fencing write-back)",
+        &RAISE,
+        Kind::Raise,
+        taking.indices.len(),
+    );
+    for fence in taking.fences() {
+        raise.key(fence);
+    }
+    raise.arg(token).arg(crate::conn::millis(taking.ttl));
+    raise
+}

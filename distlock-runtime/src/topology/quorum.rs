@@ -38,7 +38,7 @@ use crate::call::{BoxFuture, Kind, ScriptCall, Taking};
 use crate::call::{Failed, Reached};
 use crate::conn::{self, Link, Timeouts};
 use crate::error::LockError;
-use crate::fence::RAISE;
+use crate::fence::raise_call;
 use crate::scripts::Acquire;
 use crate::tls::Tls;
 
@@ -386,16 +386,7 @@ impl Quorum {
     /// Writes `token` back to the fencing counters of the keys `taking` takes, on every node;
     /// whether a majority took it.
     async fn raise(&self, taking: &Taking, token: u64) -> bool {
-        let mut raise = ScriptCall::new(
-            "acquire (fencing write-back)",
-            &RAISE,
-            Kind::Raise,
-            taking.indices.len(),
-        );
-        for fence in taking.fences() {
-            raise.key(fence);
-        }
-        raise.arg(token).arg(conn::millis(taking.ttl));
+        let raise = raise_call(taking, token);
         let answers = self
             .fan_out(&raise, self.timeouts.response, |_| false)
             .await;
