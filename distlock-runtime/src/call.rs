@@ -30,6 +30,11 @@ impl Lua {
         let hash = sha1_smol::Sha1::from(code.as_bytes()).digest().to_string();
         Self { code, hash }
     }
+
+    /// The script's source, as Redis runs it (line numbers in its errors count from here).
+    pub(crate) fn code(&self) -> &str {
+        &self.code
+    }
 }
 
 /// What a call does, which says how a quorum combines its nodes' answers (see `quorum.rs`).
@@ -245,6 +250,23 @@ impl ScriptCall {
             Kind::Acquire(taking) => Some(taking.undo()),
             _ => None,
         }
+    }
+
+    /// The script's source.
+    pub(crate) fn source(&self) -> &str {
+        self.lua.code()
+    }
+
+    /// The call's keys, in order.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.evalsha
+            .args_iter()
+            .skip(FIRST_KEY)
+            .take(self.keys_added)
+            .filter_map(|arg| match arg {
+                Arg::Simple(key) => Some(key),
+                _ => None,
+            })
     }
 
     /// The first key, if any.

@@ -15,7 +15,7 @@ use redis::{Cmd, Value};
 use crate::call::{
     failed, is_connection_failure, ran, BoxFuture, Failed, Reached, Replicas, ScriptCall,
 };
-use crate::error::LockError;
+use crate::error::{LockError, Reply};
 use crate::tls::Tls;
 
 /// The timeouts every Redis call is bounded by.
@@ -50,16 +50,33 @@ struct Spare {
 /// Most idle connections kept for writes that wait for replicas.
 const MAX_SPARE: usize = 8;
 
+/// The pause before a request refused for a passing reason (`LOADING`, `BUSY`, `MASTERDOWN`)
+/// is sent again.
+const PASSING_RETRY: Duration = Duration::from_millis(20);
+
 /// How a [`Link`] opens its connection: from a pool, or to the primary Sentinel names.
 pub(crate) trait Dial: Send + Sync + 'static {
     /// A fresh connection, ready for distlock's commands; bounded by the link's timeouts.
     fn dial(&self, op: &'static str) -> BoxFuture<'_, Result<MultiplexedConnection, LockError>>;
 
-    /// Whether a connection answering `READONLY` (a demoted primary) should be replaced and the
-    /// call sent once more on a fresh one, which may reach the new primary.
-    fn follows_failover(&self) -> bool {
-        false
+    /// What a `READONLY` answer on this link's connections means.
+    fn read_only(&self) -> ReadOnly {
+        ReadOnly::Replica
     }
+}
+
+/// What a `READONLY` answer (a replica refused a write, before running it) means on a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadOnly {
+    /// The URL may name a replica: the call is sent once more on a fresh connection (a DNS name
+    /// may have moved to the new primary of a managed failover); refused again, it is
+    /// [`Misconfiguration::Replica`](crate::Misconfiguration::Replica).
+    Replica,
+    /// A failover demoted the primary: a fresh connection finds the new one (Sentinel). Sent
+    /// once more there; refused again, an outage (the failover is still under way).
+    Failover,
+    /// The caller routes by itself (a cluster node): returned as it is.
+    Routed,
 }
 
 /// Which connection a call used, and whether it was kept from an earlier call.
@@ -104,18 +121,28 @@ impl Link {
     /// Runs a script call (`EVALSHA`, and `EVAL` if the server lost the script); with
     /// `min_replicas`, a write waits for its replicas.
     pub(crate) async fn run(&self, call: &ScriptCall) -> Result<Value, Failed> {
+        self.run_as(call, false).await
+    }
+
+    /// [`run`](Self::run), preceded by `ASKING` on the same connection: a cluster node accepts
+    /// one command for a slot it is importing so.
+    pub(crate) async fn run_asking(&self, call: &ScriptCall) -> Result<Value, Failed> {
+        self.run_as(call, true).await
+    }
+
+    async fn run_as(&self, call: &ScriptCall, asking: bool) -> Result<Value, Failed> {
         match self.replicas {
             Some(replicas) if call.kind.needs_replicas() => {
-                Box::pin(self.run_replicated(call, replicas)).await
+                Box::pin(self.run_replicated(call, replicas, asking)).await
             }
-            _ => self.run_plain(call).await,
+            _ => self.run_plain(call, asking).await,
         }
     }
 
     /// Runs `call`: `EVALSHA`, and `EVAL` if the server lost the script.
-    async fn run_plain(&self, call: &ScriptCall) -> Result<Value, Failed> {
-        match self.query(call.op, call.evalsha()).await {
-            Err(failed) if failed.is_noscript() => self.query(call.op, &call.eval()).await,
+    async fn run_plain(&self, call: &ScriptCall, asking: bool) -> Result<Value, Failed> {
+        match self.send(call.op, call.evalsha(), asking).await {
+            Err(failed) if failed.is_noscript() => self.send(call.op, &call.eval(), asking).await,
             answer => answer,
         }
     }
@@ -125,13 +152,20 @@ impl Link {
     /// and on the shared multiplexed connection every other lock's commands would queue behind
     /// it. Such connections are kept (up to [`MAX_SPARE`]) for the next replicated write; a
     /// write that the replicas did not confirm is undone (see `topology::confirmed`).
-    async fn run_replicated(&self, call: &ScriptCall, replicas: Replicas) -> Result<Value, Failed> {
-        match self.run_replicated_once(call, replicas).await {
-            // A demoted primary refused it before running it: once more, where the primary is
-            // now.
-            Err(failed) if failed.is_read_only() && self.dial.follows_failover() => {
+    async fn run_replicated(
+        &self,
+        call: &ScriptCall,
+        replicas: Replicas,
+        asking: bool,
+    ) -> Result<Value, Failed> {
+        match self.run_replicated_once(call, replicas, asking).await {
+            // A replica refused it before running it: once more on a fresh connection, which
+            // may reach the primary.
+            Err(failed) if failed.is_read_only() && self.dial.read_only() != ReadOnly::Routed => {
                 self.forget_current();
-                self.run_replicated_once(call, replicas).await
+                self.run_replicated_once(call, replicas, asking)
+                    .await
+                    .map_err(|failed| self.refused_read_only(failed))
             }
             answer => answer,
         }
@@ -141,6 +175,7 @@ impl Link {
         &self,
         call: &ScriptCall,
         replicas: Replicas,
+        asking: bool,
     ) -> Result<Value, Failed> {
         let op = call.op;
         let (spare, generation) = {
@@ -159,6 +194,9 @@ impl Link {
         let answer = call
             .run_with(|cmd| {
                 let mut pipe = redis::pipe();
+                if asking {
+                    pipe.cmd("ASKING").ignore();
+                }
                 pipe.add_command(cmd)
                     .cmd("WAIT")
                     .arg(replicas.count)
@@ -186,7 +224,7 @@ impl Link {
             }
         }
         crate::call::confirmed(call, answer, replicas, |undo| async move {
-            self.run_plain(&undo).await
+            self.run_plain(&undo, asking).await
         })
         .await
     }
@@ -199,25 +237,49 @@ impl Link {
     /// connection. Every distlock script is safe to repeat (an acquire by the same token takes
     /// its own keys again; release and extend are idempotent).
     pub(crate) async fn query(&self, op: &'static str, cmd: &Cmd) -> Result<Value, Failed> {
+        self.send(op, cmd, false).await
+    }
+
+    /// [`query`](Self::query), preceded by `ASKING` when `asking`.
+    async fn send(&self, op: &'static str, cmd: &Cmd, asking: bool) -> Result<Value, Failed> {
         let after = self.timeouts.response;
+        let deadline = tokio::time::Instant::now() + after;
         let mut may_retry = true;
-        let mut follow = self.dial.follows_failover();
+        let mut read_only_retry = self.dial.read_only() != ReadOnly::Routed;
         // Whether an earlier try may have reached Redis.
         let mut sent = Reached::No;
+        // Set once a try was refused for a passing reason: the tries after it share what is
+        // left of the response timeout.
+        let mut passing = false;
         loop {
             let (checkout, mut conn) = match self.connection(op).await {
                 Ok(connection) => connection,
                 Err(error) => {
+                    let passing = error
+                        .redis_source()
+                        .is_some_and(|source| Reply::of(source) == Reply::Passing);
+                    if passing && tokio::time::Instant::now() + PASSING_RETRY < deadline {
+                        // Refused while connecting (BUSY, LOADING): again shortly.
+                        tokio::time::sleep(PASSING_RETRY).await;
+                        continue;
+                    }
                     return Err(Failed {
                         error,
                         reached: sent,
-                    })
+                    });
                 }
             };
             let mut call = std::pin::pin!(async {
-                conn.send_packed_command(cmd)
-                    .await
-                    .and_then(Value::extract_error)
+                if asking {
+                    let mut pipe = redis::pipe();
+                    pipe.cmd("ASKING").add_command(cmd.clone());
+                    conn.send_packed_commands(&pipe, 1, 1)
+                        .await
+                        .map(|mut answers| answers.pop().unwrap_or(Value::Nil))
+                } else {
+                    conn.send_packed_command(cmd).await
+                }
+                .and_then(Value::extract_error)
             });
             // A connection whose driver has already stopped (the server closed it) fails the
             // request at its first poll, before handing it over: then it was never sent.
@@ -225,6 +287,7 @@ impl Link {
             let unsent = matches!(&first, Poll::Ready(Err(e)) if is_connection_failure(e));
             let answer = match first {
                 Poll::Ready(answer) => Some(answer),
+                Poll::Pending if passing => tokio::time::timeout_at(deadline, call).await.ok(),
                 Poll::Pending if self.bounded_connections => Some(call.await),
                 Poll::Pending => tokio::time::timeout(after, call).await.ok(),
             };
@@ -240,25 +303,33 @@ impl Link {
                     return Err(failed(LockError::RedisTimeout { op, after }));
                 }
                 Some(Err(source)) => {
-                    if !is_connection_failure(&source) {
-                        let read_only = source.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
-                        if read_only && follow {
-                            // A demoted primary refused it before running it: ask again where
-                            // the primary is now.
-                            self.forget(checkout.generation);
-                            follow = false;
-                            continue;
-                        }
+                    let reply = Reply::of(&source);
+                    if reply == Reply::ReadOnly && read_only_retry {
+                        // A replica refused it before running it: once more on a fresh
+                        // connection, which may reach the primary.
+                        self.forget(checkout.generation);
+                        read_only_retry = false;
+                        continue;
+                    }
+                    let now = tokio::time::Instant::now();
+                    if reply == Reply::Passing && now + PASSING_RETRY < deadline {
+                        // Refused before it ran, for a passing reason (LOADING, BUSY,
+                        // MASTERDOWN): again shortly, on the same connection.
+                        passing = true;
+                        tokio::time::sleep(PASSING_RETRY).await;
+                        continue;
+                    }
+                    if reply != Reply::Connection {
                         let reached = if ran(&source) {
                             Reached::Answered
                         } else {
                             Reached::Refused
                         };
-                        return Err(Failed {
+                        let failed = Failed {
                             error: LockError::from_redis(op, source),
                             reached: reached.max_with(sent),
-                        });
+                        };
+                        return Err(self.refused_read_only(failed));
                     }
                     self.forget(checkout.generation);
                     if !(checkout.reused && may_retry) {
@@ -275,6 +346,28 @@ impl Link {
                     return Err(failed(LockError::RedisTimeout { op, after }));
                 }
             }
+        }
+    }
+
+    /// A `READONLY` refusal that a fresh connection did not cure: on a URL that names a
+    /// replica, [`Misconfiguration::Replica`](crate::Misconfiguration::Replica).
+    fn refused_read_only(&self, failed: Failed) -> Failed {
+        match failed.error {
+            LockError::Redis { op, source }
+                if Reply::of(&source) == Reply::ReadOnly
+                    && self.dial.read_only() == ReadOnly::Replica =>
+            {
+                Failed {
+                    error: LockError::Misconfigured {
+                        op,
+                        problem: crate::error::Misconfiguration::Replica,
+                        detail: String::new(),
+                        source,
+                    },
+                    reached: failed.reached,
+                }
+            }
+            error => Failed { error, ..failed },
         }
     }
 
@@ -426,16 +519,6 @@ pub(crate) fn next_id() -> u64 {
 /// A duration as whole milliseconds for `PX` / `PEXPIRE` (at least 1).
 pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
-
-/// True when Redis refused a request for a passing reason: loading its data after a restart,
-/// a replica during a failover, a cluster re-sharding or down. Worth retrying for a while.
-pub(crate) fn is_transient(err: &redis::RedisError) -> bool {
-    use redis::ServerErrorKind::{BusyLoading, ClusterDown, MasterDown, ReadOnly, TryAgain};
-    matches!(
-        err.kind(),
-        redis::ErrorKind::Server(BusyLoading | ClusterDown | MasterDown | ReadOnly | TryAgain)
-    )
 }
 
 /// Locks a std mutex, ignoring poisoning: every critical section here leaves the data valid.

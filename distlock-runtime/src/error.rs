@@ -24,7 +24,7 @@ use std::time::Duration;
 /// }
 /// # Ok(()) }
 /// ```
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
     /// The lock was still held by another owner when the caller's `wait` ran out.
@@ -77,11 +77,10 @@ pub enum LockError {
         keys: Vec<String>,
     },
 
-    /// Redis could not be reached, or answered with an error.
-    #[error(
-        "Redis {op} failed: {source}; check that Redis is up, reachable at the manager's URL \
-         (rediss:// if the port serves TLS), and a writable primary"
-    )]
+    /// Redis could not be reached, or answered with an error that retrying later may cure
+    /// (out of memory, loading its data, busy with a script, a cluster or replica without its
+    /// primary). The message says which, and what to check.
+    #[error("Redis {op} failed: {source}; {}", advice(source))]
     Redis {
         /// What distlock was doing.
         op: &'static str,
@@ -111,8 +110,10 @@ pub enum LockError {
         "{}",
         if problem.is_tls() {
             format!("distlock's {op} could not open a TLS connection: {problem}; the TLS error: {source}")
-        } else {
+        } else if detail.is_empty() {
             format!("Redis refused distlock's {op}: {problem}; Redis said: {source}")
+        } else {
+            format!("Redis refused distlock's {op}: {problem}; {detail}; Redis said: {source}")
         }
     )]
     Misconfigured {
@@ -120,9 +121,35 @@ pub enum LockError {
         op: &'static str,
         /// What is wrong, and what to fix.
         problem: Misconfiguration,
+        /// What exactly, when distlock can tell (empty otherwise): for an ACL user, the
+        /// commands it may not run and the `ACL SETUSER` line that grants them.
+        detail: String,
         /// The error from Redis.
         #[source]
         source: redis::RedisError,
+    },
+
+    /// A Redis key where distlock keeps a lock's data holds a value of another type: another
+    /// program wrote it under the manager's prefix. Retrying does not help, and Redis is fine:
+    /// delete the key, or give distlock a prefix of its own
+    /// ([`LockManagerBuilder::prefix`](crate::LockManagerBuilder::prefix)).
+    #[error(
+        "distlock's {op} found {}, not distlock's data: another program wrote it under \
+         distlock's prefix; delete it, or give distlock a prefix of its own \
+         (LockManagerBuilder::prefix)",
+        if key.is_empty() {
+            "one of the lock's Redis keys holding a value of another type".to_owned()
+        } else {
+            format!("the Redis key `{key}` holding {found}")
+        }
+    )]
+    WrongType {
+        /// What distlock was doing.
+        op: &'static str,
+        /// The Redis key (with the prefix); empty when Redis would not say which.
+        key: String,
+        /// What it holds instead (`a list`, `a hash`, ...).
+        found: String,
     },
 
     /// No [`LockManager`](crate::LockManager) was given and none was installed with
@@ -201,8 +228,42 @@ pub enum LockError {
 }
 
 impl LockError {
+    /// Which of the four kinds of failure this is: each variant is in exactly one, and a
+    /// service answers each kind the same way whatever the variant (see [`ErrorClass`]).
+    ///
+    /// ```no_run
+    /// use distlock_runtime::ErrorClass;
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// if let Err(e) = locks.lock("order:42").run(async { /* ... */ }).await {
+    ///     let status = match e.class() {
+    ///         ErrorClass::Contention => 409,
+    ///         ErrorClass::Unavailable => 503,
+    ///         _ => 500, // misconfigured, or a bug in the caller: retrying will not help
+    ///     };
+    ///     println!("{status}: {e}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Self::Timeout { .. } | Self::NotAcquired { .. } => ErrorClass::Contention,
+            Self::LeaseLost { .. }
+            | Self::Redis { .. }
+            | Self::RedisTimeout { .. }
+            | Self::NoQuorum { .. }
+            | Self::Replication { .. } => ErrorClass::Unavailable,
+            Self::Misconfigured { .. }
+            | Self::WrongType { .. }
+            | Self::NotConfigured
+            | Self::InvalidConfig { .. }
+            | Self::InvalidUrl { .. } => ErrorClass::Misconfigured,
+            Self::HeldByThisTask { .. } | Self::InvalidKey { .. } => ErrorClass::CallerBug,
+        }
+    }
+
     /// True when the error says the lock is held by someone else (a try-lock that failed or a
-    /// wait that timed out): the caller may answer "busy" and try again later.
+    /// wait that timed out): the caller may answer "busy" and try again later
+    /// ([`ErrorClass::Contention`]).
     ///
     /// ```no_run
     /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
@@ -213,12 +274,14 @@ impl LockError {
     /// # Ok(()) }
     /// ```
     pub fn is_contention(&self) -> bool {
-        matches!(self, Self::Timeout { .. } | Self::NotAcquired { .. })
+        self.class() == ErrorClass::Contention
     }
 
-    /// True when Redis could not be asked: unreachable, erroring or not answering in time, a
-    /// quorum without a majority, replicas that did not confirm in time. Worth retrying later.
-    /// Not for [`LockError::Misconfigured`]: Redis answered, and refused.
+    /// True when Redis could not be asked (unreachable, erroring or not answering in time, a
+    /// quorum without a majority, replicas that did not confirm in time), or could not keep
+    /// the lease while the body ran ([`LockError::LeaseLost`]): worth retrying later
+    /// ([`ErrorClass::Unavailable`]). Not for a refusal ([`LockError::Misconfigured`],
+    /// [`LockError::WrongType`]): Redis answered, and retrying will not help.
     ///
     /// ```no_run
     /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
@@ -229,18 +292,13 @@ impl LockError {
     /// # Ok(()) }
     /// ```
     pub fn is_unavailable(&self) -> bool {
-        matches!(
-            self,
-            Self::Redis { .. }
-                | Self::RedisTimeout { .. }
-                | Self::NoQuorum { .. }
-                | Self::Replication { .. }
-        )
+        self.class() == ErrorClass::Unavailable
     }
 
-    /// True when the manager's settings are wrong for its Redis ([`LockError::Misconfigured`]),
-    /// or were refused before any request ([`LockError::InvalidUrl`],
-    /// [`LockError::InvalidConfig`], [`LockError::NotConfigured`]): retrying will not help.
+    /// True when the manager's settings, or the deployment, are wrong for its Redis
+    /// ([`LockError::Misconfigured`], [`LockError::WrongType`]), or were refused before any
+    /// request ([`LockError::InvalidUrl`], [`LockError::InvalidConfig`],
+    /// [`LockError::NotConfigured`]): retrying will not help ([`ErrorClass::Misconfigured`]).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), distlock_runtime::LockError> {
@@ -254,25 +312,167 @@ impl LockError {
     /// # Ok(()) }
     /// ```
     pub fn is_misconfigured(&self) -> bool {
-        matches!(
-            self,
-            Self::Misconfigured { .. }
-                | Self::InvalidUrl { .. }
-                | Self::InvalidConfig { .. }
-                | Self::NotConfigured
-        )
+        self.class() == ErrorClass::Misconfigured
     }
 
-    /// The error for `source`, a failed request of `op`: [`LockError::Misconfigured`] when
-    /// Redis refused the manager's settings, else [`LockError::Redis`].
+    /// True when the calling code used the lock wrongly: an `acquire` that would wait for a key
+    /// its own task holds ([`LockError::HeldByThisTask`]), an unusable key
+    /// ([`LockError::InvalidKey`]). A bug to fix ([`ErrorClass::CallerBug`]).
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// if let Err(e) = locks.lock("").acquire().await {
+    ///     assert!(e.is_caller_bug()); // an empty key
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn is_caller_bug(&self) -> bool {
+        self.class() == ErrorClass::CallerBug
+    }
+
+    /// The Redis error behind this one, if Redis (or the client) reported one.
+    pub(crate) fn redis_source(&self) -> Option<&redis::RedisError> {
+        match self {
+            Self::Redis { source, .. } | Self::Misconfigured { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
+    /// The error for `source`, a failed request of `op`, by its [`Reply`]:
+    /// [`LockError::Misconfigured`] when Redis refused the manager's settings,
+    /// [`LockError::WrongType`] for a key of another type (named by the caller, which knows the
+    /// keys: see `topology::name_wrong_type`), [`LockError::RedisTimeout`] for a timeout, else
+    /// [`LockError::Redis`].
     pub(crate) fn from_redis(op: &'static str, source: redis::RedisError) -> Self {
-        match Misconfiguration::of(&source) {
-            Some(problem) => Self::Misconfigured {
+        match Reply::of(&source) {
+            Reply::Refused(problem) => Self::Misconfigured {
                 op,
                 problem,
+                detail: String::new(),
                 source,
             },
-            None => Self::Redis { op, source },
+            // Which key, the caller finds out (see `diagnose.rs`).
+            Reply::WrongType => Self::WrongType {
+                op,
+                key: String::new(),
+                found: String::new(),
+            },
+            _ => Self::Redis { op, source },
+        }
+    }
+}
+
+/// The four kinds of [`LockError`], from [`LockError::class`]: what a caller does about a
+/// failure depends on its kind alone.
+///
+/// | class | variants | what to do | HTTP |
+/// |---|---|---|---|
+/// | `Contention` | `Timeout`, `NotAcquired` | somebody else holds the lock: try again later | 409 Conflict |
+/// | `Unavailable` | `Redis`, `RedisTimeout`, `NoQuorum`, `Replication`, `LeaseLost` | Redis could not be asked, or could not keep the lease: try again later | 503 Service Unavailable |
+/// | `Misconfigured` | `Misconfigured`, `WrongType`, `InvalidUrl`, `InvalidConfig`, `NotConfigured` | the settings or the deployment are wrong: retrying never helps, an operator must fix them | 500 Internal Server Error |
+/// | `CallerBug` | `HeldByThisTask`, `InvalidKey` | the calling code used the lock wrongly: fix the code | 500 Internal Server Error |
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorClass {
+    /// Somebody else holds the lock.
+    Contention,
+    /// Redis could not be asked, or could not keep the lease while the body ran.
+    Unavailable,
+    /// The settings or the deployment are wrong; retrying never helps.
+    Misconfigured,
+    /// The calling code used the lock wrongly.
+    CallerBug,
+}
+
+/// What a Redis error means to distlock: the one classification of every error reply (and of
+/// the client's own errors), for a command and for a script alike, which says which
+/// [`LockError`] it becomes and whether it is sent again. The crate docs' table ("Redis
+/// errors") lists each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reply {
+    /// The connection broke, timed out, or could not be opened: an outage. A request on a
+    /// connection that had died while idle is sent again on a fresh one (see `conn.rs`).
+    Connection,
+    /// `MOVED`, `ASK`: the cluster router follows it.
+    Redirect,
+    /// `TRYAGAIN`, `CLUSTERDOWN`: a cluster re-sharding or failing over refused it before
+    /// running it; the cluster router sends it again within the response timeout.
+    Resharding,
+    /// `LOADING`, `BUSY`, `MASTERDOWN`: a server loading its data, busy with a script, or a
+    /// replica cut off from its primary refused it before running it; sent again, 20 ms
+    /// apart, within the response timeout.
+    Passing,
+    /// `READONLY`: a replica refused a write. Followed on Sentinel and Cluster (the primary is
+    /// found again); elsewhere sent once more on a fresh connection, then
+    /// [`Misconfiguration::Replica`].
+    ReadOnly,
+    /// `NOSCRIPT`: the script is sent again whole (`EVAL`).
+    NoScript,
+    /// Settings Redis refused: credentials, an ACL right (`NOPERM`, also raised inside a
+    /// script), a database, the server's version, a TLS certificate.
+    Refused(Misconfiguration),
+    /// `WRONGTYPE`: a key distlock writes holds another type.
+    WrongType,
+    /// `OOM` and anything else: an outage, not sent again.
+    Other,
+}
+
+impl Reply {
+    /// Classifies `error`.
+    pub(crate) fn of(error: &redis::RedisError) -> Self {
+        use redis::ServerErrorKind as S;
+        if let Some(problem) = Misconfiguration::of(error) {
+            return Self::Refused(problem);
+        }
+        if error.is_io_error()
+            || error.is_connection_dropped()
+            || error.is_timeout()
+            || error.is_connection_refusal()
+        {
+            return Self::Connection;
+        }
+        match error.kind() {
+            redis::ErrorKind::Server(S::Moved | S::Ask) => Self::Redirect,
+            redis::ErrorKind::Server(S::TryAgain | S::ClusterDown) => Self::Resharding,
+            redis::ErrorKind::Server(S::BusyLoading | S::MasterDown) => Self::Passing,
+            redis::ErrorKind::Server(S::ReadOnly) => Self::ReadOnly,
+            redis::ErrorKind::Server(S::NoScript) => Self::NoScript,
+            _ => match error.code() {
+                Some("BUSY") => Self::Passing,
+                Some("WRONGTYPE") => Self::WrongType,
+                _ if error.is_unrecoverable_error() => Self::Connection,
+                _ => Self::Other,
+            },
+        }
+    }
+}
+
+/// What to check for a [`LockError::Redis`] caused by `source`.
+fn advice(source: &redis::RedisError) -> &'static str {
+    match source.code() {
+        Some("OOM") => {
+            "Redis is over its maxmemory and refuses writes: free memory, raise maxmemory, or \
+             use a maxmemory-policy that evicts (volatile-*: every distlock key has a ttl)"
+        }
+        Some("LOADING") => "Redis is loading its data after a restart: it serves again once done",
+        Some("BUSY") => {
+            "a script is running too long on Redis and blocks every other command: end it \
+             (SCRIPT KILL) or wait for it"
+        }
+        Some("MASTERDOWN") => {
+            "the server is a replica that lost its primary (replica-serve-stale-data no): \
+             point the manager at the primary"
+        }
+        Some("CLUSTERDOWN" | "TRYAGAIN") => {
+            "the cluster is failing over or re-sharding the key's slot: it serves again once \
+             done (check CLUSTER INFO if it does not)"
+        }
+        Some("READONLY") => {
+            "a failover is under way: the primary the manager reached has become a replica"
+        }
+        _ => {
+            "check that Redis is up, reachable at the manager's URL (rediss:// if the port \
+             serves TLS), and a writable primary"
         }
     }
 }
@@ -310,6 +510,8 @@ pub enum Misconfiguration {
     /// The server refused this client's TLS certificate, or wanted one and got none (mutual
     /// TLS).
     ClientCertificate,
+    /// The URL names a read-only replica: a lock must be written to a primary.
+    Replica,
 }
 
 impl Misconfiguration {
@@ -352,7 +554,13 @@ impl Misconfiguration {
             || text.contains("NOAUTH")
         {
             Some(Self::Credentials)
-        } else if code == "NOPERM" || text.contains("NOPERM") {
+        } else if code == "NOPERM"
+            || text.contains("NOPERM")
+            // Refused inside a script, Redis 7.0 says so with `ERR`: "The user executing the
+            // script can't run this command", "... can't access at least one of the keys",
+            // "... can't publish to the channel".
+            || text.contains("The user executing the script can't")
+        {
             Some(Self::Permissions)
         } else if text.contains("DB index is out of range") {
             Some(Self::Database)
@@ -391,6 +599,11 @@ impl std::fmt::Display for Misconfiguration {
                 "the server wants a client certificate (mutual TLS) and refused this one, or got \
                  none: give one its CA signed, with its key, with \
                  LockManagerBuilder::tls_client_cert_pem"
+            }
+            Self::Replica => {
+                "the server at the manager's URL is a read-only replica: point the manager at \
+                 the primary, or let it find the primary (LockManagerBuilder::sentinel, \
+                 LockManagerBuilder::cluster)"
             }
         })
     }

@@ -135,7 +135,7 @@ end
 /// but another waiter was first in line, it is handed to that waiter first. `now_ms` is Redis
 /// server time, which lets the caller date a hand-off it learns of by message.
 /// The queue keys expire once no waiter in them can still be waiting.
-static ACQUIRE_FAIR: LazyLock<Lua> = LazyLock::new(|| {
+pub(crate) static ACQUIRE_FAIR: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         "#!lua\nlocal publish = ARGV[6]\n{FENCE}{FAIR_QUEUE}{}",
         r"

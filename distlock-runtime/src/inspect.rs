@@ -52,7 +52,7 @@ pub struct LockInfo {
 /// KEYS: the lock key, its fencing counter, its queue's entries.
 /// Returns nil when the lock is free, else `{owner, pttl, counter, waiters}` (`counter` as
 /// digits, empty when gone; `pttl` -1 for a key without expiry).
-static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
+pub(crate) static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"#!lua flags=no-writes
 local owner = redis.pcall('GET', KEYS[1])
@@ -74,7 +74,7 @@ return {owner, redis.call('PTTL', KEYS[1]), counter, waiters}
 /// KEYS: the lock key, its queue, its queue's entries, its fencing counter.
 /// ARGV[1]: the command that announces a release (`PUBLISH`, or `SPUBLISH` on a cluster).
 /// Returns 1 when a lock was held, 0 when the key was free.
-static FORCE_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+pub(crate) static FORCE_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         r"#!lua flags=allow-oom
 local publish = ARGV[1]

@@ -74,6 +74,47 @@ impl LockKeys {
     pub(crate) fn waiters(&self) -> &str {
         self.name(3)
     }
+
+    /// Which of a lock's keys the Redis key `name` is, by the kind before its braced part
+    /// (a prefix holds no `{`); `None` for a name of no lock.
+    pub(crate) fn kind_of(name: &str) -> Option<KeyKind> {
+        let head = &name[..name.find('{')?];
+        let kinds = [
+            KeyKind::Lock,
+            KeyKind::Fence,
+            KeyKind::Queue,
+            KeyKind::Waiters,
+        ];
+        KINDS
+            .iter()
+            .zip(kinds)
+            .find(|(kind, _)| head.ends_with(*kind))
+            .map(|(_, kind)| kind)
+    }
+}
+
+/// One of a lock's four keys (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyKind {
+    Lock,
+    Fence,
+    Queue,
+    Waiters,
+}
+
+impl KeyKind {
+    /// The Redis type distlock keeps in such a key.
+    pub(crate) fn holds(self) -> &'static str {
+        match self {
+            Self::Lock | Self::Fence => "string",
+            Self::Queue => "list",
+            Self::Waiters => "hash",
+        }
+    }
+
+    pub(crate) fn is_fence(self) -> bool {
+        self == Self::Fence
+    }
 }
 
 #[cfg(test)]
@@ -87,5 +128,11 @@ mod tests {
         assert_eq!(keys.fence(), "app:fence:{order:42}");
         assert_eq!(keys.queue(), "app:queue:{order:42}");
         assert_eq!(keys.waiters(), "app:waiters:{order:42}");
+        assert_eq!(LockKeys::kind_of(keys.queue()), Some(KeyKind::Queue));
+        assert_eq!(LockKeys::kind_of(keys.fence()), Some(KeyKind::Fence));
+        // The user's key may hold the kinds' words; the prefix decides.
+        let tricky = LockKeys::new("app:", "lock:{queue:}");
+        assert_eq!(LockKeys::kind_of(tricky.waiters()), Some(KeyKind::Waiters));
+        assert_eq!(LockKeys::kind_of("unrelated"), None);
     }
 }

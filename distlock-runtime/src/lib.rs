@@ -320,6 +320,7 @@ mod builder;
 mod call;
 mod conn;
 mod context;
+mod diagnose;
 mod error;
 mod fair;
 mod fence;
@@ -340,7 +341,7 @@ mod validity;
 mod wait;
 
 pub use builder::LockManagerBuilder;
-pub use error::{LockError, Misconfiguration};
+pub use error::{ErrorClass, LockError, Misconfiguration};
 pub use fair::HANDOFF_CLAIM;
 pub use inspect::LockInfo;
 pub use lease::Lease;

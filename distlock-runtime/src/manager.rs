@@ -180,9 +180,16 @@ impl LockManager {
     }
 
     /// Checks now that this manager's settings work with its Redis, so a service can fail at
-    /// startup rather than at its first lock: connects (address, credentials, database index),
-    /// then runs a read-only script on a key under the prefix (the ACL user may run scripts and
-    /// read keys under the prefix; the server is Redis 7.0 or newer). Writes nothing.
+    /// startup rather than at its first lock, or at the first contended one. On every server
+    /// that holds locks (the one server, the primary Sentinel names, every primary of a
+    /// cluster, every quorum node) it connects (address, TLS, credentials, database index),
+    /// checks that the server is a writable primary of Redis 7.0 or newer, and asks Redis
+    /// whether the ACL user may run every command every one of distlock's scripts may run,
+    /// on the keys under the prefix, under contention and fairness too, and the commands the
+    /// topology needs (`SELECT`, `WAIT` with `min_replicas`, `ROLE` on a Sentinel primary,
+    /// `CLUSTER SLOTS`). Release notifications are optional (without channel rights waiters
+    /// poll), but a user that may subscribe and not publish is refused: its waiters would
+    /// sleep through every release. Writes nothing.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), distlock_runtime::LockError> {
@@ -192,18 +199,14 @@ impl LockManager {
     /// ```
     ///
     /// # Errors
-    /// [`LockError::Misconfigured`] when Redis refuses the settings (it says what to fix);
-    /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be reached within the
-    /// manager's timeouts.
+    /// [`LockError::Misconfigured`] when Redis refuses the settings: it says what to fix, for a
+    /// missing ACL right the commands and the `ACL SETUSER` line that grants them, for a
+    /// replica's URL [`Misconfiguration::Replica`](crate::Misconfiguration::Replica);
+    /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when a server cannot be reached
+    /// within the manager's timeouts ([`LockError::NoQuorum`]-free on a quorum: a majority of
+    /// nodes that pass is enough, a refusal on any node is reported).
     pub async fn ping(&self) -> Result<(), LockError> {
-        use crate::call::{Kind, ScriptCall};
-        let mut call = ScriptCall::new("ping", &crate::scripts::PING, Kind::Read, 1);
-        call.key(&self.redis_key("ping"));
-        self.context
-            .redis()
-            .invoke::<redis::Value>(&call)
-            .await
-            .map(drop)
+        crate::diagnose::ping(&self.context).await
     }
 
     /// Counts of what this manager (and its clones) did so far.

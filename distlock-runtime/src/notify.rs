@@ -70,6 +70,11 @@ impl Drop for Hub {
 /// After a failed connect, how long waiters poll before the subscriber connection is tried again.
 const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 
+/// How often an open subscriber connection is checked with a `PING`: a connection whose
+/// server hangs, or whose network path broke without closing it, would otherwise go unnoticed
+/// while every release it should carry is lost (waiters would wake only at holders' expiries).
+const CHECK_EVERY: Duration = Duration::from_secs(2);
+
 /// After Redis refused a `SUBSCRIBE` (no channel rights), how long waiters poll before one is
 /// tried again.
 const REFUSED_FOR: Duration = Duration::from_secs(30);
@@ -415,6 +420,7 @@ async fn connect(hub: Arc<Hub>) {
     let mut state = lock(&hub.state);
     match opened {
         Ok(Ok((sink, ended))) if !hub.closed.is_cancelled() => {
+            let sink_for_checks = Arc::clone(&sink);
             state.generation += 1;
             if state.generation > 1 {
                 crate::telemetry::subscriber_reconnect();
@@ -430,6 +436,7 @@ async fn connect(hub: Arc<Hub>) {
                 close,
                 ended,
                 state.generation,
+                (sink_for_checks, hub.timeouts.response),
             ));
         }
         outcome => {
@@ -561,17 +568,33 @@ async fn reconcile(hub: Arc<Hub>, channel: String) {
     }
 }
 
-/// Waits for the subscriber connection of `connection` to end (lost, or its server no longer
-/// the primary), then marks it closed, so the next waiter connects anew: every waiter is woken to
-/// try again. Stops (closing the connection) when the manager is dropped.
-async fn watch_end(hub: Weak<Hub>, closed: CancellationToken, ended: Ended, connection: u64) {
+/// Waits for the subscriber connection of `connection` to end (lost, its server no longer the
+/// primary, or no answer to a `PING` within `response`: see [`CHECK_EVERY`]), then marks it
+/// closed, so the next waiter connects anew: every waiter is woken to try again. Stops (closing
+/// the connection) when the manager is dropped.
+async fn watch_end(
+    hub: Weak<Hub>,
+    closed: CancellationToken,
+    ended: Ended,
+    connection: u64,
+    (sink, response): (Arc<dyn Channels>, Duration),
+) {
     let _watching = Watching {
         hub,
         generation: connection,
     };
-    tokio::select! {
-        () = ended => {}
-        () = closed.cancelled() => return,
+    tokio::pin!(ended);
+    loop {
+        tokio::select! {
+            () = &mut ended => break,
+            () = closed.cancelled() => return,
+            () = tokio::time::sleep(CHECK_EVERY) => {
+                if !matches!(tokio::time::timeout(response, sink.ping()).await, Ok(Ok(()))) {
+                    tracing::debug!("distlock subscriber connection stopped answering; reconnecting");
+                    break;
+                }
+            }
+        }
     }
     tracing::debug!("distlock subscriber connection closed; waiters will resubscribe");
 }

@@ -8,9 +8,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::call::{Kind, ScriptCall, Taking};
-use crate::conn;
 use crate::context::Context;
-use crate::error::{LockError, Misconfiguration};
+use crate::error::{LockError, Misconfiguration, Reply};
 use crate::keys::LockKeys;
 use crate::scripts;
 use crate::topology::{by_shard, Route};
@@ -131,13 +130,15 @@ pub(crate) fn release_in_background(
             // is worth waiting out.
             let outage = match &error {
                 LockError::RedisTimeout { .. } | LockError::NoQuorum { .. } => true,
-                LockError::Redis { source, .. } => {
-                    crate::call::is_connection_failure(source) || conn::is_transient(source)
-                }
+                LockError::Redis { source, .. } => matches!(
+                    Reply::of(source),
+                    Reply::Connection | Reply::Passing | Reply::Resharding | Reply::ReadOnly
+                ),
                 // redis-rs reports every refused AUTH so, also one of a server at its client
-                // limit; and a password may be being rotated.
+                // limit; a password may be being rotated; and a failover may make the server
+                // a primary again (or move a DNS name to the new one).
                 LockError::Misconfigured {
-                    problem: Misconfiguration::Credentials,
+                    problem: Misconfiguration::Credentials | Misconfiguration::Replica,
                     ..
                 } => true,
                 _ => false,

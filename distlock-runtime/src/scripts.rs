@@ -188,13 +188,6 @@ return results
     )
 });
 
-/// Checks that the manager may run scripts and read a key under its prefix on Redis 7.0 or newer
-/// (an older server cannot compile the `#!lua` line); writes nothing.
-///
-/// KEYS[1]: a lock key. Returns whether it exists.
-pub(crate) static PING: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("#!lua flags=no-writes\nreturn redis.call('EXISTS', KEYS[1])\n"));
-
 /// What the acquire script answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Acquire {

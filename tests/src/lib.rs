@@ -273,7 +273,8 @@ pub async fn heavy() -> tokio::sync::RwLockWriteGuard<'static, ()> {
     LOAD.write().await
 }
 
-fn free_port() -> u16 {
+/// A loopback port nothing listens on now.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())

@@ -294,7 +294,14 @@ async fn an_acquire_refused_before_it_ran_is_not_released_in_the_background() {
     let locks = replica.manager();
     let outcome = locks.lock("job").acquire().await;
     assert!(
-        matches!(outcome, Err(LockError::Redis { ref source, .. }) if source.to_string().contains("read only replica")),
+        matches!(
+            outcome,
+            Err(LockError::Misconfigured {
+                problem: distlock_runtime::Misconfiguration::Replica,
+                ref source,
+                ..
+            }) if source.to_string().contains("read only replica")
+        ),
         "{outcome:?}"
     );
     let after_acquire = script_commands(&replica);

@@ -1,88 +1,122 @@
-//! A Redis Cluster, through redis-rs's `cluster_async` connection: each call goes to the
-//! primary serving its keys' slot, `MOVED` / `ASK` and failovers are followed by the client.
+//! A Redis Cluster, routed by distlock itself: a [`Link`] per node, and the slot map.
 //!
-//! **Why not deadpool.** deadpool-redis's cluster manager cannot set the cluster client's
-//! timeouts or retries, and the defaults are a trap for a lock: no response timeout, 16 retries,
-//! and waits between retries that grow to minutes. A cluster connection is multiplexed over one
-//! connection per node and reconnects by itself, so the route keeps one, built with bounded
-//! settings: the connect and response timeouts of the manager, an overall bound of one response
-//! timeout per call however many retries it takes, and at most [`RETRIES`] retries, 10 to
-//! 100 ms apart.
+//! **Why not redis-rs's cluster client.** Its connection recovers from a failover inside one
+//! shared object: the slot refresh waits for a write lock on its table of node connections,
+//! while requests it stopped polling can hold read permits of that lock (with tokio 1.54, a
+//! request that runs out of its task's budget keeps the permit it just took). A process so
+//! wedged stayed wedged for good: every key, every `ping()`, every background release timed out
+//! while other processes on the same cluster served. Nothing here waits on another request's
+//! progress: calls to different nodes share nothing but the slot map, a plain value read and
+//! swapped under a short std lock, and every wait is bounded by the manager's timeouts.
 //!
-//! **Scripts.** A retry may re-send a script after an IO error: every distlock script is
-//! idempotent on re-send (an acquire that finds its own token succeeds). A promoted replica has
-//! no scripts loaded: `NOSCRIPT` is answered by `EVAL` routed to the same slot (never a
-//! `SCRIPT LOAD` to every primary, which fails while one is down).
+//! **The slot map** (`CLUSTER SLOTS`) is fetched over the node links: from up to
+//! [`ASK_AT_ONCE`] known nodes at once (the primaries of the current map first, then the seeds,
+//! then the other nodes seen), each within the response timeout; the view most of the answering
+//! nodes share is installed (a primary restarted with an old `nodes.conf` may answer with its
+//! stale view for a moment). A fetch runs in a task of its own, one at a time and at most every
+//! [`REFETCH_EVERY`], and a caller that needs the map waits for it up to its own deadline only.
+//! It is fetched at the first call, and again whenever an answer shows it stale: `MOVED`, a node
+//! that refuses connections, `CLUSTERDOWN`, `TRYAGAIN`, `READONLY`.
 //!
-//! **Straight to the slot's primary.** The route also keeps the slot map (`CLUSTER SLOTS`) and a
-//! [`Link`] per primary, and sends each call straight on the link of its slot's primary: one
-//! hop fewer than through the cluster connection's routing task, and with `min_replicas`, writes
-//! and their `WAIT` run on connections of their own per node (see `conn.rs`), so a slow replica
-//! stalls no other call. An answer that says the slot is elsewhere or moving (`MOVED`, `ASK`,
-//! `TRYAGAIN`, `CLUSTERDOWN`: refused before anything ran), or a node that cannot be reached,
-//! sends the call through the cluster connection instead, which follows redirections, and has
-//! the slot map fetched again. A link reaches its node the way the first seed is reached: plain
-//! TCP, or TLS with the manager's certificates (a node answers `CLUSTER SLOTS` on a TLS
-//! connection with its TLS port).
+//! **A call** goes to the link of its slot's primary. Within one response timeout from its first
+//! try, whatever happens: `MOVED` sends it to the node named (and corrects that slot's entry at
+//! once), `ASK` sends it once to the node named after `ASKING`, and `TRYAGAIN`, `CLUSTERDOWN`,
+//! `READONLY` or a node that refuses connections send it again 20 ms later, where the map says
+//! the slot lives then. Each of these answers means nothing ran. A node that does not answer in
+//! time is an error at once (the call may have run), and its link replaces the connection (see
+//! `conn.rs`). Every distlock script may be sent twice (an acquire that finds its own token
+//! takes the key as it is), and `NOSCRIPT` (a promoted replica) is answered with `EVAL` on the
+//! same node.
+//!
+//! **`min_replicas`**: each node's link runs writes followed by `WAIT` on connections of their
+//! own (see `conn.rs`), so a slow replica stalls no other call.
 //!
 //! **Notifications** use sharded pub/sub: the scripts announce with `SPUBLISH` on the lock key's
-//! name, whose slot is the lock's, and waiters `SSUBSCRIBE` over a RESP3 cluster connection of
-//! their own. A subscription the server ends (its slot moved) is reported and made again where
-//! the slot lives; a node's connection lost ends the whole subscriber connection, so waiters
-//! poll (with a bound) and subscribe anew.
+//! name, whose slot is the lock's, and waiters `SSUBSCRIBE` on a RESP3 connection to the primary
+//! of that slot (one per node, opened when first needed). A subscription the server ends (its
+//! slot moved) is reported and made again where the slot lives; a node's subscriber connection
+//! lost ends the whole subscriber connection, so waiters poll (with a bound) and subscribe anew.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use redis::cluster::{ClusterClient, ClusterClientBuilder};
-use redis::cluster_async::ClusterConnection;
-use redis::{TlsCertificates, Value};
+use redis::aio::MultiplexedConnection;
+use redis::Value;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::{push_handler, Channels, Ended, OnMessage, Route, Subscribe};
-use crate::call::{self, Failed, Reached};
-use crate::call::{confirmed, BoxFuture, Replicas, ScriptCall};
+use crate::call::{BoxFuture, Failed, Reached, Replicas, ScriptCall};
 use crate::conn::{self, lock, Dial, Link, Timeouts};
 use crate::error::LockError;
 use crate::tls::Tls;
 
-/// Retries of one call (after an IO error, `MOVED` to a node not yet connected, `TRYAGAIN`, a
-/// cluster briefly down), within one response timeout in all.
-const RETRIES: u32 = 3;
+/// How many nodes a fetch of the slot map asks at once.
+const ASK_AT_ONCE: usize = 8;
+
+/// After the first answer to a fetch, how long the other nodes asked have to answer before the
+/// views are compared.
+const OTHER_VIEWS: Duration = Duration::from_millis(20);
+
+/// The least time between two fetches of the slot map: one fetched during a failover may still
+/// be stale, and asking again at once would only load the nodes.
+const REFETCH_EVERY: Duration = Duration::from_millis(100);
+
+/// The pause before a call refused for a passing reason (`TRYAGAIN`, `CLUSTERDOWN`, a node
+/// that refuses connections) is sent again.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+
+/// Slots in a Redis Cluster.
+const SLOTS: usize = 16384;
+
+/// A node's address as the cluster names it.
+type Address = (String, u16);
+
+/// One slot range of `CLUSTER SLOTS`: first and last slot, and its primary.
+type Range = (u16, u16, Address);
 
 /// A Redis Cluster.
 pub(crate) struct Cluster {
-    client: ClusterClient,
-    conn: Mutex<Option<ClusterConnection>>,
-    /// With `min_replicas`: the client and connection of the writes followed by `WAIT`.
-    replicated: Option<(ClusterClient, Mutex<Option<ClusterConnection>>)>,
-    /// The seed nodes, for the subscriber's client.
-    seeds: Vec<redis::ConnectionInfo>,
-    /// The certificates for `rediss://` seeds, for the subscriber's client.
-    certificates: Option<TlsCertificates>,
-    timeouts: Timeouts,
+    nodes: Arc<Nodes>,
     endpoint: String,
     replicas: Option<Replicas>,
-    /// The slot map and the links to the primaries, shared with the task that refreshes them.
-    direct: Arc<Direct>,
 }
 
-/// The link to the primary of each of the 16384 slots (`None`: a slot no primary serves).
-type SlotMap = Arc<[Option<Arc<Link>>]>;
-
-/// Which primary serves each slot, and a link to each primary.
-struct Direct {
-    /// `None` until fetched, and again once an answer showed it stale.
-    slots: RwLock<Option<SlotMap>>,
-    links: Mutex<HashMap<(String, u16), Arc<Link>>>,
-    refreshing: AtomicBool,
-    /// How to reach a node: the first seed's address (TLS or not, with its certificates) and
-    /// its user, password and database; `None` when the seeds use a socket (then every call
-    /// goes through the cluster connection).
-    settings: Option<(redis::ConnectionAddr, redis::RedisConnectionInfo)>,
+/// Where each slot lives, and a link to each node: shared with the task that fetches the map.
+struct Nodes {
+    /// Where the slot map is asked for when no node of a map answers.
+    seeds: Vec<Address>,
+    /// How a node is reached: over TLS (with the first seed's certificates) or plain TCP.
+    transport: redis::ConnectionAddr,
+    /// User, password and database, the first seed's.
+    settings: redis::RedisConnectionInfo,
     timeouts: Timeouts,
     replicas: Option<Replicas>,
+    routing: RwLock<Routing>,
+    /// Counts fetches of the map that ended, installed or not: callers waiting for one watch it.
+    fetched: watch::Sender<u64>,
+    /// A fetch runs (or is cooling down, see [`REFETCH_EVERY`]).
+    fetching: AtomicBool,
+    /// Why the last fetch got no map, if it got none.
+    failure: Mutex<Option<LockError>>,
+}
+
+/// The slot map and the nodes seen.
+#[derive(Default)]
+struct Routing {
+    /// The primary of each slot (`None` for a slot no primary serves), once fetched.
+    slots: Option<Box<[Option<Arc<Node>>]>>,
+    /// Every node of the map, the seeds and the nodes redirections named, by address.
+    nodes: HashMap<Address, Arc<Node>>,
+}
+
+/// One cluster node.
+struct Node {
+    address: Address,
+    link: Link,
 }
 
 impl Cluster {
@@ -100,287 +134,437 @@ impl Cluster {
         }
         let mut seeds = Vec::with_capacity(urls.len());
         let mut shown = Vec::with_capacity(urls.len());
+        let mut first = None;
         for url in urls {
             let (info, endpoint) = conn::parse_url(url, tls)?;
-            seeds.push(info);
+            let address = match info.addr() {
+                redis::ConnectionAddr::Tcp(host, port)
+                | redis::ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port),
+                _ => {
+                    return Err(LockError::InvalidConfig {
+                        what: "cluster",
+                        reason: format!(
+                            "{endpoint} is not a TCP address: a cluster's nodes name each other \
+                             by host and port, so give redis:// or rediss:// seed URLs"
+                        ),
+                    })
+                }
+            };
+            first.get_or_insert_with(|| info.clone());
+            seeds.push(address);
             shown.push(endpoint);
         }
-        let invalid = |e: redis::RedisError| LockError::InvalidConfig {
-            what: "cluster",
-            reason: e.to_string(),
-        };
-        // The cluster client takes its certificates apart from the seeds' addresses.
-        let certificates = tls
-            .certificates()
-            .filter(|_| matches!(seeds[0].addr(), redis::ConnectionAddr::TcpTls { .. }));
-        let client = builder(&seeds, certificates.as_ref(), timeouts)
-            .build()
-            .map_err(invalid)?;
-        let replicated = match replicas {
-            Some(replicas) => {
-                let client = builder(&seeds, certificates.as_ref(), timeouts)
-                    .overall_response_timeout(Some(timeouts.response + replicas.timeout))
-                    .response_timeout(timeouts.response + replicas.timeout)
-                    .build()
-                    .map_err(invalid)?;
-                Some((client, Mutex::new(None)))
-            }
-            None => None,
-        };
-        let settings = matches!(
-            seeds[0].addr(),
-            redis::ConnectionAddr::Tcp(..) | redis::ConnectionAddr::TcpTls { .. }
-        )
-        .then(|| (seeds[0].addr().clone(), seeds[0].redis_settings().clone()));
-        Ok(Self {
-            client,
-            conn: Mutex::new(None),
-            replicated,
+        let first = first.expect("at least one seed");
+        let nodes = Arc::new(Nodes {
             seeds,
-            certificates,
+            transport: first.addr().clone(),
+            settings: first.redis_settings().clone(),
             timeouts,
+            replicas,
+            routing: RwLock::new(Routing::default()),
+            fetched: watch::Sender::new(0),
+            fetching: AtomicBool::new(false),
+            failure: Mutex::new(None),
+        });
+        Ok(Self {
+            nodes,
             endpoint: format!("cluster [{}]", shown.join(", ")),
             replicas,
-            direct: Arc::new(Direct {
-                slots: RwLock::new(None),
-                links: Mutex::new(HashMap::new()),
-                refreshing: AtomicBool::new(false),
-                settings,
-                timeouts,
-                replicas,
-            }),
         })
     }
 
-    /// The cluster connection, connecting first if there is none yet.
-    async fn connection(&self, op: &'static str) -> Result<ClusterConnection, Failed> {
-        connection(&self.client, &self.conn, self.timeouts, op).await
-    }
-
-    async fn query(&self, op: &'static str, cmd: redis::Cmd) -> Result<Value, Failed> {
-        let conn = self.connection(op).await?;
-        query(conn, op, cmd, self.timeouts.response).await
-    }
-
-    /// Runs `call` on the link of its slot's primary; through the cluster connection when the
-    /// slot map is not known or turns out stale (see the module docs).
+    /// Runs `call` on the primary of its slot, following the cluster's redirections (see the
+    /// module docs), all within one response timeout.
     async fn run_call(&self, call: &ScriptCall) -> Result<Value, Failed> {
         let slot = call.first_key().map_or(0, slot);
-        match self.direct.link(slot) {
-            Some(link) => match link.run(call).await {
-                // Refused (the slot moved), or the node is gone (refused the connection): the
-                // cluster connection finds where the slot lives now.
-                Err(failed) if failed_redirected(&failed) || unreachable(&failed) => {
-                    self.direct.forget_slots();
+        let until = Instant::now() + self.nodes.timeouts.response;
+        // A node a redirection named, and whether it asked for `ASKING`.
+        let mut redirected: Option<(Arc<Node>, bool)> = None;
+        loop {
+            let (node, asking) = match redirected.take() {
+                Some(target) => target,
+                None => (self.nodes.primary_by(slot, until, call.op).await?, false),
+            };
+            let answer = if asking {
+                node.link.run_asking(call).await
+            } else {
+                node.link.run(call).await
+            };
+            let failed = match answer {
+                Ok(answer) => return Ok(answer),
+                Err(failed) => failed,
+            };
+            match Redirect::of(&failed) {
+                Some(Redirect::Moved(address)) => {
+                    redirected = Some((self.nodes.moved(slot, address, &node), false));
                 }
-                // A node that hangs (no answer, or no connection within the connect timeout)
-                // is an error now, not a second wait through the cluster connection.
-                Err(failed) => {
-                    if failed.reached == Reached::No {
-                        self.direct.forget_slots();
-                    }
-                    return Err(failed);
+                Some(Redirect::Ask(address)) => {
+                    redirected = Some((self.nodes.node_at(address, &node), true));
                 }
-                answer => return answer,
-            },
-            None => self.refresh_slots(),
+                Some(Redirect::Again) => {
+                    self.nodes.refetch();
+                    let pause = RETRY_PAUSE.min(until.saturating_duration_since(Instant::now()));
+                    tokio::time::sleep(pause).await;
+                }
+                None => return Err(failed),
+            }
+            if Instant::now() >= until {
+                return Err(failed);
+            }
         }
-        self.run_routed(call).await
+    }
+}
+
+/// What a failed call tells the router to do.
+enum Redirect {
+    /// `MOVED`: the slot lives at this address now.
+    Moved(Address),
+    /// `ASK`: this one call goes to that address, after `ASKING` (a slot being migrated).
+    Ask(Address),
+    /// Refused for a passing reason, nothing ran: again shortly, where the map says.
+    Again,
+}
+
+impl Redirect {
+    fn of(failed: &Failed) -> Option<Self> {
+        use redis::ServerErrorKind::{Ask, ClusterDown, Moved, ReadOnly, TryAgain};
+        // A node that refuses connections (gone, or restarting): its replica may be taking over.
+        // (One that accepts none in time is hung: an error now, not a second wait.)
+        if failed.reached == Reached::No && matches!(failed.error, LockError::Redis { .. }) {
+            return Some(Self::Again);
+        }
+        let source = failed.error.redis_source()?;
+        match source.kind() {
+            redis::ErrorKind::Server(Moved | Ask) => {
+                let (address, _) = source.redirect_node()?;
+                let (host, port) = address.rsplit_once(':')?;
+                let address = (host.to_owned(), port.parse().ok()?);
+                Some(if source.kind() == redis::ErrorKind::Server(Moved) {
+                    Self::Moved(address)
+                } else {
+                    Self::Ask(address)
+                })
+            }
+            redis::ErrorKind::Server(TryAgain | ClusterDown | ReadOnly) => Some(Self::Again),
+            _ => None,
+        }
+    }
+}
+
+impl Nodes {
+    /// The primary serving `slot` in the map, if one is known.
+    fn primary(&self, slot: u16) -> Option<Arc<Node>> {
+        let routing = self.routing.read().unwrap_or_else(|e| e.into_inner());
+        routing.slots.as_ref()?.get(usize::from(slot))?.clone()
     }
 
-    /// Fetches the slot map again, from a task of its own (one at a time).
-    fn refresh_slots(&self) {
-        if self.direct.refreshing.swap(true, Ordering::AcqRel) {
+    /// The primary serving `slot`, fetching the map first when none is known, waiting for
+    /// that until `until` at the latest. Fails at once when the nodes refused the fetch
+    /// (credentials, an ACL): waiting would not help.
+    async fn primary_by(
+        self: &Arc<Self>,
+        slot: u16,
+        until: Instant,
+        op: &'static str,
+    ) -> Result<Arc<Node>, Failed> {
+        if let Some(node) = self.primary(slot) {
+            return Ok(node);
+        }
+        let mut fetched = self.fetched.subscribe();
+        loop {
+            fetched.mark_unchanged();
+            self.refetch();
+            if let Some(node) = self.primary(slot) {
+                return Ok(node);
+            }
+            // A fetch that ended during a cool-down starts no new one: look again soon.
+            let pause = tokio::time::sleep_until(until.min(Instant::now() + REFETCH_EVERY));
+            tokio::select! {
+                _ = fetched.changed() => {}
+                () = pause => {}
+            }
+            if let Some(node) = self.primary(slot) {
+                return Ok(node);
+            }
+            let refused = lock(&self.failure)
+                .as_ref()
+                .filter(|error| error.is_misconfigured())
+                .cloned();
+            if let Some(error) = refused {
+                return Err(Failed {
+                    error,
+                    reached: Reached::No,
+                });
+            }
+            if Instant::now() >= until {
+                return Err(self.no_primary(op, slot));
+            }
+        }
+    }
+
+    /// Why a call found no primary for `slot` within its response timeout: the last fetch's
+    /// failure when no map could be had, else a slot no primary serves now.
+    fn no_primary(&self, op: &'static str, slot: u16) -> Failed {
+        let known = self
+            .routing
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .slots
+            .is_some();
+        let error = match lock(&self.failure).clone() {
+            Some(failure) if !known => failure,
+            _ if !known => LockError::RedisTimeout {
+                op: "cluster slot map (CLUSTER SLOTS)",
+                after: self.timeouts.response,
+            },
+            _ => LockError::Redis {
+                op,
+                source: redis::RedisError::from((
+                    redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown),
+                    "no primary serves the slot",
+                    format!("slot {slot}: the cluster is failing over or missing a primary"),
+                )),
+            },
+        };
+        Failed {
+            error,
+            reached: Reached::No,
+        }
+    }
+
+    /// `MOVED`: `slot` lives at `address` now (the node `asked` answered so). Corrects that
+    /// slot's entry at once and has the whole map fetched again: the move is most likely a
+    /// failover or a migration, which moved other slots too.
+    fn moved(self: &Arc<Self>, slot: u16, address: Address, asked: &Node) -> Arc<Node> {
+        let node = self.node_at(address, asked);
+        {
+            let mut routing = self.routing.write().unwrap_or_else(|e| e.into_inner());
+            if let Some(entry) = routing
+                .slots
+                .as_mut()
+                .and_then(|slots| slots.get_mut(usize::from(slot)))
+            {
+                *entry = Some(Arc::clone(&node));
+            }
+        }
+        self.refetch();
+        node
+    }
+
+    /// The node at `address` (an empty host: the one `asked` is on), added if new.
+    fn node_at(&self, (host, port): Address, asked: &Node) -> Arc<Node> {
+        let host = if host.is_empty() || host == "?" {
+            asked.address.0.clone()
+        } else {
+            host
+        };
+        let mut routing = self.routing.write().unwrap_or_else(|e| e.into_inner());
+        self.node_in(&mut routing, (host, port))
+    }
+
+    fn node_in(&self, routing: &mut Routing, address: Address) -> Arc<Node> {
+        if let Some(node) = routing.nodes.get(&address) {
+            return Arc::clone(node);
+        }
+        let info = redis::IntoConnectionInfo::into_connection_info(crate::tls::address_like(
+            &self.transport,
+            address.0.clone(),
+            address.1,
+        ))
+        .map(|info| info.set_redis_settings(self.settings.clone()));
+        let dial = NodeDial {
+            client: info.and_then(redis::Client::open),
+            timeouts: self.timeouts,
+        };
+        let node = Arc::new(Node {
+            address: address.clone(),
+            link: Link::new(Box::new(dial), self.timeouts, true, self.replicas),
+        });
+        routing.nodes.insert(address, Arc::clone(&node));
+        node
+    }
+
+    /// Starts a fetch of the slot map in a task of its own, unless one runs or the last ended
+    /// less than [`REFETCH_EVERY`] ago.
+    fn refetch(self: &Arc<Self>) {
+        if self.fetching.swap(true, Ordering::AcqRel) {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            self.direct.refreshing.store(false, Ordering::Release);
+            self.fetching.store(false, Ordering::Release);
             return;
         };
-        let direct = Arc::clone(&self.direct);
-        let client = self.client.clone();
-        let kept = lock(&self.conn).clone();
-        let timeouts = self.timeouts;
+        let nodes = Arc::clone(self);
         runtime.spawn(async move {
-            let slots = fetch_slots(&client, kept, timeouts).await;
-            if let Some(slots) = slots {
-                direct.install(&slots);
+            // Cleared however the task ends, also when it is dropped with its runtime.
+            let _done = Fetching(&nodes);
+            match nodes.fetch().await {
+                Ok(ranges) => {
+                    nodes.install(&ranges);
+                    *lock(&nodes.failure) = None;
+                }
+                Err(error) => *lock(&nodes.failure) = Some(error),
             }
-            // Not again at once: a map fetched during a failover may still be stale.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            direct.refreshing.store(false, Ordering::Release);
+            nodes.fetched.send_modify(|n| *n += 1);
+            tokio::time::sleep(REFETCH_EVERY).await;
         });
     }
 
-    /// Runs `call` through the cluster connection and, with `min_replicas`, `WAIT`s after it
-    /// (see [`Cluster::confirm`]).
-    async fn run_routed(&self, call: &ScriptCall) -> Result<Value, Failed> {
-        match (&self.replicated, self.replicas) {
-            (Some((client, conn)), Some(replicas)) if call.kind.needs_replicas() => {
-                let conn = connection(client, conn, self.timeouts, call.op).await?;
-                self.confirm(conn, call, replicas).await
-            }
-            _ => self.run_plain(call).await,
-        }
-    }
-
-    async fn run_plain(&self, call: &ScriptCall) -> Result<Value, Failed> {
-        call.run_with(|cmd| self.query(call.op, cmd)).await
-    }
-
-    /// Runs a write and `WAIT`s for `replicas` on the primary of its slot, both on the cluster
-    /// connection kept for such writes: `WAIT` must follow the write on the connection that
-    /// sent it, and it blocks that connection until the replicas answer. On the connection
-    /// every other call uses, a slow replica would stall every lock on its node; here it stalls
-    /// only other replicated writes to that node, by at most the replica timeout. An acquire
-    /// the replicas did not confirm is undone (see `topology::confirmed`).
-    async fn confirm(
-        &self,
-        conn: ClusterConnection,
-        call: &ScriptCall,
-        replicas: Replicas,
-    ) -> Result<Value, Failed> {
-        use redis::cluster_routing::{Route as SlotRoute, SingleNodeRoutingInfo, SlotAddr};
-        let op = call.op;
-        let after = self.timeouts.response + replicas.timeout;
-        let slot = call.first_key().map_or(0, slot);
-        let route = SingleNodeRoutingInfo::SpecificNode(SlotRoute::new(slot, SlotAddr::Master));
-        // The write and its WAIT in one pipeline, to the slot's primary: one round trip.
-        let answer = call
-            .run_with(|cmd| {
-                let mut pipe = redis::pipe();
-                pipe.add_command(cmd)
-                    .cmd("WAIT")
-                    .arg(replicas.count)
-                    .arg(conn::millis(replicas.timeout));
-                let (mut conn, route) = (conn.clone(), route.clone());
+    /// Asks known nodes for the slot map at once (see the module docs); the view most of the
+    /// answering nodes share, or why none answered (a refusal first: it says what to fix).
+    async fn fetch(&self) -> Result<Vec<Range>, LockError> {
+        use futures_util::stream::{FuturesUnordered, StreamExt};
+        let candidates = self.candidates();
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let mut answers: FuturesUnordered<_> = candidates
+            .iter()
+            .map(|node| {
+                let cmd = &cmd;
                 async move {
-                    let values = conn
-                        .route_pipeline(pipe, 0, 2, route)
-                        .await
-                        .map_err(|source| call::failed(op, source, after))?;
-                    // The script's own error (NOSCRIPT, say) fails the call.
-                    if let Some(Err(source)) = values.first().cloned().map(Value::extract_error) {
-                        return Err(call::failed(op, source, after));
-                    }
-                    Ok(Value::Array(values))
+                    let op = "cluster slot map (CLUSTER SLOTS)";
+                    let answer = node.link.query(op, cmd).await.map_err(|f| f.error)?;
+                    parse_slots(answer, &node.address).ok_or_else(|| LockError::Redis {
+                        op,
+                        source: redis::RedisError::from((
+                            redis::ErrorKind::Parse,
+                            "unexpected CLUSTER SLOTS answer",
+                        )),
+                    })
                 }
             })
-            .await?;
-        confirmed(call, answer, replicas, |undo| async move {
-            self.run_plain(&undo).await
-        })
-        .await
-    }
-}
-
-impl Direct {
-    /// The link to the primary of `slot`, if the slot map is known.
-    fn link(&self, slot: u16) -> Option<Arc<Link>> {
-        let slots = self
-            .slots
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        slots.as_ref()?.get(usize::from(slot))?.clone()
-    }
-
-    fn forget_slots(&self) {
-        *self
-            .slots
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
-    }
-
-    /// Installs a slot map: `(first slot, last slot, host, port)` per range.
-    fn install(&self, ranges: &[(u16, u16, String, u16)]) {
-        let Some((transport, settings)) = &self.settings else {
-            return;
+            .collect();
+        let mut views: Vec<(Vec<Range>, usize)> = Vec::new();
+        let mut failure = None;
+        let mut until = None;
+        loop {
+            let next = match until {
+                Some(until) => match tokio::time::timeout_at(until, answers.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+                None => answers.next().await,
+            };
+            let Some(answer) = next else { break };
+            let view = match answer {
+                Ok(view) => view,
+                Err(error) => {
+                    if failure
+                        .as_ref()
+                        .is_none_or(|f: &LockError| !f.is_misconfigured())
+                    {
+                        failure = Some(error);
+                    }
+                    continue;
+                }
+            };
+            until.get_or_insert_with(|| Instant::now() + OTHER_VIEWS);
+            match views.iter_mut().find(|(known, _)| *known == view) {
+                Some((_, count)) => *count += 1,
+                None => views.push((view, 1)),
+            }
+        }
+        // The most shared view; the first to arrive among equals.
+        let Some(best) = views.iter().map(|(_, count)| *count).max() else {
+            return Err(failure.unwrap_or(LockError::RedisTimeout {
+                op: "cluster slot map (CLUSTER SLOTS)",
+                after: self.timeouts.response,
+            }));
         };
-        let mut links = lock(&self.links);
-        let mut slots: Vec<Option<Arc<Link>>> = vec![None; 16384];
-        for (first, last, host, port) in ranges {
-            let link = links
-                .entry((host.clone(), *port))
-                .or_insert_with(|| {
-                    let info = redis::IntoConnectionInfo::into_connection_info(
-                        crate::tls::address_like(transport, host.clone(), *port),
-                    )
-                    .map(|info| info.set_redis_settings(settings.clone()));
-                    let dial = NodeDial {
-                        client: info.and_then(redis::Client::open),
-                        timeouts: self.timeouts,
-                    };
-                    Arc::new(Link::new(
-                        Box::new(dial),
-                        self.timeouts,
-                        true,
-                        self.replicas,
-                    ))
-                })
-                .clone();
-            for slot in slots
-                .iter_mut()
-                .take(usize::from(*last) + 1)
-                .skip(usize::from(*first))
-            {
-                *slot = Some(Arc::clone(&link));
+        Ok(views
+            .into_iter()
+            .find(|(_, count)| *count == best)
+            .map(|(view, _)| view)
+            .unwrap_or_default())
+    }
+
+    /// The nodes to ask for the slot map: the primaries of the current map, then the seeds,
+    /// then the other nodes seen; at most [`ASK_AT_ONCE`].
+    fn candidates(&self) -> Vec<Arc<Node>> {
+        let mut routing = self.routing.write().unwrap_or_else(|e| e.into_inner());
+        let mut chosen: Vec<Arc<Node>> = Vec::new();
+        let add = |node: Arc<Node>, chosen: &mut Vec<Arc<Node>>| {
+            if chosen.len() < ASK_AT_ONCE && !chosen.iter().any(|c| c.address == node.address) {
+                chosen.push(node);
+            }
+        };
+        if let Some(slots) = &routing.slots {
+            for node in slots.iter().flatten() {
+                add(Arc::clone(node), &mut chosen);
             }
         }
-        drop(links);
-        *self
-            .slots
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(slots.into());
+        for seed in self.seeds.clone() {
+            let node = self.node_in(&mut routing, seed);
+            add(node, &mut chosen);
+        }
+        for node in routing.nodes.values() {
+            add(Arc::clone(node), &mut chosen);
+        }
+        chosen
+    }
+
+    /// Installs a slot map; forgets the nodes that are neither in it nor seeds.
+    fn install(&self, ranges: &[Range]) {
+        let mut routing = self.routing.write().unwrap_or_else(|e| e.into_inner());
+        let mut slots: Vec<Option<Arc<Node>>> = vec![None; SLOTS];
+        for (first, last, address) in ranges {
+            let node = self.node_in(&mut routing, address.clone());
+            for entry in &mut slots[usize::from(*first)..=usize::from(*last)] {
+                *entry = Some(Arc::clone(&node));
+            }
+        }
+        let seeds = &self.seeds;
+        routing.nodes.retain(|address, _| {
+            seeds.contains(address) || ranges.iter().any(|(_, _, a)| a == address)
+        });
+        routing.slots = Some(slots.into_boxed_slice());
+    }
+
+    /// The distinct primaries of the slot map, fetched anew first (within the response
+    /// timeout; the map known already otherwise).
+    async fn primaries(self: &Arc<Self>, op: &'static str) -> Result<Vec<Arc<Node>>, LockError> {
+        let until = Instant::now() + self.timeouts.response;
+        let mut fetched = self.fetched.subscribe();
+        fetched.mark_unchanged();
+        // A fetch that ends from now on (one in its cool-down starts none: try again shortly).
+        while Instant::now() < until {
+            self.refetch();
+            let pause = until.min(Instant::now() + REFETCH_EVERY);
+            if let Ok(Ok(())) = tokio::time::timeout_at(pause, fetched.changed()).await {
+                break;
+            }
+        }
+        let routing = self.routing.read().unwrap_or_else(|e| e.into_inner());
+        let Some(slots) = &routing.slots else {
+            return Err(lock(&self.failure)
+                .clone()
+                .unwrap_or(LockError::RedisTimeout {
+                    op,
+                    after: self.timeouts.response,
+                }));
+        };
+        let mut primaries: Vec<Arc<Node>> = Vec::new();
+        for node in slots.iter().flatten() {
+            if !primaries.iter().any(|p| p.address == node.address) {
+                primaries.push(Arc::clone(node));
+            }
+        }
+        Ok(primaries)
     }
 }
 
-/// Dials one cluster node.
-struct NodeDial {
-    client: redis::RedisResult<redis::Client>,
-    timeouts: Timeouts,
-}
+/// Marks the fetch of [`Nodes`] ended when dropped.
+struct Fetching<'a>(&'a Nodes);
 
-impl Dial for NodeDial {
-    fn dial(
-        &self,
-        op: &'static str,
-    ) -> BoxFuture<'_, Result<redis::aio::MultiplexedConnection, LockError>> {
-        Box::pin(async move {
-            match &self.client {
-                Ok(client) => conn::dial(client, self.timeouts, op).await,
-                Err(error) => Err(LockError::InvalidUrl {
-                    reason: error.to_string(),
-                }),
-            }
-        })
+impl Drop for Fetching<'_> {
+    fn drop(&mut self) {
+        self.0.fetching.store(false, Ordering::Release);
     }
 }
 
-/// `CLUSTER SLOTS`, asked through the cluster connection: each range's primary. `None` when it
-/// cannot be had now (the calls go through the cluster connection meanwhile).
-async fn fetch_slots(
-    client: &ClusterClient,
-    kept: Option<ClusterConnection>,
-    timeouts: Timeouts,
-) -> Option<Vec<(u16, u16, String, u16)>> {
-    use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-    let mut conn = match kept {
-        Some(conn) => conn,
-        None => {
-            let connect = client.get_async_connection();
-            tokio::time::timeout(timeouts.connect, connect)
-                .await
-                .ok()?
-                .ok()?
-        }
-    };
-    let mut cmd = redis::cmd("CLUSTER");
-    cmd.arg("SLOTS");
-    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary);
-    let answer = tokio::time::timeout(timeouts.response, conn.route_command(cmd, routing))
-        .await
-        .ok()?
-        .ok()?;
+/// Reads a `CLUSTER SLOTS` answer from the node at `asked`: each range's primary. An empty or
+/// unknown host (`?`) is the asked node's.
+fn parse_slots(answer: Value, asked: &Address) -> Option<Vec<Range>> {
     let Value::Array(ranges) = answer else {
         return None;
     };
@@ -396,111 +580,42 @@ async fn fetch_slots(
         let [Value::BulkString(host), Value::Int(port), ..] = primary.as_slice() else {
             return None;
         };
-        let host = String::from_utf8(host.clone())
-            .ok()
-            .filter(|h| !h.is_empty())?;
-        parsed.push((
-            u16::try_from(*first).ok()?,
-            u16::try_from(*last).ok()?.min(16383),
-            host,
-            u16::try_from(*port).ok()?,
-        ));
+        let host = match std::str::from_utf8(host).ok()? {
+            "" | "?" => asked.0.clone(),
+            host => host.to_owned(),
+        };
+        let first = u16::try_from(*first).ok()?;
+        let last = u16::try_from(*last).ok()?.min(SLOTS as u16 - 1);
+        if first > last {
+            return None;
+        }
+        parsed.push((first, last, (host, u16::try_from(*port).ok()?)));
     }
+    parsed.sort();
     Some(parsed)
 }
 
-/// Whether a call failed because its node could not be connected to at all (not: in time).
-fn unreachable(failed: &Failed) -> bool {
-    failed.reached == Reached::No && !matches!(failed.error, LockError::RedisTimeout { .. })
-}
-
-/// Whether a failed call was refused because its slot is elsewhere or moving.
-fn failed_redirected(failed: &Failed) -> bool {
-    matches!(&failed.error, LockError::Redis { source, .. } if redirected(source))
-}
-
-/// The connection kept in `kept`, connecting `client` first if there is none yet.
-async fn connection(
-    client: &ClusterClient,
-    kept: &Mutex<Option<ClusterConnection>>,
+/// Dials one cluster node.
+struct NodeDial {
+    client: redis::RedisResult<redis::Client>,
     timeouts: Timeouts,
-    op: &'static str,
-) -> Result<ClusterConnection, Failed> {
-    if let Some(conn) = &*lock(kept) {
-        return Ok(conn.clone());
-    }
-    let connect = client.get_async_connection();
-    let after = timeouts.connect;
-    let conn = match tokio::time::timeout(after, connect).await {
-        Ok(Ok(conn)) => conn,
-        Ok(Err(source)) => {
-            return Err(Failed {
-                error: LockError::from_redis(op, source),
-                reached: Reached::No,
-            })
-        }
-        Err(_) => {
-            return Err(Failed {
-                error: LockError::RedisTimeout { op, after },
-                reached: Reached::No,
-            })
-        }
-    };
-    Ok(lock(kept).get_or_insert(conn).clone())
 }
 
-/// Sends `cmd` on `conn`, routed by its first key.
-///
-/// Right after a failover the client's slot map can be stale for longer than its own few
-/// retries: a `MOVED`, `ASK`, `TRYAGAIN` or `CLUSTERDOWN` answer (refused before anything ran)
-/// is sent again, 20 ms apart, until `after` has passed since the first try.
-async fn query(
-    mut conn: ClusterConnection,
-    op: &'static str,
-    cmd: redis::Cmd,
-    after: Duration,
-) -> Result<Value, Failed> {
-    let until = tokio::time::Instant::now() + after;
-    loop {
-        let answer = redis::aio::ConnectionLike::req_packed_command(&mut conn, &cmd)
-            .await
-            .and_then(Value::extract_error);
-        match answer {
-            Err(source) if redirected(&source) && tokio::time::Instant::now() < until => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
+impl Dial for NodeDial {
+    fn read_only(&self) -> conn::ReadOnly {
+        conn::ReadOnly::Routed
+    }
+
+    fn dial(&self, op: &'static str) -> BoxFuture<'_, Result<MultiplexedConnection, LockError>> {
+        Box::pin(async move {
+            match &self.client {
+                Ok(client) => conn::dial(client, self.timeouts, op).await,
+                Err(error) => Err(LockError::InvalidUrl {
+                    reason: error.to_string(),
+                }),
             }
-            answer => return answer.map_err(|source| call::failed(op, source, after)),
-        }
+        })
     }
-}
-
-/// Whether the cluster refused a request because its slot is elsewhere or moving.
-fn redirected(error: &redis::RedisError) -> bool {
-    use redis::ServerErrorKind::{Ask, ClusterDown, Moved, TryAgain};
-    matches!(
-        error.kind(),
-        redis::ErrorKind::Server(Ask | ClusterDown | Moved | TryAgain)
-    )
-}
-
-/// A cluster client builder for `seeds` (with `certificates` for `rediss://` seeds) with
-/// bounded timeouts and retries.
-fn builder(
-    seeds: &[redis::ConnectionInfo],
-    certificates: Option<&TlsCertificates>,
-    timeouts: Timeouts,
-) -> ClusterClientBuilder {
-    let builder = match certificates {
-        Some(certificates) => ClusterClientBuilder::new(seeds.to_vec()).certs(certificates.clone()),
-        None => ClusterClientBuilder::new(seeds.to_vec()),
-    };
-    builder
-        .connection_timeout(timeouts.connect)
-        .response_timeout(timeouts.response)
-        .overall_response_timeout(Some(timeouts.response))
-        .retries(RETRIES)
-        .min_retry_wait(10)
-        .max_retry_wait(100)
 }
 
 impl Route for Cluster {
@@ -517,42 +632,21 @@ impl Route for Cluster {
     }
 
     fn subscriber(&self) -> Option<Arc<dyn Subscribe>> {
-        Some(Arc::new(ClusterSubscriber {
-            seeds: self.seeds.clone(),
-            certificates: self.certificates.clone(),
-            timeouts: self.timeouts,
-        }))
+        Some(Arc::new(ClusterSubscriber(Arc::clone(&self.nodes))))
     }
 
     fn scan<'a>(&'a self, pattern: &'a str) -> BoxFuture<'a, Result<Vec<String>, LockError>> {
         Box::pin(async move {
-            let kept = lock(&self.conn).clone();
-            let ranges = fetch_slots(&self.client, kept, self.timeouts).await.ok_or(
-                LockError::RedisTimeout {
-                    op: "scan (CLUSTER SLOTS)",
-                    after: self.timeouts.response,
-                },
-            )?;
-            self.direct.install(&ranges);
-            let mut primaries: Vec<(String, u16)> = ranges
-                .into_iter()
-                .map(|(_, _, host, port)| (host, port))
-                .collect();
-            primaries.sort();
-            primaries.dedup();
             let mut found = Vec::new();
-            for primary in primaries {
-                let link = lock(&self.direct.links).get(&primary).cloned();
-                if let Some(link) = link {
-                    found.extend(link.scan(pattern).await?);
-                }
+            for node in self.nodes.primaries("scan (CLUSTER SLOTS)").await? {
+                found.extend(node.link.scan(pattern).await?);
             }
             Ok(found)
         })
     }
 
     fn response_timeout(&self) -> Duration {
-        self.timeouts.response
+        self.nodes.timeouts.response
     }
 
     fn endpoint(&self) -> String {
@@ -562,46 +656,194 @@ impl Route for Cluster {
     fn refuses_fair(&self) -> Option<&'static str> {
         self.replicas.map(|_| super::FAIR_WITH_REPLICAS)
     }
+
+    fn run_on_every_server<'a>(
+        &'a self,
+        call: &'a ScriptCall,
+    ) -> BoxFuture<'a, Vec<(String, Result<Value, Failed>)>> {
+        use futures_util::stream::{FuturesUnordered, StreamExt};
+        Box::pin(async move {
+            let primaries = match self.nodes.primaries(call.op).await {
+                Ok(primaries) => primaries,
+                Err(error) => {
+                    let failed = Failed {
+                        error,
+                        reached: Reached::No,
+                    };
+                    return vec![(self.endpoint.clone(), Err(failed))];
+                }
+            };
+            primaries
+                .iter()
+                .map(|node| async move {
+                    let (host, port) = &node.address;
+                    (format!("{host}:{port}"), node.link.run(call).await)
+                })
+                .collect::<FuturesUnordered<_>>()
+                .collect()
+                .await
+        })
+    }
+
+    fn channel_commands(&self) -> (&'static str, &'static str, &'static str) {
+        ("SPUBLISH", "SSUBSCRIBE", "SUNSUBSCRIBE")
+    }
+
+    fn commands(&self) -> Vec<String> {
+        let mut commands = vec!["CLUSTER SLOTS".to_owned()];
+        if self.replicas.is_some() {
+            commands.push("WAIT 0 0".to_owned());
+        }
+        commands
+    }
 }
 
-/// Subscribes with `SSUBSCRIBE` over a RESP3 cluster connection of its own.
-struct ClusterSubscriber {
-    seeds: Vec<redis::ConnectionInfo>,
-    certificates: Option<TlsCertificates>,
-    timeouts: Timeouts,
-}
+/// Subscribes with `SSUBSCRIBE` on a RESP3 connection to the primary of each channel's slot.
+struct ClusterSubscriber(Arc<Nodes>);
 
 impl Subscribe for ClusterSubscriber {
     fn open(
         &self,
         on_message: OnMessage,
     ) -> BoxFuture<'_, redis::RedisResult<(Arc<dyn Channels>, Ended)>> {
-        Box::pin(async move {
-            // A node's connection lost ends the whole subscriber connection (the client ignores
-            // what the push handler returns); the notifier opens a new one.
-            let (pushes, ended) = push_handler(on_message);
-            let client = builder(&self.seeds, self.certificates.as_ref(), self.timeouts)
-                .use_protocol(redis::ProtocolVersion::RESP3)
-                .push_sender(pushes)
-                .build()?;
-            let conn = client.get_async_connection().await?;
-            Ok((Arc::new(ClusterChannels(conn)) as Arc<dyn Channels>, ended))
-        })
+        // Nothing to dial yet: each node's connection is opened by the first subscription to
+        // one of its slots.
+        let lost = CancellationToken::new();
+        let channels = ShardChannels {
+            nodes: Arc::clone(&self.0),
+            on_message,
+            lost: lost.clone(),
+            open: Mutex::new(HashMap::new()),
+            subscribed: Mutex::new(HashMap::new()),
+        };
+        let ended: Ended = Box::pin(lost.cancelled_owned());
+        Box::pin(async move { Ok((Arc::new(channels) as Arc<dyn Channels>, ended)) })
     }
 }
 
-/// `SSUBSCRIBE` / `SUNSUBSCRIBE` on the subscriber's cluster connection.
-struct ClusterChannels(ClusterConnection);
+/// The subscriber connections to the nodes of one cluster subscriber, and which node each
+/// channel is subscribed on.
+struct ShardChannels {
+    nodes: Arc<Nodes>,
+    on_message: OnMessage,
+    /// Cancelled when one node's connection is lost: the whole subscriber connection ends.
+    lost: CancellationToken,
+    open: Mutex<HashMap<Address, MultiplexedConnection>>,
+    subscribed: Mutex<HashMap<String, Address>>,
+}
 
-impl Channels for ClusterChannels {
+impl ShardChannels {
+    /// The subscriber connection to the node at `address`, opened if there is none yet.
+    async fn connection(&self, node: &Node) -> redis::RedisResult<MultiplexedConnection> {
+        if let Some(conn) = lock(&self.open).get(&node.address) {
+            return Ok(conn.clone());
+        }
+        let timeouts = self.nodes.timeouts;
+        let info = redis::IntoConnectionInfo::into_connection_info(crate::tls::address_like(
+            &self.nodes.transport,
+            node.address.0.clone(),
+            node.address.1,
+        ))?;
+        let settings = self
+            .nodes
+            .settings
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3);
+        let client = redis::Client::open(info.set_redis_settings(settings))?;
+        let (pushes, ended) = push_handler(Arc::clone(&self.on_message));
+        let config = redis::AsyncConnectionConfig::new()
+            .set_push_sender(pushes)
+            .set_connection_timeout(Some(timeouts.connect))
+            .set_response_timeout(Some(timeouts.response));
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        let mut open = lock(&self.open);
+        if let Some(existing) = open.get(&node.address) {
+            // Another subscription opened one meanwhile: this one is dropped, unwatched.
+            return Ok(existing.clone());
+        }
+        open.insert(node.address.clone(), conn.clone());
+        drop(open);
+        let lost = self.lost.clone();
+        tokio::spawn(async move {
+            ended.await;
+            lost.cancel();
+        });
+        Ok(conn)
+    }
+}
+
+/// Sends a subscribe-like command for one channel: its one confirmation (a RESP3 push that is
+/// also the command's reply) or its error.
+async fn send_one(
+    conn: &mut MultiplexedConnection,
+    command: &str,
+    channel: &str,
+) -> redis::RedisResult<()> {
+    let mut cmd = redis::cmd(command);
+    cmd.arg(channel);
+    conn.send_packed_command(&cmd)
+        .await
+        .and_then(Value::extract_error)
+        .map(drop)
+}
+
+impl Channels for ShardChannels {
     fn subscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>> {
-        let mut conn = self.0.clone();
-        Box::pin(async move { conn.ssubscribe(channel).await })
+        Box::pin(async move {
+            let until = Instant::now() + self.nodes.timeouts.response;
+            let node = self
+                .nodes
+                .primary_by(slot(channel), until, "subscribe")
+                .await
+                .map_err(|failed| {
+                    let text = failed.error.to_string();
+                    let kind = redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown);
+                    redis::RedisError::from((kind, "no node for the channel's slot", text))
+                })?;
+            let mut conn = self.connection(&node).await?;
+            match send_one(&mut conn, "SSUBSCRIBE", channel).await {
+                Ok(()) => {
+                    lock(&self.subscribed).insert(channel.to_owned(), node.address.clone());
+                    Ok(())
+                }
+                Err(error) => {
+                    if matches!(
+                        error.kind(),
+                        redis::ErrorKind::Server(
+                            redis::ServerErrorKind::Moved | redis::ServerErrorKind::ClusterDown
+                        )
+                    ) {
+                        self.nodes.refetch();
+                    }
+                    Err(error)
+                }
+            }
+        })
     }
 
     fn unsubscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>> {
-        let mut conn = self.0.clone();
-        Box::pin(async move { conn.sunsubscribe(channel).await })
+        Box::pin(async move {
+            let Some(address) = lock(&self.subscribed).remove(channel) else {
+                return Ok(());
+            };
+            let Some(mut conn) = lock(&self.open).get(&address).cloned() else {
+                return Ok(());
+            };
+            send_one(&mut conn, "SUNSUBSCRIBE", channel).await
+        })
+    }
+
+    fn ping(&self) -> BoxFuture<'_, redis::RedisResult<()>> {
+        let conns: Vec<MultiplexedConnection> = lock(&self.open).values().cloned().collect();
+        // Any answer will do, a refusal too (an ACL user without `+ping`): it came.
+        Box::pin(async move {
+            for mut conn in conns {
+                conn.send_packed_command(&redis::cmd("PING")).await?;
+            }
+            Ok(())
+        })
     }
 }
 
@@ -614,7 +856,7 @@ pub(crate) fn slot(key: impl AsRef<[u8]>) -> u16 {
         let close = rest.iter().position(|&b| b == b'}')?;
         (close > 0).then(|| &rest[..close])
     });
-    crc16(tagged.unwrap_or(bytes)) % 16384
+    crc16(tagged.unwrap_or(bytes)) % SLOTS as u16
 }
 
 fn crc16(bytes: &[u8]) -> u16 {
@@ -634,7 +876,7 @@ fn crc16(bytes: &[u8]) -> u16 {
 
 #[cfg(test)]
 mod tests {
-    use super::slot;
+    use super::*;
 
     #[test]
     fn slots_match_cluster_keyslot() {
@@ -644,11 +886,45 @@ mod tests {
         assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
         assert_eq!(slot("{user1000}.following"), slot("user1000"));
         // An empty tag is no tag; only the first `{` counts.
-        assert_eq!(
-            slot("foo{}{bar}"),
-            crate::topology::cluster::crc16(b"foo{}{bar}") % 16384
-        );
+        assert_eq!(slot("foo{}{bar}"), crc16(b"foo{}{bar}") % 16384);
         assert_eq!(slot("foo{{bar}}zap"), slot("{bar"));
         assert_eq!(slot("distlock:lock:{{user:7}:wallet}"), slot("{user:7"));
+    }
+
+    fn node(host: &str, port: i64) -> Value {
+        Value::Array(vec![
+            Value::BulkString(host.as_bytes().to_vec()),
+            Value::Int(port),
+            Value::BulkString(b"id".to_vec()),
+        ])
+    }
+
+    #[test]
+    fn a_slot_map_reads_each_ranges_primary_and_fills_in_an_unknown_host() {
+        let answer = Value::Array(vec![
+            Value::Array(vec![Value::Int(5461), Value::Int(16383), node("", 7001)]),
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                node("10.0.0.1", 7000),
+                node("10.0.0.2", 7003),
+            ]),
+        ]);
+        let asked = ("10.0.0.9".to_owned(), 7009);
+        assert_eq!(
+            parse_slots(answer, &asked),
+            Some(vec![
+                (0, 5460, ("10.0.0.1".to_owned(), 7000)),
+                (5461, 16383, ("10.0.0.9".to_owned(), 7001)),
+            ])
+        );
+        // Not a slot map at all, or a range that ends before it starts.
+        assert_eq!(parse_slots(Value::Int(1), &asked), None);
+        let backwards = Value::Array(vec![Value::Array(vec![
+            Value::Int(9),
+            Value::Int(3),
+            node("h", 1),
+        ])]);
+        assert_eq!(parse_slots(backwards, &asked), None);
     }
 }

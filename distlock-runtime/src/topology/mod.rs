@@ -75,12 +75,41 @@ pub(crate) trait Route: Send + Sync + 'static {
     fn refuses_fair(&self) -> Option<&'static str> {
         None
     }
+
+    /// Runs `call` (which names no key) on every server that holds locks, each within the
+    /// response timeout: each server's name (without passwords) and answer.
+    fn run_on_every_server<'a>(
+        &'a self,
+        call: &'a ScriptCall,
+    ) -> BoxFuture<'a, Vec<(String, Result<Value, Failed>)>>;
+
+    /// How many of `servers` must answer for the deployment to serve: all of them, but on a
+    /// quorum a majority.
+    fn servers_needed(&self, servers: usize) -> usize {
+        servers
+    }
+
+    /// The commands that publish on, subscribe to and unsubscribe from a lock's channel.
+    fn channel_commands(&self) -> (&'static str, &'static str, &'static str) {
+        ("PUBLISH", "SUBSCRIBE", "UNSUBSCRIBE")
+    }
+
+    /// The commands this route sends outside scripts, besides `EVALSHA` and the channels'
+    /// (each with its words apart, as `LockManager::ping` checks them).
+    fn commands(&self) -> Vec<String>;
 }
 
 impl dyn Route {
-    /// Runs `call` and reads its answer as `T`, saying on failure how far the request got.
+    /// Runs `call` and reads its answer as `T`, saying on failure how far the request got (and,
+    /// for a refusal, what exactly Redis refused: see `diagnose.rs`).
     pub(crate) async fn call<T: FromRedisValue>(&self, call: &ScriptCall) -> Result<T, Failed> {
-        let value = self.run(call).await?;
+        let value = match self.run(call).await {
+            Ok(value) => value,
+            Err(failed) if failed.error.is_misconfigured() => {
+                return Err(Box::pin(crate::diagnose::explain(self, call, failed)).await)
+            }
+            Err(failed) => return Err(failed),
+        };
         T::from_redis_value(value).map_err(|error| Failed {
             error: LockError::Redis {
                 op: call.op,
@@ -185,6 +214,9 @@ pub(crate) fn push_handler(
 pub(crate) trait Channels: Send + Sync + 'static {
     fn subscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>>;
     fn unsubscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>>;
+    /// Checks that the connection (each of them, on a cluster) still answers: one that stopped
+    /// (a server hung, a network cut that closed nothing) would never say so itself.
+    fn ping(&self) -> BoxFuture<'_, redis::RedisResult<()>>;
 }
 
 /// One event on a subscriber connection.

@@ -51,6 +51,8 @@ pub(crate) struct Quorum {
     clients: Vec<redis::Client>,
     timeouts: Timeouts,
     endpoint: String,
+    /// Each node's URL, without its password.
+    names: Vec<String>,
 }
 
 /// One node's answer, or how it failed.
@@ -84,6 +86,7 @@ impl Quorum {
             clients,
             timeouts,
             endpoint: format!("quorum [{}]", shown.join(", ")),
+            names: shown,
         })
     }
 
@@ -218,21 +221,36 @@ impl Quorum {
         Err(self.no_quorum(op, values.len(), failures))
     }
 
-    fn no_quorum(&self, op: &'static str, granted: usize, failures: Vec<Failed>) -> Failed {
+    /// Why no majority was had. When the nodes that refused (settings Redis rejects, a key of
+    /// another type) are enough to deny a majority, the refusal itself: no outage is to blame,
+    /// and retrying will not help. Else [`LockError::NoQuorum`], naming a refusal first.
+    fn no_quorum(&self, op: &'static str, granted: usize, mut failures: Vec<Failed>) -> Failed {
         let reached = if failures.iter().any(|f| f.reached != Reached::No) {
             Reached::Maybe
         } else {
             Reached::No
         };
-        Failed {
-            error: LockError::NoQuorum {
-                op,
-                granted,
-                needed: self.majority(),
-                nodes: self.nodes.len(),
-                first_failure: failures.into_iter().next().map(|f| Box::new(f.error)),
+        let refusals = failures
+            .iter()
+            .filter(|f| f.error.is_misconfigured())
+            .count();
+        failures.sort_by_key(|f| !f.error.is_misconfigured());
+        let first = failures.into_iter().next().map(|f| f.error);
+        match first {
+            Some(refusal) if refusals > self.nodes.len() - self.majority() => Failed {
+                error: refusal,
+                reached,
             },
-            reached,
+            first => Failed {
+                error: LockError::NoQuorum {
+                    op,
+                    granted,
+                    needed: self.majority(),
+                    nodes: self.nodes.len(),
+                    first_failure: first.map(Box::new),
+                },
+                reached,
+            },
         }
     }
 
@@ -511,5 +529,39 @@ impl Route for Quorum {
 
     fn refuses_fair(&self) -> Option<&'static str> {
         Some(FAIR_REFUSED)
+    }
+
+    fn run_on_every_server<'a>(
+        &'a self,
+        call: &'a ScriptCall,
+    ) -> BoxFuture<'a, Vec<(String, Result<Value, Failed>)>> {
+        Box::pin(async move {
+            let answers = self.fan_out(call, self.timeouts.response, |_| false).await;
+            self.names
+                .iter()
+                .cloned()
+                .zip(answers)
+                .map(|(name, answer)| {
+                    let answer = answer.unwrap_or_else(|| {
+                        Err(Failed {
+                            error: LockError::RedisTimeout {
+                                op: call.op,
+                                after: self.timeouts.response,
+                            },
+                            reached: Reached::Maybe,
+                        })
+                    });
+                    (name, answer)
+                })
+                .collect()
+        })
+    }
+
+    fn servers_needed(&self, _servers: usize) -> usize {
+        self.majority()
+    }
+
+    fn commands(&self) -> Vec<String> {
+        vec!["SELECT 0".to_owned()]
     }
 }

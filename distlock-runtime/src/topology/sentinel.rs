@@ -230,8 +230,8 @@ impl Dial for SentinelDial {
         Box::pin(self.0.dial_primary(op))
     }
 
-    fn follows_failover(&self) -> bool {
-        true
+    fn read_only(&self) -> conn::ReadOnly {
+        conn::ReadOnly::Failover
     }
 }
 
@@ -321,6 +321,27 @@ impl Route for Sentinel {
         self.link
             .waits_for_replicas()
             .then_some(super::FAIR_WITH_REPLICAS)
+    }
+
+    fn run_on_every_server<'a>(
+        &'a self,
+        call: &'a ScriptCall,
+    ) -> BoxFuture<'a, Vec<(String, Result<Value, Failed>)>> {
+        Box::pin(async move {
+            self.watch_switches();
+            vec![(self.endpoint.clone(), self.link.run(call).await)]
+        })
+    }
+
+    fn commands(&self) -> Vec<String> {
+        let mut commands = vec!["ROLE".to_owned()];
+        if self.resolver.primary.db() != 0 {
+            commands.push("SELECT 0".to_owned());
+        }
+        if self.link.waits_for_replicas() {
+            commands.push("WAIT 0 0".to_owned());
+        }
+        commands
     }
 }
 

@@ -82,6 +82,21 @@ impl Route for Standalone {
     fn pool(&self) -> Option<&Pool> {
         Some(&self.pool)
     }
+
+    fn run_on_every_server<'a>(
+        &'a self,
+        call: &'a ScriptCall,
+    ) -> BoxFuture<'a, Vec<(String, Result<Value, Failed>)>> {
+        Box::pin(async move { vec![(self.endpoint.clone(), self.link.run(call).await)] })
+    }
+
+    fn commands(&self) -> Vec<String> {
+        let mut commands = vec!["SELECT 0".to_owned()];
+        if self.link.waits_for_replicas() {
+            commands.push("WAIT 0 0".to_owned());
+        }
+        commands
+    }
 }
 
 /// Dials by taking a connection out of a pool.
@@ -161,5 +176,15 @@ impl Channels for PlainChannels {
     fn unsubscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>> {
         let mut conn = self.0.clone();
         Box::pin(async move { conn.unsubscribe(channel).await })
+    }
+
+    fn ping(&self) -> BoxFuture<'_, redis::RedisResult<()>> {
+        let mut conn = self.0.clone();
+        // Any answer will do, a refusal too (an ACL user without `+ping`): it came.
+        Box::pin(async move {
+            conn.send_packed_command(&redis::cmd("PING"))
+                .await
+                .map(drop)
+        })
     }
 }

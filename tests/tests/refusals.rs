@@ -1,0 +1,430 @@
+//! Every Redis error distlock can meet, provoked on a real server: the `LockError` it becomes
+//! (its class) and whether distlock sends the request again. One test per row of the crate
+//! docs' table ("Redis errors"); `NOAUTH` / `WRONGPASS` are `configuration.rs`'s,
+//! `NOSCRIPT` is `hangs.rs`'s and `cluster.rs`'s, `MOVED` under load is `faults.rs`'s.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use distlock_runtime::{ErrorClass, LockError, LockManager, Misconfiguration};
+use distlock_tests::topology::RedisCluster;
+use distlock_tests::RedisServer;
+
+const TIMEOUT: Duration = Duration::from_millis(500);
+
+fn manager(url: &str) -> LockManager {
+    distlock_tests::manager_at(url, TIMEOUT).build().unwrap()
+}
+
+/// The documented least-privilege line (see the crate docs) without `left_out`.
+fn user_without(server: &RedisServer, left_out: &str) -> LockManager {
+    let mut line = vec![
+        "ACL",
+        "SETUSER",
+        "app",
+        "on",
+        ">app-pass",
+        "resetkeys",
+        "~distlock:*",
+        "resetchannels",
+        "&distlock:*",
+        "-@all",
+        "+evalsha",
+        "+eval",
+        "+select",
+        "+del",
+        "+exists",
+        "+get",
+        "+hdel",
+        "+hget",
+        "+hset",
+        "+lpop",
+        "+lrem",
+        "+pexpire",
+        "+pttl",
+        "+rpush",
+        "+set",
+        "+time",
+        "+publish",
+        "+subscribe",
+        "+unsubscribe",
+    ];
+    line.retain(|word| *word != left_out);
+    assert_eq!(server.command(&line).trim(), "+OK");
+    manager(&format!("redis://app:app-pass@127.0.0.1:{}", server.port()))
+}
+
+fn assert_permissions(error: &LockError, command: &str) {
+    assert!(
+        matches!(
+            error,
+            LockError::Misconfigured {
+                problem: Misconfiguration::Permissions,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(error.class(), ErrorClass::Misconfigured);
+    let message = error.to_string();
+    assert!(message.contains(&command.to_uppercase()), "{message}");
+    assert!(
+        message.contains("ACL SETUSER <user>") && message.contains(&format!("+{command}")),
+        "{message}"
+    );
+    assert!(!message.contains("app-pass"), "{message}");
+}
+
+/// `NOPERM` inside a script (Redis 7.0 words it `ERR The user executing the script can't run
+/// this command`) is a refusal, not an outage, and names the command and the grant; `ping`
+/// finds it before the first lock does.
+#[tokio::test]
+async fn noperm_inside_a_script_is_misconfigured_and_names_the_command() {
+    let server = RedisServer::start();
+    let locks = user_without(&server, "+time");
+    let started = Instant::now();
+    let error = locks.try_lock("k").acquire().await.unwrap_err();
+    assert_permissions(&error, "time");
+    assert!(
+        started.elapsed() < TIMEOUT,
+        "not retried: {:?}",
+        started.elapsed()
+    );
+    assert_permissions(&locks.ping().await.unwrap_err(), "time");
+}
+
+/// A right only contention needs (`HSET`: a fair waiter queueing) passes an uncontended lock,
+/// and fails the first contended one; `ping` finds it at once.
+#[tokio::test]
+async fn a_right_only_contention_needs_is_found_by_ping_before_any_lock() {
+    let server = RedisServer::start();
+    let locks = user_without(&server, "+hset");
+    assert_permissions(&locks.ping().await.unwrap_err(), "hset");
+    // What ping saw coming: the lock works until somebody waits.
+    let held = locks.lock("k").acquire().await.unwrap();
+    let error = locks
+        .lock("k")
+        .wait(Duration::from_secs(1))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert_permissions(&error, "hset");
+    held.release().await.unwrap();
+    // With the right, ping passes.
+    let locks = user_without(&server, "none left out");
+    locks.ping().await.unwrap();
+}
+
+/// `READONLY`: a URL that names a replica is refused as one, by `ping` and by a lock, after
+/// one more try on a fresh connection.
+#[tokio::test]
+async fn a_replicas_url_is_refused_as_a_replica_by_ping_and_by_locks() {
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_replica_of(&primary);
+    let locks = manager(&replica.url());
+    for error in [
+        locks.ping().await.unwrap_err(),
+        locks.try_lock("k").acquire().await.unwrap_err(),
+    ] {
+        assert!(
+            matches!(
+                error,
+                LockError::Misconfigured {
+                    problem: Misconfiguration::Replica,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        assert!(error.is_misconfigured(), "{error:?}");
+        assert!(error.to_string().contains("replica"), "{error}");
+    }
+    manager(&primary.url()).ping().await.unwrap();
+}
+
+/// `WRONGTYPE`: a key of distlock's that another program wrote is named, with what it holds,
+/// and is no outage: the lock key (any request), and a fair queue (a waiter queueing).
+#[tokio::test]
+async fn a_key_another_program_wrote_is_named_and_not_an_outage() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    server.command(&["RPUSH", "distlock:lock:{list}", "someone else's"]);
+    let error = locks.try_lock("list").acquire().await.unwrap_err();
+    match &error {
+        LockError::WrongType { key, found, .. } => {
+            assert_eq!(key, "distlock:lock:{list}");
+            assert_eq!(found, "a list");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(error.class(), ErrorClass::Misconfigured);
+    assert!(error.to_string().contains("another program"), "{error}");
+    // A fair queue that is a string: a fair request finds it in its way, an unfair one never
+    // touches it.
+    server.command(&["SET", "distlock:queue:{queued}", "not a list"]);
+    let error = locks.lock("queued").acquire().await.unwrap_err();
+    match &error {
+        LockError::WrongType { key, found, .. } => {
+            assert_eq!(key, "distlock:queue:{queued}");
+            assert_eq!(found, "a string");
+        }
+        other => panic!("{other:?}"),
+    }
+    let lease = locks.lock("queued").fair(false).acquire().await.unwrap();
+    lease.release().await.unwrap();
+}
+
+/// `OOM`: a server over its maxmemory refuses new locks, at once, as an outage that names
+/// maxmemory; a lease held before still releases (the release may run out of memory).
+#[tokio::test]
+async fn a_server_over_maxmemory_is_unavailable_and_still_releases() {
+    let server = RedisServer::start();
+    let locks = manager(&server.url());
+    let held = locks.lock("kept").acquire().await.unwrap();
+    server.command(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    server.command(&["CONFIG", "SET", "maxmemory", "1"]);
+    let started = Instant::now();
+    let error = locks.try_lock("new").acquire().await.unwrap_err();
+    assert!(
+        started.elapsed() < TIMEOUT,
+        "not retried: {:?}",
+        started.elapsed()
+    );
+    assert!(matches!(error, LockError::Redis { .. }), "{error:?}");
+    assert_eq!(error.class(), ErrorClass::Unavailable);
+    assert!(error.to_string().contains("maxmemory"), "{error}");
+    held.release().await.unwrap();
+    assert_eq!(
+        server.command(&["EXISTS", "distlock:lock:{kept}"]).trim(),
+        ":0"
+    );
+}
+
+/// `LOADING`: a server loading its data after a restart is asked again, 20 ms apart, within the
+/// response timeout: a short timeout ends in an outage that says so, a long one in a lease.
+#[tokio::test]
+async fn a_server_loading_its_data_is_asked_again_within_the_response_timeout() {
+    // Loading 20,000 keys at 100 µs each takes 2 s, and the server answers (LOADING) meanwhile.
+    let mut server = RedisServer::start_with(&[
+        "--key-load-delay",
+        "100",
+        "--loading-process-events-interval-bytes",
+        "1024",
+    ]);
+    let fill = "for i = 1, 20000 do redis.call('SET', 'fill:' .. i, i) end";
+    server.command(&["EVAL", fill, "0"]);
+    server.command(&["SAVE"]);
+    server.restart();
+    assert!(server.command(&["GET", "fill:1"]).starts_with("-LOADING"));
+    let short = manager(&server.url());
+    let started = Instant::now();
+    let error = short.try_lock("k").acquire().await.unwrap_err();
+    assert!(
+        started.elapsed() >= TIMEOUT - Duration::from_millis(50),
+        "asked again: {:?}",
+        started.elapsed()
+    );
+    assert!(started.elapsed() < 2 * TIMEOUT, "{:?}", started.elapsed());
+    assert_eq!(error.class(), ErrorClass::Unavailable, "{error:?}");
+    assert!(error.to_string().contains("loading its data"), "{error}");
+    let patient = distlock_tests::manager_at(&server.url(), Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let lease = patient.try_lock("k").acquire().await.unwrap();
+    assert_eq!(server.command(&["EXISTS", "fill:20000"]).trim(), ":1");
+    lease.release().await.unwrap();
+}
+
+/// Starts a script that never ends on `server`, from a connection of its own (kept open).
+fn start_endless_script(server: &RedisServer) -> std::net::TcpStream {
+    server.command(&["CONFIG", "SET", "busy-reply-threshold", "50"]);
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", server.port())).unwrap();
+    let script = "while true do end";
+    write!(
+        stream,
+        "*3\r\n$4\r\nEVAL\r\n${}\r\n{script}\r\n$1\r\n0\r\n",
+        script.len()
+    )
+    .unwrap();
+    // Past the threshold: others get BUSY.
+    std::thread::sleep(Duration::from_millis(150));
+    stream
+}
+
+/// `BUSY`: a server stuck in a script is asked again within the response timeout: an outage
+/// that says what to do once it passes, a lease once the script is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_busy_with_a_script_is_asked_again_within_the_response_timeout() {
+    let server = RedisServer::start();
+    let locks = manager(&server.url());
+    let _busy = start_endless_script(&server);
+    let started = Instant::now();
+    let error = locks.try_lock("k").acquire().await.unwrap_err();
+    assert!(
+        started.elapsed() >= TIMEOUT - Duration::from_millis(50),
+        "asked again: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(error.class(), ErrorClass::Unavailable, "{error:?}");
+    assert!(error.to_string().contains("SCRIPT KILL"), "{error}");
+    let patient = distlock_tests::manager_at(&server.url(), Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let acquiring = tokio::spawn(async move { patient.try_lock("k").acquire().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(server.command(&["SCRIPT", "KILL"]).starts_with("+OK"));
+    acquiring.await.unwrap().unwrap().release().await.unwrap();
+}
+
+/// `MASTERDOWN`: a replica cut off from its primary (`replica-serve-stale-data no`) refuses even
+/// a read; asked again within the response timeout, then an outage that says why. (A write
+/// there is `READONLY` first: a replica's URL.)
+#[tokio::test]
+async fn a_replica_cut_off_from_its_primary_is_unavailable_masterdown() {
+    let dead = distlock_tests::free_port().to_string();
+    let replica = RedisServer::start_with(&[
+        "--replicaof",
+        "127.0.0.1",
+        &dead,
+        "--replica-serve-stale-data",
+        "no",
+    ]);
+    let locks = manager(&replica.url());
+    let started = Instant::now();
+    let error = locks.inspect("k").await.unwrap_err();
+    assert!(
+        started.elapsed() >= TIMEOUT - Duration::from_millis(50),
+        "asked again: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(error.class(), ErrorClass::Unavailable, "{error:?}");
+    assert!(error.to_string().contains("lost its primary"), "{error}");
+    let error = locks.try_lock("k").acquire().await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            LockError::Misconfigured {
+                problem: Misconfiguration::Replica,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+}
+
+/// `CLUSTERDOWN`: a cluster missing a primary refuses every key (full coverage required): sent
+/// again within the response timeout, then an outage that says so; served again once the
+/// primary is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_a_primary_is_clusterdown_then_serves_again() {
+    let mut cluster = RedisCluster::start(3, 0);
+    let locks = LockManager::builder()
+        .cluster(cluster.seed_urls())
+        .connect_timeout(TIMEOUT)
+        .response_timeout(TIMEOUT)
+        .build()
+        .unwrap();
+    locks.ping().await.unwrap();
+    // A key on a primary that stays up.
+    let dead = cluster.primary_of("distlock:lock:{gone}");
+    let key = (0..100)
+        .map(|i| format!("live-{i}"))
+        .find(|k| cluster.primary_of(&format!("distlock:lock:{{{k}}}")) != dead)
+        .unwrap();
+    cluster.node_mut(dead).kill();
+    // The others mark it failed after the node timeout (500 ms), and refuse every key then.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let error = loop {
+        match locks.try_lock(key.as_str()).acquire().await {
+            // The cluster may go down between the acquire and the release.
+            Ok(lease) => drop(lease.release().await),
+            Err(error) => break error,
+        }
+        assert!(Instant::now() < deadline, "the cluster never went down");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(error.class(), ErrorClass::Unavailable, "{error:?}");
+    assert!(error.to_string().contains("cluster is down"), "{error}");
+    cluster.node_mut(dead).restart();
+    let back = Instant::now();
+    loop {
+        if let Ok(lease) = locks.try_lock(key.as_str()).acquire().await {
+            lease.release().await.unwrap();
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(10),
+            "never served again"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `ASK`, `TRYAGAIN` and `MOVED` while a slot migrates: an extension of a lease whose key moved
+/// already is sent to the importing node after `ASKING`; an acquire that finds the slot's keys
+/// split is refused with `TRYAGAIN` and sent again until the migration ends, then follows
+/// `MOVED` to the new owner (where the key is held: contention, not an error); the release
+/// follows it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migrating_slot_is_followed_through_ask_tryagain_and_moved() {
+    let cluster = RedisCluster::start(3, 0);
+    let builder = || {
+        LockManager::builder()
+            .cluster(cluster.seed_urls())
+            .connect_timeout(Duration::from_secs(3))
+            .response_timeout(Duration::from_secs(3))
+    };
+    let (holder, rival) = (builder().build().unwrap(), builder().build().unwrap());
+    let lock_key = holder.redis_key("mig");
+    let fence_key = lock_key.replace(":lock:", ":fence:");
+    let slot = cluster.slot_of(&lock_key).to_string();
+    let source = cluster.primary_of(&lock_key);
+    let target = (0..3).find(|&i| i != source).unwrap();
+    let id = |i: usize| {
+        let reply = cluster.node(i).command(&["CLUSTER", "MYID"]);
+        reply.lines().nth(1).unwrap().to_owned()
+    };
+    let (source_id, target_id) = (id(source), id(target));
+    let lease = holder
+        .lock("mig")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let (src, dst) = (cluster.node(source), cluster.node(target));
+    assert!(dst
+        .command(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id])
+        .starts_with("+OK"));
+    assert!(src
+        .command(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id])
+        .starts_with("+OK"));
+    let port = dst.port().to_string();
+    let migrate = |key: &str| {
+        let answer = src.command(&["MIGRATE", "127.0.0.1", &port, key, "0", "5000"]);
+        assert!(answer.starts_with("+OK"), "{answer}");
+    };
+    migrate(&lock_key);
+    // The lock key is on the target now, the counter still on the source.
+    lease
+        .extend(Duration::from_secs(30))
+        .await
+        .expect("ASK followed");
+    let pttl = dst.commands(&[&["ASKING"], &["PTTL", &lock_key]]).remove(1);
+    let pttl: i64 = pttl.trim().trim_start_matches(':').parse().unwrap();
+    assert!(pttl > 20_000, "extended on the importing node: {pttl}");
+    // Split keys: TRYAGAIN until the migration ends, meanwhile.
+    let acquiring = tokio::spawn(async move { rival.try_lock("mig").acquire().await.map(drop) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!acquiring.is_finished(), "TRYAGAIN is sent again");
+    migrate(&fence_key);
+    for i in 0..3 {
+        let answer = cluster
+            .node(i)
+            .command(&["CLUSTER", "SETSLOT", &slot, "NODE", &target_id]);
+        assert!(answer.starts_with("+OK"), "{answer}");
+    }
+    let error = acquiring.await.unwrap().unwrap_err();
+    assert!(matches!(error, LockError::NotAcquired { .. }), "{error:?}");
+    lease.release().await.unwrap();
+    assert_eq!(dst.command(&["EXISTS", &lock_key]).trim(), ":0");
+}
