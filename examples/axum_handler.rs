@@ -7,11 +7,13 @@
 //! `Lock(#[from] LockError)` variant and one `IntoResponse`, as here, or return
 //! `anyhow::Result<T>` (anyhow's error has `From` for every error type) and map it yourself.
 //!
-//! | `LockError` | status |
+//! By the error's class (`LockError::class`, see `ErrorClass` for which variant is in which):
+//!
+//! | class | status |
 //! |---|---|
-//! | `NotAcquired`, `Timeout`, `HeldByThisTask` (someone else is on it) | 409 Conflict |
-//! | `Redis`, `RedisTimeout`, `NoQuorum`, `Replication`, `LeaseLost` (try again later) | 503 Service Unavailable |
-//! | anything else (configuration, invalid key) | 500 Internal Server Error |
+//! | `Contention` (`NotAcquired`, `Timeout`: someone else is on it) | 409 Conflict |
+//! | `Unavailable` (`Redis`, `RedisTimeout`, `NoQuorum`, `Replication`, `LeaseLost`: try again later) | 503 Service Unavailable |
+//! | `Misconfigured`, `CallerBug` (settings or code to fix: retrying will not help) | 500 Internal Server Error |
 
 use axum::extract::Path;
 use axum::http::StatusCode;
@@ -19,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use distlock_examples::local_redis::LocalRedis;
-use distlock_runtime::{distributed_lock, LockError, LockManager};
+use distlock_runtime::{distributed_lock, ErrorClass, LockError, LockManager};
 
 /// Everything a handler can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -33,11 +35,11 @@ enum AppError {
 impl IntoResponse for AppError {
     fn into_response(self) -> Response {
         let status = match &self {
-            AppError::Lock(error) if error.is_contention() => StatusCode::CONFLICT,
-            AppError::Lock(LockError::HeldByThisTask { .. }) => StatusCode::CONFLICT,
-            AppError::Lock(error) if error.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
-            AppError::Lock(LockError::LeaseLost { .. }) => StatusCode::SERVICE_UNAVAILABLE,
-            AppError::Lock(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            AppError::Lock(error) => match error.class() {
+                ErrorClass::Contention => StatusCode::CONFLICT,
+                ErrorClass::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            },
             AppError::NoSuchOrder(_) => StatusCode::NOT_FOUND,
         };
         (
@@ -106,6 +108,11 @@ mod tests {
         );
         assert_eq!(
             status(LockError::NotConfigured),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        // A bug in the calling code: no retry will fix it.
+        assert_eq!(
+            status(LockError::HeldByThisTask { key: key() }),
             StatusCode::INTERNAL_SERVER_ERROR
         );
     }

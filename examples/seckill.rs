@@ -335,8 +335,8 @@ async fn load(args: &LoadArgs, strategy: Option<Strategy>) -> Result<LoadReport,
         tasks.spawn(async move {
             let _permit = limit.acquire_owned().await;
             let sent = Instant::now();
-            // Counted by the answer's own word: a 503 is "busy" only when the service says so
-            // (an unreachable Redis is an error, not contention).
+            // Counted by the answer's own word: "busy" (409) only when the service says so (an
+            // unreachable Redis is an error, not contention).
             let word = match client
                 .post(url)
                 .json(&BuyRequest { user_id: user })

@@ -667,6 +667,7 @@ impl LockManagerBuilder {
         Ok(LockManager::new(Context {
             id: crate::conn::next_id(),
             renewals: Renewals::new(Arc::clone(&redis)),
+            background: Default::default(),
             notifications,
             redis,
             prefix: self.prefix,

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::keys::LockKeys;
 use crate::notify::Notifications;
+use crate::release::Background;
 use crate::renew::Renewals;
 use crate::topology::Route;
 
@@ -18,6 +19,8 @@ pub(crate) struct Context {
     pub(crate) id: u64,
     pub(crate) redis: Arc<dyn Route>,
     pub(crate) renewals: Renewals,
+    /// The bounds of its background releases (see `release.rs`).
+    pub(crate) background: Background,
     /// Release notifications for waiters; `None` for a caller's pool (no client to subscribe
     /// with): its waiters poll.
     pub(crate) notifications: Option<Notifications>,

@@ -608,3 +608,224 @@ impl std::fmt::Display for Misconfiguration {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every variant is in exactly one class; a variant added later must be given one here too
+    /// (the list is checked to name every variant by an exhaustive match).
+    #[test]
+    fn every_variant_is_in_exactly_one_class() {
+        let source = || redis::RedisError::from((redis::ErrorKind::Io, "test"));
+        let key = || "k".to_owned();
+        let cases = [
+            (
+                LockError::Timeout {
+                    key: key(),
+                    waited: Duration::ZERO,
+                },
+                ErrorClass::Contention,
+            ),
+            (
+                LockError::NotAcquired { key: key() },
+                ErrorClass::Contention,
+            ),
+            (
+                LockError::HeldByThisTask { key: key() },
+                ErrorClass::CallerBug,
+            ),
+            (
+                LockError::InvalidKey {
+                    key: key(),
+                    reason: "empty",
+                },
+                ErrorClass::CallerBug,
+            ),
+            (
+                LockError::LeaseLost { keys: vec![key()] },
+                ErrorClass::Unavailable,
+            ),
+            (
+                LockError::Redis {
+                    op: "t",
+                    source: source(),
+                },
+                ErrorClass::Unavailable,
+            ),
+            (
+                LockError::RedisTimeout {
+                    op: "t",
+                    after: Duration::ZERO,
+                },
+                ErrorClass::Unavailable,
+            ),
+            (
+                LockError::NoQuorum {
+                    op: "t",
+                    granted: 1,
+                    needed: 2,
+                    nodes: 3,
+                    first_failure: None,
+                },
+                ErrorClass::Unavailable,
+            ),
+            (
+                LockError::Replication {
+                    op: "t",
+                    acked: 0,
+                    needed: 1,
+                    within: Duration::ZERO,
+                },
+                ErrorClass::Unavailable,
+            ),
+            (
+                LockError::Misconfigured {
+                    op: "t",
+                    problem: Misconfiguration::Permissions,
+                    detail: String::new(),
+                    source: source(),
+                },
+                ErrorClass::Misconfigured,
+            ),
+            (
+                LockError::WrongType {
+                    op: "t",
+                    key: key(),
+                    found: "a list".to_owned(),
+                },
+                ErrorClass::Misconfigured,
+            ),
+            (LockError::NotConfigured, ErrorClass::Misconfigured),
+            (
+                LockError::InvalidConfig {
+                    what: "ttl",
+                    reason: String::new(),
+                },
+                ErrorClass::Misconfigured,
+            ),
+            (
+                LockError::InvalidUrl {
+                    reason: String::new(),
+                },
+                ErrorClass::Misconfigured,
+            ),
+        ];
+        let mut named = std::collections::HashSet::new();
+        for (error, class) in &cases {
+            assert_eq!(error.class(), *class, "{error:?}");
+            let predicates = [
+                error.is_contention(),
+                error.is_unavailable(),
+                error.is_misconfigured(),
+                error.is_caller_bug(),
+            ];
+            assert_eq!(predicates.iter().filter(|&&p| p).count(), 1, "{error:?}");
+            // No wildcard: a new variant fails to compile here until it is listed above.
+            named.insert(match error {
+                LockError::Timeout { .. } => "Timeout",
+                LockError::NotAcquired { .. } => "NotAcquired",
+                LockError::HeldByThisTask { .. } => "HeldByThisTask",
+                LockError::InvalidKey { .. } => "InvalidKey",
+                LockError::LeaseLost { .. } => "LeaseLost",
+                LockError::Redis { .. } => "Redis",
+                LockError::RedisTimeout { .. } => "RedisTimeout",
+                LockError::NoQuorum { .. } => "NoQuorum",
+                LockError::Replication { .. } => "Replication",
+                LockError::Misconfigured { .. } => "Misconfigured",
+                LockError::WrongType { .. } => "WrongType",
+                LockError::NotConfigured => "NotConfigured",
+                LockError::InvalidConfig { .. } => "InvalidConfig",
+                LockError::InvalidUrl { .. } => "InvalidUrl",
+            });
+        }
+        assert_eq!(named.len(), cases.len(), "each variant listed once");
+    }
+
+    #[test]
+    fn errors_inside_and_outside_scripts_are_classified_alike() {
+        // As the client reads them off the wire.
+        let server = |code: &str, text: &str| {
+            let reply = format!("-{code} {text}\r\n");
+            let value = redis::parse_redis_value(reply.as_bytes()).unwrap();
+            value.extract_error().unwrap_err()
+        };
+        let cases = [
+            (
+                server(
+                    "NOPERM",
+                    "this user has no permissions to run the 'time' command",
+                ),
+                Reply::Refused(Misconfiguration::Permissions),
+            ),
+            (
+                server(
+                    "ERR",
+                    "The user executing the script can't run this command or subcommand script: \
+                     4959c9, on @user_script:3.",
+                ),
+                Reply::Refused(Misconfiguration::Permissions),
+            ),
+            (
+                server(
+                    "WRONGTYPE",
+                    "Operation against a key holding the wrong kind of value",
+                ),
+                Reply::WrongType,
+            ),
+            (
+                server(
+                    "WRONGTYPE",
+                    "Operation against a key holding the wrong kind of value script: 4959c9, on \
+                     @user_script:1.",
+                ),
+                Reply::WrongType,
+            ),
+            (
+                server("LOADING", "Redis is loading the dataset in memory"),
+                Reply::Passing,
+            ),
+            (
+                server("BUSY", "Redis is busy running a script."),
+                Reply::Passing,
+            ),
+            (
+                server("MASTERDOWN", "Link with MASTER is down"),
+                Reply::Passing,
+            ),
+            (
+                server("READONLY", "You can't write against a read only replica."),
+                Reply::ReadOnly,
+            ),
+            (server("NOSCRIPT", "No matching script."), Reply::NoScript),
+            (
+                server("TRYAGAIN", "Multiple keys request during rehashing of slot"),
+                Reply::Resharding,
+            ),
+            (
+                server("CLUSTERDOWN", "The cluster is down"),
+                Reply::Resharding,
+            ),
+            (server("MOVED", "3999 127.0.0.1:6381"), Reply::Redirect),
+            (server("ASK", "3999 127.0.0.1:6381"), Reply::Redirect),
+            (
+                server("OOM", "command not allowed when used memory > 'maxmemory'."),
+                Reply::Other,
+            ),
+            (
+                server("WRONGPASS", "invalid username-password pair"),
+                Reply::Refused(Misconfiguration::Credentials),
+            ),
+            (
+                server("NOAUTH", "Authentication required."),
+                Reply::Refused(Misconfiguration::Credentials),
+            ),
+        ];
+        for (error, reply) in cases {
+            assert_eq!(Reply::of(&error), reply, "{error}");
+        }
+        let io =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(Reply::of(&io), Reply::Connection);
+    }
+}

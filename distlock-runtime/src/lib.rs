@@ -118,6 +118,46 @@
 //!   run side by side on one task (`join!`, `select!`, `FuturesUnordered` in the body) are
 //!   separate critical sections and never overlap: the first borrows the key until it ends,
 //!   the others wait their turn (see [`LockRequest::run`]).
+//! - Every manager serves again by itself after any fault, once the deployment is whole (see
+//!   [When Redis fails, or refuses](#when-redis-fails-or-refuses)).
+//!
+//! # When Redis fails, or refuses
+//! Every [`LockError`] is in one of four classes ([`LockError::class`], [`ErrorClass`]):
+//! **contention** (somebody else holds the lock: HTTP 409), **unavailable** (Redis could not be
+//! asked, or could not keep the lease: 503, try again later), **misconfigured** (settings or
+//! the deployment are wrong: retrying never helps) and **a bug in the caller** (500 both).
+//!
+//! **Recovery.** No object is shared by all of a manager's requests that could hang: each
+//! server's connection is replaced when it fails or times out, a cluster's slot map is fetched
+//! anew (over the node connections, from several nodes at once) whenever an answer shows it
+//! stale, subscriber connections are checked with a `PING` every 2 s and replaced, and the
+//! background work (releases of dropped leases, renewals) is bounded: at most 10,000 background
+//! releases wait per manager ([`LockStats::background_releases`]), at most 8 of them out at once.
+//! A fault test suite (`tests/tests/faults.rs`: servers killed, restarted with and without their
+//! data, paused; Sentinel and cluster failovers; slot migrations; a whole cluster restarted; a
+//! quorum's minority and majority lost) holds every manager of two loaded processes to serving
+//! again within 5 s of the deployment being whole; `docs/reliability.md` has the times measured.
+//!
+//! **Redis errors.** One classification serves for a command and for a script alike: an error
+//! raised inside a script becomes the same [`LockError`] as outside one.
+//!
+//! | Redis error | becomes | sent again? |
+//! |---|---|---|
+//! | `NOPERM` (also `ERR The user executing the script can't ...` inside a script) | [`LockError::Misconfigured`] with [`Misconfiguration::Permissions`]; names the command (from the script's line) and the `ACL SETUSER` words that grant it | no |
+//! | `NOAUTH`, `WRONGPASS` | `Misconfigured`, [`Misconfiguration::Credentials`] | no (a background release keeps trying: a password may be rotating) |
+//! | `READONLY` | one server or a quorum node: sent once more on a fresh connection, then `Misconfigured`, [`Misconfiguration::Replica`]; Sentinel: the primary is asked for again and it is sent there once, then [`LockError::Redis`]; cluster: the slot map is fetched again and it is sent again within the response timeout, then `Redis` | as said |
+//! | `OOM` | [`LockError::Redis`], whose message names maxmemory (a release still runs: it frees memory) | no |
+//! | `LOADING`, `BUSY`, `MASTERDOWN` | sent again 20 ms apart within the response timeout, then `Redis`, saying which | yes |
+//! | `NOSCRIPT` | never seen: the script is sent whole (`EVAL`) | once |
+//! | `WRONGTYPE` | [`LockError::WrongType`], naming the key and what it holds (another program wrote under the prefix) | no |
+//! | `CLUSTERDOWN`, `TRYAGAIN` | sent again 20 ms apart within the response timeout, the slot map fetched anew, then `Redis` | yes |
+//! | `MOVED`, `ASK` | followed: `MOVED` to the slot's new owner (its slot corrected at once, the map fetched anew), `ASK` once to the importing node, after `ASKING` | yes |
+//! | no answer in time, a broken or refused connection | [`LockError::RedisTimeout`] / `Redis`; a request on a connection that died idle is sent once more on a fresh one | as said |
+//!
+//! [`LockManager::ping`] checks everything a lock needs before the first lock does, on every
+//! server that holds locks: address, TLS, credentials, database, a writable primary of Redis
+//! 7.0+, and every command every script may run (contended and fair too) on the keys under the
+//! prefix, asked of Redis with `redis.acl_check_cmd`.
 //!
 //! # Fencing tokens
 //! A lease can end without its holder noticing in time: a process paused (GC, `SIGSTOP`), a
@@ -305,12 +345,13 @@
 //! and hand-offs still succeed (the scripts skip an announcement Redis refuses), and waiters
 //! poll with backoff (1 to 50 ms), so a released key is still taken within milliseconds, at the
 //! cost of more requests while waiting; distlock logs one warning when Redis refuses its first
-//! `SUBSCRIBE`. A user without some right on that list gets [`LockError::Misconfigured`];
-//! [`LockManager::ping`] checks the first line's rights at startup.
+//! `SUBSCRIBE`. A user without some right on that list gets [`LockError::Misconfigured`],
+//! naming what it lacks; [`LockManager::ping`] checks every right at startup (and refuses a user
+//! that may subscribe but not publish: its waiters would sleep through every release).
 //!
 //! Other topologies add a few rights: `+wait` with `min_replicas`; on a Sentinel primary
-//! `+role` (the route checks it reached a primary); on a cluster `+cluster|slots` (the client
-//! discovers the slots) and, for notifications, `+spublish +ssubscribe +sunsubscribe` instead
+//! `+role` (the route checks it reached a primary); on a cluster `+cluster|slots` (the route
+//! fetches the slot map) and, for notifications, `+spublish +ssubscribe +sunsubscribe` instead
 //! of the plain ones.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

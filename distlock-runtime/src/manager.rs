@@ -67,6 +67,10 @@ pub struct LockStats {
     /// Fair leases acquired by hand-off: a release gave the lock straight to the waiter,
     /// which learned it by notification, without another acquire request.
     pub handed_over: u64,
+    /// Releases waiting or running in the background now (leases dropped unreleased, acquires
+    /// that ended not knowing whether they took the lock), retried while Redis is away: at most
+    /// 10,000 per manager; more are dropped, and their locks expire after their ttl.
+    pub background_releases: usize,
 }
 
 impl LockManager {
@@ -224,6 +228,7 @@ impl LockManager {
         LockStats {
             acquire_requests: stats.acquire_requests.load(Ordering::Relaxed),
             handed_over: stats.handed_over.load(Ordering::Relaxed),
+            background_releases: self.context.background.pending(),
         }
     }
 }

@@ -2,16 +2,19 @@
 //! when nobody waits for the answer (a lease dropped instead of released, an acquire that ended
 //! not knowing whether it took the lock, a fair waiter leaving its queue).
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::call::{Kind, ScriptCall, Taking};
+use crate::conn::lock;
 use crate::context::Context;
 use crate::error::{LockError, Misconfiguration, Reply};
 use crate::keys::LockKeys;
 use crate::scripts;
+use crate::telemetry::Throttle;
 use crate::topology::{by_shard, Route};
 
 /// Deletes the keys still held by `token` (handing each to its oldest fair waiter, if it
@@ -85,6 +88,12 @@ fn release_call_announced<'a>(
 /// or an acquire ended without knowing whether it took the lock, or a fair waiter left its
 /// queue (see [`Leaving`]). Retries failed attempts until `ttl` from now, when the keys have
 /// expired anyway.
+///
+/// **Bounded while Redis is away.** At most [`MAX_PENDING`] such releases wait per manager (one
+/// more is dropped, with a warning at most once a second: its keys expire by their ttl), and at
+/// most [`IN_FLIGHT`] of their requests are out at once: when Redis comes back, the releases
+/// that piled up during the outage go out a few at a time, beside the callers' own requests,
+/// never in a flood ahead of them.
 pub(crate) fn release_in_background(
     context: &Arc<Context>,
     redis_keys: Arc<[LockKeys]>,
@@ -99,13 +108,25 @@ pub(crate) fn release_in_background(
         );
         return;
     };
+    let Some(pending) = Pending::enter(context) else {
+        let dropped = lock(&context.background.dropped).note(Instant::now());
+        if let Some(dropped) = dropped {
+            tracing::warn!(
+                dropped,
+                limit = MAX_PENDING,
+                "distlock background releases pile up (Redis unreachable?); more are dropped, \
+                 their locks expire after their ttl"
+            );
+        }
+        return;
+    };
     if leaving != Leaving::Dropped {
         tracing::debug!(keys = ?lock_names(&redis_keys), ?leaving, "distlock releasing in the background");
     }
-    let context = Arc::clone(context);
     let give_up = Instant::now() + ttl;
     let response_timeout = context.redis().response_timeout();
     runtime.spawn(async move {
+        let context = &pending.0;
         let mut pause = Duration::from_millis(50);
         let mut repeats = match leaving {
             Leaving::InFlight | Leaving::InFlightFair => 2,
@@ -113,7 +134,12 @@ pub(crate) fn release_in_background(
         };
         loop {
             let queued = matches!(leaving, Leaving::Queued | Leaving::InFlightFair);
-            let error = match release_keys(&context, &redis_keys, &token, queued).await {
+            let released = {
+                // Closed only with the manager's context, which this task holds.
+                let _turn = context.background.in_flight.acquire().await;
+                release_keys(context, &redis_keys, &token, queued).await
+            };
+            let error = match released {
                 Ok(released)
                     if repeats > 0
                         && (released == 0 || leaving == Leaving::InFlightFair)
@@ -135,8 +161,8 @@ pub(crate) fn release_in_background(
                     Reply::Connection | Reply::Passing | Reply::Resharding | Reply::ReadOnly
                 ),
                 // redis-rs reports every refused AUTH so, also one of a server at its client
-                // limit; a password may be being rotated; and a failover may make the server
-                // a primary again (or move a DNS name to the new one).
+                // limit; a password may be being rotated; and a failover may make the server a
+                // primary again (or move a DNS name to the new one).
                 LockError::Misconfigured {
                     problem: Misconfiguration::Credentials | Misconfiguration::Replica,
                     ..
@@ -147,7 +173,12 @@ pub(crate) fn release_in_background(
                 let keys = lock_names(&redis_keys);
                 match leaving {
                     // A lease its owner let go of: the lock is held, and others wait for it.
-                    Leaving::Dropped => tracing::warn!(?keys, %error, "distlock release failed; the lock expires after its ttl"),
+                    Leaving::Dropped => {
+                        let unreported = lock(&context.background.failed).note(Instant::now());
+                        if let Some(unreported) = unreported {
+                            tracing::warn!(?keys, %error, unreported, "distlock release failed; the lock expires after its ttl");
+                        }
+                    }
                     Leaving::Lost => tracing::debug!(?keys, %error, "distlock could not release a lost lease; its keys expire after their ttl at the latest"),
                     // Nothing is known to be held: an acquire that may never have run, a
                     // waiter's queue entry (which lapses by itself), a lease already lost.
@@ -160,6 +191,61 @@ pub(crate) fn release_in_background(
             pause = (pause * 2).min(Duration::from_secs(1));
         }
     });
+}
+
+/// Most background releases that may wait at once per manager.
+pub(crate) const MAX_PENDING: usize = 10_000;
+
+/// Most background release requests out at once per manager.
+pub(crate) const IN_FLIGHT: usize = 8;
+
+/// What a manager's background releases share: their bounds, and their rate-limited warnings.
+pub(crate) struct Background {
+    pending: AtomicUsize,
+    in_flight: tokio::sync::Semaphore,
+    /// Releases dropped over [`MAX_PENDING`].
+    dropped: Mutex<Throttle>,
+    /// Releases of dropped leases that failed for good.
+    failed: Mutex<Throttle>,
+}
+
+impl Default for Background {
+    fn default() -> Self {
+        Self {
+            pending: AtomicUsize::new(0),
+            in_flight: tokio::sync::Semaphore::new(IN_FLIGHT),
+            dropped: Mutex::new(Throttle::default()),
+            failed: Mutex::new(Throttle::default()),
+        }
+    }
+}
+
+impl Background {
+    /// Background releases waiting or running now.
+    pub(crate) fn pending(&self) -> usize {
+        self.pending.load(Ordering::Relaxed)
+    }
+}
+
+/// One background release counted in [`Background::pending`] (uncounted when dropped, also
+/// with its runtime).
+struct Pending(Arc<Context>);
+
+impl Pending {
+    fn enter(context: &Arc<Context>) -> Option<Self> {
+        let counted = context.background.pending.fetch_add(1, Ordering::AcqRel);
+        if counted >= MAX_PENDING {
+            context.background.pending.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Self(Arc::clone(context)))
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.background.pending.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// The lock keys' Redis names, for logs.

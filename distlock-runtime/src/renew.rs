@@ -26,6 +26,7 @@ use crate::conn::{lock, millis};
 use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::scripts;
+use crate::telemetry::Throttle;
 use crate::topology::{by_shard, Route};
 use crate::validity::LeaseState;
 
@@ -232,37 +233,29 @@ fn next_retry(now: Instant, valid_until: Instant, ttl: Duration, failures: u32) 
 }
 
 /// Rate-limits the warning for failed renewals: the first failure is logged at once, later ones
-/// at most once a second, with how many failed since the last line; a success after a logged
-/// failure is logged once. A Redis that flaps logs no more than one that stays down.
+/// at most once a second, with how many failed since the last line ([`Throttle`]); a success
+/// after a logged failure is logged once. A Redis that flaps logs no more than one that stays
+/// down.
 #[derive(Default)]
 struct FailureLog {
-    /// When the last warning was logged.
-    warned: Option<Instant>,
-    /// Failed renewal round trips since the last warning.
-    unreported: u64,
+    throttle: Throttle,
     /// A warning was logged, and no recovery since.
     reported: bool,
 }
 
-/// How often a failing Redis is reported while renewals keep failing.
-const WARN_EVERY: Duration = Duration::from_secs(1);
-
 impl FailureLog {
     /// Counts a failed round trip for `leases` leases; logs it unless a warning was logged less
-    /// than [`WARN_EVERY`] ago.
+    /// than a second ago.
     fn failed(&mut self, now: Instant, leases: usize, error: &str) {
-        self.unreported += 1;
-        if self.warned.is_some_and(|warned| now < warned + WARN_EVERY) {
+        let Some(held_back) = self.throttle.note(now) else {
             return;
-        }
+        };
         tracing::warn!(
             leases,
-            failures = self.unreported,
+            failures = held_back + 1,
             %error,
             "distlock lease renewal failed; retrying with backoff until the leases expire"
         );
-        self.warned = Some(now);
-        self.unreported = 0;
         self.reported = true;
     }
 
@@ -271,10 +264,9 @@ impl FailureLog {
         if self.reported {
             self.reported = false;
             tracing::info!(
-                unreported_failures = self.unreported,
+                unreported_failures = self.throttle.take_held_back(),
                 "distlock lease renewal works again"
             );
-            self.unreported = 0;
         }
     }
 }

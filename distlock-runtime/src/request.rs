@@ -294,7 +294,9 @@ impl LockRequest {
                 Ok(entry) => entry,
                 Err(error) => {
                     if let Err(release) = lease.release().await {
-                        tracing::warn!(error = %release, "distlock release failed; the lock expires after its ttl");
+                        // The lease's drop retries it (see `Lease::release`), and warns if
+                        // that fails for good.
+                        tracing::debug!(error = %release, "distlock release failed; retrying in the background");
                     }
                     return Err(error);
                 }
@@ -329,7 +331,9 @@ impl LockRequest {
                 Some(hold) => lease.keep_for(hold - held_for).await,
                 None => {
                     if let Err(error) = lease.release().await {
-                        tracing::warn!(%error, "distlock release failed; the lock expires after its ttl");
+                        // The lease's drop retries it (see `Lease::release`), and warns if
+                        // that fails for good.
+                        tracing::debug!(%error, "distlock release failed; retrying in the background");
                     }
                 }
             }

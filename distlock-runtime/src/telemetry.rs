@@ -89,3 +89,52 @@ pub(crate) fn subscriber_reconnect() {
     #[cfg(feature = "metrics")]
     metrics::counter!("distlock_subscriber_reconnects_total").increment(1);
 }
+
+/// Rate-limits a warning that may repeat for every lock while Redis is away: the first is let
+/// through at once, later ones at most once a [`Throttle::EVERY`], each with how many were held
+/// back since the last.
+#[derive(Default)]
+pub(crate) struct Throttle {
+    /// When the last one was let through.
+    last: Option<tokio::time::Instant>,
+    /// Held back since.
+    held_back: u64,
+}
+
+impl Throttle {
+    pub(crate) const EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+    /// Counts one more occurrence at `now`; `Some(held back since the last)` when it is to be
+    /// logged.
+    pub(crate) fn note(&mut self, now: tokio::time::Instant) -> Option<u64> {
+        if self.last.is_some_and(|last| now < last + Self::EVERY) {
+            self.held_back += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(self.take_held_back())
+    }
+
+    /// How many were held back since the last one let through, counting afresh from now.
+    pub(crate) fn take_held_back(&mut self) -> u64 {
+        std::mem::take(&mut self.held_back)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Throttle;
+    use std::time::Duration;
+
+    #[test]
+    fn a_throttle_lets_one_through_a_second_and_counts_the_rest() {
+        let start = tokio::time::Instant::now();
+        let mut throttle = Throttle::default();
+        assert_eq!(throttle.note(start), Some(0));
+        for ms in [1, 500, 999] {
+            assert_eq!(throttle.note(start + Duration::from_millis(ms)), None);
+        }
+        assert_eq!(throttle.note(start + Duration::from_millis(1000)), Some(3));
+        assert_eq!(throttle.note(start + Duration::from_millis(1001)), None);
+    }
+}

@@ -653,7 +653,7 @@ async fn create_product(
             Json(serde_json::json!({ "product": id, "stock": body.stock })),
         )
             .into_response(),
-        Err(e) => unavailable(&e),
+        Err(e) => failed(&e),
     }
 }
 
@@ -668,7 +668,7 @@ async fn show_product(
     match shop.report(id).await {
         Ok(Some(report)) => Json(report).into_response(),
         Ok(None) => error(StatusCode::NOT_FOUND, format!("no product {id}")),
-        Err(e) => unavailable(&e),
+        Err(e) => failed(&e),
     }
 }
 
@@ -702,27 +702,45 @@ async fn buy(
             None,
             Some(format!("no product {id}")),
         ),
-        Err(ShopError::Busy) => answer(StatusCode::SERVICE_UNAVAILABLE, "busy", None, None),
-        // Nothing was written: the buyer may try again, like busy, but this is no contention.
-        Err(e @ ShopError::Stale { .. }) => answer(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "stale",
-            None,
-            Some(e.to_string()),
-        ),
-        Err(ShopError::Lock(e)) if e.is_contention() => answer(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "busy",
-            None,
-            Some(e.to_string()),
-        ),
-        Err(e) => unavailable(&e),
+        Err(e) => {
+            let (status, word) = failure(&e);
+            if status.is_server_error() {
+                tracing::warn!(error = %e, "seckill request failed");
+            }
+            answer(status, word, None, Some(e.to_string()))
+        }
     }
 }
 
-fn unavailable(e: &ShopError) -> Response {
-    tracing::warn!(error = %e, "seckill request failed");
-    error(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+/// The error answer for a failed request, with the status [`failure`] gives.
+fn failed(e: &ShopError) -> Response {
+    let (status, _) = failure(e);
+    if status.is_server_error() {
+        tracing::warn!(error = %e, "seckill request failed");
+    }
+    error(status, e.to_string())
+}
+
+/// The answer to a purchase that failed, by the kind of failure (see `ErrorClass` in the
+/// runtime's docs): somebody else is buying (409, try again), the lock service or the store is
+/// unavailable or the lease ran out (503, try again later: nothing was bought), the lock
+/// settings or this service are wrong (500, retrying will not help).
+pub fn failure(e: &ShopError) -> (StatusCode, &'static str) {
+    use distlock_runtime::ErrorClass;
+    match e {
+        ShopError::Busy => (StatusCode::CONFLICT, "busy"),
+        // Nothing was written: the buyer may try again.
+        ShopError::Stale { .. } => (StatusCode::SERVICE_UNAVAILABLE, "stale"),
+        ShopError::Redis(_) | ShopError::Pool(_) => {
+            (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+        }
+        ShopError::Lock(e) => match e.class() {
+            ErrorClass::Contention => (StatusCode::CONFLICT, "busy"),
+            ErrorClass::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ErrorClass::Misconfigured => (StatusCode::INTERNAL_SERVER_ERROR, "misconfigured"),
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "bug"),
+        },
+    }
 }
 
 /// The process's Prometheus recorder, installed on first use: every shop in the process (and
@@ -754,5 +772,74 @@ async fn metrics() -> Response {
             StatusCode::SERVICE_UNAVAILABLE,
             "another metrics recorder is installed in this process",
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Each class of lock failure gets the status the runtime's docs recommend: contention 409,
+    /// unavailable and a lost lease 503, a misconfiguration or a caller's bug 500.
+    #[test]
+    fn each_class_of_lock_failure_maps_to_its_status() {
+        let key = || "seckill:7".to_owned();
+        let redis = || redis::RedisError::from((redis::ErrorKind::Io, "refused"));
+        let cases = [
+            (LockError::NotAcquired { key: key() }, 409),
+            (
+                LockError::Timeout {
+                    key: key(),
+                    waited: Duration::from_secs(1),
+                },
+                409,
+            ),
+            (LockError::LeaseLost { keys: vec![key()] }, 503),
+            (
+                LockError::Redis {
+                    op: "acquire",
+                    source: redis(),
+                },
+                503,
+            ),
+            (
+                LockError::RedisTimeout {
+                    op: "acquire",
+                    after: Duration::from_secs(1),
+                },
+                503,
+            ),
+            (
+                LockError::Misconfigured {
+                    op: "acquire",
+                    problem: distlock_runtime::Misconfiguration::Permissions,
+                    detail: String::new(),
+                    source: redis(),
+                },
+                500,
+            ),
+            (
+                LockError::WrongType {
+                    op: "acquire",
+                    key: key(),
+                    found: "a list".to_owned(),
+                },
+                500,
+            ),
+            (LockError::NotConfigured, 500),
+            (LockError::HeldByThisTask { key: key() }, 500),
+        ];
+        for (error, status) in cases {
+            let (got, _) = failure(&ShopError::Lock(error.clone()));
+            assert_eq!(got.as_u16(), status, "{error:?}");
+        }
+        assert_eq!(failure(&ShopError::Busy).0, StatusCode::CONFLICT);
+        let stale = ShopError::Stale {
+            product: 7,
+            token: 1,
+            newest: 2,
+        };
+        assert_eq!(failure(&stale).0, StatusCode::SERVICE_UNAVAILABLE);
     }
 }

@@ -363,6 +363,80 @@ impl RedisCluster {
         })
     }
 
+    /// The cluster id of node `i` (`CLUSTER MYID`).
+    ///
+    /// # Panics
+    /// When the node does not answer.
+    pub fn node_id(&self, i: usize) -> String {
+        self.ask_text(i, &["CLUSTER", "MYID"])
+            .unwrap_or_else(|e| panic!("CLUSTER MYID: {e}"))
+    }
+
+    /// A running replica of the primary at index `primary`, in the view of that primary.
+    pub fn replica_of(&self, primary: usize) -> Option<usize> {
+        let id = self.node_id(primary);
+        let view = self.cluster_nodes(primary)?;
+        view.iter()
+            .filter(|node| node.primary_id.as_deref() == Some(id.as_str()))
+            .filter_map(|node| self.index_of_port(node.port))
+            .find(|&i| answers(&self.nodes[i]))
+    }
+
+    /// Moves `slot` to the primary at index `to`, keys and all, the way `redis-cli --cluster
+    /// reshard` does: `IMPORTING` on the new owner, `MIGRATING` on the old one, `MIGRATE` of
+    /// its keys until none is left (clients meanwhile get `ASK` and `TRYAGAIN`), then
+    /// `SETSLOT NODE` on every node. A no-op when `to` serves the slot already.
+    ///
+    /// # Panics
+    /// When a step is refused.
+    pub fn migrate_slot(&self, slot: u16, to: usize) {
+        let from = self.primary_of_slot(slot);
+        if from == to {
+            return;
+        }
+        let (slot, from_id, to_id) = (slot.to_string(), self.node_id(from), self.node_id(to));
+        let step = |i: usize, args: &[&str]| {
+            let reply = query(self.nodes[i].port(), args);
+            assert!(
+                matches!(&reply, Some(Reply::Simple(ok)) if ok == "OK"),
+                "{args:?} on node {i}: {:?}",
+                reply.map(|r| r.describe())
+            );
+        };
+        step(to, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]);
+        step(from, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]);
+        let port = self.nodes[to].port().to_string();
+        loop {
+            let keys = query(
+                self.nodes[from].port(),
+                &["CLUSTER", "GETKEYSINSLOT", &slot, "100"],
+            )
+            .expect("CLUSTER GETKEYSINSLOT");
+            let keys: Vec<&str> = keys.items().iter().filter_map(Reply::text).collect();
+            if keys.is_empty() {
+                break;
+            }
+            let mut migrate = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            migrate.extend(keys);
+            let reply = query(self.nodes[from].port(), &migrate);
+            // NOKEY: they expired meanwhile.
+            assert!(
+                matches!(&reply, Some(Reply::Simple(ok)) if ok == "OK" || ok == "NOKEY"),
+                "MIGRATE: {:?}",
+                reply.map(|r| r.describe())
+            );
+        }
+        step(to, &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]);
+        step(from, &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]);
+        for i in self.live_indices().filter(|&i| i != to && i != from) {
+            // A replica refuses SETSLOT: it learns the move from its primary.
+            let _ = query(
+                self.nodes[i].port(),
+                &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id],
+            );
+        }
+    }
+
     /// Waits until the cluster has settled after a change (a failover, a restarted node
     /// rejoining): every node that runs says `cluster_state:ok`, all of them agree on which
     /// running primary serves each of the 16384 slots and on who replicates whom, and every
@@ -620,6 +694,32 @@ impl SentinelGroup {
     /// make it a replica of the current primary within about 10 s.
     pub fn server_mut(&mut self, i: usize) -> &mut RedisServer {
         &mut self.servers[i]
+    }
+
+    /// Kills every sentinel and starts each again on its port with the config it rewrote (what
+    /// it knew of the primary, the replicas and its peers), and waits until the group is ready.
+    ///
+    /// # Panics
+    /// When a sentinel does not come back, or the group is not ready within 20 s.
+    pub fn restart_sentinels(&mut self) {
+        for sentinel in &mut self.sentinels {
+            let _ = sentinel.child.kill();
+            let _ = sentinel.child.wait();
+        }
+        for sentinel in &mut self.sentinels {
+            let child = Command::new("redis-server")
+                .arg(&sentinel.config_file)
+                .arg("--sentinel")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start redis-server --sentinel");
+            sentinel.child = ours_when_up(child, sentinel.port)
+                .unwrap_or_else(|| panic!("sentinel did not restart on {}", sentinel.port));
+        }
+        self.shorten_ping_period();
+        wait_for(STARTUP, "sentinels restarted", || self.check_ready());
     }
 
     /// Kills (SIGKILL) the current primary and returns its index. The sentinels replace it after

@@ -277,3 +277,44 @@ async fn subscriptions_whose_answer_never_came_are_not_left_behind() {
         channels.len()
     );
 }
+
+/// Leases dropped while Redis hangs pile up as background releases: counted, and drained once
+/// Redis answers again (every key released long before its 30 s ttl), without a warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_releases_are_bounded_while_redis_hangs_and_drain_after() {
+    let (logs, _capture) = Logs::capture();
+    let mut server = RedisServer::start();
+    let locks = server
+        .manager_with_timeouts(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let mut leases = Vec::new();
+    for i in 0..40 {
+        let lease = locks
+            .lock(format!("dropped-{i}"))
+            .ttl(Duration::from_secs(30))
+            .renew(false)
+            .acquire()
+            .await
+            .unwrap();
+        leases.push(lease);
+    }
+    server.pause();
+    drop(leases);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(locks.stats().background_releases, 40);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    server.resume();
+    let drained = Instant::now();
+    while locks.stats().background_releases > 0 {
+        assert!(
+            drained.elapsed() < Duration::from_secs(5),
+            "{} still pending",
+            locks.stats().background_releases
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let left = server.command(&["KEYS", "distlock:lock:*"]);
+    assert_eq!(left.trim(), "*0", "{left}");
+    assert_eq!(logs.count("WARN"), 0, "{}", logs.text());
+}

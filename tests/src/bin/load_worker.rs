@@ -1,7 +1,7 @@
 //! A separate OS process that keeps locks busy through a fault, for the fault matrix
 //! (`tests/faults.rs`).
 //!
-//! `load_worker TOPOLOGY LEDGER_URL MANAGERS TASKS KEYS SECS [fair|unfair]`
+//! `load_worker TOPOLOGY LEDGER_URL MANAGERS TASKS KEYS SECS [unfair] [think=MS]`
 //!
 //! - `TOPOLOGY`: `url=URL`, `cluster=URL,URL,...`, `sentinel=NAME@URL,URL,...` or
 //!   `quorum=URL,URL,...`: what each manager is built for.
@@ -9,7 +9,8 @@
 //!   writes a per-key counter there with its fencing token, and the ledger refuses a token lower
 //!   than one it saw for that key (see `LEDGER` below).
 //! - `MANAGERS` managers, each with `TASKS` tasks that lock random keys among `KEYS` (ttl 2 s,
-//!   wait 500 ms, a 2 ms body) for `SECS` seconds.
+//!   wait 500 ms, a 2 ms body, `think` ms between cycles, 5 unless given) until its stdin
+//!   closes, or `SECS` seconds at most.
 //!
 //! Every 200 ms, per manager, it prints
 //! `tick MANAGER UNIX_MS ok N busy N unavailable N misconfigured N other N ping PING_MS first ERROR`:
@@ -88,16 +89,44 @@ fn unix_ms() -> u128 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // distlock's warnings (and, with RUST_LOG, more) on stderr, which the test keeps to show
+    // when a case fails.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_ansi(false)
+        .init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [topology, ledger, managers, tasks, keys, secs, rest @ ..] = args.as_slice() else {
         return Err(
-            "usage: load_worker TOPOLOGY LEDGER_URL MANAGERS TASKS KEYS SECS [fair|unfair]".into(),
+            "usage: load_worker TOPOLOGY LEDGER_URL MANAGERS TASKS KEYS SECS [unfair] [think=MS]"
+                .into(),
         );
     };
-    let fair = rest.first().map(String::as_str) != Some("unfair");
+    // The manager's default (fair for one key, but on a quorum), or unfair.
+    let unfair = rest.iter().any(|arg| arg == "unfair");
+    // The pause between a task's lock cycles (`think=MS`, 5 ms unless given).
+    let think = rest
+        .iter()
+        .find_map(|arg| arg.strip_prefix("think="))
+        .map_or(Ok(5), str::parse)?;
+    let think = Duration::from_millis(think);
     let (managers, tasks, keys): (usize, usize, u64) =
         (managers.parse()?, tasks.parse()?, keys.parse()?);
     let until = Instant::now() + Duration::from_secs(secs.parse()?);
+    // Runs until the test closes stdin (or `until`).
+    let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    {
+        let running = Arc::clone(&running);
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+            running.store(false, Ordering::Relaxed);
+        });
+    }
+    let go_on = move || running.load(Ordering::Relaxed) && Instant::now() < until;
     let ledger = redis::Client::open(ledger.as_str())?
         .get_multiplexed_async_connection()
         .await?;
@@ -115,14 +144,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ledger.clone(),
                 Arc::clone(&ledger_script),
             );
+            let go_on = go_on.clone();
             handles.push(tokio::spawn(async move {
-                while Instant::now() < until {
+                while go_on() {
                     let key = format!("load:{}", fastrand::u64(0..keys));
-                    let outcome = locks
+                    let mut request = locks
                         .lock(key.clone())
                         .ttl(Duration::from_secs(2))
-                        .wait(Duration::from_millis(500))
-                        .fair(fair)
+                        .wait(Duration::from_millis(500));
+                    if unfair {
+                        request = request.fair(false);
+                    }
+                    let outcome = request
                         .run(guarded(ledger.clone(), &script, &key, &counts))
                         .await;
                     let counter = match &outcome {
@@ -148,13 +181,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                             tokio::time::sleep(Duration::from_millis(20)).await;
                         }
                     }
+                    tokio::time::sleep(think).await;
                 }
             }));
         }
         // One ping at a time, each timed.
         let (pinger, pings) = (locks.clone(), Arc::clone(&counts));
+        let going = go_on.clone();
         handles.push(tokio::spawn(async move {
-            while Instant::now() < until {
+            while going() {
                 let started = Instant::now();
                 pings.ping_ms.store(u64::MAX, Ordering::Relaxed);
                 let _ = pinger.ping().await;
@@ -164,10 +199,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }));
-        let (counts, m) = (Arc::clone(&counts), m);
+        let (counts, m, ticking) = (Arc::clone(&counts), m, go_on.clone());
         handles.push(tokio::spawn(async move {
             let mut out = std::io::stdout();
-            while Instant::now() < until {
+            while ticking() {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 let ping = match counts.ping_ms.load(Ordering::Relaxed) {
                     u64::MAX => "-".to_owned(),
