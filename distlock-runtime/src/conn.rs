@@ -37,6 +37,38 @@ pub(crate) struct Link {
     /// With `min_replicas`: connections of their own for the writes followed by `WAIT`, which
     /// blocks the connection it runs on (see [`Link::run_replicated`]).
     spare: Mutex<Spare>,
+    /// One dial at a time: the calls that need a connection meanwhile wait for it.
+    dialing: Mutex<Dialing>,
+    /// Notified when a dial ends.
+    dialed: tokio::sync::Notify,
+}
+
+/// Where a link's dialing stands: when a server comes back, the many calls that found no
+/// connection share one dial instead of each opening one of their own (a storm of connections
+/// to a server that just restarted, all but one thrown away).
+#[derive(Default)]
+struct Dialing {
+    /// A dial is out.
+    busy: bool,
+    /// Counts the dials that ended.
+    ended: u64,
+    /// Why the last dial failed (`None` when it succeeded): the calls that waited for it fail
+    /// the same way, rather than each dialing again.
+    failed: Option<LockError>,
+}
+
+/// Ends a dial (also when its future is dropped): wakes the calls that wait for it.
+struct DialOut<'a>(&'a Link);
+
+impl Drop for DialOut<'_> {
+    fn drop(&mut self) {
+        {
+            let mut dialing = lock(&self.0.dialing);
+            dialing.busy = false;
+            dialing.ended += 1;
+        }
+        self.0.dialed.notify_waiters();
+    }
 }
 
 /// Idle connections for replicated writes, and a count of failovers: a connection checked out
@@ -106,6 +138,8 @@ impl Link {
             bounded_connections,
             replicas,
             spare: Mutex::new(Spare::default()),
+            dialing: Mutex::new(Dialing::default()),
+            dialed: tokio::sync::Notify::new(),
         }
     }
 
@@ -249,20 +283,27 @@ impl Link {
         // Whether an earlier try may have reached Redis.
         let mut sent = Reached::No;
         // Set once a try was refused for a passing reason: the tries after it share what is
-        // left of the response timeout.
-        let mut passing = false;
+        // left of the response timeout, and one cut short by it reports that refusal.
+        let mut passing: Option<redis::RedisError> = None;
         loop {
             let (checkout, mut conn) = match self.connection(op).await {
                 Ok(connection) => connection,
                 Err(error) => {
-                    let passing = error
+                    let refused = error
                         .redis_source()
                         .is_some_and(|source| Reply::of(source) == Reply::Passing);
-                    if passing && tokio::time::Instant::now() + PASSING_RETRY < deadline {
+                    if refused && tokio::time::Instant::now() + PASSING_RETRY < deadline {
                         // Refused while connecting (BUSY, LOADING): again shortly.
                         tokio::time::sleep(PASSING_RETRY).await;
                         continue;
                     }
+                    // A dial cut short after the server kept refusing: that refusal.
+                    let error = match (passing.take(), error) {
+                        (Some(source), LockError::RedisTimeout { .. }) => {
+                            LockError::from_redis(op, source)
+                        }
+                        (_, error) => error,
+                    };
                     return Err(Failed {
                         error,
                         reached: sent,
@@ -287,7 +328,9 @@ impl Link {
             let unsent = matches!(&first, Poll::Ready(Err(e)) if is_connection_failure(e));
             let answer = match first {
                 Poll::Ready(answer) => Some(answer),
-                Poll::Pending if passing => tokio::time::timeout_at(deadline, call).await.ok(),
+                Poll::Pending if passing.is_some() => {
+                    tokio::time::timeout_at(deadline, call).await.ok()
+                }
                 Poll::Pending if self.bounded_connections => Some(call.await),
                 Poll::Pending => tokio::time::timeout(after, call).await.ok(),
             };
@@ -315,7 +358,7 @@ impl Link {
                     if reply == Reply::Passing && now + PASSING_RETRY < deadline {
                         // Refused before it ran, for a passing reason (LOADING, BUSY,
                         // MASTERDOWN): again shortly, on the same connection.
-                        passing = true;
+                        passing = Some(source);
                         tokio::time::sleep(PASSING_RETRY).await;
                         continue;
                     }
@@ -343,7 +386,13 @@ impl Link {
                 None => {
                     // The connection may be stuck behind a hung server: send nothing more on it.
                     self.forget(checkout.generation);
-                    return Err(failed(LockError::RedisTimeout { op, after }));
+                    // Cut short while the server kept refusing (it answers, slowly: loading):
+                    // that refusal is what the caller should hear of.
+                    let error = match passing.take() {
+                        Some(source) => LockError::from_redis(op, source),
+                        None => LockError::RedisTimeout { op, after },
+                    };
+                    return Err(failed(error));
                 }
             }
         }
@@ -386,15 +435,68 @@ impl Link {
         Box::pin(self.connect(op)).await
     }
 
-    /// Dials a fresh connection and makes it the current one.
+    /// Dials a fresh connection and makes it the current one; or, while another call dials,
+    /// waits for that dial (within the dial's own bound) and shares its connection or its
+    /// failure.
     async fn connect(
         &self,
         op: &'static str,
     ) -> Result<(Checkout, MultiplexedConnection), LockError> {
-        let conn = self.dial.dial(op).await?;
+        // As long as a dial may take: connecting (out of a pool) and its handshake.
+        let waited_for = self.timeouts.connect + self.timeouts.pool_wait + self.timeouts.response;
+        let until = tokio::time::Instant::now() + waited_for;
+        loop {
+            if let Some(existing) = &*lock(&self.current) {
+                let checkout = Checkout {
+                    generation: existing.generation,
+                    reused: false,
+                };
+                return Ok((checkout, existing.conn.clone()));
+            }
+            let ended = self.dialed.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            let other = {
+                let mut dialing = lock(&self.dialing);
+                let other = dialing.busy.then_some(dialing.ended);
+                dialing.busy = true;
+                other
+            };
+            let Some(round) = other else {
+                return self.dial_now(op).await;
+            };
+            tokio::select! {
+                () = ended => {}
+                () = tokio::time::sleep_until(until) => {
+                    return Err(LockError::RedisTimeout { op, after: waited_for });
+                }
+            }
+            let dialing = lock(&self.dialing);
+            if dialing.ended > round {
+                if let Some(failed) = &dialing.failed {
+                    return Err(failed.clone());
+                }
+            }
+        }
+    }
+
+    /// The dial itself (this call set `dialing.busy`).
+    async fn dial_now(
+        &self,
+        op: &'static str,
+    ) -> Result<(Checkout, MultiplexedConnection), LockError> {
+        let _out = DialOut(self);
+        let conn = match self.dial.dial(op).await {
+            Ok(conn) => conn,
+            Err(error) => {
+                lock(&self.dialing).failed = Some(error.clone());
+                return Err(error);
+            }
+        };
+        lock(&self.dialing).failed = None;
         let mut current = lock(&self.current);
         if let Some(existing) = &*current {
-            // Another task connected meanwhile: share its connection.
+            // Made meanwhile by a call that did not wait (a failover's forget and redial).
             let checkout = Checkout {
                 generation: existing.generation,
                 reused: false,

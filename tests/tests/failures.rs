@@ -358,3 +358,36 @@ async fn a_background_release_refused_during_a_failover_is_retried() {
     let released = until_gone(&conn, &key, Duration::from_secs(5)).await;
     assert!(released.is_some(), "{}", logs.text());
 }
+
+/// When a server comes back, the many calls that find no connection share one dial: the
+/// restarted server gets one command connection per manager, not one per waiting call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_after_a_restart_share_one_new_connection() {
+    let mut server = RedisServer::start();
+    let locks = fast_manager(&server);
+    locks
+        .lock("warm")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    server.restart();
+    let calls = (0..50).map(|i| {
+        let locks = locks.clone();
+        async move {
+            let lease = locks.try_lock(format!("k{i}")).acquire().await.unwrap();
+            lease.release().await.unwrap();
+        }
+    });
+    futures_util::future::join_all(calls).await;
+    let stats = server.command(&["INFO", "stats"]);
+    let connections: u64 = stats
+        .lines()
+        .find_map(|line| line.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap();
+    // The harness's own INFO connection, and the manager's one.
+    assert!(connections <= 3, "{connections} connections for 50 calls");
+}

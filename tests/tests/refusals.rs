@@ -80,6 +80,7 @@ fn assert_permissions(error: &LockError, command: &str) {
 /// finds it before the first lock does.
 #[tokio::test]
 async fn noperm_inside_a_script_is_misconfigured_and_names_the_command() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = user_without(&server, "+time");
     let started = Instant::now();
@@ -178,6 +179,7 @@ async fn a_key_another_program_wrote_is_named_and_not_an_outage() {
 /// maxmemory; a lease held before still releases (the release may run out of memory).
 #[tokio::test]
 async fn a_server_over_maxmemory_is_unavailable_and_still_releases() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = manager(&server.url());
     let held = locks.lock("kept").acquire().await.unwrap();
@@ -204,6 +206,7 @@ async fn a_server_over_maxmemory_is_unavailable_and_still_releases() {
 /// response timeout: a short timeout ends in an outage that says so, a long one in a lease.
 #[tokio::test]
 async fn a_server_loading_its_data_is_asked_again_within_the_response_timeout() {
+    let _load = distlock_tests::timed().await;
     // Loading 20,000 keys at 100 µs each takes 2 s, and the server answers (LOADING) meanwhile.
     let mut server = RedisServer::start_with(&[
         "--key-load-delay",
@@ -255,6 +258,7 @@ fn start_endless_script(server: &RedisServer) -> std::net::TcpStream {
 /// that says what to do once it passes, a lease once the script is killed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_busy_with_a_script_is_asked_again_within_the_response_timeout() {
+    let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = manager(&server.url());
     let _busy = start_endless_script(&server);
@@ -281,6 +285,7 @@ async fn a_server_busy_with_a_script_is_asked_again_within_the_response_timeout(
 /// there is `READONLY` first: a replica's URL.)
 #[tokio::test]
 async fn a_replica_cut_off_from_its_primary_is_unavailable_masterdown() {
+    let _load = distlock_tests::timed().await;
     let dead = distlock_tests::free_port().to_string();
     let replica = RedisServer::start_with(&[
         "--replicaof",
@@ -317,6 +322,7 @@ async fn a_replica_cut_off_from_its_primary_is_unavailable_masterdown() {
 /// primary is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_without_a_primary_is_clusterdown_then_serves_again() {
+    let _load = distlock_tests::heavy().await;
     let mut cluster = RedisCluster::start(3, 0);
     let locks = LockManager::builder()
         .cluster(cluster.seed_urls())
@@ -367,6 +373,7 @@ async fn a_cluster_without_a_primary_is_clusterdown_then_serves_again() {
 /// follows it too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_migrating_slot_is_followed_through_ask_tryagain_and_moved() {
+    let _load = distlock_tests::heavy().await;
     let cluster = RedisCluster::start(3, 0);
     let builder = || {
         LockManager::builder()
