@@ -480,6 +480,32 @@ async fn until_key(
     .await
 }
 
+/// Waits (at most 2 s) until the lock key `key` (its Redis name) holds a value marked as waited
+/// on (`~` in front of the owner token: see the runtime's `scripts.rs`); returns that value.
+///
+/// # Panics
+/// If no waiter marked it in time.
+pub async fn until_marked(conn: &redis::aio::MultiplexedConnection, key: &str) -> String {
+    let marked = eventually(Duration::from_secs(2), || {
+        let mut conn = conn.clone();
+        async move {
+            let value: Option<String> = redis::cmd("GET")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .expect("GET");
+            value.is_some_and(|v| v.starts_with('~'))
+        }
+    })
+    .await;
+    assert!(marked.is_some(), "no waiter marked {key} as waited on");
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut conn.clone())
+        .await
+        .expect("GET")
+}
+
 /// Whether `key` exists, asked on `conn`.
 pub async fn exists(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> bool {
     redis::cmd("EXISTS")
