@@ -383,3 +383,110 @@ async fn a_holder_cut_off_from_redis_stops_its_body_before_its_key_can_expire() 
         logs.text()
     );
 }
+
+#[tokio::test]
+async fn an_extend_never_touches_a_lock_another_owner_holds_marked_as_waited_on() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let mut conn = server.client().await;
+
+    // A's lease runs out; B takes the lock, and a waiter marks B's value as waited on
+    // (`~` and B's token). A, still holding its Lease value, asks for an extension.
+    let key = locks.redis_key("marked-extend");
+    let stale = locks
+        .lock("marked-extend")
+        .ttl(Duration::from_millis(50))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let owner = locks
+        .lock("marked-extend")
+        .ttl(Duration::from_secs(5))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let waiting = distlock_tests::spawn_unfair_waiter(
+        &server.manager(),
+        "marked-extend",
+        Duration::from_secs(10),
+    );
+    let marked = distlock_tests::until_marked(&conn, &key).await;
+    let pttl_before: i64 = conn.pttl(&key).await.unwrap();
+    let extended = stale.extend(Duration::from_secs(60)).await;
+    // (LeaseLost whatever Redis answers: A's validity ran out. What Redis did is checked next.)
+    assert!(
+        matches!(extended, Err(LockError::LeaseLost { .. })),
+        "{extended:?}"
+    );
+    let after: Option<String> = conn.get(&key).await.unwrap();
+    assert_eq!(after.as_deref(), Some(marked.as_str()));
+    let pttl_after: i64 = conn.pttl(&key).await.unwrap();
+    assert!(
+        pttl_after <= pttl_before && pttl_after > 4_000,
+        "PTTL {pttl_before} -> {pttl_after}"
+    );
+    owner.release().await.unwrap();
+    let (_, lease) = waiting.await.unwrap();
+    lease.unwrap().release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_renewal_never_touches_a_lock_another_owner_holds_marked_as_waited_on() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let mut conn = server.client().await;
+    // A body runs under a renewing lease (renewed every 200 ms) when its key is found held by
+    // another owner, marked as waited on (set by hand, in one command). Its next renewal must
+    // lose the lease, stop the body, and leave the other owner's expiry alone.
+    let key = locks.redis_key("marked-renew");
+    let dropped = distlock_tests::DropClock::default();
+    let guard = dropped.guard();
+    let run = tokio::spawn(
+        locks
+            .lock("marked-renew")
+            .ttl(Duration::from_millis(600))
+            .run(async move {
+                let _guard = guard;
+                std::future::pending::<()>().await;
+            }),
+    );
+    until_exists(&conn, &key, Duration::from_secs(2))
+        .await
+        .expect("acquired");
+    let foreign = "~0123456789abcdef0123456789abcdef";
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(foreign)
+        .arg("PX")
+        .arg(5_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let replaced = Instant::now();
+    let outcome = tokio::time::timeout(Duration::from_secs(2), run)
+        .await
+        .expect("the body ran on under a lease whose lock another owner holds")
+        .unwrap();
+    assert!(
+        matches!(outcome, Err(LockError::LeaseLost { .. })),
+        "{outcome:?}"
+    );
+    let stopped = dropped.at().expect("the body was dropped");
+    assert!(
+        stopped - replaced <= Duration::from_millis(200 + 100),
+        "body dropped {:?} after its lock was taken",
+        stopped - replaced
+    );
+    let value: Option<String> = conn.get(&key).await.unwrap();
+    assert_eq!(value.as_deref(), Some(foreign));
+    let pttl: i64 = conn.pttl(&key).await.unwrap();
+    assert!(
+        pttl > 4_000,
+        "a renewal moved the other owner's expiry: PTTL {pttl}"
+    );
+}
