@@ -228,13 +228,21 @@ impl RedisServer {
 
     fn signal(&self, signal: &str) {
         if let Some(pid) = self.pid() {
-            let status = Command::new("kill")
-                .args([format!("-{signal}"), pid.to_string()])
-                .status()
-                .expect("run kill");
-            assert!(status.success(), "kill -{signal} {pid} failed");
+            send_signal(pid, signal);
         }
     }
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to the process `pid`, one the harness started.
+///
+/// # Panics
+/// If `kill` fails.
+fn send_signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid} failed");
 }
 
 impl Drop for RedisServer {
