@@ -103,6 +103,19 @@ async fn a_failover_with_the_old_primary_alive_is_followed_by_commands_and_waite
         "sentinel: locking again {recovered:?} after the switch was seen ({:?} after SENTINEL FAILOVER)",
         switched.elapsed()
     );
+    // The old primary still accepts writes (it says role:master for some 10 s), so locking
+    // again proves nothing by itself: the lock must land on the new primary.
+    let other = locks[0]
+        .lock("s-other")
+        .wait(Duration::ZERO)
+        .acquire()
+        .await
+        .unwrap();
+    assert!(
+        holds(&group, new_index, "s-other") && !holds(&group, old_index, "s-other"),
+        "commands still go to the old primary after the switch"
+    );
+    other.release().await.unwrap();
     assert!(
         holds(&group, new_index, "s-switch"),
         "the lock moved with the primary"
