@@ -223,10 +223,37 @@ mod tests {
         assert!(state.renewed(late, Duration::from_millis(600)));
         assert!(!state.renewed(early, Duration::from_secs(30)));
         assert_eq!(state.ttl(), Duration::from_millis(600));
-        assert_eq!(
-            state.valid_until(),
-            late + validity(Duration::from_millis(600))
-        );
+        // 600 ms less 1% (6 ms) and 2 ms, from when the extend was sent.
+        assert_eq!(state.valid_until(), late + Duration::from_millis(592));
+    }
+
+    #[test]
+    fn validity_is_the_ttl_less_one_percent_and_two_milliseconds() {
+        // Expected values worked out by hand from the documented margin (1% + 2 ms).
+        for (ttl, expected) in [
+            (Duration::from_secs(10), Duration::from_millis(9_898)),
+            (Duration::from_secs(30), Duration::from_millis(29_698)),
+            (Duration::from_millis(1_500), Duration::from_millis(1_483)),
+            (MIN_TTL, Duration::from_micros(7_900)),
+            (MAX_TTL, Duration::from_millis(31_220_639_998)),
+            // Nothing is left of a lease shorter than the margin.
+            (Duration::from_millis(2), Duration::ZERO),
+        ] {
+            assert_eq!(validity(ttl), expected, "ttl {ttl:?}");
+        }
+    }
+
+    #[test]
+    fn an_acquired_or_handed_lease_is_valid_from_its_start_less_the_margin() {
+        let sent = Instant::now();
+        let state = LeaseState::new(Duration::from_secs(10), false);
+        state.acquired(sent, Duration::from_secs(10));
+        assert_eq!(state.valid_until(), sent + Duration::from_millis(9_898));
+        // A hand-off's claim (2 s) counts until renewal moves the lease to its ttl.
+        let state = LeaseState::new(Duration::from_secs(10), true);
+        state.handed(sent, Duration::from_secs(2), Duration::from_secs(10));
+        assert_eq!(state.valid_until(), sent + Duration::from_millis(1_978));
+        assert_eq!(state.ttl(), Duration::from_secs(10));
     }
 
     #[test]

@@ -228,13 +228,21 @@ impl RedisServer {
 
     fn signal(&self, signal: &str) {
         if let Some(pid) = self.pid() {
-            let status = Command::new("kill")
-                .args([format!("-{signal}"), pid.to_string()])
-                .status()
-                .expect("run kill");
-            assert!(status.success(), "kill -{signal} {pid} failed");
+            send_signal(pid, signal);
         }
     }
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to the process `pid`, one the harness started.
+///
+/// # Panics
+/// If `kill` fails.
+fn send_signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid} failed");
 }
 
 impl Drop for RedisServer {
@@ -478,6 +486,32 @@ async fn until_key(
         async move { exists(&mut conn, key).await == present }
     })
     .await
+}
+
+/// Waits (at most 2 s) until the lock key `key` (its Redis name) holds a value marked as waited
+/// on (`~` in front of the owner token: see the runtime's `scripts.rs`); returns that value.
+///
+/// # Panics
+/// If no waiter marked it in time.
+pub async fn until_marked(conn: &redis::aio::MultiplexedConnection, key: &str) -> String {
+    let marked = eventually(Duration::from_secs(2), || {
+        let mut conn = conn.clone();
+        async move {
+            let value: Option<String> = redis::cmd("GET")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .expect("GET");
+            value.is_some_and(|v| v.starts_with('~'))
+        }
+    })
+    .await;
+    assert!(marked.is_some(), "no waiter marked {key} as waited on");
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut conn.clone())
+        .await
+        .expect("GET")
 }
 
 /// Whether `key` exists, asked on `conn`.

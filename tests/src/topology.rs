@@ -25,7 +25,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{free_port, ours_when_up, parse_reply, resp_command, RedisServer, Reply};
+use super::{free_port, ours_when_up, parse_reply, resp_command, send_signal, RedisServer, Reply};
 
 /// How long startups may take before they panic.
 const STARTUP: Duration = Duration::from_secs(20);
@@ -728,6 +728,19 @@ impl SentinelGroup {
         let i = self.primary_index();
         self.servers[i].kill();
         i
+    }
+
+    /// Stops sentinel `i` (in [`SentinelGroup::sentinel_urls`] order) with SIGSTOP: its
+    /// connections stay open, new ones are accepted by the kernel, nothing is answered (a hung
+    /// sentinel). While it is paused, the group's own queries that ask it first
+    /// ([`SentinelGroup::primary_port`] and those built on it) wait 2 s for it.
+    pub fn pause_sentinel(&self, i: usize) {
+        send_signal(self.sentinels[i].child.id(), "STOP");
+    }
+
+    /// Continues sentinel `i` after [`SentinelGroup::pause_sentinel`].
+    pub fn resume_sentinel(&self, i: usize) {
+        send_signal(self.sentinels[i].child.id(), "CONT");
     }
 
     /// Asks a sentinel for a failover (`SENTINEL FAILOVER`, no agreement needed) and returns the

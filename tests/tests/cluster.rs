@@ -57,7 +57,17 @@ async fn keys_in_many_slots_lock_all_or_nothing_with_tokens_above_every_slot() {
     let lease = locks[0].lock_all(KEYS).acquire().await.unwrap();
     assert!(KEYS.iter().all(|k| held(&cluster, k)));
     let token = lease.fencing_token();
-    lease.extend(Duration::from_secs(30)).await.unwrap();
+    // Extended everywhere: every slot's key now expires a minute from now (it was taken for the
+    // default 30 s, so an extension that missed a slot shows).
+    lease.extend(Duration::from_secs(60)).await.unwrap();
+    for key in KEYS {
+        let name = format!("distlock:lock:{{{key}}}");
+        let pttl = cluster
+            .node(cluster.primary_of(&name))
+            .command(&["PTTL", &name]);
+        let pttl: i64 = pttl.trim().trim_start_matches(':').parse().unwrap();
+        assert!(pttl > 59_000, "{key}: PTTL {pttl} after extending to 60 s");
+    }
 
     lease.release().await.unwrap();
     assert!(KEYS.iter().all(|k| !held(&cluster, k)));

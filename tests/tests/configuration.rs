@@ -156,7 +156,16 @@ async fn a_least_privilege_user_without_channel_rights_locks_releases_and_hands_
         .await
         .expect("release succeeds without PUBLISH rights");
 
+    let mut conn = server.client().await;
+    redis::cmd("SELECT")
+        .arg(3)
+        .exec_async(&mut conn)
+        .await
+        .unwrap();
+
     // An unfair waiter polls: it takes a released key at once, not at the holder's expiry.
+    // (One key is fair by default: `fair(false)` makes this waiter take the key by its own
+    // attempt rather than be handed it.)
     let held = other
         .lock("k")
         .ttl(Duration::from_secs(30))
@@ -168,13 +177,17 @@ async fn a_least_privilege_user_without_channel_rights_locks_releases_and_hands_
         async move {
             let lease = locks
                 .lock("k")
+                .fair(false)
                 .wait(Duration::from_secs(10))
                 .acquire()
                 .await;
             (lease, Instant::now())
         }
     });
+    // It waits (it marked the holder as waited on), and is not queued.
+    distlock_tests::until_marked(&conn, "distlock:lock:{k}").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(distlock_tests::queued(&mut conn, "k").await, 0);
     let released = Instant::now();
     held.release().await.unwrap();
     let (lease, taken) = waiter.await.unwrap();
@@ -184,6 +197,7 @@ async fn a_least_privilege_user_without_channel_rights_locks_releases_and_hands_
         taken - released
     );
     lease.unwrap().release().await.unwrap();
+    assert_eq!(locks.stats().handed_over, 0);
 
     // A fair hand-off to a waiter of another manager still happens, unannounced.
     let held = other.lock("f").fair(true).acquire().await.unwrap();
@@ -198,12 +212,6 @@ async fn a_least_privilege_user_without_channel_rights_locks_releases_and_hands_
                 .await
         }
     });
-    let mut conn = server.client().await;
-    redis::cmd("SELECT")
-        .arg(3)
-        .exec_async(&mut conn)
-        .await
-        .unwrap();
     distlock_tests::until_queued(&conn, "f", 1).await;
     let released = Instant::now();
     held.release().await.unwrap();

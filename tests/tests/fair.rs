@@ -274,9 +274,17 @@ async fn a_hand_off_learned_too_late_to_trust_is_confirmed_by_an_attempt() {
     until_queued(&conn, "late", 1).await;
     until_subscribed(&conn, "late").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = locks.stats().acquire_requests;
     holder.release().await.unwrap();
     let lease = waiting.await.unwrap().expect("the waiter got the lock");
     assert_eq!(locks.stats().handed_over, 0, "not trusted from the message");
+    // One attempt confirmed it (finding the key set to the waiter's own marked token), rather
+    // than queueing again and taking the lock once the claim had lapsed.
+    assert_eq!(
+        locks.stats().acquire_requests - before,
+        1,
+        "attempts after the hand-off"
+    );
     let _ = lease.release().await;
 }
 
@@ -636,4 +644,60 @@ async fn requests_for_one_key_are_fair_unless_they_say_otherwise() {
     holder.release().await.unwrap();
     waiter.await.unwrap().1.unwrap().release().await.unwrap();
     assert_eq!(unfair_locks.stats().handed_over, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_to_a_waiter_that_polls_is_confirmed_by_its_next_attempt() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    // A manager on a pool cannot subscribe: its waiters poll (every 1 to 50 ms) and never see a
+    // hand-off message. A waiter handed the lock learns of it from its next attempt, which finds
+    // the key set to its own token marked as waited on (`~` + token): that attempt confirms the
+    // hand-off at once, rather than queueing behind itself until the claim lapses.
+    let pool = deadpool_redis::Config::from_url(server.url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let polling = LockManager::builder()
+        .pool(pool)
+        .response_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let mut conn = server.client().await;
+    let holder = locks.lock("polled").fair(true).acquire().await.unwrap();
+    let waiting = tokio::spawn(
+        polling
+            .lock("polled")
+            .fair(true)
+            .ttl(Duration::from_secs(10))
+            .wait(Duration::from_secs(10))
+            .acquire(),
+    );
+    until_queued(&conn, "polled", 1).await;
+    let token: String = conn.lindex("distlock:queue:{polled}", 0).await.unwrap();
+    let held_token = holder.fencing_token();
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter got the lock")
+        .unwrap()
+        .unwrap();
+    let taken = released.elapsed();
+    assert!(
+        taken < HANDOFF_CLAIM / 4,
+        "the polling waiter got the lock {taken:?} after the release (a claim lapses after \
+         {HANDOFF_CLAIM:?})"
+    );
+    assert_eq!(polling.stats().handed_over, 0, "no message reached it");
+    let value: String = conn.get("distlock:lock:{polled}").await.unwrap();
+    assert_eq!(
+        value,
+        format!("~{token}"),
+        "still marked for the waiters behind"
+    );
+    let pttl: i64 = conn.pttl("distlock:lock:{polled}").await.unwrap();
+    assert!(pttl > 9_000, "confirmed with its ttl, PTTL {pttl}");
+    assert!(lease.fencing_token() > held_token);
+    lease.release().await.unwrap();
 }

@@ -54,6 +54,61 @@ async fn a_non_owner_release_and_extend_change_nothing() {
 }
 
 #[tokio::test]
+async fn a_non_owner_release_leaves_a_lock_marked_as_waited_on_held() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let mut conn = server.client().await;
+    let key = locks.redis_key("marked");
+
+    // A's lease runs out; B takes the lock, and a waiter (of another manager) marks B's value
+    // as waited on: `~` and B's token. A still has its Lease value.
+    let stale = locks
+        .lock("marked")
+        .ttl(Duration::from_millis(50))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let owner = locks
+        .lock("marked")
+        .ttl(Duration::from_secs(5))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let waiting =
+        distlock_tests::spawn_unfair_waiter(&server.manager(), "marked", Duration::from_secs(10));
+    let marked = distlock_tests::until_marked(&conn, &key).await;
+    let pttl_before: i64 = conn.pttl(&key).await.unwrap();
+
+    // A's release must not take a marked value for its own.
+    stale.release().await.unwrap();
+    let after: Option<String> = conn.get(&key).await.unwrap();
+    assert_eq!(
+        after.as_deref(),
+        Some(marked.as_str()),
+        "a non-owner's release deleted (or changed) a lock marked as waited on"
+    );
+    let pttl_after: i64 = conn.pttl(&key).await.unwrap();
+    assert!(
+        pttl_after <= pttl_before && pttl_after > 4_000,
+        "{pttl_before} -> {pttl_after}"
+    );
+    // And the waiter was not let in beside the owner.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the waiter got the lock while its owner held it: {:?}",
+        waiting.await
+    );
+    owner.release().await.unwrap();
+    let (_, lease) = waiting.await.unwrap();
+    lease.unwrap().release().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_leaked_lease_frees_the_lock_within_its_ttl() {
     let _load = distlock_tests::timed().await;
     let server = RedisServer::start();

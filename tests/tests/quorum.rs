@@ -327,3 +327,45 @@ async fn with_two_of_five_hung_a_waiter_waits_for_the_holder_and_gets_the_lock()
     servers[1].resume();
     servers[3].resume();
 }
+
+/// The documented formula: a quorum lease is valid for its ttl, less the time since before the
+/// round was sent, less the drift margin (1% of the ttl + 2 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_lease_is_valid_for_its_ttl_less_the_round_and_the_drift_margin() {
+    let _load = distlock_tests::timed().await;
+    let servers = quorum(3);
+    // Every node's answers reach the manager 200 ms late: the round takes at least that long
+    // after it was sent (a node's bound in an acquire is a tenth of the 3 s ttl, 300 ms).
+    let delay = Duration::from_millis(200);
+    let mut proxies = Vec::new();
+    for server in &servers {
+        let proxy = distlock_tests::Proxy::start(server).await;
+        proxy.set_mode(distlock_tests::ProxyMode::Delay(delay));
+        proxies.push(proxy);
+    }
+    let locks = LockManager::builder()
+        .quorum(proxies.iter().map(distlock_tests::Proxy::url))
+        .connect_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(2))
+        .pool_wait_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    distlock_tests::warm_up(&locks).await;
+    let ttl = Duration::from_secs(3);
+    let margin = Duration::from_millis(30 + 2);
+    let lease = locks
+        .lock("q-validity")
+        .ttl(ttl)
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let remaining = lease.remaining();
+    let most = ttl - delay - margin;
+    assert!(
+        remaining <= most && remaining > most - 2 * delay,
+        "remaining {remaining:?} after a round of at least {delay:?} (at most {most:?})"
+    );
+    assert_eq!(holders(&servers, "q-validity"), 3);
+    lease.release().await.unwrap();
+}

@@ -383,3 +383,207 @@ async fn a_holder_cut_off_from_redis_stops_its_body_before_its_key_can_expire() 
         logs.text()
     );
 }
+
+#[tokio::test]
+async fn an_extend_never_touches_a_lock_another_owner_holds_marked_as_waited_on() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let mut conn = server.client().await;
+
+    // A's lease runs out; B takes the lock, and a waiter marks B's value as waited on
+    // (`~` and B's token). A, still holding its Lease value, asks for an extension.
+    let key = locks.redis_key("marked-extend");
+    let stale = locks
+        .lock("marked-extend")
+        .ttl(Duration::from_millis(50))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let owner = locks
+        .lock("marked-extend")
+        .ttl(Duration::from_secs(5))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let waiting = distlock_tests::spawn_unfair_waiter(
+        &server.manager(),
+        "marked-extend",
+        Duration::from_secs(10),
+    );
+    let marked = distlock_tests::until_marked(&conn, &key).await;
+    let pttl_before: i64 = conn.pttl(&key).await.unwrap();
+    let extended = stale.extend(Duration::from_secs(60)).await;
+    // (LeaseLost whatever Redis answers: A's validity ran out. What Redis did is checked next.)
+    assert!(
+        matches!(extended, Err(LockError::LeaseLost { .. })),
+        "{extended:?}"
+    );
+    let after: Option<String> = conn.get(&key).await.unwrap();
+    assert_eq!(after.as_deref(), Some(marked.as_str()));
+    let pttl_after: i64 = conn.pttl(&key).await.unwrap();
+    assert!(
+        pttl_after <= pttl_before && pttl_after > 4_000,
+        "PTTL {pttl_before} -> {pttl_after}"
+    );
+    owner.release().await.unwrap();
+    let (_, lease) = waiting.await.unwrap();
+    lease.unwrap().release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_renewal_never_touches_a_lock_another_owner_holds_marked_as_waited_on() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let mut conn = server.client().await;
+    // A body runs under a renewing lease (renewed every 200 ms) when its key is found held by
+    // another owner, marked as waited on (set by hand, in one command). Its next renewal must
+    // lose the lease, stop the body, and leave the other owner's expiry alone.
+    let key = locks.redis_key("marked-renew");
+    let dropped = distlock_tests::DropClock::default();
+    let guard = dropped.guard();
+    let run = tokio::spawn(
+        locks
+            .lock("marked-renew")
+            .ttl(Duration::from_millis(600))
+            .run(async move {
+                let _guard = guard;
+                std::future::pending::<()>().await;
+            }),
+    );
+    until_exists(&conn, &key, Duration::from_secs(2))
+        .await
+        .expect("acquired");
+    let foreign = "~0123456789abcdef0123456789abcdef";
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(foreign)
+        .arg("PX")
+        .arg(5_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let replaced = Instant::now();
+    let outcome = tokio::time::timeout(Duration::from_secs(2), run)
+        .await
+        .expect("the body ran on under a lease whose lock another owner holds")
+        .unwrap();
+    assert!(
+        matches!(outcome, Err(LockError::LeaseLost { .. })),
+        "{outcome:?}"
+    );
+    let stopped = dropped.at().expect("the body was dropped");
+    assert!(
+        stopped - replaced <= Duration::from_millis(200 + 100),
+        "body dropped {:?} after its lock was taken",
+        stopped - replaced
+    );
+    let value: Option<String> = conn.get(&key).await.unwrap();
+    assert_eq!(value.as_deref(), Some(foreign));
+    let pttl: i64 = conn.pttl(&key).await.unwrap();
+    assert!(
+        pttl > 4_000,
+        "a renewal moved the other owner's expiry: PTTL {pttl}"
+    );
+}
+
+/// The clock-drift margin the docs promise a lease's validity leaves out: 1% of `ttl` + 2 ms,
+/// worked out here rather than by the runtime's own function.
+fn drift_margin(ttl: Duration) -> Duration {
+    Duration::from_micros(u64::try_from(ttl.as_micros() / 100).unwrap() + 2_000)
+}
+
+#[tokio::test]
+async fn a_fresh_lease_is_valid_for_its_ttl_less_the_drift_margin_at_most() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    distlock_tests::warm_up(&locks).await;
+    // Acquired, and extended: each time the validity is the ttl less 1% and 2 ms (102 ms of
+    // 10 s, 202 ms of 20 s), counted from before the request, so at most that right after it.
+    let ttl = Duration::from_secs(10);
+    let lease = locks
+        .lock("margin")
+        .ttl(ttl)
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let remaining = lease.remaining();
+    let most = ttl - drift_margin(ttl);
+    assert_eq!(most, Duration::from_millis(9_898));
+    assert!(
+        remaining <= most && remaining > most - Duration::from_millis(500),
+        "remaining {remaining:?} right after acquiring for {ttl:?} (at most {most:?})"
+    );
+    let ttl = Duration::from_secs(20);
+    lease.extend(ttl).await.unwrap();
+    let remaining = lease.remaining();
+    let most = ttl - drift_margin(ttl);
+    assert!(
+        remaining <= most && remaining > most - Duration::from_millis(500),
+        "remaining {remaining:?} right after extending to {ttl:?} (at most {most:?})"
+    );
+    lease.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_lease_is_valid_from_before_its_request_was_sent_not_from_when_the_answer_came() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    // Every answer reaches the manager 300 ms after Redis sent it: each lease's expiry was set
+    // in Redis at least 300 ms before its holder learns of it.
+    let proxy = distlock_tests::Proxy::start(&server).await;
+    let delay = Duration::from_millis(300);
+    proxy.set_mode(distlock_tests::ProxyMode::Delay(delay));
+    let locks = distlock_tests::manager_at(&proxy.url(), Duration::from_secs(2))
+        .build()
+        .unwrap();
+    distlock_tests::warm_up(&locks).await;
+
+    let ttl = Duration::from_secs(2);
+    let lease = locks
+        .lock("slow-answer")
+        .ttl(ttl)
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let remaining = lease.remaining();
+    let most = ttl - delay - drift_margin(ttl);
+    assert!(
+        remaining <= most && remaining > most - delay,
+        "remaining {remaining:?} after an answer that took {delay:?} (at most {most:?})"
+    );
+    lease.release().await.unwrap();
+
+    // Without renewal, the body is stopped when the validity counted from the send ends, not
+    // that long after the answer came.
+    let ttl = Duration::from_secs(1);
+    let dropped = distlock_tests::DropClock::default();
+    let guard = dropped.guard();
+    let before_send = Instant::now();
+    let outcome = locks
+        .lock("slow-answer")
+        .ttl(ttl)
+        .renew(false)
+        .run(async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        })
+        .await;
+    assert!(
+        matches!(outcome, Err(LockError::LeaseLost { .. })),
+        "{outcome:?}"
+    );
+    let stopped = dropped.at().expect("the body was dropped") - before_send;
+    let deadline = ttl - drift_margin(ttl);
+    assert!(
+        stopped >= delay && stopped <= deadline + Duration::from_millis(100),
+        "body dropped {stopped:?} after the send (validity from the send: {deadline:?}; the \
+         answer came {delay:?} after it)"
+    );
+}

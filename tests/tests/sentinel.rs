@@ -103,6 +103,19 @@ async fn a_failover_with_the_old_primary_alive_is_followed_by_commands_and_waite
         "sentinel: locking again {recovered:?} after the switch was seen ({:?} after SENTINEL FAILOVER)",
         switched.elapsed()
     );
+    // The old primary still accepts writes (it says role:master for some 10 s), so locking
+    // again proves nothing by itself: the lock must land on the new primary.
+    let other = locks[0]
+        .lock("s-other")
+        .wait(Duration::ZERO)
+        .acquire()
+        .await
+        .unwrap();
+    assert!(
+        holds(&group, new_index, "s-other") && !holds(&group, old_index, "s-other"),
+        "commands still go to the old primary after the switch"
+    );
+    other.release().await.unwrap();
     assert!(
         holds(&group, new_index, "s-switch"),
         "the lock moved with the primary"
@@ -164,4 +177,38 @@ async fn a_demoted_primary_answering_readonly_is_left_for_the_new_one() {
     assert!(started.elapsed() < TIMEOUT * 4, "{:?}", started.elapsed());
     assert!(holds(&group, group.primary_index(), "s-readonly"));
     lease.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_sentinel_is_passed_over_for_the_others_within_the_timeouts() {
+    let _load = distlock_tests::timed().await;
+    let group = SentinelGroup::start(0, 3);
+    let primary = group.primary_index();
+    // The first sentinel, which a new manager asks first, hangs: it accepts connections and
+    // answers nothing.
+    group.pause_sentinel(0);
+    let timeout = Duration::from_millis(300);
+    let locks = LockManager::builder()
+        .sentinel(group.master_name(), group.sentinel_urls())
+        .connect_timeout(timeout)
+        .response_timeout(timeout)
+        .pool_wait_timeout(timeout)
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let lease = locks
+        .lock("s-hung")
+        .wait(Duration::ZERO)
+        .acquire()
+        .await
+        .expect("the primary found through the other sentinels");
+    let took = started.elapsed();
+    // One connect timeout on the hung sentinel, then the next one answers.
+    assert!(
+        took < timeout * 2,
+        "locked {took:?} after the first try (timeouts {timeout:?})"
+    );
+    assert!(holds(&group, primary, "s-hung"));
+    lease.release().await.unwrap();
+    group.resume_sentinel(0);
 }
