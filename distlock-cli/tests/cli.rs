@@ -150,8 +150,8 @@ fn distlock_json(topology: &[String], args: &[&str]) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("distlock {all:?} printed no JSON ({e}): {output:?}"))
 }
 
-/// The keys of the rows `list` printed, sorted here (the tool orders them by their Redis
-/// names, where `k-1}` comes after `k-10}`).
+/// The keys of the rows `list` printed, sorted here: the tool orders them by their Redis
+/// names, where `k-1}` comes after `k-10}` (`inspection::held_locks_are_sorted_by_key`).
 fn listed(topology: &[String]) -> Vec<String> {
     let rows = distlock_json(topology, &["list"]);
     let mut keys: Vec<String> = rows
