@@ -1,8 +1,11 @@
-//! The `distlock` binary against a real Redis: inspect, list and release, as tables and JSON.
+//! The `distlock` binary against a real Redis: inspect, list and release, as tables and JSON;
+//! on a cluster, a Sentinel-named primary, a quorum, and under a custom key prefix.
 
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use distlock_runtime::{Lease, LockManager, LockManagerBuilder};
+use distlock_tests::topology::{QuorumSet, RedisCluster, SentinelGroup};
 use distlock_tests::RedisServer;
 
 fn distlock(args: &[&str]) -> Output {
@@ -133,4 +136,289 @@ fn mutual_tls_with_certificate_files() {
         "list",
     ]);
     assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+}
+
+/// Runs `distlock` with the `topology` options and `--json`, then `args`; asserts that it
+/// succeeded, and returns what it printed.
+fn distlock_json(topology: &[String], args: &[&str]) -> serde_json::Value {
+    let mut all: Vec<&str> = topology.iter().map(String::as_str).collect();
+    all.push("--json");
+    all.extend_from_slice(args);
+    let output = distlock(&all);
+    assert!(output.status.success(), "distlock {all:?}: {output:?}");
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("distlock {all:?} printed no JSON ({e}): {output:?}"))
+}
+
+/// The keys of the rows `list` printed, sorted here: the tool orders them by their Redis
+/// names, where `k-1}` comes after `k-10}` (`inspection::held_locks_are_sorted_by_key`).
+fn listed(topology: &[String]) -> Vec<String> {
+    let rows = distlock_json(topology, &["list"]);
+    let mut keys: Vec<String> = rows
+        .as_array()
+        .unwrap_or_else(|| panic!("list printed {rows}"))
+        .iter()
+        .map(|row| row["key"].as_str().unwrap().to_owned())
+        .collect();
+    keys.sort();
+    keys
+}
+
+/// Holds each of `keys` through `locks` for a minute.
+async fn hold(locks: &LockManager, keys: &[String]) -> Vec<Lease> {
+    hold_renewed(locks, keys, true).await
+}
+
+/// [`hold`], with renewal or without (a holder that no longer renews, as if stuck, never
+/// learns that its lock was broken, and never cleans up after it).
+async fn hold_renewed(locks: &LockManager, keys: &[String], renew: bool) -> Vec<Lease> {
+    let mut leases = Vec::with_capacity(keys.len());
+    for key in keys {
+        let lease = locks
+            .lock(key.as_str())
+            .ttl(Duration::from_secs(60))
+            .renew(renew)
+            .acquire()
+            .await
+            .unwrap_or_else(|e| panic!("acquire {key}: {e}"));
+        leases.push(lease);
+    }
+    leases
+}
+
+/// Checks that `distlock` with the `topology` options sees exactly the locks `leases` hold
+/// (taken by a manager with the holder label `worker-7`): `list` shows them and nothing else,
+/// `inspect` shows each with its fencing token and a free key as free; then breaks the first
+/// with `release --force`, which must say it was held; returns its key and the others.
+fn sees_and_breaks(topology: &[String], leases: &[Lease]) -> (String, Vec<String>) {
+    let mut keys: Vec<String> = leases.iter().map(|l| l.keys()[0].clone()).collect();
+    keys.sort();
+    assert_eq!(listed(topology), keys);
+
+    let mut asked: Vec<&str> = vec!["inspect"];
+    asked.extend(leases.iter().map(|l| l.keys()[0].as_str()));
+    asked.push("cli-never-taken");
+    let rows = distlock_json(topology, &asked);
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), leases.len() + 1, "{rows:?}");
+    for (row, lease) in rows.iter().zip(leases) {
+        assert_eq!(row["key"], lease.keys()[0].as_str(), "{row}");
+        assert_eq!(row["held"], true, "{row}");
+        assert_eq!(row["holder"], "worker-7", "{row}");
+        assert_eq!(
+            row["fencing_token"].as_u64(),
+            Some(lease.fencing_token()),
+            "{row}"
+        );
+    }
+    assert_eq!(rows[leases.len()]["key"], "cli-never-taken");
+    assert_eq!(rows[leases.len()]["held"], false);
+
+    let released = distlock_json(topology, &["release", &keys[0], "--force"]);
+    assert_eq!(released["released"], true, "{released}");
+    let broken = keys.remove(0);
+    (broken, keys)
+}
+
+/// Checks that the lock on `key`, broken by [`sees_and_breaks`], is gone: for `locks` (the
+/// manager that held it), on every server `held_on_a_server` asks, and for the tool, which
+/// lists only `rest` (sorted).
+async fn broken_everywhere(
+    topology: &[String],
+    locks: &LockManager,
+    key: &str,
+    rest: &[String],
+    held_on_a_server: impl Fn(&str) -> bool,
+) {
+    assert!(!held_on_a_server(key), "{key} is still held on a server");
+    assert!(locks.inspect(key).await.unwrap().is_none());
+    assert_eq!(listed(topology), rest);
+    let again = distlock_json(topology, &["release", key, "--force"]);
+    assert_eq!(again["released"], false, "{again}");
+}
+
+/// A lock another application holds on the same servers, under a prefix of its own: the tool
+/// (with the default prefix) must not show it.
+async fn other_apps_lock(builder: LockManagerBuilder) -> Lease {
+    let other = builder.prefix("other-app:").build().unwrap();
+    other
+        .lock("cli-other-app")
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_the_tool_sees_the_locks_on_every_primary_from_one_seed() {
+    let cluster = RedisCluster::start(3, 0);
+    let seeds = cluster.seed_urls();
+    let builder = || LockManager::builder().cluster(seeds.clone());
+    let locks = builder().holder_label("worker-7").build().unwrap();
+    let keys: Vec<String> = (0..12).map(|i| format!("cli-cluster-{i}")).collect();
+    let primaries: std::collections::HashSet<usize> =
+        keys.iter().map(|k| cluster.primary_of(k)).collect();
+    assert_eq!(primaries.len(), 3, "the keys are served by every primary");
+    let leases = hold(&locks, &keys).await;
+    let _other_app = other_apps_lock(builder()).await;
+    // Data in the locks' slots, beside them.
+    for key in &keys {
+        let data = format!("{{{key}}}:data");
+        let owner = cluster.node(cluster.primary_of(key));
+        assert_eq!(owner.command(&["SET", &data, "x"]), "+OK\r\n");
+    }
+    // One seed: the tool finds the other primaries by itself.
+    let topology = ["--cluster".to_owned(), seeds[0].clone()];
+    let (broken, rest) = sees_and_breaks(&topology, &leases);
+    broken_everywhere(&topology, &locks, &broken, &rest, |key| {
+        let lock = format!("distlock:lock:{{{key}}}");
+        (0..cluster.node_count()).any(|i| cluster.node(i).command(&["EXISTS", &lock]) == ":1\r\n")
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_sentinel_the_tool_sees_the_locks_on_the_named_primary() {
+    let group = SentinelGroup::start(1, 1);
+    let builder = || LockManager::builder().sentinel(group.master_name(), group.sentinel_urls());
+    let locks = builder().holder_label("worker-7").build().unwrap();
+    let keys: Vec<String> = (0..3).map(|i| format!("cli-sentinel-{i}")).collect();
+    let leases = hold(&locks, &keys).await;
+    let _other_app = other_apps_lock(builder()).await;
+    let mut topology = vec!["--sentinel".to_owned(), group.master_name().to_owned()];
+    for url in group.sentinel_urls() {
+        topology.extend(["--sentinel-url".to_owned(), url]);
+    }
+    let primary = group.server(group.primary_index());
+    let (broken, rest) = sees_and_breaks(&topology, &leases);
+    broken_everywhere(&topology, &locks, &broken, &rest, |key| {
+        primary.command(&["EXISTS", &format!("distlock:lock:{{{key}}}")]) == ":1\r\n"
+    })
+    .await;
+}
+
+/// Three quorum nodes, and a manager (labelled `worker-7`) holding a lock on each of `keys` on
+/// all of them without renewing it, as a stuck holder would (a renewing one, finding its lock
+/// gone from a majority, releases it on the last node itself), beside [`other_apps_lock`].
+struct QuorumLocks {
+    nodes: QuorumSet,
+    locks: LockManager,
+    leases: Vec<Lease>,
+    _other_app: Lease,
+}
+
+impl QuorumLocks {
+    async fn start(keys: &[String]) -> Self {
+        let nodes = QuorumSet::start(3);
+        let builder = || LockManager::builder().quorum(nodes.urls());
+        let locks = builder().holder_label("worker-7").build().unwrap();
+        let leases = hold_renewed(&locks, keys, false).await;
+        let other_app = other_apps_lock(builder()).await;
+        let quorum = Self {
+            nodes,
+            locks,
+            leases,
+            _other_app: other_app,
+        };
+        // A round ends at a majority; the last node's grant follows.
+        for key in keys {
+            let everywhere = distlock_tests::eventually(Duration::from_secs(2), || async {
+                quorum.holders(key) == 3
+            })
+            .await;
+            assert!(everywhere.is_some(), "every node holds {key}");
+        }
+        quorum
+    }
+
+    /// How many nodes hold the lock on `key`.
+    fn holders(&self, key: &str) -> usize {
+        let lock = format!("distlock:lock:{{{key}}}");
+        (0..3)
+            .filter(|&i| self.nodes.server(i).command(&["EXISTS", &lock]) == ":1\r\n")
+            .count()
+    }
+
+    /// The tool's options for this quorum: `--quorum URL` for each node.
+    fn topology(&self) -> Vec<String> {
+        self.nodes
+            .urls()
+            .into_iter()
+            .flat_map(|url| ["--quorum".to_owned(), url])
+            .collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_quorum_the_tool_sees_the_locks_and_a_forced_release_frees_a_majority() {
+    let keys: Vec<String> = (0..3).map(|i| format!("cli-quorum-{i}")).collect();
+    let quorum = QuorumLocks::start(&keys).await;
+    let (broken, _) = sees_and_breaks(&quorum.topology(), &quorum.leases);
+    // What the release promises when it returns: a majority of nodes are free, so the lock
+    // can be taken again at once. (Whether the last node is freed too is
+    // `a_forced_release_on_a_quorum_frees_every_node`'s question.)
+    assert!(quorum.holders(&broken) <= 1, "{broken} held on a majority");
+    let lease = quorum.locks.try_lock(&broken).acquire().await.unwrap();
+    lease.release().await.unwrap();
+}
+
+/// Fails today: `distlock` exits as soon as a majority of nodes answered the forced release,
+/// which cancels the request to the last node (the quorum route leaves it to a spawned task,
+/// which dies with the tool's runtime), so that node keeps the lock until its ttl, and
+/// `inspect` (and so `list`) shows it held whenever that node answers first. Seen in several
+/// releases out of twenty on every run here; the same twenty forced releases made by a
+/// long-lived manager free every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug: `distlock release --force` on a quorum exits before the last node's release is sent, so that node keeps the lock until its ttl"]
+async fn a_forced_release_on_a_quorum_frees_every_node() {
+    let keys: Vec<String> = (0..20).map(|i| format!("cli-quorum-{i:02}")).collect();
+    let quorum = QuorumLocks::start(&keys).await;
+    let topology = quorum.topology();
+    let mut left_behind = vec![];
+    for key in &keys {
+        let released = distlock_json(&topology, &["release", key, "--force"]);
+        assert_eq!(released["released"], true, "{released}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if quorum.holders(key) > 0 {
+            left_behind.push(key.clone());
+        }
+    }
+    assert!(
+        left_behind.is_empty(),
+        "still held on a node after `release --force`: {left_behind:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_prefix_the_tool_sees_that_prefixs_locks_only() {
+    let server = RedisServer::start();
+    let locks = server
+        .manager_builder()
+        .prefix("billing:")
+        .holder_label("worker-7")
+        .build()
+        .unwrap();
+    let keys = vec!["invoice:7".to_owned(), "invoice:8".to_owned()];
+    let leases = hold(&locks, &keys).await;
+    // The same keys under the default prefix, held by another manager.
+    let default_prefix = server.manager();
+    let others = hold(&default_prefix, &keys).await;
+    let topology = [
+        "--url".to_owned(),
+        server.url(),
+        "--prefix".to_owned(),
+        "billing:".to_owned(),
+    ];
+    let (broken, rest) = sees_and_breaks(&topology, &leases);
+    broken_everywhere(&topology, &locks, &broken, &rest, |key| {
+        server.command(&["EXISTS", &format!("billing:lock:{{{key}}}")]) == ":1\r\n"
+    })
+    .await;
+    // The default prefix's locks were not touched.
+    let unprefixed = ["--url".to_owned(), server.url()];
+    assert_eq!(listed(&unprefixed), keys);
+    for (key, other) in keys.iter().zip(&others) {
+        let info = default_prefix.inspect(key).await.unwrap().unwrap();
+        assert_eq!(info.fencing_token, other.fencing_token());
+    }
 }

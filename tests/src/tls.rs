@@ -1,4 +1,5 @@
-//! TLS for tests: a throwaway CA with a server and a client certificate, made with the `openssl`
+//! TLS for tests: a throwaway CA with a server and a client certificate (and, on demand, server
+//! certificates for another host name or expired: [`ServerCert`]), made with the `openssl`
 //! command-line tool in a temp dir of its own, and `redis-server`s that serve TLS with them.
 //!
 //! A [`TlsServer`] listens on two loopback ports: a TLS port for the manager under test, and a
@@ -15,9 +16,45 @@ use distlock_runtime::LockManagerBuilder;
 use super::{free_port, manager_at, spawn_on, RedisServer};
 
 /// A CA, a server certificate it signed (for `127.0.0.1` and `localhost`) and a client
-/// certificate it signed, as files in a temp dir removed on drop.
+/// certificate it signed, as files in a temp dir removed on drop; on demand, server
+/// certificates made to be refused ([`ServerCert`]).
 pub struct TestCa {
     dir: PathBuf,
+}
+
+/// Which certificate a [`TlsServer`] presents on its TLS port. Each is signed by the
+/// [`TestCa`], so a client that trusts the CA refuses the bad ones for their name or their
+/// dates alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerCert {
+    /// For `127.0.0.1` and `localhost`, valid for two days from now.
+    Good,
+    /// Valid now, but for another host: `elsewhere.invalid` and `192.0.2.1` (a documentation
+    /// address), neither `127.0.0.1` nor `localhost`.
+    WrongName,
+    /// For `127.0.0.1` and `localhost`, but expired: valid only on 1 January 2020.
+    Expired,
+}
+
+impl ServerCert {
+    /// The base name of its `.crt` and `.key` files in the CA's dir.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Good => "server",
+            Self::WrongName => "server-wrong-name",
+            Self::Expired => "server-expired",
+        }
+    }
+}
+
+/// How long a certificate [`TestCa::sign`] makes is valid.
+#[derive(Clone, Copy)]
+enum Validity {
+    /// From now, for this many days (`openssl x509 -days`).
+    Days(u32),
+    /// Between two fixed times, `YYYYMMDDHHMMSSZ` (`openssl ca -startdate/-enddate`, which,
+    /// unlike `x509 -days`, can date a certificate in the past).
+    Between(&'static str, &'static str),
 }
 
 impl TestCa {
@@ -56,18 +93,50 @@ impl TestCa {
             "localhost",
             "IP:127.0.0.1,DNS:localhost",
             "serverAuth,clientAuth",
+            Validity::Days(2),
         );
         ca.sign(
             "client",
             "distlock test client",
             "DNS:client.test",
             "clientAuth",
+            Validity::Days(2),
         );
         ca
     }
 
+    /// Makes the files of `cert` unless they exist (the good one always does), and returns
+    /// the paths of its certificate and key.
+    ///
+    /// # Panics
+    /// When `openssl` fails.
+    pub fn server_cert(&self, cert: ServerCert) -> (PathBuf, PathBuf) {
+        let name = cert.name();
+        let (crt, key) = (
+            self.path(&format!("{name}.crt")),
+            self.path(&format!("{name}.key")),
+        );
+        if !crt.exists() {
+            let (cn, san, validity) = match cert {
+                ServerCert::Good => unreachable!("made with the CA"),
+                ServerCert::WrongName => (
+                    "elsewhere.invalid",
+                    "DNS:elsewhere.invalid,IP:192.0.2.1",
+                    Validity::Days(2),
+                ),
+                ServerCert::Expired => (
+                    "localhost",
+                    "IP:127.0.0.1,DNS:localhost",
+                    Validity::Between("20200101000000Z", "20200102000000Z"),
+                ),
+            };
+            self.sign(name, cn, san, "serverAuth", validity);
+        }
+        (crt, key)
+    }
+
     /// Makes `name.key` and `name.crt`, signed by the CA.
-    fn sign(&self, name: &str, cn: &str, san: &str, usage: &str) {
+    fn sign(&self, name: &str, cn: &str, san: &str, usage: &str, validity: Validity) {
         let ext = format!(
             "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n\
              extendedKeyUsage={usage}\nsubjectAltName={san}\n"
@@ -90,20 +159,42 @@ impl TestCa {
             ],
             &["-keyout", &key, "-out", &csr, "-subj", &format!("/CN={cn}")],
         ]);
-        self.openssl(&[
-            &[
-                "x509", "-req", "-in", &csr, "-CA", "ca.crt", "-CAkey", "ca.key",
-            ],
-            &[
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-out",
-                &crt,
-                "-extfile",
-                &ext,
-            ],
-        ]);
+        match validity {
+            Validity::Days(days) => self.openssl(&[
+                &[
+                    "x509", "-req", "-in", &csr, "-CA", "ca.crt", "-CAkey", "ca.key",
+                ],
+                &[
+                    "-CAcreateserial",
+                    "-days",
+                    &days.to_string(),
+                    "-out",
+                    &crt,
+                    "-extfile",
+                    &ext,
+                ],
+            ]),
+            Validity::Between(start, end) => {
+                // `openssl ca` keeps a database of what it issued: an empty one of its own.
+                let config = format!(
+                    "[ca]\ndefault_ca = test_ca\n[test_ca]\ndatabase = {name}.index\n\
+                     new_certs_dir = .\nserial = {name}.serial\ndefault_md = sha256\n\
+                     policy = any_name\nunique_subject = no\n[any_name]\ncommonName = supplied\n"
+                );
+                std::fs::write(self.dir.join(format!("{name}.cnf")), config)
+                    .expect("write an openssl ca config");
+                std::fs::write(self.dir.join(format!("{name}.index")), "")
+                    .expect("write an openssl ca database");
+                std::fs::write(self.dir.join(format!("{name}.serial")), "01\n")
+                    .expect("write an openssl ca serial");
+                self.openssl(&[
+                    &["ca", "-batch", "-notext", "-config", &format!("{name}.cnf")],
+                    &["-cert", "ca.crt", "-keyfile", "ca.key", "-in", &csr],
+                    &["-out", &crt, "-extfile", &ext],
+                    &["-startdate", start, "-enddate", end],
+                ]);
+            }
+        }
     }
 
     fn openssl(&self, args: &[&[&str]]) {
@@ -195,11 +286,29 @@ impl TlsServer {
     /// # Panics
     /// When `redis-server` (built with TLS) is not on PATH or no server could be started.
     pub fn start_with(ca: &TestCa, clients: ClientCerts, extra: &[&str]) -> Self {
-        let path = |file: &str| ca.path(file).to_string_lossy().into_owned();
+        Self::start_presenting(ca, ServerCert::Good, clients, extra)
+    }
+
+    /// [`start_with`](Self::start_with), presenting `cert` on the TLS port.
+    ///
+    /// # Panics
+    /// When `openssl` fails, or `redis-server` (built with TLS) is not on PATH or no server
+    /// could be started.
+    pub fn start_presenting(
+        ca: &TestCa,
+        cert: ServerCert,
+        clients: ClientCerts,
+        extra: &[&str],
+    ) -> Self {
+        let (cert, key) = ca.server_cert(cert);
+        let (cert, key) = (
+            cert.to_string_lossy().into_owned(),
+            key.to_string_lossy().into_owned(),
+        );
+        let ca_cert = ca.path("ca.crt").to_string_lossy().into_owned();
         for _ in 0..20 {
             let (port, tls_port) = (free_port(), free_port());
             let tls_port_arg = tls_port.to_string();
-            let (cert, key, ca_cert) = (path("server.crt"), path("server.key"), path("ca.crt"));
             let auth = match clients {
                 ClientCerts::No => "no",
                 ClientCerts::Required => "yes",

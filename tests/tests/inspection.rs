@@ -75,6 +75,32 @@ async fn held_locks_lists_what_is_held_under_the_prefix() {
     assert!(locks.held_locks("*").await.unwrap().is_empty());
 }
 
+/// Fails today: `held_locks` sorts the Redis names (`distlock:lock:{order:1}`) before taking
+/// the keys out of them, so a key sorts after every longer key it begins with (`}` comes
+/// after the digits and letters), unlike the "sorted by key" its docs promise.
+#[tokio::test]
+#[ignore = "bug: held_locks sorts by Redis name, not by key as documented (order:1 after order:10)"]
+async fn held_locks_are_sorted_by_key() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let keys = ["order:1", "order:10", "order:2"];
+    let mut leases = vec![];
+    for key in keys {
+        leases.push(locks.lock(key).acquire().await.unwrap());
+    }
+    let listed: Vec<String> = locks
+        .held_locks("order:*")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|info| info.key)
+        .collect();
+    assert_eq!(listed, keys);
+    for lease in leases {
+        lease.release().await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn force_release_frees_the_lock_and_the_holder_learns_at_its_next_renewal() {
     let server = RedisServer::start();

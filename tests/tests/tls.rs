@@ -1,13 +1,13 @@
 //! TLS (`rediss://`) against real `redis-server`s serving TLS with certificates each test makes
-//! (`distlock_tests::tls`): a lock cycle and a woken waiter, untrusted server certificates,
-//! plaintext against the TLS port, mutual TLS, unusable PEM, and a quorum, a cluster and a
-//! Sentinel-named primary over TLS.
+//! (`distlock_tests::tls`): a lock cycle and a woken waiter, untrusted, wrongly named and expired
+//! server certificates, plaintext against the TLS port, mutual TLS, unusable PEM, and a quorum,
+//! a cluster and a Sentinel-named primary over TLS.
 
 use std::time::{Duration, Instant};
 
 use distlock_runtime::{LockError, LockManager, Misconfiguration};
 use distlock_tests::manager_at;
-use distlock_tests::tls::{ClientCerts, TestCa, TlsCluster, TlsSentinel, TlsServer};
+use distlock_tests::tls::{ClientCerts, ServerCert, TestCa, TlsCluster, TlsSentinel, TlsServer};
 
 /// Connect, response and pool-wait timeout of the managers that are to fail.
 const TIMEOUT: Duration = Duration::from_secs(1);
@@ -101,6 +101,52 @@ async fn a_server_certificate_the_client_does_not_trust_is_refused_at_once() {
         assert!(started.elapsed() < TIMEOUT, "{:?}", started.elapsed());
     }
     assert_eq!(server.server().command(&["DBSIZE"]), ":0\r\n");
+}
+
+#[tokio::test]
+async fn a_server_certificate_for_another_host_or_expired_is_refused_at_once() {
+    let ca = TestCa::new();
+    // Signed by the CA the client trusts: only the name, or only the dates, are wrong.
+    let cases = [
+        (ServerCert::WrongName, "not valid for name"),
+        (ServerCert::Expired, "certificate expired"),
+    ];
+    for (cert, says) in cases {
+        let server = TlsServer::start_presenting(&ca, cert, ClientCerts::No, &[]);
+        // By IP address (checked against the certificate's IP names) and by host name (its DNS
+        // names).
+        let urls = [
+            server.url(),
+            format!("rediss://localhost:{}", server.tls_port()),
+        ];
+        for url in urls {
+            let locks = manager_at(&url, TIMEOUT)
+                .tls_ca_pem(ca.ca_pem())
+                .build()
+                .unwrap();
+            let started = Instant::now();
+            let error = locks.ping().await.unwrap_err();
+            assert_refused(&error, Misconfiguration::ServerCertificate, "tls_ca_pem");
+            assert!(
+                error.to_string().contains(says),
+                "{cert:?} at {url}: {error}"
+            );
+            // Not retried until the wait ends: retrying cannot help.
+            let error = locks
+                .lock("tls-refused")
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+                .unwrap_err();
+            assert_refused(&error, Misconfiguration::ServerCertificate, "tls_ca_pem");
+            assert!(
+                started.elapsed() < TIMEOUT,
+                "{cert:?} at {url}: {:?}",
+                started.elapsed()
+            );
+        }
+        assert_eq!(server.server().command(&["DBSIZE"]), ":0\r\n");
+    }
 }
 
 #[tokio::test]
