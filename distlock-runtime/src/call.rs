@@ -45,6 +45,9 @@ pub(crate) enum Kind {
     Acquire(Taking),
     /// Releases by token: answers how many keys were released.
     Release,
+    /// Releases whoever holds (`force_release`): answers how many keys were released; run to
+    /// the end on every server before it counts.
+    ForceRelease,
     /// Extends leases by token: answers one 0 or 1 per lease.
     Extend,
     /// Raises fencing counters: answers nothing of interest.

@@ -176,7 +176,7 @@ impl LockManager {
         check_key(key)?;
         let keys = self.context().lock_keys(key);
         let route = self.context().redis();
-        let mut call = ScriptCall::new("force release", &FORCE_RELEASE, Kind::Release, 4);
+        let mut call = ScriptCall::new("force release", &FORCE_RELEASE, Kind::ForceRelease, 4);
         call.key(keys.lock())
             .key(keys.queue())
             .key(keys.waiters())
@@ -204,18 +204,21 @@ impl LockManager {
     pub async fn held_locks(&self, pattern: &str) -> Result<Vec<LockInfo>, LockError> {
         let prefix = format!("{}lock:", self.prefix());
         let glob = format!("{}{{{}}}", glob_escape(&prefix), pattern);
-        let mut names = self.context().redis().scan(&glob).await?;
-        names.sort();
-        names.dedup();
-        let mut held = Vec::with_capacity(names.len());
-        for name in names {
-            let Some(key) = name
-                .strip_prefix(&prefix)
-                .and_then(|k| k.strip_prefix('{'))
-                .and_then(|k| k.strip_suffix('}'))
-            else {
-                continue;
-            };
+        let names = self.context().redis().scan(&glob).await?;
+        let mut keys: Vec<&str> = names
+            .iter()
+            .filter_map(|name| {
+                name.strip_prefix(&prefix)?
+                    .strip_prefix('{')?
+                    .strip_suffix('}')
+            })
+            .collect();
+        // By the key, as documented (`order:1` before `order:10`), each once (a quorum's
+        // nodes list a key each).
+        keys.sort_unstable();
+        keys.dedup();
+        let mut held = Vec::with_capacity(keys.len());
+        for key in keys {
             if let Some(info) = self.inspect(key).await? {
                 held.push(info);
             }

@@ -79,7 +79,6 @@ async fn held_locks_lists_what_is_held_under_the_prefix() {
 /// the keys out of them, so a key sorts after every longer key it begins with (`}` comes
 /// after the digits and letters), unlike the "sorted by key" its docs promise.
 #[tokio::test]
-#[ignore = "bug: held_locks sorts by Redis name, not by key as documented (order:1 after order:10)"]
 async fn held_locks_are_sorted_by_key() {
     let server = RedisServer::start();
     let locks = server.manager();

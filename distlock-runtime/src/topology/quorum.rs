@@ -172,17 +172,23 @@ impl Quorum {
         match &call.kind {
             Kind::Acquire(taking) => self.acquire(call, taking).await,
             Kind::Extend => self.extend(call).await,
-            Kind::Release | Kind::Read | Kind::Raise => {
-                // Done once a majority answered: the others were sent, and run anyway.
+            Kind::Release | Kind::ForceRelease | Kind::Read | Kind::Raise => {
+                // Done once a majority answered: the others were sent, and run anyway (in
+                // tasks of their own). A forced release waits for every node: an operator's
+                // command, often from a process that exits right after, which would end those
+                // tasks and leave the lock on the nodes that answered last.
                 let majority = self.majority();
+                let everywhere = matches!(call.kind, Kind::ForceRelease);
                 let answers = self
                     .fan_out(call, self.node_timeout(call), |answers| {
-                        answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count() >= majority
+                        !everywhere
+                            && answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count()
+                                >= majority
                     })
                     .await;
                 self.majority_answered(call.op, answers, |values| match call.kind {
                     // The most keys any node released.
-                    Kind::Release => values
+                    Kind::Release | Kind::ForceRelease => values
                         .iter()
                         .filter_map(|v| i64::from_redis_value(v.clone()).ok())
                         .max()
