@@ -767,6 +767,10 @@ pub enum ProxyMode {
     MuteAfterSubscribe,
     /// Forwards requests at once, and everything Redis sends back this much later.
     Delay(Duration),
+    /// Forwards both ways until this long after the client sent a `SUBSCRIBE`; from then on
+    /// nothing passes either way, and the connection stays open (a network path that broke
+    /// without closing anything).
+    CutAfterSubscribe(Duration),
 }
 
 /// A loopback TCP proxy in front of a [`RedisServer`], whose mode for new connections can be
@@ -921,11 +925,23 @@ async fn serve(
         }
         return;
     }
+    // MuteAfterSubscribe: answers stop at the first SUBSCRIBE. CutAfterSubscribe: everything
+    // stops some time after it.
     let muted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cut_at: std::sync::Arc<std::sync::Mutex<Option<Instant>>> = Default::default();
+    let cut = {
+        let cut_at = std::sync::Arc::clone(&cut_at);
+        move || {
+            cut_at
+                .lock()
+                .unwrap()
+                .is_some_and(|at| Instant::now() >= at)
+        }
+    };
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let requests = {
-        let muted = std::sync::Arc::clone(&muted);
+        let (muted, cut) = (std::sync::Arc::clone(&muted), cut.clone());
         async move {
             let mut buf = [0u8; 16 * 1024];
             loop {
@@ -937,9 +953,14 @@ async fn serve(
                     .windows(9)
                     .any(|w| w.eq_ignore_ascii_case(b"SUBSCRIBE"))
                 {
-                    muted.store(true, std::sync::atomic::Ordering::SeqCst);
+                    match mode {
+                        ProxyMode::CutAfterSubscribe(after) => {
+                            cut_at.lock().unwrap().get_or_insert(Instant::now() + after);
+                        }
+                        _ => muted.store(true, std::sync::atomic::Ordering::SeqCst),
+                    }
                 }
-                if server_write.write_all(&buf[..n]).await.is_err() {
+                if !cut() && server_write.write_all(&buf[..n]).await.is_err() {
                     return;
                 }
             }
@@ -952,9 +973,8 @@ async fn serve(
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
-            if !muted.load(std::sync::atomic::Ordering::SeqCst)
-                && client_write.write_all(&buf[..n]).await.is_err()
-            {
+            let passes = !muted.load(std::sync::atomic::Ordering::SeqCst) && !cut();
+            if passes && client_write.write_all(&buf[..n]).await.is_err() {
                 return;
             }
         }

@@ -318,3 +318,42 @@ async fn background_releases_are_bounded_while_redis_hangs_and_drain_after() {
     assert_eq!(left.trim(), "*0", "{left}");
     assert_eq!(logs.count("WARN"), 0, "{}", logs.text());
 }
+
+/// A subscriber connection whose network path breaks without closing (nothing passes, nothing
+/// is said) is noticed by its `PING` check and replaced: a release it did not carry costs its
+/// waiter a few seconds, not the holder's remaining 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_connection_that_stops_answering_is_replaced() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let proxy = Proxy::start(&server).await;
+    let waiting_side = proxied(&proxy, Duration::from_millis(500));
+    // The waiter's command connection, opened now, forwards for good.
+    warm_up(&waiting_side).await;
+    let holder = server.manager();
+    let held = holder
+        .lock("cut")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    // Its subscriber connection, opened by the waiter, is cut 300 ms after it subscribed.
+    proxy.set_mode(ProxyMode::CutAfterSubscribe(Duration::from_millis(300)));
+    let waiting =
+        distlock_tests::spawn_unfair_waiter(&waiting_side, "cut", Duration::from_secs(25));
+    let conn = server.client().await;
+    distlock_tests::until_subscribed(&conn, "cut").await;
+    proxy.set_mode(ProxyMode::Forward);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Announced on a connection that no longer carries anything.
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (acquired, lease) = waiting.await.unwrap();
+    lease.expect("acquired").release().await.unwrap();
+    // The check runs every 2 s and waits 500 ms for its answer.
+    let took = acquired - released;
+    assert!(
+        took < Duration::from_secs(4),
+        "woken {took:?} after the release"
+    );
+}
