@@ -485,6 +485,9 @@ impl Link {
         &self,
         op: &'static str,
     ) -> Result<(Checkout, MultiplexedConnection), LockError> {
+        // An earlier dial's failure is not this one's: were this one dropped half way, its
+        // waiters must dial again, not fail the old way.
+        lock(&self.dialing).failed = None;
         let _out = DialOut(self);
         let conn = match self.dial.dial(op).await {
             Ok(conn) => conn,
@@ -493,7 +496,6 @@ impl Link {
                 return Err(error);
             }
         };
-        lock(&self.dialing).failed = None;
         let mut current = lock(&self.current);
         if let Some(existing) = &*current {
             // Made meanwhile by a call that did not wait (a failover's forget and redial).
