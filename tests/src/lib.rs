@@ -281,6 +281,31 @@ pub async fn heavy() -> tokio::sync::RwLockWriteGuard<'static, ()> {
     LOAD.write().await
 }
 
+/// Two leases on `key`, one after the other: the first (`stale`, 50 ms, no renewal) runs out,
+/// then the second (`current`, 5 s, no renewal) takes the lock. The stale one's owner still has
+/// its `Lease` value: what it may no longer do is what the ownership tests check.
+pub async fn outlived(
+    locks: &LockManager,
+    key: &str,
+) -> (distlock_runtime::Lease, distlock_runtime::Lease) {
+    let stale = locks
+        .lock(key)
+        .ttl(Duration::from_millis(50))
+        .renew(false)
+        .acquire()
+        .await
+        .expect("first lease");
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let current = locks
+        .lock(key)
+        .ttl(Duration::from_secs(5))
+        .renew(false)
+        .acquire()
+        .await
+        .expect("second lease");
+    (stale, current)
+}
+
 /// A loopback port nothing listens on now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -17,20 +17,7 @@ async fn a_non_owner_release_and_extend_change_nothing() {
     let key = locks.redis_key("shared");
 
     // A's lease runs out; B takes the lock. A still has its Lease value.
-    let stale = locks
-        .lock("shared")
-        .ttl(Duration::from_millis(50))
-        .renew(false)
-        .acquire()
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(80)).await;
-    let owner = locks
-        .lock("shared")
-        .ttl(Duration::from_secs(5))
-        .acquire()
-        .await
-        .unwrap();
+    let (stale, owner) = distlock_tests::outlived(&locks, "shared").await;
     let owner_token: String = conn.get(&key).await.unwrap();
     let pttl_before: i64 = conn.pttl(&key).await.unwrap();
 
@@ -63,21 +50,7 @@ async fn a_non_owner_release_leaves_a_lock_marked_as_waited_on_held() {
 
     // A's lease runs out; B takes the lock, and a waiter (of another manager) marks B's value
     // as waited on: `~` and B's token. A still has its Lease value.
-    let stale = locks
-        .lock("marked")
-        .ttl(Duration::from_millis(50))
-        .renew(false)
-        .acquire()
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(80)).await;
-    let owner = locks
-        .lock("marked")
-        .ttl(Duration::from_secs(5))
-        .renew(false)
-        .acquire()
-        .await
-        .unwrap();
+    let (stale, owner) = distlock_tests::outlived(&locks, "marked").await;
     let waiting =
         distlock_tests::spawn_unfair_waiter(&server.manager(), "marked", Duration::from_secs(10));
     let marked = distlock_tests::until_marked(&conn, &key).await;

@@ -394,21 +394,7 @@ async fn an_extend_never_touches_a_lock_another_owner_holds_marked_as_waited_on(
     // A's lease runs out; B takes the lock, and a waiter marks B's value as waited on
     // (`~` and B's token). A, still holding its Lease value, asks for an extension.
     let key = locks.redis_key("marked-extend");
-    let stale = locks
-        .lock("marked-extend")
-        .ttl(Duration::from_millis(50))
-        .renew(false)
-        .acquire()
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(80)).await;
-    let owner = locks
-        .lock("marked-extend")
-        .ttl(Duration::from_secs(5))
-        .renew(false)
-        .acquire()
-        .await
-        .unwrap();
+    let (stale, owner) = distlock_tests::outlived(&locks, "marked-extend").await;
     let waiting = distlock_tests::spawn_unfair_waiter(
         &server.manager(),
         "marked-extend",
