@@ -7,9 +7,9 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::background::Background;
 use crate::keys::LockKeys;
 use crate::notify::Notifications;
-use crate::release::Background;
 use crate::renew::Renewals;
 use crate::topology::Route;
 

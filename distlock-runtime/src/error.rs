@@ -341,7 +341,7 @@ impl LockError {
     /// The error for `source`, a failed request of `op`, by its [`Reply`]:
     /// [`LockError::Misconfigured`] when Redis refused the manager's settings,
     /// [`LockError::WrongType`] for a key of another type (named by the caller, which knows the
-    /// keys: see `topology::name_wrong_type`), [`LockError::RedisTimeout`] for a timeout, else
+    /// keys: see `refusal.rs`), [`LockError::RedisTimeout`] for a timeout, else
     /// [`LockError::Redis`].
     pub(crate) fn from_redis(op: &'static str, source: redis::RedisError) -> Self {
         match Reply::of(&source) {

@@ -357,6 +357,7 @@
 #![warn(missing_docs)]
 
 mod acquire;
+mod background;
 mod builder;
 mod call;
 mod conn;
@@ -371,6 +372,7 @@ mod lease;
 mod manager;
 mod notify;
 mod reentrancy;
+mod refusal;
 mod release;
 mod renew;
 mod request;

@@ -2,19 +2,18 @@
 //! when nobody waits for the answer (a lease dropped instead of released, an acquire that ended
 //! not knowing whether it took the lock, a fair waiter leaving its queue).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::background::MAX_PENDING;
 use crate::call::{Kind, ScriptCall, Taking};
 use crate::conn::lock;
 use crate::context::Context;
 use crate::error::{LockError, Misconfiguration, Reply};
 use crate::keys::LockKeys;
 use crate::scripts;
-use crate::telemetry::Throttle;
 use crate::topology::{by_shard, Route};
 
 /// Deletes the keys still held by `token` (handing each to its oldest fair waiter, if it
@@ -89,11 +88,11 @@ fn release_call_announced<'a>(
 /// queue (see [`Leaving`]). Retries failed attempts until `ttl` from now, when the keys have
 /// expired anyway.
 ///
-/// **Bounded while Redis is away.** At most [`MAX_PENDING`] such releases wait per manager (one
-/// more is dropped, with a warning at most once a second: its keys expire by their ttl), and at
-/// most [`IN_FLIGHT`] of their requests are out at once: when Redis comes back, the releases
-/// that piled up during the outage go out a few at a time, beside the callers' own requests,
-/// never in a flood ahead of them.
+/// **Bounded while Redis is away.** At most [`MAX_PENDING`] such releases wait per manager
+/// (one more is dropped, with a warning at most once a second: its keys expire by their ttl),
+/// and at most [`IN_FLIGHT`](crate::background::IN_FLIGHT) of their requests are out at once:
+/// when Redis comes back, the releases that piled up during the outage go out a few at a time,
+/// beside the callers' own requests, never in a flood ahead of them.
 pub(crate) fn release_in_background(
     context: &Arc<Context>,
     redis_keys: Arc<[LockKeys]>,
@@ -193,58 +192,22 @@ pub(crate) fn release_in_background(
     });
 }
 
-/// Most background releases that may wait at once per manager.
-pub(crate) const MAX_PENDING: usize = 10_000;
-
-/// Most background release requests out at once per manager.
-pub(crate) const IN_FLIGHT: usize = 8;
-
-/// What a manager's background releases share: their bounds, and their rate-limited warnings.
-pub(crate) struct Background {
-    pending: AtomicUsize,
-    in_flight: tokio::sync::Semaphore,
-    /// Releases dropped over [`MAX_PENDING`].
-    dropped: Mutex<Throttle>,
-    /// Releases of dropped leases that failed for good.
-    failed: Mutex<Throttle>,
-}
-
-impl Default for Background {
-    fn default() -> Self {
-        Self {
-            pending: AtomicUsize::new(0),
-            in_flight: tokio::sync::Semaphore::new(IN_FLIGHT),
-            dropped: Mutex::new(Throttle::default()),
-            failed: Mutex::new(Throttle::default()),
-        }
-    }
-}
-
-impl Background {
-    /// Background releases waiting or running now.
-    pub(crate) fn pending(&self) -> usize {
-        self.pending.load(Ordering::Relaxed)
-    }
-}
-
-/// One background release counted in [`Background::pending`] (uncounted when dropped, also
+/// One background release counted in [`Background::pending`](crate::background::Background::pending) (uncounted when dropped, also
 /// with its runtime).
 struct Pending(Arc<Context>);
 
 impl Pending {
     fn enter(context: &Arc<Context>) -> Option<Self> {
-        let counted = context.background.pending.fetch_add(1, Ordering::AcqRel);
-        if counted >= MAX_PENDING {
-            context.background.pending.fetch_sub(1, Ordering::AcqRel);
-            return None;
-        }
-        Some(Self(Arc::clone(context)))
+        context
+            .background
+            .enter()
+            .then(|| Self(Arc::clone(context)))
     }
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        self.0.background.pending.fetch_sub(1, Ordering::AcqRel);
+        self.0.background.leave();
     }
 }
 

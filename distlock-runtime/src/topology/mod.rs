@@ -101,12 +101,13 @@ pub(crate) trait Route: Send + Sync + 'static {
 
 impl dyn Route {
     /// Runs `call` and reads its answer as `T`, saying on failure how far the request got (and,
-    /// for a refusal, what exactly Redis refused: see `diagnose.rs`).
+    /// for a refusal, what exactly Redis refused: see `refusal.rs`).
     pub(crate) async fn call<T: FromRedisValue>(&self, call: &ScriptCall) -> Result<T, Failed> {
         let value = match self.run(call).await {
             Ok(value) => value,
             Err(failed) if failed.error.is_misconfigured() => {
-                return Err(Box::pin(crate::diagnose::explain(self, call, failed)).await)
+                let probe = |types: ScriptCall| async move { self.invoke(&types).await };
+                return Err(Box::pin(crate::refusal::explain(call, failed, probe)).await);
             }
             Err(failed) => return Err(failed),
         };
