@@ -277,7 +277,9 @@ impl Link {
     /// [`query`](Self::query), preceded by `ASKING` when `asking`.
     async fn send(&self, op: &'static str, cmd: &Cmd, asking: bool) -> Result<Value, Failed> {
         let after = self.timeouts.response;
-        let deadline = tokio::time::Instant::now() + after;
+        // Set at the first refusal for a passing reason: the tries after it share what is left
+        // of a response timeout. (Most calls never need it: no clock read for them.)
+        let mut deadline: Option<tokio::time::Instant> = None;
         let mut may_retry = true;
         let mut read_only_retry = self.dial.read_only() != ReadOnly::Routed;
         // Whether an earlier try may have reached Redis.
@@ -292,7 +294,9 @@ impl Link {
                     let refused = error
                         .redis_source()
                         .is_some_and(|source| Reply::of(source) == Reply::Passing);
-                    if refused && tokio::time::Instant::now() + PASSING_RETRY < deadline {
+                    let now = tokio::time::Instant::now();
+                    let deadline = *deadline.get_or_insert(now + after);
+                    if refused && now + PASSING_RETRY < deadline {
                         // Refused while connecting (BUSY, LOADING): again shortly.
                         tokio::time::sleep(PASSING_RETRY).await;
                         continue;
@@ -328,9 +332,10 @@ impl Link {
             let unsent = matches!(&first, Poll::Ready(Err(e)) if is_connection_failure(e));
             let answer = match first {
                 Poll::Ready(answer) => Some(answer),
-                Poll::Pending if passing.is_some() => {
-                    tokio::time::timeout_at(deadline, call).await.ok()
-                }
+                Poll::Pending if passing.is_some() => match deadline {
+                    Some(deadline) => tokio::time::timeout_at(deadline, call).await.ok(),
+                    None => tokio::time::timeout(after, call).await.ok(),
+                },
                 Poll::Pending if self.bounded_connections => Some(call.await),
                 Poll::Pending => tokio::time::timeout(after, call).await.ok(),
             };
@@ -355,6 +360,7 @@ impl Link {
                         continue;
                     }
                     let now = tokio::time::Instant::now();
+                    let deadline = *deadline.get_or_insert(now + after);
                     if reply == Reply::Passing && now + PASSING_RETRY < deadline {
                         // Refused before it ran, for a passing reason (LOADING, BUSY,
                         // MASTERDOWN): again shortly, on the same connection.

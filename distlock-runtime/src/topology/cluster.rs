@@ -177,6 +177,8 @@ impl Cluster {
     /// module docs), all within one response timeout.
     async fn run_call(&self, call: &ScriptCall) -> Result<Value, Failed> {
         let slot = call.first_key().map_or(0, slot);
+        // Taken before the first try: every try counts against one response timeout. (A clock
+        // read per call; the map lookup below is the other cost a call has here.)
         let until = Instant::now() + self.nodes.timeouts.response;
         // A node a redirection named, and whether it asked for `ASKING`.
         let mut redirected: Option<(Arc<Node>, bool)> = None;
