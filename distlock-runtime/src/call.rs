@@ -338,6 +338,19 @@ impl Failed {
             if source.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly))
     }
 
+    /// Whether the server refused it for a passing reason (`LOADING`, `BUSY`, `MASTERDOWN`)
+    /// before running it.
+    pub(crate) fn is_passing(&self) -> bool {
+        self.error
+            .redis_source()
+            .is_some_and(|source| crate::error::Reply::of(source) == crate::error::Reply::Passing)
+    }
+
+    /// Whether the connection broke (or could not be used) under the request.
+    pub(crate) fn broke_connection(&self) -> bool {
+        matches!(&self.error, LockError::Redis { source, .. } if is_connection_failure(source))
+    }
+
     /// Whether the server did not know the script (`NOSCRIPT`): nothing ran.
     pub(crate) fn is_noscript(&self) -> bool {
         matches!(&self.error, LockError::Redis { source, .. }

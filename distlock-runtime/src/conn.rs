@@ -216,41 +216,94 @@ impl Link {
             let mut spare = lock(&self.spare);
             (spare.idle.pop(), spare.generation)
         };
-        let mut conn = match spare {
+        let kept = spare.is_some();
+        let conn = match spare {
             Some(conn) => conn,
             None => self.dial.dial(op).await.map_err(|error| Failed {
                 error,
                 reached: Reached::No,
             })?,
         };
+        match self
+            .send_replicated(call, replicas, asking, conn, generation)
+            .await
+        {
+            // A kept connection that died while idle (a server restart): once more, on a
+            // fresh one. It may have been sent: an acquire by the same token takes its own
+            // keys again, release and extend are idempotent.
+            Err(failed) if kept && failed.broke_connection() => {
+                let conn = self.dial.dial(op).await.map_err(|error| Failed {
+                    error,
+                    reached: Reached::Maybe,
+                })?;
+                self.send_replicated(call, replicas, asking, conn, generation)
+                    .await
+                    .map_err(|retried| Failed {
+                        reached: match retried.reached {
+                            Reached::No | Reached::Refused => Reached::Maybe,
+                            reached => reached,
+                        },
+                        ..retried
+                    })
+            }
+            answer => answer,
+        }
+    }
+
+    /// Sends a write and its `WAIT` on `conn` (and `ASKING` first when `asking`), keeps the
+    /// connection for the next replicated write, and undoes an acquire the replicas did not
+    /// confirm. A request refused for a passing reason (`LOADING`, `BUSY`) is sent again on it,
+    /// 20 ms apart, within the response timeout.
+    async fn send_replicated(
+        &self,
+        call: &ScriptCall,
+        replicas: Replicas,
+        asking: bool,
+        mut conn: MultiplexedConnection,
+        generation: u64,
+    ) -> Result<Value, Failed> {
+        let op = call.op;
         let after = self.timeouts.response + replicas.timeout;
         conn.set_response_timeout(after);
-        let answer = call
-            .run_with(|cmd| {
-                let mut pipe = redis::pipe();
-                if asking {
-                    pipe.cmd("ASKING").ignore();
-                }
-                pipe.add_command(cmd)
-                    .cmd("WAIT")
-                    .arg(replicas.count)
-                    .arg(millis(replicas.timeout));
-                let mut conn = conn.clone();
-                async move {
-                    match tokio::time::timeout(after, pipe.query_async::<Vec<Value>>(&mut conn))
-                        .await
-                    {
-                        Ok(Ok(values)) => Ok(Value::Array(values)),
-                        Ok(Err(source)) => Err(failed(op, source, after)),
-                        Err(_) => Err(Failed {
-                            error: LockError::RedisTimeout { op, after },
-                            reached: Reached::Maybe,
-                        }),
+        let until = tokio::time::Instant::now() + self.timeouts.response;
+        let answer = loop {
+            let answer = call
+                .run_with(|cmd| {
+                    let mut pipe = redis::pipe();
+                    if asking {
+                        pipe.cmd("ASKING");
                     }
+                    pipe.add_command(cmd)
+                        .cmd("WAIT")
+                        .arg(replicas.count)
+                        .arg(millis(replicas.timeout));
+                    let mut conn = conn.clone();
+                    async move {
+                        let count = if asking { 3 } else { 2 };
+                        let sent = conn.send_packed_commands(&pipe, 0, count);
+                        match tokio::time::timeout(after, sent).await {
+                            // Each reply on its own: a script's error (MOVED, NOSCRIPT,
+                            // WRONGTYPE, ...) as the server error it is, not a pipeline's.
+                            Ok(Ok(values)) => replicated_answer(op, values, asking, after),
+                            Ok(Err(source)) => Err(failed(op, source, after)),
+                            Err(_) => Err(Failed {
+                                error: LockError::RedisTimeout { op, after },
+                                reached: Reached::Maybe,
+                            }),
+                        }
+                    }
+                })
+                .await;
+            match answer {
+                Err(failed)
+                    if failed.is_passing()
+                        && tokio::time::Instant::now() + PASSING_RETRY < until =>
+                {
+                    tokio::time::sleep(PASSING_RETRY).await;
                 }
-            })
-            .await;
-        let answer = answer?;
+                answer => break answer?,
+            }
+        };
         {
             let mut spare = lock(&self.spare);
             if spare.idle.len() < MAX_SPARE && spare.generation == generation {
@@ -318,9 +371,15 @@ impl Link {
                 if asking {
                     let mut pipe = redis::pipe();
                     pipe.cmd("ASKING").add_command(cmd.clone());
-                    conn.send_packed_commands(&pipe, 1, 1)
+                    // ASKING's own reply too: an ACL user without `+asking` is told so, not
+                    // bounced between the two nodes until the deadline.
+                    conn.send_packed_commands(&pipe, 0, 2)
                         .await
-                        .map(|mut answers| answers.pop().unwrap_or(Value::Nil))
+                        .and_then(|answers| {
+                            let mut answers = answers.into_iter();
+                            answers.next().unwrap_or(Value::Nil).extract_error()?;
+                            Ok(answers.next().unwrap_or(Value::Nil))
+                        })
                 } else {
                     conn.send_packed_command(cmd).await
                 }
@@ -480,7 +539,7 @@ impl Link {
             let dialing = lock(&self.dialing);
             if dialing.ended > round {
                 if let Some(failed) = &dialing.failed {
-                    return Err(failed.clone());
+                    return Err(failed.clone().with_op(op));
                 }
             }
         }
@@ -523,11 +582,16 @@ impl Link {
         Ok((checkout, conn))
     }
 
-    /// Stops using the connection of `generation`, unless it was already replaced.
+    /// Stops using the connection of `generation`, unless it was already replaced; the spare
+    /// connections for replicated writes go with it (they most likely died the same way).
     fn forget(&self, generation: u64) {
         let mut current = lock(&self.current);
         if current.as_ref().is_some_and(|c| c.generation == generation) {
             *current = None;
+            drop(current);
+            let mut spare = lock(&self.spare);
+            spare.idle.clear();
+            spare.generation += 1;
         }
     }
 
@@ -624,6 +688,37 @@ pub(crate) fn next_id() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The replies to `[ASKING,] script, WAIT` as `[answer, replicas]`, or the first error among
+/// `ASKING`'s and the script's.
+fn replicated_answer(
+    op: &'static str,
+    mut values: Vec<Value>,
+    asking: bool,
+    after: Duration,
+) -> Result<Value, Failed> {
+    if asking && !values.is_empty() {
+        values
+            .remove(0)
+            .extract_error()
+            .map_err(|e| failed(op, e, after))?;
+    }
+    let mut values = values.into_iter();
+    let (Some(answer), Some(acked)) = (values.next(), values.next()) else {
+        return Err(Failed {
+            error: LockError::Redis {
+                op,
+                source: redis::RedisError::from((
+                    redis::ErrorKind::Parse,
+                    "unexpected answer to a write and WAIT",
+                )),
+            },
+            reached: Reached::Answered,
+        });
+    };
+    let answer = answer.extract_error().map_err(|e| failed(op, e, after))?;
+    Ok(Value::Array(vec![answer, acked]))
 }
 
 /// A duration as whole milliseconds for `PX` / `PEXPIRE` (at least 1).

@@ -330,6 +330,21 @@ impl LockError {
         self.class() == ErrorClass::CallerBug
     }
 
+    /// The same error, told of `op` (a failure shared by calls doing different things: a
+    /// dial several calls waited for).
+    pub(crate) fn with_op(mut self, op: &'static str) -> Self {
+        match &mut self {
+            Self::Redis { op: at, .. }
+            | Self::RedisTimeout { op: at, .. }
+            | Self::Misconfigured { op: at, .. }
+            | Self::WrongType { op: at, .. }
+            | Self::NoQuorum { op: at, .. }
+            | Self::Replication { op: at, .. } => *at = op,
+            _ => {}
+        }
+        self
+    }
+
     /// The Redis error behind this one, if Redis (or the client) reported one.
     pub(crate) fn redis_source(&self) -> Option<&redis::RedisError> {
         match self {

@@ -351,8 +351,8 @@
 //!
 //! Other topologies add a few rights: `+wait` with `min_replicas`; on a Sentinel primary
 //! `+role` (the route checks it reached a primary); on a cluster `+cluster|slots` (the route
-//! fetches the slot map) and, for notifications, `+spublish +ssubscribe +sunsubscribe` instead
-//! of the plain ones.
+//! fetches the slot map), `+asking` (a call to a slot being migrated) and, for notifications,
+//! `+spublish +ssubscribe +sunsubscribe` instead of the plain ones.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -21,8 +21,9 @@
 //!
 //! **No leaked subscriptions.** A key whose last waiter left is unsubscribed, also when its
 //! `SUBSCRIBE` was still out. A `SUBSCRIBE` or `UNSUBSCRIBE` that gets no answer within the
-//! response timeout (it may still have been applied) closes the subscriber connection, which
-//! drops every subscription it held on the server; the next waiter connects anew.
+//! connect and response timeouts (on a cluster it may open its node's connection first; it may
+//! still have been applied) closes the subscriber connection, which drops every subscription it
+//! held on the server; the next waiter connects anew.
 //!
 //! **Failovers.** A subscription the server ends (a cluster slot moved) wakes the key's waiters
 //! and is made again where the key lives now; a subscriber connection that ends (a node lost, a
@@ -522,7 +523,9 @@ async fn reconcile(hub: Arc<Hub>, channel: String) {
                 sink.unsubscribe(&channel).await
             }
         };
-        let answer = tokio::time::timeout(hub.timeouts.response, request).await;
+        // On a cluster, a subscription may open its node's connection first.
+        let answer =
+            tokio::time::timeout(hub.timeouts.connect + hub.timeouts.response, request).await;
         let mut state = lock(&hub.state);
         match answer {
             Ok(Ok(())) => {

@@ -134,8 +134,13 @@ pub(crate) fn release_in_background(
         loop {
             let queued = matches!(leaving, Leaving::Queued | Leaving::InFlightFair);
             let released = {
-                // Closed only with the manager's context, which this task holds.
-                let _turn = context.background.in_flight.acquire().await;
+                // Its turn among the manager's background requests, but not past the keys'
+                // ttl: they are gone by then anyway.
+                let turn = context.background.in_flight.acquire();
+                let Ok(_turn) = tokio::time::timeout_at(give_up, turn).await else {
+                    tracing::debug!(keys = ?lock_names(&redis_keys), "distlock background release gave up waiting for its turn; the keys expire by their ttl");
+                    return;
+                };
                 release_keys(context, &redis_keys, &token, queued).await
             };
             let error = match released {

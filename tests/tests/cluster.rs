@@ -490,3 +490,34 @@ async fn a_paused_primary_costs_no_lease_renewed_on_another_node() {
     );
     elsewhere.release().await.unwrap();
 }
+
+/// A primary that hangs (paused: as stuck or cut off) is failed over by the cluster while it
+/// still hangs; calls to it time out, and each has the slot map fetched anew, so locking moves
+/// to its replica soon after the failover, without the hung node ever answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_primary_failed_over_is_routed_around_while_it_still_hangs() {
+    let _load = distlock_tests::heavy().await;
+    let mut cluster = RedisCluster::start(3, 1);
+    let locks = manager(&cluster);
+    // No waiter: nothing but the calls themselves can tell the manager the map changed.
+    distlock_tests::lock_once(&locks, "hung").await;
+    let name = locks.redis_key("hung");
+    let slot = cluster.slot_of(&name);
+    let paused = cluster.pause_primary_of(&name);
+    cluster.wait_for_failover(slot, Duration::from_secs(10));
+    let failed_over = Instant::now();
+    loop {
+        match locks.try_lock("hung").acquire().await {
+            Ok(lease) => {
+                lease.release().await.unwrap();
+                break;
+            }
+            Err(error) => assert!(
+                failed_over.elapsed() < Duration::from_secs(3),
+                "still failing {:?} after the failover: {error}",
+                failed_over.elapsed()
+            ),
+        }
+    }
+    cluster.resume(paused);
+}

@@ -436,6 +436,23 @@ fn cluster_primary_killed_and_restarted_every_manager_recovers() {
     );
 }
 
+/// A cluster primary paused (`SIGSTOP`, as a process stuck or cut off would be) past the node
+/// timeout: its replica takes over while it still hangs, and the deployment serves every slot
+/// again without it. Calls to it time out, and have the slot map fetched anew from the other
+/// nodes. Resumed at the end, it rejoins as a replica.
+#[test]
+fn cluster_primary_paused_and_failed_over_while_it_hangs() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let fleet = Fleet::start(&cluster_topology(&cluster));
+    let key = "distlock:lock:{load:1}";
+    let slot = cluster.slot_of(key);
+    let paused = cluster.pause_primary_of(key);
+    cluster.wait_for_failover(slot, Duration::from_secs(10));
+    let whole = unix_ms();
+    fleet.judge_after("cluster primary paused, failed over", whole, whole);
+    cluster.resume(paused);
+}
+
 /// A cluster without replicas: a primary killed (its slots down) and restarted on its port with
 /// its `nodes.conf`, empty.
 #[test]

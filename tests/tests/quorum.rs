@@ -270,12 +270,17 @@ async fn a_quorum_waiter_is_woken_even_where_its_mark_is_missing() {
         distlock_tests::spawn_unfair_waiter(&locks[1], "q-unmarked", Duration::from_secs(20));
     let conn = servers[0].client().await;
     distlock_tests::until_subscribed(&conn, "q-unmarked").await;
-    // Both of the waiter's attempts (held, then once more once subscribed), and their answers.
+    // Both of the waiter's attempts (held, then once more once subscribed), and their answers:
+    // every node marked (on a loaded machine the answers can take a while), then a little more
+    // for the second attempt's.
     distlock_tests::until_attempts(&locks[1], 2).await;
+    let key = locks[0].redis_key("q-unmarked");
+    for server in &servers {
+        distlock_tests::until_marked(&server.client().await, &key).await;
+    }
     tokio::time::sleep(Duration::from_millis(100)).await;
     // The waiter's attempts marked the holder on every node; take the marks away, as if they had
     // failed there.
-    let key = locks[0].redis_key("q-unmarked");
     let unmark = "local v = redis.call('GET', KEYS[1]) \
         if v and string.byte(v) == 126 then \
           redis.call('SET', KEYS[1], string.sub(v, 2), 'KEEPTTL') return 1 end return 0";

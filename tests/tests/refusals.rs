@@ -435,3 +435,130 @@ async fn a_migrating_slot_is_followed_through_ask_tryagain_and_moved() {
     lease.release().await.unwrap();
     assert_eq!(dst.command(&["EXISTS", &lock_key]).trim(), ":0");
 }
+
+/// With `min_replicas`, a write and its `WAIT` go in one pipeline: a `MOVED` answered to the
+/// write is still followed (the slot migrated since the manager learned the map).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migrated_slot_is_followed_by_writes_that_wait_for_replicas() {
+    let _load = distlock_tests::heavy().await;
+    let cluster = RedisCluster::start(3, 1);
+    let locks = LockManager::builder()
+        .cluster(cluster.seed_urls())
+        .min_replicas(1)
+        .replica_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    // The manager learns the map.
+    let lease = locks.lock("moving").acquire().await.unwrap();
+    lease.release().await.unwrap();
+    let slot = cluster.slot_of(&locks.redis_key("moving"));
+    let from = cluster.primary_of_slot(slot);
+    let to = (0..cluster.node_count())
+        .find(|&i| i != from && cluster.replica_of(i).is_some())
+        .unwrap();
+    cluster.migrate_slot(slot, to);
+    let lease = locks
+        .lock("moving")
+        .acquire()
+        .await
+        .expect("MOVED followed");
+    lease.extend(Duration::from_secs(30)).await.unwrap();
+    lease.release().await.unwrap();
+}
+
+/// The documented least-privilege user of a cluster (`+cluster|slots +asking` and the sharded
+/// pub/sub commands) follows a migrating slot; without `+asking`, `ping` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_least_privilege_user_follows_a_migrating_slot() {
+    let _load = distlock_tests::heavy().await;
+    let cluster = RedisCluster::start(3, 0);
+    let line = |without: &str| {
+        let mut words = vec![
+            "ACL",
+            "SETUSER",
+            "app",
+            "on",
+            ">app-pass",
+            "resetkeys",
+            "~distlock:*",
+            "resetchannels",
+            "&distlock:*",
+            "-@all",
+            "+evalsha",
+            "+eval",
+            "+select",
+            "+del",
+            "+exists",
+            "+get",
+            "+hdel",
+            "+hget",
+            "+hset",
+            "+lpop",
+            "+lrem",
+            "+pexpire",
+            "+pttl",
+            "+rpush",
+            "+set",
+            "+time",
+            "+cluster|slots",
+            "+asking",
+            "+spublish",
+            "+ssubscribe",
+            "+sunsubscribe",
+        ];
+        words.retain(|w| *w != without);
+        for i in 0..cluster.node_count() {
+            assert_eq!(cluster.node(i).command(&words).trim(), "+OK");
+        }
+    };
+    let manager = || {
+        let seeds: Vec<String> = cluster
+            .seed_urls()
+            .iter()
+            .map(|url| url.replacen("redis://", "redis://app:app-pass@", 1))
+            .collect();
+        LockManager::builder()
+            .cluster(seeds)
+            .connect_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(2))
+            .build()
+            .unwrap()
+    };
+    line("+asking");
+    let error = manager().ping().await.unwrap_err();
+    assert!(error.is_misconfigured(), "{error:?}");
+    assert!(error.to_string().contains("+asking"), "{error}");
+    line("nothing left out");
+    let locks = manager();
+    locks.ping().await.unwrap();
+    let lease = locks
+        .lock("mig-acl")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let lock_key = locks.redis_key("mig-acl");
+    let slot = cluster.slot_of(&lock_key).to_string();
+    let source = cluster.primary_of(&lock_key);
+    let target = (0..3).find(|&i| i != source).unwrap();
+    let (src, dst) = (cluster.node(source), cluster.node(target));
+    let (source_id, target_id) = (cluster.node_id(source), cluster.node_id(target));
+    assert!(dst
+        .command(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id])
+        .starts_with("+OK"));
+    assert!(src
+        .command(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id])
+        .starts_with("+OK"));
+    let port = dst.port().to_string();
+    let answer = src.command(&["MIGRATE", "127.0.0.1", &port, &lock_key, "0", "5000"]);
+    assert!(answer.starts_with("+OK"), "{answer}");
+    // The key is on the importing node: ASK, then ASKING there, as the ACL user.
+    lease
+        .extend(Duration::from_secs(30))
+        .await
+        .expect("ASK followed");
+    cluster.migrate_slot(cluster.slot_of(&lock_key), target);
+    lease.release().await.unwrap();
+}

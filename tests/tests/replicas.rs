@@ -137,3 +137,41 @@ async fn fair_requests_are_refused_with_min_replicas() {
         "{built:?}"
     );
 }
+
+/// The connections kept for replicated writes die with their server: after a restart, the
+/// next acquires are not failed by them (each is sent again on a fresh connection, and a dead
+/// main connection takes the kept ones with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_replicated_connections_do_not_fail_calls_after_a_restart() {
+    let mut primary = RedisServer::start();
+    let replica = RedisServer::start_replica_of(&primary);
+    let locks = primary
+        .manager_builder()
+        .min_replicas(1)
+        .replica_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    // Eight writes at once: eight connections kept.
+    let keys: Vec<String> = (0..8).map(|i| format!("spare-{i}")).collect();
+    let cycles = keys
+        .iter()
+        .map(|key| distlock_tests::lock_once(&locks, key));
+    futures_util::future::join_all(cycles).await;
+    primary.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !replica
+        .command(&["INFO", "replication"])
+        .contains("master_link_status:up")
+    {
+        assert!(Instant::now() < deadline, "the replica did not sync again");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for i in 0..12 {
+        let lease = locks
+            .lock(format!("after-{i}"))
+            .acquire()
+            .await
+            .unwrap_or_else(|e| panic!("acquire {i} after the restart: {e}"));
+        lease.release().await.unwrap();
+    }
+}

@@ -18,13 +18,14 @@
 //! It is fetched at the first call, and again whenever an answer shows it stale: `MOVED`, a node
 //! that refuses connections, `CLUSTERDOWN`, `TRYAGAIN`, `READONLY`.
 //!
-//! **A call** goes to the link of its slot's primary. Within one response timeout from its first
-//! try, whatever happens: `MOVED` sends it to the node named (and corrects that slot's entry at
-//! once), `ASK` sends it once to the node named after `ASKING`, and `TRYAGAIN`, `CLUSTERDOWN`,
-//! `READONLY` or a node that refuses connections send it again 20 ms later, where the map says
-//! the slot lives then. Each of these answers means nothing ran. A node that does not answer in
-//! time is an error at once (the call may have run), and its link replaces the connection (see
-//! `conn.rs`). Every distlock script may be sent twice (an acquire that finds its own token
+//! **A call** goes to the link of its slot's primary. `MOVED` sends it to the node named (and
+//! corrects that slot's entry at once), `ASK` sends it once to the node named after `ASKING`,
+//! and `TRYAGAIN`, `CLUSTERDOWN`, `READONLY` or a node that refuses connections send it again
+//! 20 ms later, where the map says the slot lives then: each of these answers means nothing ran.
+//! No try starts later than one response timeout after the first, and each is bounded by its
+//! link's timeouts. A node that does not answer in time is an error at once (the call may have
+//! run), its link replaces the connection (see `conn.rs`), and the slot map is fetched again:
+//! the cluster may have failed that node over. Every distlock script may be sent twice (an acquire that finds its own token
 //! takes the key as it is), and `NOSCRIPT` (a promoted replica) is answered with `EVAL` on the
 //! same node.
 //!
@@ -38,7 +39,6 @@
 //! lost ends the whole subscriber connection, so waiters poll (with a bound) and subscribe anew.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -69,6 +69,10 @@ const REFETCH_EVERY: Duration = Duration::from_millis(100);
 /// that refuses connections) is sent again.
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
+/// How long a fetch of the slot map may seem to run before another may start: far longer
+/// than a fetch and its cool-down take (each node's answer is bounded by the response timeout).
+const FETCH_STUCK: Duration = Duration::from_secs(30);
+
 /// Slots in a Redis Cluster.
 const SLOTS: usize = 16384;
 
@@ -98,8 +102,10 @@ struct Nodes {
     routing: RwLock<Routing>,
     /// Counts fetches of the map that ended, installed or not: callers waiting for one watch it.
     fetched: watch::Sender<u64>,
-    /// A fetch runs (or is cooling down, see [`REFETCH_EVERY`]).
-    fetching: AtomicBool,
+    /// Since when a fetch runs (or cools down, see [`REFETCH_EVERY`]). One that has run for
+    /// longer than [`FETCH_STUCK`] is taken for dead (its runtime no longer driven) and
+    /// another may start.
+    fetching: Mutex<Option<Instant>>,
     /// Why the last fetch got no map, if it got none.
     failure: Mutex<Option<LockError>>,
 }
@@ -163,7 +169,7 @@ impl Cluster {
             replicas,
             routing: RwLock::new(Routing::default()),
             fetched: watch::Sender::new(0),
-            fetching: AtomicBool::new(false),
+            fetching: Mutex::new(None),
             failure: Mutex::new(None),
         });
         Ok(Self {
@@ -182,6 +188,9 @@ impl Cluster {
         let until = Instant::now() + self.nodes.timeouts.response;
         // A node a redirection named, and whether it asked for `ASKING`.
         let mut redirected: Option<(Arc<Node>, bool)> = None;
+        // Whether an earlier try may have reached Redis (and so run): the final failure says
+        // so too, or an acquire would skip its in-doubt release.
+        let mut maybe = false;
         loop {
             let (node, asking) = match redirected.take() {
                 Some(target) => target,
@@ -192,10 +201,14 @@ impl Cluster {
             } else {
                 node.link.run(call).await
             };
-            let failed = match answer {
+            let mut failed = match answer {
                 Ok(answer) => return Ok(answer),
                 Err(failed) => failed,
             };
+            if maybe && matches!(failed.reached, Reached::No | Reached::Refused) {
+                failed.reached = Reached::Maybe;
+            }
+            maybe |= failed.reached == Reached::Maybe;
             match Redirect::of(&failed) {
                 Some(Redirect::Moved(address)) => {
                     redirected = Some((self.nodes.moved(slot, address, &node), false));
@@ -208,7 +221,15 @@ impl Cluster {
                     let pause = RETRY_PAUSE.min(until.saturating_duration_since(Instant::now()));
                     tokio::time::sleep(pause).await;
                 }
-                None => return Err(failed),
+                None => {
+                    // A node that does not answer in time may have been failed over (paused,
+                    // cut off): the map is fetched again, from the other nodes too, so the next
+                    // call goes where the slot lives now. This one may have run: not sent again.
+                    if failed.error.is_unavailable() {
+                        self.nodes.refetch();
+                    }
+                    return Err(failed);
+                }
             }
             if Instant::now() >= until {
                 return Err(failed);
@@ -389,13 +410,17 @@ impl Nodes {
     /// Starts a fetch of the slot map in a task of its own, unless one runs or the last ended
     /// less than [`REFETCH_EVERY`] ago.
     fn refetch(self: &Arc<Self>) {
-        if self.fetching.swap(true, Ordering::AcqRel) {
-            return;
-        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            self.fetching.store(false, Ordering::Release);
             return;
         };
+        {
+            let mut fetching = lock(&self.fetching);
+            let now = Instant::now();
+            if fetching.is_some_and(|since| now < since + FETCH_STUCK) {
+                return;
+            }
+            *fetching = Some(now);
+        }
         let nodes = Arc::clone(self);
         runtime.spawn(async move {
             // Cleared however the task ends, also when it is dropped with its runtime.
@@ -480,27 +505,33 @@ impl Nodes {
             .unwrap_or_default())
     }
 
-    /// The nodes to ask for the slot map: the primaries of the current map, then the seeds,
-    /// then the other nodes seen; at most [`ASK_AT_ONCE`].
+    /// The nodes to ask for the slot map, at most [`ASK_AT_ONCE`]: half of them primaries of
+    /// the current map, then the seeds (always some: when every node's address changed, a
+    /// seed such as a DNS name is what still leads to the cluster), then the other primaries
+    /// and nodes seen.
     fn candidates(&self) -> Vec<Arc<Node>> {
         let mut routing = self.routing.write().unwrap_or_else(|e| e.into_inner());
         let mut chosen: Vec<Arc<Node>> = Vec::new();
-        let add = |node: Arc<Node>, chosen: &mut Vec<Arc<Node>>| {
-            if chosen.len() < ASK_AT_ONCE && !chosen.iter().any(|c| c.address == node.address) {
-                chosen.push(node);
+        let add = |node: &Arc<Node>, chosen: &mut Vec<Arc<Node>>, limit: usize| {
+            if chosen.len() < limit && !chosen.iter().any(|c| c.address == node.address) {
+                chosen.push(Arc::clone(node));
             }
         };
-        if let Some(slots) = &routing.slots {
-            for node in slots.iter().flatten() {
-                add(Arc::clone(node), &mut chosen);
-            }
+        let primaries: Vec<Arc<Node>> = routing
+            .slots
+            .iter()
+            .flat_map(|slots| slots.iter().flatten())
+            .cloned()
+            .collect();
+        for node in &primaries {
+            add(node, &mut chosen, ASK_AT_ONCE / 2);
         }
         for seed in self.seeds.clone() {
             let node = self.node_in(&mut routing, seed);
-            add(node, &mut chosen);
+            add(&node, &mut chosen, ASK_AT_ONCE);
         }
-        for node in routing.nodes.values() {
-            add(Arc::clone(node), &mut chosen);
+        for node in primaries.iter().chain(routing.nodes.values()) {
+            add(node, &mut chosen, ASK_AT_ONCE);
         }
         chosen
     }
@@ -560,7 +591,7 @@ struct Fetching<'a>(&'a Nodes);
 
 impl Drop for Fetching<'_> {
     fn drop(&mut self) {
-        self.0.fetching.store(false, Ordering::Release);
+        *lock(&self.0.fetching) = None;
     }
 }
 
@@ -692,7 +723,7 @@ impl Route for Cluster {
     }
 
     fn commands(&self) -> Vec<String> {
-        let mut commands = vec!["CLUSTER SLOTS".to_owned()];
+        let mut commands = vec!["CLUSTER SLOTS".to_owned(), "ASKING".to_owned()];
         if self.replicas.is_some() {
             commands.push("WAIT 0 0".to_owned());
         }
@@ -804,7 +835,17 @@ impl Channels for ShardChannels {
                     let kind = redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown);
                     redis::RedisError::from((kind, "no node for the channel's slot", text))
                 })?;
-            let mut conn = self.connection(&node).await?;
+            let mut conn = match self.connection(&node).await {
+                Ok(conn) => conn,
+                Err(error) => {
+                    // That node only: its channels poll a while, the others keep their
+                    // subscriptions; and the node may be gone from the map.
+                    self.nodes.refetch();
+                    let kind = redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown);
+                    let text = error.to_string();
+                    return Err(redis::RedisError::from((kind, "subscriber node", text)));
+                }
+            };
             match send_one(&mut conn, "SSUBSCRIBE", channel).await {
                 Ok(()) => {
                     lock(&self.subscribed).insert(channel.to_owned(), node.address.clone());
