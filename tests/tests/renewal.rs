@@ -587,3 +587,98 @@ async fn a_lease_is_valid_from_before_its_request_was_sent_not_from_when_the_ans
          answer came {delay:?} after it)"
     );
 }
+
+#[tokio::test]
+async fn a_lease_that_expired_before_its_renewal_was_answered_is_renewed_no_more() {
+    let _load = distlock_tests::timed().await;
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let server = RedisServer::start();
+    // Every answer comes 700 ms late: the acquire's within the lease's validity (988 ms of a
+    // 1 s ttl), the answer to the renewal sent on receiving it only after that validity ended.
+    let proxy = distlock_tests::Proxy::start(&server).await;
+    proxy.set_mode(distlock_tests::ProxyMode::Delay(Duration::from_millis(700)));
+    let locks = distlock_tests::manager_at(&proxy.url(), Duration::from_secs(3))
+        .build()
+        .unwrap();
+    // The extension script loaded too, so the renewal is one round trip.
+    let warm = locks.lock("warm-up").acquire().await.unwrap();
+    warm.extend(Duration::from_secs(30)).await.unwrap();
+    warm.release().await.unwrap();
+    let key = locks.redis_key("answered-late");
+    let conn = server.client().await;
+    let lease = locks
+        .lock("answered-late")
+        .ttl(Duration::from_secs(1))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(2), lease.lost())
+        .await
+        .expect("lost when its validity ran out");
+    // The lease is held, not dropped (which would release it): only a renewal could keep its
+    // key, and a lost lease is renewed no more, so the key expires by the ttl of the last one.
+    let gone = until_gone(&conn, &key, Duration::from_secs(3)).await;
+    assert!(gone.is_some(), "a lost lease's renewals kept its key alive");
+    assert_eq!(
+        logs.count("it expired before its renewal was answered"),
+        1,
+        "{}",
+        logs.text()
+    );
+    drop(lease);
+}
+
+#[tokio::test]
+async fn a_stopped_body_is_logged_with_why_its_lease_was_lost() {
+    let _load = distlock_tests::timed().await;
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let server = RedisServer::start();
+    let locks = server.manager();
+    // Without renewal, its ttl passed.
+    let outcome = locks
+        .lock("unrenewed")
+        .ttl(Duration::from_millis(100))
+        .renew(false)
+        .run(std::future::pending::<()>())
+        .await;
+    assert!(
+        matches!(outcome, Err(LockError::LeaseLost { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        logs.count("reached its ttl without renewal (renew = false); the body was stopped"),
+        1,
+        "{}",
+        logs.text()
+    );
+    // Renewed, but its key was deleted by someone else.
+    let key = locks.redis_key("deleted-under-it");
+    let mut conn = server.client().await;
+    let run = tokio::spawn(
+        locks
+            .lock("deleted-under-it")
+            .ttl(Duration::from_millis(300))
+            .run(std::future::pending::<()>()),
+    );
+    until_exists(&conn, &key, Duration::from_secs(2))
+        .await
+        .expect("acquired");
+    let _: () = conn.del(&key).await.unwrap();
+    let outcome = run.await.unwrap();
+    assert!(
+        matches!(outcome, Err(LockError::LeaseLost { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        logs.count("deleted or taken by another owner; the body was stopped"),
+        1,
+        "{}",
+        logs.text()
+    );
+    assert_eq!(
+        logs.count("before a renewal got through"),
+        0,
+        "{}",
+        logs.text()
+    );
+}
