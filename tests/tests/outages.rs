@@ -318,3 +318,68 @@ async fn background_releases_are_bounded_while_redis_hangs_and_drain_after() {
     assert_eq!(left.trim(), "*0", "{left}");
     assert_eq!(logs.count("WARN"), 0, "{}", logs.text());
 }
+
+/// Leases dropped while Redis stays down: their background releases back off (no tight loop),
+/// give up by their ttl (when the keys have expired anyway), and say so once, a lease its owner
+/// let go of with a warning, a lost one at debug level (its loss was reported already).
+#[tokio::test]
+async fn background_releases_back_off_and_give_up_by_their_ttl_while_redis_stays_down() {
+    let _load = distlock_tests::timed().await;
+    let (logs, _capture) = Logs::capture();
+    let mut server = RedisServer::start();
+    let locks = server
+        .manager_with_timeouts(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(1);
+    let dropped = locks
+        .lock("dropped")
+        .ttl(ttl)
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let lost = locks
+        .lock("lost")
+        .ttl(Duration::from_millis(100))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(lost.is_lost());
+    server.kill();
+    let started = Instant::now();
+    drop(dropped);
+    drop(lost);
+    assert_eq!(locks.stats().background_releases, 2);
+    let ended = distlock_tests::eventually(Duration::from_secs(5), || async {
+        locks.stats().background_releases == 0
+    })
+    .await;
+    assert!(ended.is_some(), "the background releases never gave up");
+    let took = started.elapsed();
+    assert!(
+        took <= ttl + Duration::from_millis(200),
+        "gave up {took:?} after the drop (ttl {ttl:?})"
+    );
+    // 50 ms, doubling: 4 retries within the second, 1 within the lost lease's 100 ms.
+    let retries = logs.count("distlock background release failed; retrying");
+    assert!(
+        (2..=8).contains(&retries),
+        "{retries} retries: {}",
+        logs.text()
+    );
+    assert_eq!(
+        logs.count("distlock release failed; the lock expires after its ttl"),
+        1,
+        "{}",
+        logs.text()
+    );
+    assert_eq!(
+        logs.count("distlock could not release a lost lease"),
+        1,
+        "{}",
+        logs.text()
+    );
+}
