@@ -309,19 +309,17 @@ fn script_calls(server: &RedisServer) -> u64 {
         .unwrap_or(0)
 }
 
-/// Cancels an acquire of `name` (fair or not) while its request waits on the paused `server`,
-/// resumes it, and returns how many script calls it ran until the background release ended.
+/// Cancels `request` while its acquire request waits on the paused `server`, resumes it, and
+/// returns how many script calls it ran until the background release ended.
 async fn script_calls_of_a_cancelled_acquire(
     server: &mut RedisServer,
     locks: &LockManager,
-    name: &str,
-    fair: bool,
+    request: LockRequest,
 ) -> u64 {
     let before = script_calls(server);
     let attempts = locks.stats().acquire_requests;
     server.pause();
-    let request = locks.lock(name).fair(fair).wait(Duration::from_secs(30));
-    let task = tokio::spawn(request.acquire());
+    let task = tokio::spawn(request.wait(Duration::from_secs(30)).acquire());
     until_attempts(locks, attempts + 1).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     task.abort();
@@ -353,9 +351,15 @@ async fn an_acquire_cancelled_in_flight_is_released_again_while_it_may_still_run
     warm.release().await.unwrap();
     let mut conn = server.client().await;
     // The acquire took the lock: one release, which found it, is enough.
-    let calls = script_calls_of_a_cancelled_acquire(&mut server, &locks, "free", false).await;
+    let calls =
+        script_calls_of_a_cancelled_acquire(&mut server, &locks, locks.lock("free").fair(false))
+            .await;
     assert_eq!(calls, 2, "the acquire and one release");
     assert!(!exists(&mut conn, &locks.redis_key("free")).await);
+    // So for several keys: the release counts every key it found.
+    let both = locks.lock_all(["both-a", "both-b"]);
+    let calls = script_calls_of_a_cancelled_acquire(&mut server, &locks, both).await;
+    assert_eq!(calls, 2, "the acquire and one release");
     // Another owner holds the key: the release finds nothing, and is repeated twice, a response
     // timeout apart, in case the acquire request still runs late; then it ends.
     server.command(&[
@@ -365,17 +369,21 @@ async fn an_acquire_cancelled_in_flight_is_released_again_while_it_may_still_run
         "PX",
         "30000",
     ]);
-    let calls = script_calls_of_a_cancelled_acquire(&mut server, &locks, "held", false).await;
+    let calls =
+        script_calls_of_a_cancelled_acquire(&mut server, &locks, locks.lock("held").fair(false))
+            .await;
     assert_eq!(calls, 4, "the acquire and three releases");
     // A fair acquire could queue again or be handed the key whatever the release found: its
     // release is repeated twice even after it found the key.
-    let calls = script_calls_of_a_cancelled_acquire(&mut server, &locks, "fair", true).await;
+    let calls =
+        script_calls_of_a_cancelled_acquire(&mut server, &locks, locks.lock("fair").fair(true))
+            .await;
     assert_eq!(calls, 4, "the acquire and three releases");
     assert!(!exists(&mut conn, &locks.redis_key("fair")).await);
     // Each is logged (at debug level); a lease dropped instead of released, the usual case,
     // is not.
     let undone = logs.count("distlock releasing in the background");
-    assert_eq!(undone, 3, "{}", logs.text());
+    assert_eq!(undone, 4, "{}", logs.text());
     drop(locks.lock("dropped").acquire().await.unwrap());
     let key = locks.redis_key("dropped");
     assert!(until_gone(&conn, &key, Duration::from_secs(2))
