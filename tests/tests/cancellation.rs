@@ -292,23 +292,6 @@ async fn an_acquire_cancelled_in_flight_is_undone_once_redis_answers() {
         .is_some());
 }
 
-/// How many script calls (`EVALSHA`: acquires, releases, extensions) `server` ran so far.
-fn script_calls(server: &RedisServer) -> u64 {
-    let info = server.command(&["INFO", "commandstats"]);
-    info.lines()
-        .find_map(|line| {
-            let stats = line.strip_prefix("cmdstat_evalsha:")?;
-            stats
-                .split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0)
-}
-
 /// Cancels `request` while its acquire request waits on the paused `server`, resumes it, and
 /// returns how many script calls it ran until the background release ended.
 async fn script_calls_of_a_cancelled_acquire(
@@ -316,7 +299,7 @@ async fn script_calls_of_a_cancelled_acquire(
     locks: &LockManager,
     request: LockRequest,
 ) -> u64 {
-    let before = script_calls(server);
+    let before = server.script_calls();
     let attempts = locks.stats().acquire_requests;
     server.pause();
     let task = tokio::spawn(request.wait(Duration::from_secs(30)).acquire());
@@ -331,7 +314,7 @@ async fn script_calls_of_a_cancelled_acquire(
     })
     .await;
     assert!(ended.is_some(), "the background release never ended");
-    script_calls(server) - before
+    server.script_calls() - before
 }
 
 #[tokio::test]
