@@ -682,3 +682,115 @@ async fn a_stopped_body_is_logged_with_why_its_lease_was_lost() {
         logs.text()
     );
 }
+
+#[tokio::test]
+async fn renewals_sent_late_are_reported_together_and_on_time_ones_never() {
+    let _load = distlock_tests::timed().await;
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let server = RedisServer::start();
+    let locks = server.manager();
+    distlock_tests::warm_up(&locks).await;
+    let ttl = Duration::from_millis(600);
+    // Renewed every 200 ms, on time.
+    let on_time = locks
+        .lock("on-time")
+        .ttl(ttl)
+        .run(tokio::time::sleep(Duration::from_secs(1)))
+        .await;
+    assert!(on_time.is_ok(), "{on_time:?}");
+    assert_eq!(logs.count("renewed late"), 0, "{}", logs.text());
+    // An overloaded process: this thread, which runs the renewal driver (a current-thread
+    // runtime), is blocked from before two leases' first renewal (due 200 ms after their
+    // acquire) until 250 ms after it, more than half a renewal interval late.
+    let first = locks.lock("late-1").ttl(ttl).acquire().await.unwrap();
+    let second = locks.lock("late-2").ttl(ttl).acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    std::thread::sleep(Duration::from_millis(300));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!first.is_lost() && !second.is_lost(), "renewed in time");
+    assert_eq!(
+        logs.count("distlock leases renewed late"),
+        1,
+        "{}",
+        logs.text()
+    );
+    assert_eq!(logs.count("leases=2"), 1, "{}", logs.text());
+    first.release().await.unwrap();
+    second.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn leases_due_together_are_renewed_by_one_call() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    distlock_tests::warm_up(&locks).await;
+    // Three leases taken 20 ms apart, renewed every 200 ms: the first renewal, a third of the
+    // ttl after the first acquire, takes all three (each may go up to a quarter interval
+    // early), and so does every one after it.
+    let ttl = Duration::from_millis(600);
+    let before = server.script_calls();
+    let mut leases = Vec::new();
+    for i in 0..3 {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        leases.push(
+            locks
+                .lock(format!("batched-{i}"))
+                .ttl(ttl)
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(260)).await;
+    let first = server.script_calls() - before;
+    assert_eq!(first, 3 + 1, "three acquires and one renewal");
+    // Four more rounds (at 400, 600, 800 and 1000 ms), one call each.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let later = server.script_calls() - before - first;
+    assert!((3..=5).contains(&later), "{later} calls for 4 renewals");
+    for lease in leases {
+        lease.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn renewal_working_again_after_failures_is_logged_once() {
+    let _load = distlock_tests::timed().await;
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let mut server = RedisServer::start();
+    let locks = server
+        .manager_with_timeouts(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    distlock_tests::warm_up(&locks).await;
+    // Renewed every 500 ms; Redis hangs across the first renewal, then answers again well
+    // within the lease's validity.
+    let lease = locks
+        .lock("flapping")
+        .ttl(Duration::from_millis(1500))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    server.pause();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    server.resume();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!lease.is_lost(), "{}", logs.text());
+    assert_eq!(
+        logs.count("distlock lease renewal failed"),
+        1,
+        "{}",
+        logs.text()
+    );
+    assert_eq!(
+        logs.count("distlock lease renewal works again"),
+        1,
+        "{}",
+        logs.text()
+    );
+    lease.release().await.unwrap();
+}
