@@ -794,3 +794,33 @@ async fn renewal_working_again_after_failures_is_logged_once() {
     );
     lease.release().await.unwrap();
 }
+
+/// CPU time this thread has used so far (Linux: utime + stime of `/proc/thread-self/stat`, in
+/// ticks of 10 ms).
+fn thread_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+#[tokio::test]
+async fn a_renewal_driver_without_leases_sleeps_until_it_stops() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    // One lease cycle starts the driver (on this thread: a current-thread runtime); then it
+    // has no lease to renew, and waits to stop.
+    distlock_tests::warm_up(&locks).await;
+    let before = thread_cpu();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let used = thread_cpu() - before;
+    assert!(
+        used <= Duration::from_millis(100),
+        "{used:?} of CPU in 500 ms without leases"
+    );
+}
