@@ -32,6 +32,33 @@ async fn acquire_when_free_and_try_lock_when_held_each_take_one_round_trip() {
     let before = server.requests();
     lease.release().await.unwrap();
     assert_eq!(server.requests() - before, 1, "release");
+
+    // So does a plain (not fair) acquire, of one key or several (the all-or-nothing script,
+    // loaded first).
+    lock_plain(&locks, &["plain"])
+        .await
+        .release()
+        .await
+        .unwrap();
+    for keys in [&["plain"][..], &["several-a", "several-b"]] {
+        let before = server.requests();
+        let lease = lock_plain(&locks, keys).await;
+        assert_eq!(server.requests() - before, 1, "plain acquire of {keys:?}");
+        lease.release().await.unwrap();
+    }
+}
+
+/// A plain (not fair) lease on `keys`.
+async fn lock_plain(
+    locks: &distlock_runtime::LockManager,
+    keys: &[&str],
+) -> distlock_runtime::Lease {
+    locks
+        .lock_all(keys.iter().copied())
+        .fair(false)
+        .acquire()
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
