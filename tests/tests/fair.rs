@@ -188,6 +188,35 @@ async fn a_handed_lease_is_extended_from_its_claim_to_its_ttl_also_without_renew
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_handed_over_for_its_whole_ttl_is_not_extended() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    warm_up(&locks).await;
+    let conn = server.client().await;
+    let holder = locks.lock("whole").fair(true).acquire().await.unwrap();
+    // A ttl under the hand-off claim: the claim is the ttl, nothing is left to extend.
+    let ttl = Duration::from_secs(1);
+    let waiting = tokio::spawn(
+        locks
+            .lock("whole")
+            .fair(true)
+            .renew(false)
+            .ttl(ttl)
+            .acquire(),
+    );
+    until_queued(&conn, "whole", 1).await;
+    until_subscribed(&conn, "whole").await;
+    let before = server.script_calls();
+    holder.release().await.unwrap();
+    let lease = waiting.await.unwrap().unwrap();
+    assert_eq!(locks.stats().handed_over, 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(server.script_calls() - before, 1, "the release only");
+    lease.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_locks_exclude_across_processes() {
     let _load = distlock_tests::heavy().await;
     let server = RedisServer::start();
