@@ -824,3 +824,35 @@ async fn a_renewal_driver_without_leases_sleeps_until_it_stops() {
         "{used:?} of CPU in 500 ms without leases"
     );
 }
+
+#[tokio::test]
+async fn a_lease_whose_renewal_keeps_failing_is_lost_at_its_validity_and_said_once() {
+    let _load = distlock_tests::timed().await;
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let mut server = RedisServer::start();
+    let locks = server
+        .manager_with_timeouts(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    distlock_tests::warm_up(&locks).await;
+    let lease = locks
+        .lock("failing")
+        .ttl(Duration::from_millis(600))
+        .acquire()
+        .await
+        .unwrap();
+    // Every renewal, from the first (200 ms in), times out on the hung server.
+    server.pause();
+    tokio::time::timeout(Duration::from_secs(1), lease.lost())
+        .await
+        .expect("lost by its validity");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.resume();
+    assert_eq!(
+        logs.count("distlock lease lost: renewal kept failing until the lease expired"),
+        1,
+        "{}",
+        logs.text()
+    );
+    drop(lease);
+}
