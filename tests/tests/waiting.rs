@@ -223,3 +223,34 @@ async fn a_partly_overlapping_nested_run_acquires_only_the_missing_keys() {
         .unwrap();
     assert_eq!(current_lease(), None);
 }
+
+#[tokio::test]
+async fn only_an_acquire_that_waited_is_logged_with_its_attempts() {
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let server = RedisServer::start();
+    let holder = server.manager();
+    let held = holder
+        .lock("logged")
+        .ttl(Duration::from_millis(200))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(logs.count("acquired after waiting"), 0, "{}", logs.text());
+    // Another manager's request finds the key held, and takes it once it expired.
+    let waiter = server.manager();
+    let lease = waiter
+        .lock("logged")
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(
+        logs.count("distlock acquired after waiting"),
+        1,
+        "{}",
+        logs.text()
+    );
+    lease.release().await.unwrap();
+    drop(held);
+}
