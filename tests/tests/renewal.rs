@@ -856,3 +856,28 @@ async fn a_lease_whose_renewal_keeps_failing_is_lost_at_its_validity_and_said_on
     );
     drop(lease);
 }
+
+#[tokio::test]
+async fn a_released_lease_is_renewed_no_more() {
+    let _load = distlock_tests::timed().await;
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let server = RedisServer::start();
+    let locks = server.manager();
+    distlock_tests::warm_up(&locks).await;
+    // Due for renewal every 100 ms, released before the first.
+    let lease = locks
+        .lock("released")
+        .ttl(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    lease.release().await.unwrap();
+    let before = server.script_calls();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        server.script_calls() - before,
+        0,
+        "renewal calls after the release"
+    );
+    assert_eq!(logs.count("lease lost"), 0, "{}", logs.text());
+}
