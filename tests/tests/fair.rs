@@ -217,6 +217,45 @@ async fn a_lease_handed_over_for_its_whole_ttl_is_not_extended() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_of_a_hand_off_tries_again_once_the_claim_and_a_quarter_have_passed() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    warm_up(&locks).await;
+    let conn = server.client().await;
+    let holder = locks.lock("watched").fair(true).acquire().await.unwrap();
+    let wait = Duration::from_secs(20);
+    let first = tokio::spawn(locks.lock("watched").fair(true).wait(wait).acquire());
+    until_queued(&conn, "watched", 1).await;
+    let second = tokio::spawn(locks.lock("watched").fair(true).wait(wait).acquire());
+    until_queued(&conn, "watched", 2).await;
+    until_subscribed(&conn, "watched").await;
+    holder.release().await.unwrap();
+    let lease = first.await.unwrap().unwrap();
+    let handed = Instant::now();
+    assert_eq!(locks.stats().handed_over, 1);
+    // The second waiter, the process's oldest other one, watches the claim: it tries again
+    // once the claim and a quarter (2.5 s) have passed, in case the first is gone; not before,
+    // while the recipient's extension may still be on its way.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let attempts = locks.stats().acquire_requests;
+    tokio::time::sleep_until((handed + HANDOFF_CLAIM * 5 / 4 - Duration::from_millis(200)).into())
+        .await;
+    assert_eq!(
+        locks.stats().acquire_requests,
+        attempts,
+        "the watcher tried again early"
+    );
+    let retried = eventually(Duration::from_secs(1), || async {
+        locks.stats().acquire_requests > attempts
+    })
+    .await;
+    assert!(retried.is_some(), "the watcher never tried again");
+    lease.release().await.unwrap();
+    second.await.unwrap().unwrap().release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_locks_exclude_across_processes() {
     let _load = distlock_tests::heavy().await;
     let server = RedisServer::start();
