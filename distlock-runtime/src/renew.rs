@@ -624,11 +624,14 @@ mod tests {
     fn a_retry_never_waits_past_the_leases_last_chance_nor_spins() {
         let now = Instant::now();
         let ttl = Duration::from_secs(30);
-        // Far from the end: the backoff alone (at most 2 s at this ttl).
+        // Far from the end: the backoff alone (at least half its first step, 250 ms at this
+        // ttl; at most 2 s).
         let valid_until = now + Duration::from_secs(20);
         for failures in 1..10 {
             let retry = next_retry(now, valid_until, ttl, failures);
-            assert!(retry >= now + MIN_RETRY && retry <= now + Duration::from_secs(2));
+            assert!(
+                retry >= now + Duration::from_millis(125) && retry <= now + Duration::from_secs(2)
+            );
         }
         // Close to the end: sent by the last chance, whatever the backoff says.
         let valid_until = now + Duration::from_millis(300);

@@ -228,6 +228,18 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_sent_at_the_same_instant_as_the_current_one_defines_the_lease() {
+        // Under tokio's paused clock (a `start_paused` test) an acquire and the extend right
+        // after it are sent at one instant: the extend is not older, and its ttl counts.
+        let state = LeaseState::new(Duration::from_secs(30), true);
+        let sent = Instant::now();
+        state.acquired(sent, Duration::from_secs(30));
+        assert!(state.renewed(sent, Duration::from_secs(60)));
+        assert_eq!(state.ttl(), Duration::from_secs(60));
+        assert_eq!(state.valid_until(), sent + Duration::from_millis(59_398));
+    }
+
+    #[test]
     fn validity_is_the_ttl_less_one_percent_and_two_milliseconds() {
         // Expected values worked out by hand from the documented margin (1% + 2 ms).
         for (ttl, expected) in [

@@ -187,6 +187,24 @@ impl RedisServer {
             .sum()
     }
 
+    /// How many script calls (`EVALSHA`: acquires, releases, extensions, renewals) clients sent,
+    /// from `INFO commandstats`.
+    pub fn script_calls(&self) -> u64 {
+        let info = self.command(&["INFO", "commandstats"]);
+        info.lines()
+            .find_map(|line| {
+                let stats = line.strip_prefix("cmdstat_evalsha:")?;
+                stats
+                    .split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0)
+    }
+
     /// Stops the process with SIGSTOP: connections stay open, nothing is answered.
     pub fn pause(&mut self) {
         self.signal("STOP");

@@ -291,3 +291,86 @@ async fn an_acquire_cancelled_in_flight_is_undone_once_redis_answers() {
         .await
         .is_some());
 }
+
+/// Cancels `request` while its acquire request waits on the paused `server`, resumes it, and
+/// returns how many script calls it ran until the background release ended.
+async fn script_calls_of_a_cancelled_acquire(
+    server: &mut RedisServer,
+    locks: &LockManager,
+    request: LockRequest,
+) -> u64 {
+    let before = server.script_calls();
+    let attempts = locks.stats().acquire_requests;
+    server.pause();
+    let task = tokio::spawn(request.wait(Duration::from_secs(30)).acquire());
+    until_attempts(locks, attempts + 1).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    assert_eq!(locks.stats().background_releases, 1);
+    server.resume();
+    let ended = distlock_tests::eventually(Duration::from_secs(5), || async {
+        locks.stats().background_releases == 0
+    })
+    .await;
+    assert!(ended.is_some(), "the background release never ended");
+    server.script_calls() - before
+}
+
+#[tokio::test]
+async fn an_acquire_cancelled_in_flight_is_released_again_while_it_may_still_run_late() {
+    let _load = distlock_tests::timed().await;
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let mut server = RedisServer::start();
+    // Cancelled well within the response timeout: the release follows the acquire on its
+    // connection, so it finds whatever the acquire took.
+    let locks = server
+        .manager_with_timeouts(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    // Both acquire scripts loaded: an acquire answered NOSCRIPT would have taken nothing.
+    warm_up(&locks).await;
+    let warm = locks.lock("warm-up").fair(false).acquire().await.unwrap();
+    warm.release().await.unwrap();
+    let mut conn = server.client().await;
+    // The acquire took the lock: one release, which found it, is enough.
+    let calls =
+        script_calls_of_a_cancelled_acquire(&mut server, &locks, locks.lock("free").fair(false))
+            .await;
+    assert_eq!(calls, 2, "the acquire and one release");
+    assert!(!exists(&mut conn, &locks.redis_key("free")).await);
+    // So for several keys: the release counts every key it found.
+    let both = locks.lock_all(["both-a", "both-b"]);
+    let calls = script_calls_of_a_cancelled_acquire(&mut server, &locks, both).await;
+    assert_eq!(calls, 2, "the acquire and one release");
+    // Another owner holds the key: the release finds nothing, and is repeated twice, a response
+    // timeout apart, in case the acquire request still runs late; then it ends.
+    server.command(&[
+        "SET",
+        &locks.redis_key("held"),
+        "another-owner",
+        "PX",
+        "30000",
+    ]);
+    let calls =
+        script_calls_of_a_cancelled_acquire(&mut server, &locks, locks.lock("held").fair(false))
+            .await;
+    assert_eq!(calls, 4, "the acquire and three releases");
+    // A fair acquire could queue again or be handed the key whatever the release found: its
+    // release is repeated twice even after it found the key.
+    let calls =
+        script_calls_of_a_cancelled_acquire(&mut server, &locks, locks.lock("fair").fair(true))
+            .await;
+    assert_eq!(calls, 4, "the acquire and three releases");
+    assert!(!exists(&mut conn, &locks.redis_key("fair")).await);
+    // Each is logged (at debug level); a lease dropped instead of released, the usual case,
+    // is not.
+    let undone = logs.count("distlock releasing in the background");
+    assert_eq!(undone, 4, "{}", logs.text());
+    drop(locks.lock("dropped").acquire().await.unwrap());
+    let key = locks.redis_key("dropped");
+    assert!(until_gone(&conn, &key, Duration::from_secs(2))
+        .await
+        .is_some());
+    assert_eq!(logs.count("distlock releasing in the background"), undone);
+}

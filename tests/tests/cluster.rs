@@ -521,3 +521,56 @@ async fn a_hung_primary_failed_over_is_routed_around_while_it_still_hangs() {
     }
     cluster.resume(paused);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_in_a_later_slot_releases_what_it_took_in_an_earlier_one() {
+    let _load = distlock_tests::heavy().await;
+    let cluster = RedisCluster::start(3, 0);
+    // Of two keys in different slots, the user may touch only the one whose slot comes first:
+    // the request takes it, then Redis refuses the script for the other (NOPERM, before it ran).
+    let mut keys = ["alpha", "bravo"];
+    keys.sort_by_key(|k| cluster.slot_of(&format!("distlock:lock:{{{k}}}")));
+    let [first, second] = keys;
+    for i in 0..cluster.node_count() {
+        let reply = cluster.node(i).command(&[
+            "ACL",
+            "SETUSER",
+            "partial",
+            "on",
+            ">secret",
+            "+@all",
+            "&*",
+            &format!("~distlock:*{{{first}}}"),
+        ]);
+        assert_eq!(reply, "+OK\r\n");
+    }
+    let urls = cluster
+        .seed_urls()
+        .iter()
+        .map(|url| url.replace("redis://", "redis://partial:secret@"))
+        .collect::<Vec<_>>();
+    let locks = LockManager::builder()
+        .cluster(urls)
+        .connect_timeout(TIMEOUT)
+        .response_timeout(TIMEOUT)
+        .pool_wait_timeout(TIMEOUT)
+        .build()
+        .unwrap();
+    let outcome = locks
+        .lock_all(keys)
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::ZERO)
+        .acquire()
+        .await;
+    assert!(outcome.is_err(), "{outcome:?}");
+    // What the first call wrote is released by token at once, not left for its 30 s ttl.
+    let started = Instant::now();
+    while held(&cluster, first) {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{first} left held"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!held(&cluster, second));
+}

@@ -188,6 +188,74 @@ async fn a_handed_lease_is_extended_from_its_claim_to_its_ttl_also_without_renew
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_handed_over_for_its_whole_ttl_is_not_extended() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    warm_up(&locks).await;
+    let conn = server.client().await;
+    let holder = locks.lock("whole").fair(true).acquire().await.unwrap();
+    // A ttl under the hand-off claim: the claim is the ttl, nothing is left to extend.
+    let ttl = Duration::from_secs(1);
+    let waiting = tokio::spawn(
+        locks
+            .lock("whole")
+            .fair(true)
+            .renew(false)
+            .ttl(ttl)
+            .acquire(),
+    );
+    until_queued(&conn, "whole", 1).await;
+    until_subscribed(&conn, "whole").await;
+    let before = server.script_calls();
+    holder.release().await.unwrap();
+    let lease = waiting.await.unwrap().unwrap();
+    assert_eq!(locks.stats().handed_over, 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(server.script_calls() - before, 1, "the release only");
+    lease.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_of_a_hand_off_tries_again_once_the_claim_and_a_quarter_have_passed() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    warm_up(&locks).await;
+    let conn = server.client().await;
+    let holder = locks.lock("watched").fair(true).acquire().await.unwrap();
+    let wait = Duration::from_secs(20);
+    let first = tokio::spawn(locks.lock("watched").fair(true).wait(wait).acquire());
+    until_queued(&conn, "watched", 1).await;
+    let second = tokio::spawn(locks.lock("watched").fair(true).wait(wait).acquire());
+    until_queued(&conn, "watched", 2).await;
+    until_subscribed(&conn, "watched").await;
+    holder.release().await.unwrap();
+    let lease = first.await.unwrap().unwrap();
+    let handed = Instant::now();
+    assert_eq!(locks.stats().handed_over, 1);
+    // The second waiter, the process's oldest other one, watches the claim: it tries again
+    // once the claim and a quarter (2.5 s) have passed, in case the first is gone; not before,
+    // while the recipient's extension may still be on its way.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let attempts = locks.stats().acquire_requests;
+    tokio::time::sleep_until((handed + HANDOFF_CLAIM * 5 / 4 - Duration::from_millis(200)).into())
+        .await;
+    assert_eq!(
+        locks.stats().acquire_requests,
+        attempts,
+        "the watcher tried again early"
+    );
+    let retried = eventually(Duration::from_secs(1), || async {
+        locks.stats().acquire_requests > attempts
+    })
+    .await;
+    assert!(retried.is_some(), "the watcher never tried again");
+    lease.release().await.unwrap();
+    second.await.unwrap().unwrap().release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_locks_exclude_across_processes() {
     let _load = distlock_tests::heavy().await;
     let server = RedisServer::start();
@@ -302,9 +370,14 @@ async fn a_fair_waiter_with_an_endless_wait_queues_with_an_expiry() {
             .acquire(),
     );
     until_queued(&conn, "endless", 1).await;
+    // Taken as a century (the most the queue script's arithmetic is given), not less.
+    let century: i64 = 100 * 365 * 86_400_000;
     for key in ["distlock:queue:{endless}", "distlock:waiters:{endless}"] {
         let pttl: i64 = conn.pttl(key).await.unwrap();
-        assert!(pttl > 0, "{key} has pttl {pttl}");
+        assert!(
+            pttl > century - 60_000 && pttl <= century + 2_000,
+            "{key} has pttl {pttl}"
+        );
     }
     holder.release().await.unwrap();
     waiting

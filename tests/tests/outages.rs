@@ -138,11 +138,13 @@ async fn acquires_that_never_reached_a_dead_redis_leave_nothing_to_undo_and_no_w
     warm_up(&locks).await;
     server.kill();
     let ttl = Duration::from_millis(500);
-    let try_lock = |key: String| {
+    // Fair requests (one key's default) and plain ones (the all-or-nothing script) alike.
+    let try_lock = |key: String, fair: bool| {
         let locks = locks.clone();
         async move {
             let outcome = locks
                 .lock(key)
+                .fair(fair)
                 .ttl(ttl)
                 .wait(Duration::ZERO)
                 .acquire()
@@ -156,14 +158,15 @@ async fn acquires_that_never_reached_a_dead_redis_leave_nothing_to_undo_and_no_w
     // The connection that was open when Redis died has noticed: the first acquire fails on it
     // before it is handed over, so it was never sent either.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    try_lock("first".into()).await;
+    try_lock("first".into(), false).await;
     let in_doubt = logs.count("releasing in the background");
     assert_eq!(in_doubt, 0, "{}", logs.text());
     // Every later one fails to connect: never sent, nothing to undo.
     for i in 0..20 {
-        try_lock(format!("one-by-one-{i}")).await;
+        try_lock(format!("one-by-one-{i}"), i % 2 == 0).await;
     }
-    futures_util::future::join_all((0..20).map(|i| try_lock(format!("together-{i}")))).await;
+    futures_util::future::join_all((0..20).map(|i| try_lock(format!("together-{i}"), i % 2 == 0)))
+        .await;
     assert_eq!(
         logs.count("releasing in the background"),
         in_doubt,
@@ -355,5 +358,76 @@ async fn a_subscriber_connection_that_stops_answering_is_replaced() {
     assert!(
         took < Duration::from_secs(4),
         "woken {took:?} after the release"
+    );
+}
+
+/// Leases dropped while Redis stays down: their background releases back off (no tight loop),
+/// give up by their ttl (when the keys have expired anyway), and say so once, a lease its owner
+/// let go of with a warning, a lost one at debug level (its loss was reported already).
+#[tokio::test]
+async fn background_releases_back_off_and_give_up_by_their_ttl_while_redis_stays_down() {
+    let _load = distlock_tests::timed().await;
+    let (logs, _capture) = Logs::capture();
+    let mut server = RedisServer::start();
+    let locks = server
+        .manager_with_timeouts(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(1);
+    let dropped = locks
+        .lock("dropped")
+        .ttl(ttl)
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    let lost = locks
+        .lock("lost")
+        .ttl(Duration::from_millis(100))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(lost.is_lost());
+    server.kill();
+    let started = Instant::now();
+    drop(dropped);
+    drop(lost);
+    assert_eq!(locks.stats().background_releases, 2);
+    let ended = distlock_tests::eventually(Duration::from_secs(5), || async {
+        locks.stats().background_releases == 0
+    })
+    .await;
+    assert!(ended.is_some(), "the background releases never gave up");
+    let took = started.elapsed();
+    assert!(
+        took <= ttl + Duration::from_millis(200),
+        "gave up {took:?} after the drop (ttl {ttl:?})"
+    );
+    // 50 ms, doubling: 4 retries within the second, 1 within the lost lease's 100 ms.
+    let retries = logs.count("distlock background release failed; retrying");
+    assert!(
+        (2..=8).contains(&retries),
+        "{retries} retries: {}",
+        logs.text()
+    );
+    // Naming the lock.
+    let failed = logs.text();
+    let failed: Vec<&str> = failed
+        .lines()
+        .filter(|line| line.contains("distlock release failed; the lock expires after its ttl"))
+        .collect();
+    assert_eq!(failed.len(), 1, "{}", logs.text());
+    assert!(
+        failed[0].contains(r#"keys=["distlock:lock:{dropped}"]"#),
+        "{}",
+        failed[0]
+    );
+    assert_eq!(
+        logs.count("distlock could not release a lost lease"),
+        1,
+        "{}",
+        logs.text()
     );
 }

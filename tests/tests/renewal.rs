@@ -573,3 +573,297 @@ async fn a_lease_is_valid_from_before_its_request_was_sent_not_from_when_the_ans
          answer came {delay:?} after it)"
     );
 }
+
+#[tokio::test]
+async fn a_lease_that_expired_before_its_renewal_was_answered_is_renewed_no_more() {
+    let _load = distlock_tests::timed().await;
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let server = RedisServer::start();
+    // Every answer comes 700 ms late: the acquire's within the lease's validity (988 ms of a
+    // 1 s ttl), the answer to the renewal sent on receiving it only after that validity ended.
+    let proxy = distlock_tests::Proxy::start(&server).await;
+    proxy.set_mode(distlock_tests::ProxyMode::Delay(Duration::from_millis(700)));
+    let locks = distlock_tests::manager_at(&proxy.url(), Duration::from_secs(3))
+        .build()
+        .unwrap();
+    // The extension script loaded too, so the renewal is one round trip.
+    let warm = locks.lock("warm-up").acquire().await.unwrap();
+    warm.extend(Duration::from_secs(30)).await.unwrap();
+    warm.release().await.unwrap();
+    let key = locks.redis_key("answered-late");
+    let conn = server.client().await;
+    let lease = locks
+        .lock("answered-late")
+        .ttl(Duration::from_secs(1))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(2), lease.lost())
+        .await
+        .expect("lost when its validity ran out");
+    // The lease is held, not dropped (which would release it): only a renewal could keep its
+    // key, and a lost lease is renewed no more, so the key expires by the ttl of the last one.
+    let gone = until_gone(&conn, &key, Duration::from_secs(3)).await;
+    assert!(gone.is_some(), "a lost lease's renewals kept its key alive");
+    assert_eq!(
+        logs.count("it expired before its renewal was answered"),
+        1,
+        "{}",
+        logs.text()
+    );
+    drop(lease);
+}
+
+#[tokio::test]
+async fn a_stopped_body_is_logged_with_why_its_lease_was_lost() {
+    let _load = distlock_tests::timed().await;
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let server = RedisServer::start();
+    let locks = server.manager();
+    // Without renewal, its ttl passed.
+    let outcome = locks
+        .lock("unrenewed")
+        .ttl(Duration::from_millis(100))
+        .renew(false)
+        .run(std::future::pending::<()>())
+        .await;
+    assert!(
+        matches!(outcome, Err(LockError::LeaseLost { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        logs.count("reached its ttl without renewal (renew = false); the body was stopped"),
+        1,
+        "{}",
+        logs.text()
+    );
+    // Renewed, but its key was deleted by someone else.
+    let key = locks.redis_key("deleted-under-it");
+    let mut conn = server.client().await;
+    let run = tokio::spawn(
+        locks
+            .lock("deleted-under-it")
+            .ttl(Duration::from_millis(300))
+            .run(std::future::pending::<()>()),
+    );
+    until_exists(&conn, &key, Duration::from_secs(2))
+        .await
+        .expect("acquired");
+    let _: () = conn.del(&key).await.unwrap();
+    let outcome = run.await.unwrap();
+    assert!(
+        matches!(outcome, Err(LockError::LeaseLost { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        logs.count("deleted or taken by another owner; the body was stopped"),
+        1,
+        "{}",
+        logs.text()
+    );
+    assert_eq!(
+        logs.count("before a renewal got through"),
+        0,
+        "{}",
+        logs.text()
+    );
+}
+
+#[tokio::test]
+async fn renewals_sent_late_are_reported_together_and_on_time_ones_never() {
+    let _load = distlock_tests::timed().await;
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let server = RedisServer::start();
+    let locks = server.manager();
+    distlock_tests::warm_up(&locks).await;
+    let ttl = Duration::from_millis(600);
+    // Renewed every 200 ms, on time.
+    let on_time = locks
+        .lock("on-time")
+        .ttl(ttl)
+        .run(tokio::time::sleep(Duration::from_secs(1)))
+        .await;
+    assert!(on_time.is_ok(), "{on_time:?}");
+    assert_eq!(logs.count("renewed late"), 0, "{}", logs.text());
+    // An overloaded process: this thread, which runs the renewal driver (a current-thread
+    // runtime), is blocked from before two leases' first renewal (due 200 ms after their
+    // acquire) until 250 ms after it, more than half a renewal interval late.
+    let first = locks.lock("late-1").ttl(ttl).acquire().await.unwrap();
+    let second = locks.lock("late-2").ttl(ttl).acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    std::thread::sleep(Duration::from_millis(300));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!first.is_lost() && !second.is_lost(), "renewed in time");
+    assert_eq!(
+        logs.count("distlock leases renewed late"),
+        1,
+        "{}",
+        logs.text()
+    );
+    assert_eq!(logs.count("leases=2"), 1, "{}", logs.text());
+    first.release().await.unwrap();
+    second.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn leases_due_together_are_renewed_by_one_call() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    distlock_tests::warm_up(&locks).await;
+    // Three leases taken 20 ms apart, renewed every 200 ms: the first renewal, a third of the
+    // ttl after the first acquire, takes all three (each may go up to a quarter interval
+    // early), and so does every one after it.
+    let ttl = Duration::from_millis(600);
+    let before = server.script_calls();
+    let mut leases = Vec::new();
+    for i in 0..3 {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        leases.push(
+            locks
+                .lock(format!("batched-{i}"))
+                .ttl(ttl)
+                .acquire()
+                .await
+                .unwrap(),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(260)).await;
+    let first = server.script_calls() - before;
+    assert_eq!(first, 3 + 1, "three acquires and one renewal");
+    // Four more rounds (at 400, 600, 800 and 1000 ms), one call each.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let later = server.script_calls() - before - first;
+    assert!((3..=5).contains(&later), "{later} calls for 4 renewals");
+    for lease in leases {
+        lease.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn renewal_working_again_after_failures_is_logged_once() {
+    let _load = distlock_tests::timed().await;
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let mut server = RedisServer::start();
+    let locks = server
+        .manager_with_timeouts(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    distlock_tests::warm_up(&locks).await;
+    // Renewed every 500 ms; Redis hangs across the first renewal, then answers again well
+    // within the lease's validity.
+    let lease = locks
+        .lock("flapping")
+        .ttl(Duration::from_millis(1500))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    server.pause();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    server.resume();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!lease.is_lost(), "{}", logs.text());
+    assert_eq!(
+        logs.count("distlock lease renewal failed"),
+        1,
+        "{}",
+        logs.text()
+    );
+    assert_eq!(
+        logs.count("distlock lease renewal works again"),
+        1,
+        "{}",
+        logs.text()
+    );
+    lease.release().await.unwrap();
+}
+
+/// CPU time this thread has used so far (Linux: utime + stime of `/proc/thread-self/stat`, in
+/// ticks of 10 ms).
+fn thread_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+#[tokio::test]
+async fn a_renewal_driver_without_leases_sleeps_until_it_stops() {
+    let server = RedisServer::start();
+    let locks = server.manager();
+    // One lease cycle starts the driver (on this thread: a current-thread runtime); then it
+    // has no lease to renew, and waits to stop.
+    distlock_tests::warm_up(&locks).await;
+    let before = thread_cpu();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let used = thread_cpu() - before;
+    assert!(
+        used <= Duration::from_millis(100),
+        "{used:?} of CPU in 500 ms without leases"
+    );
+}
+
+#[tokio::test]
+async fn a_lease_whose_renewal_keeps_failing_is_lost_at_its_validity_and_said_once() {
+    let _load = distlock_tests::timed().await;
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let mut server = RedisServer::start();
+    let locks = server
+        .manager_with_timeouts(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    distlock_tests::warm_up(&locks).await;
+    let lease = locks
+        .lock("failing")
+        .ttl(Duration::from_millis(600))
+        .acquire()
+        .await
+        .unwrap();
+    // Every renewal, from the first (200 ms in), times out on the hung server.
+    server.pause();
+    tokio::time::timeout(Duration::from_secs(1), lease.lost())
+        .await
+        .expect("lost by its validity");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.resume();
+    assert_eq!(
+        logs.count("distlock lease lost: renewal kept failing until the lease expired"),
+        1,
+        "{}",
+        logs.text()
+    );
+    drop(lease);
+}
+
+#[tokio::test]
+async fn a_released_lease_is_renewed_no_more() {
+    let _load = distlock_tests::timed().await;
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let server = RedisServer::start();
+    let locks = server.manager();
+    distlock_tests::warm_up(&locks).await;
+    // Due for renewal every 100 ms, released before the first.
+    let lease = locks
+        .lock("released")
+        .ttl(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    lease.release().await.unwrap();
+    let before = server.script_calls();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        server.script_calls() - before,
+        0,
+        "renewal calls after the release"
+    );
+    assert_eq!(logs.count("lease lost"), 0, "{}", logs.text());
+}

@@ -32,6 +32,33 @@ async fn acquire_when_free_and_try_lock_when_held_each_take_one_round_trip() {
     let before = server.requests();
     lease.release().await.unwrap();
     assert_eq!(server.requests() - before, 1, "release");
+
+    // So does a plain (not fair) acquire, of one key or several (the all-or-nothing script,
+    // loaded first).
+    lock_plain(&locks, &["plain"])
+        .await
+        .release()
+        .await
+        .unwrap();
+    for keys in [&["plain"][..], &["several-a", "several-b"]] {
+        let before = server.requests();
+        let lease = lock_plain(&locks, keys).await;
+        assert_eq!(server.requests() - before, 1, "plain acquire of {keys:?}");
+        lease.release().await.unwrap();
+    }
+}
+
+/// A plain (not fair) lease on `keys`.
+async fn lock_plain(
+    locks: &distlock_runtime::LockManager,
+    keys: &[&str],
+) -> distlock_runtime::Lease {
+    locks
+        .lock_all(keys.iter().copied())
+        .fair(false)
+        .acquire()
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -195,4 +222,35 @@ async fn a_partly_overlapping_nested_run_acquires_only_the_missing_keys() {
         .await
         .unwrap();
     assert_eq!(current_lease(), None);
+}
+
+#[tokio::test]
+async fn only_an_acquire_that_waited_is_logged_with_its_attempts() {
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let server = RedisServer::start();
+    let holder = server.manager();
+    let held = holder
+        .lock("logged")
+        .ttl(Duration::from_millis(200))
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(logs.count("acquired after waiting"), 0, "{}", logs.text());
+    // Another manager's request finds the key held, and takes it once it expired.
+    let waiter = server.manager();
+    let lease = waiter
+        .lock("logged")
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(
+        logs.count("distlock acquired after waiting"),
+        1,
+        "{}",
+        logs.text()
+    );
+    lease.release().await.unwrap();
+    drop(held);
 }
