@@ -71,7 +71,7 @@
 //!
 //! | dependency | features | what for |
 //! |---|---|---|
-//! | `redis` | `aio`, `tokio-comp`, `tokio-rustls-comp`, `script`, `cluster-async` | async connections on Tokio, TLS for `rediss://` URLs (rustls, trusting the system's root CAs through `rustls-native-certs`), Lua scripts, and the Redis Cluster topology (compiled in whether a manager uses them or not) |
+//! | `redis` | `aio`, `tokio-comp`, `tokio-rustls-comp`, `script` | async connections on Tokio, TLS for `rediss://` URLs (rustls, trusting the system's root CAs through `rustls-native-certs`), and Lua scripts (distlock routes a cluster by itself) |
 //! | `rustls` | `ring`, `std`, `tls12` | the crypto provider distlock installs for TLS when none is (ring builds with a C compiler alone), and TLS 1.2 beside 1.3; see [`LockManagerBuilder::tls_ca_pem`] |
 //! | `deadpool-redis` | `rt_tokio_1` | the connection pool of a one-server manager, also [`LockManagerBuilder::pool`] |
 //! | `tokio` | `rt`, `time`, `sync`, `macros` | renewal and release tasks, timeouts: locks are taken on a Tokio runtime |
@@ -181,55 +181,14 @@
 //! token, greater than every earlier token of each of its keys.
 //!
 //! # Fair locks
-//! A request for one key is fair by default: waiters are served in arrival order. An unfair
-//! request (`fair = false` on the attribute, [`LockRequest::fair`]`(false)`, or
-//! [`LockManagerBuilder::default_fair`]`(false)`) gives a released lock to whichever waiter
-//! asks first after the release, which may be the task that just released it. Requests for
-//! several keys, and every request on a quorum or with `min_replicas`, are unfair. A fair
-//! request works like this:
-//! - A fair waiter that finds the key held joins the key's queue in Redis (`distlock:queue:{KEY}`
-//!   and `distlock:waiters:{KEY}` by default, gone when the queue empties or its last waiter's wait has
-//!   passed). A free key is taken only if no live waiter queued first.
-//! - A release hands the lock straight to the oldest live waiter: the release script sets the
-//!   key to that waiter's token and publishes the hand-off, and the waiter's body starts when the
-//!   notification arrives, without another acquire request.
-//! - Every queue entry carries its waiter's deadline and is skipped once it has passed; a waiter
-//!   that gives up or is cancelled leaves the queue (and passes on a hand-off it was given) from
-//!   a background task.
-//! - A hand-off holds the key for [`HANDOFF_CLAIM`] (2 s, or the ttl if shorter); the new
-//!   holder's renewal extends it to its ttl a third of the claim later (at once without
-//!   renewal), so a short body spends no round trip on it. If the waiter is gone (its process
-//!   crashed), the claim lapses and a watcher takes the lock: the hand-off message tells the
-//!   oldest fair waiter of every process that waits to try again once the claim (plus a quarter)
-//!   has passed. Each crashed waiter at the head of the queue
-//!   delays it by at most 2.5 s, as long as some process with a live waiter of the key is
-//!   subscribed to its notifications. (A fair waiter whose manager has no notifications, built
-//!   on a caller's pool, polls, and notices a lapsed claim at its next poll.)
-//! - A hand-off is dated by Redis's clock (each fair attempt returns it), so the new holder's
-//!   lease validity is still counted from a moment known to precede Redis setting its expiry.
-//! - Trust: anyone allowed to publish on the key's channel could name a waiter in a message,
-//!   and anyone allowed to subscribe sees every message. A hand-off therefore carries a
-//!   signature of its fields keyed by a secret the waiter's latest attempt stored in the queue
-//!   (128 random bits, new at every attempt, never published), and a waiter acts only on a
-//!   hand-off its secret signed; forged or altered ones are dropped with a warning. The safety
-//!   boundary is key access: a client that can read the queue can take the lock anyway. A client
-//!   that may only publish can disturb liveness (fake release notices make waiters try again;
-//!   fake hand-offs naming waiters of other processes make watchers wait, by at most a claim and
-//!   a quarter each), never exclusion or fencing.
-//!
-//! Why fair is the default: under contention it wins on every count the benchmark measures
-//! (the README's performance section has the figures): every waiter gets its turn in order, so
-//! no waiter starves and the slowest waits stay close to the mean; a hand-off starts the next
-//! holder without an acquire round trip, so the lock changes hands faster than one client can
-//! take and release it; and a release wakes one waiter instead of a crowd that retries. Without
-//! contention it costs about what an unfair lock does (one `EXISTS` more per acquire). What it
-//! costs: a waiter that crashed in the queue delays the queue by up to 2.5 s (a claim and a
-//! quarter) where it costs unfair waiters nothing, and a hand-off needs a subscribed process
-//! to notice a lapsed claim. Use `fair(false)` where any waiter may go next and a crash must cost
-//! nothing (a cache rebuild, say). Fair and unfair requests on one key can be mixed: every
-//! release then hands the key to a queued fair waiter if there is one, so unfair waiters go
-//! after the queue (an unfair request can still take a key whose holder's lease expired before
-//! the queue's head does).
+//! A request for one key is fair by default: its waiters queue in Redis, and a release hands
+//! the lock to the oldest live waiter, whose body starts when the notification arrives. Turn it
+//! off per request with `fair = false` or [`LockRequest::fair`]`(false)`, or for a manager with
+//! [`LockManagerBuilder::default_fair`]`(false)`. Requests for several keys, and every request on
+//! a quorum or with `min_replicas`, are unfair. A hand-off holds the key for [`HANDOFF_CLAIM`]
+//! until its recipient confirms it, so a waiter whose process crashed while queued delays the
+//! queue by at most a claim and a quarter. `docs/fair.md` in the repository says when to choose
+//! which, and how the queue, the hand-off, its claim and its signature work.
 //!
 //! # Topologies
 //! A manager talks to exactly one deployment, chosen on its builder (two, or none, is

@@ -1206,3 +1206,10 @@ impl std::future::Future for Tripwire {
         }
     }
 }
+
+/// The Rust examples of `docs/`, compiled as doc-tests, so the long-form docs cannot drift from
+/// the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/topologies.md")]
+#[doc = include_str!("../../docs/operations.md")]
+pub struct DocsDoctests;

@@ -4,7 +4,7 @@
 //! 5 s of the deployment being whole, its `ping()` must end within its timeout throughout, and
 //! the guarded resource (a ledger on a Redis of its own, fenced by the leases' tokens) must see
 //! no broken exclusion: no token shared by two leases, no lost update. Each case prints every
-//! manager's time to recover (the README's reliability section quotes them).
+//! manager's time to recover (`docs/reliability.md` quotes them).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdin, Command, Stdio};
