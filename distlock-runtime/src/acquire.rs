@@ -22,10 +22,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::call::{Failed, Kind, Reached, ScriptCall, Taking};
-use crate::conn::millis;
+use crate::call::{Kind, ScriptCall, Taking};
 use crate::context::Context;
 use crate::error::LockError;
+use crate::failed::{Failed, Reached};
 use crate::fair::{handoff_start, FairAnswer, FairRequest};
 use crate::fence::raise_call;
 use crate::keys::LockKeys;
@@ -33,6 +33,7 @@ use crate::lease::Lease;
 use crate::release::{release_in_background, Leaving};
 use crate::scripts::{self, Acquire};
 use crate::telemetry;
+use crate::time::millis;
 use crate::topology::{by_shard, Route};
 use crate::validity::{validity, LeaseState};
 use crate::wait::{Wait, Waiter, Wake};

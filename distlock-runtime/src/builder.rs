@@ -7,8 +7,6 @@ use std::time::Duration;
 
 use deadpool_redis::Pool;
 
-use crate::call::Replicas;
-use crate::conn::{self, Timeouts};
 use crate::context::{Context, Counters};
 use crate::error::LockError;
 use crate::manager::LockManager;
@@ -19,7 +17,9 @@ use crate::topology::cluster::Cluster;
 use crate::topology::quorum::Quorum;
 use crate::topology::sentinel::Sentinel;
 use crate::topology::standalone::Standalone;
+use crate::topology::Replicas;
 use crate::topology::Route;
+use crate::topology::Timeouts;
 use crate::validity::check_ttl;
 
 impl LockManager {
@@ -621,9 +621,9 @@ impl LockManagerBuilder {
                 replicas,
             )),
             Some(Source::Url(url)) => {
-                let (info, endpoint) = conn::parse_url(&url, &self.tls)?;
-                let client = conn::client(info.clone())?;
-                let pool = conn::create_pool(info, self.pool_size, timeouts)?;
+                let (info, endpoint) = crate::topology::parse_url(&url, &self.tls)?;
+                let client = crate::topology::client(info.clone())?;
+                let pool = crate::topology::create_pool(info, self.pool_size, timeouts)?;
                 Arc::new(Standalone::new(
                     pool,
                     Some(client),
@@ -665,7 +665,7 @@ impl LockManagerBuilder {
             .subscriber()
             .map(|subscriber| Notifications::new(subscriber, timeouts));
         Ok(LockManager::new(Context {
-            id: crate::conn::next_id(),
+            id: crate::ids::next_id(),
             renewals: Renewals::new(Arc::clone(&redis)),
             background: Default::default(),
             notifications,

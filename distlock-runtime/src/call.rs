@@ -5,6 +5,7 @@
 //! how far its request got ([`Failed`], [`Reached`]), which decides whether what it would have
 //! written may be there.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use redis::{Arg, Cmd, ToRedisArgs, Value};
 
-use crate::error::LockError;
+use crate::failed::Failed;
 use crate::keys::LockKeys;
 
 /// A boxed future, as the object-safe [`Route`] returns.
@@ -96,71 +97,6 @@ impl Kind {
             Self::Acquire(_) | Self::Extend | Self::Raise | Self::Fair
         )
     }
-}
-
-/// With `min_replicas`: the answer of `call` sent in one pipeline with `WAIT` (`pipelined` is
-/// `[answer, replicas that acknowledged]`). When fewer replicas than required did, an acquire is
-/// undone at once (by `run`, its release) and the call fails with [`LockError::Replication`]; it
-/// counts as having written (so the acquire also releases by token, in the background, whatever
-/// the undo could not).
-pub(crate) async fn confirmed<F, Fut>(
-    call: &ScriptCall,
-    pipelined: Value,
-    replicas: Replicas,
-    run: F,
-) -> Result<Value, Failed>
-where
-    F: FnOnce(ScriptCall) -> Fut,
-    Fut: Future<Output = Result<Value, Failed>>,
-{
-    let (answer, acked) = match pipelined {
-        Value::Array(mut values) if values.len() == 2 => {
-            let acked = match values.pop() {
-                Some(Value::Int(n)) => usize::try_from(n).unwrap_or(0),
-                _ => 0,
-            };
-            (values.pop().unwrap_or(Value::Nil), acked)
-        }
-        _ => {
-            return Err(Failed {
-                error: LockError::Redis {
-                    op: call.op,
-                    source: redis::RedisError::from((
-                        redis::ErrorKind::Parse,
-                        "unexpected answer to a write and WAIT",
-                    )),
-                },
-                reached: Reached::Answered,
-            })
-        }
-    };
-    if acked >= replicas.count {
-        return Ok(answer);
-    }
-    let mut undone = false;
-    if let Some(undo) = call.undo() {
-        // The acquire script answers a fencing token when it took the keys, an array when
-        // they are held (see `scripts.rs`).
-        let took = matches!(answer, Value::Int(_) | Value::BulkString(_));
-        if !took {
-            // Held by another owner: nothing was written, and the answer stands.
-            return Ok(answer);
-        }
-        undone = run(undo).await.is_ok();
-    }
-    Err(Failed {
-        error: LockError::Replication {
-            op: call.op,
-            acked,
-            needed: replicas.count,
-            within: replicas.timeout,
-        },
-        reached: if undone {
-            Reached::Refused
-        } else {
-            Reached::Answered
-        },
-    })
 }
 
 /// One script call: the script, its keys and arguments, and its [`Kind`].
@@ -306,127 +242,14 @@ impl ScriptCall {
     /// as it is, release and extend are idempotent.
     pub(crate) async fn run_with<'a, F, Fut>(&'a self, mut send: F) -> Result<Value, Failed>
     where
-        F: FnMut(Cmd) -> Fut,
-        Fut: Future<Output = Result<Value, Failed>> + 'a,
+        F: FnMut(Cow<'a, Cmd>) -> Fut,
+        Fut: Future<Output = Result<Value, Failed>>,
     {
-        match send(self.evalsha().clone()).await {
-            Err(failed) if failed.is_noscript() => send(self.eval()).await,
+        match send(Cow::Borrowed(self.evalsha())).await {
+            Err(failed) if failed.is_noscript() => send(Cow::Owned(self.eval())).await,
             answer => answer,
         }
     }
-}
-
-/// `min_replicas`: how many replicas must acknowledge an acquire or extend, and how long to
-/// wait for them.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Replicas {
-    pub(crate) count: usize,
-    pub(crate) timeout: Duration,
-}
-
-/// A call that failed, and how far its request got.
-#[derive(Debug)]
-pub(crate) struct Failed {
-    pub(crate) error: LockError,
-    pub(crate) reached: Reached,
-}
-
-impl Failed {
-    /// Whether a replica (a demoted primary) refused the write before running it.
-    pub(crate) fn is_read_only(&self) -> bool {
-        matches!(&self.error, LockError::Redis { source, .. }
-            if source.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly))
-    }
-
-    /// Whether the server refused it for a passing reason (`LOADING`, `BUSY`, `MASTERDOWN`)
-    /// before running it.
-    pub(crate) fn is_passing(&self) -> bool {
-        self.error
-            .redis_source()
-            .is_some_and(|source| crate::error::Reply::of(source) == crate::error::Reply::Passing)
-    }
-
-    /// Whether the connection broke (or could not be used) under the request.
-    pub(crate) fn broke_connection(&self) -> bool {
-        matches!(&self.error, LockError::Redis { source, .. } if is_connection_failure(source))
-    }
-
-    /// Whether the server did not know the script (`NOSCRIPT`): nothing ran.
-    pub(crate) fn is_noscript(&self) -> bool {
-        matches!(&self.error, LockError::Redis { source, .. }
-            if source.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
-    }
-}
-
-/// How far a failed request got, which decides whether what it would have written may be there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Reached {
-    /// Never sent: no connection could be had.
-    No,
-    /// Sent, or maybe sent, with no answer: it may still arrive and run.
-    Maybe,
-    /// Redis ran it and answered with an error: whatever it wrote before failing stays
-    /// written (or its answer could not be read).
-    Answered,
-    /// Redis refused it before running it (a replica's `READONLY`, `LOADING`, `OOM`, a key the
-    /// user may not touch, a script that does not compile): nothing was written.
-    Refused,
-}
-
-/// Whether a failed request ran on the server: an error raised inside a script says where
-/// (`... script: <sha>, on @user_script:<line>.`), a refusal before the script ran does not,
-/// and an answer that could not be read came from a request that ran.
-pub(crate) fn ran(error: &redis::RedisError) -> bool {
-    match error.kind() {
-        redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType => true,
-        _ => error.to_string().contains("@user_script"),
-    }
-}
-
-impl Reached {
-    /// A refusal after an earlier try that may have reached Redis still may have.
-    pub(crate) fn max_with(self, earlier: Reached) -> Reached {
-        if earlier == Reached::Maybe && self == Reached::Refused {
-            Reached::Maybe
-        } else {
-            self
-        }
-    }
-}
-
-/// What a request that was sent and failed with `source` tells: a timeout or a broken
-/// connection may have reached Redis; an error Redis answered ran the script (or not, see
-/// [`ran`]).
-pub(crate) fn failed(op: &'static str, source: redis::RedisError, after: Duration) -> Failed {
-    if source.is_timeout() {
-        return Failed {
-            error: LockError::RedisTimeout { op, after },
-            reached: Reached::Maybe,
-        };
-    }
-    if is_connection_failure(&source) {
-        return Failed {
-            error: LockError::Redis { op, source },
-            reached: Reached::Maybe,
-        };
-    }
-    let reached = if ran(&source) {
-        Reached::Answered
-    } else {
-        Reached::Refused
-    };
-    Failed {
-        error: LockError::from_redis(op, source),
-        reached,
-    }
-}
-
-/// True when the error says the connection itself is unusable, not that the command failed.
-pub(crate) fn is_connection_failure(err: &redis::RedisError) -> bool {
-    err.is_io_error()
-        || err.is_connection_dropped()
-        || err.is_timeout()
-        || err.is_unrecoverable_error()
 }
 
 #[cfg(test)]

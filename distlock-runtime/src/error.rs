@@ -406,7 +406,7 @@ pub enum ErrorClass {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reply {
     /// The connection broke, timed out, or could not be opened: an outage. A request on a
-    /// connection that had died while idle is sent again on a fresh one (see `conn.rs`).
+    /// connection that had died while idle is sent again on a fresh one (see `topology/link.rs`).
     Connection,
     /// `MOVED`, `ASK`: the cluster router follows it.
     Redirect,

@@ -39,10 +39,12 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::call::{Failed, Kind, Lua, ScriptCall};
-use crate::conn::{lock, millis};
+use crate::call::{Kind, Lua, ScriptCall};
+use crate::failed::Failed;
 use crate::fence::FENCE;
 use crate::keys::LockKeys;
+use crate::sync::lock;
+use crate::time::millis;
 use crate::topology::Route;
 
 /// How long a lock handed to a fair waiter is held for it before the waiter extends it to its

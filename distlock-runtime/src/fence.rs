@@ -105,6 +105,6 @@ pub(crate) fn raise_call(taking: &crate::call::Taking, token: u64) -> crate::cal
     for fence in taking.fences() {
         raise.key(fence);
     }
-    raise.arg(token).arg(crate::conn::millis(taking.ttl));
+    raise.arg(token).arg(crate::time::millis(taking.ttl));
     raise
 }

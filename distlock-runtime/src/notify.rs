@@ -43,8 +43,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::conn::{lock, Timeouts};
 use crate::fair::{self, FairWaiter, Handoff};
+use crate::sync::lock;
+use crate::topology::Timeouts;
 use crate::topology::{Channels, Ended, Message, OnMessage, Subscribe};
 
 /// The notification side of one manager.
@@ -546,7 +547,7 @@ async fn reconcile(hub: Arc<Hub>, channel: String) {
                     entry.subscribed_on = None;
                 }
             }
-            Ok(Err(error)) if !crate::call::is_connection_failure(&error) => {
+            Ok(Err(error)) if !crate::failed::is_connection_failure(&error) => {
                 tracing::debug!(%channel, %error, "distlock could not subscribe to release notifications; waiters poll");
                 if let Some(entry) = state.channels.get_mut(&channel) {
                     entry.subscribed_on = None;

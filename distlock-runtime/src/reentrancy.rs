@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-use crate::conn::lock;
 use crate::error::LockError;
+use crate::sync::lock;
 use crate::wait::Wait;
 
 tokio::task_local! {
@@ -226,7 +226,7 @@ impl Entry {
         let mut frame = parent;
         if !borrowed.is_empty() {
             frame = Some(Arc::new(Frame {
-                id: crate::conn::next_id(),
+                id: crate::ids::next_id(),
                 manager_id,
                 keys: borrowed.into(),
                 fencing_token: None,
@@ -236,7 +236,7 @@ impl Entry {
         }
         if let Some((keys, fencing_token)) = lease {
             frame = Some(Arc::new(Frame {
-                id: crate::conn::next_id(),
+                id: crate::ids::next_id(),
                 manager_id,
                 keys,
                 fencing_token: Some(fencing_token),

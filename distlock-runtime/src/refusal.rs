@@ -6,8 +6,9 @@
 use std::future::Future;
 use std::sync::LazyLock;
 
-use crate::call::{Failed, Kind, Lua, ScriptCall};
+use crate::call::{Kind, Lua, ScriptCall};
 use crate::error::{LockError, Misconfiguration};
+use crate::failed::Failed;
 use crate::keys::LockKeys;
 
 /// Says more about a refusal of `call` than Redis did: which command an ACL user may not run

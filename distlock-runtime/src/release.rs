@@ -9,11 +9,11 @@ use tokio::time::Instant;
 
 use crate::background::MAX_PENDING;
 use crate::call::{Kind, ScriptCall, Taking};
-use crate::conn::lock;
 use crate::context::Context;
 use crate::error::{LockError, Misconfiguration, Reply};
 use crate::keys::LockKeys;
 use crate::scripts;
+use crate::sync::lock;
 use crate::topology::{by_shard, Route};
 
 /// Deletes the keys still held by `token` (handing each to its oldest fair waiter, if it

@@ -22,11 +22,12 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::call::{Kind, ScriptCall};
-use crate::conn::{lock, millis};
 use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::scripts;
+use crate::sync::lock;
 use crate::telemetry::Throttle;
+use crate::time::millis;
 use crate::topology::{by_shard, Route};
 use crate::validity::LeaseState;
 

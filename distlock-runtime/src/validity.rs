@@ -12,8 +12,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::conn::lock;
 use crate::error::LockError;
+use crate::sync::lock;
 
 /// The shortest lease accepted: below this the clock-drift margin eats the whole lease.
 ///

@@ -24,13 +24,13 @@
 //! 20 ms later, where the map says the slot lives then: each of these answers means nothing ran.
 //! No try starts later than one response timeout after the first, and each is bounded by its
 //! link's timeouts. A node that does not answer in time is an error at once (the call may have
-//! run), its link replaces the connection (see `conn.rs`), and the slot map is fetched again:
+//! run), its link replaces the connection (see `link.rs`), and the slot map is fetched again:
 //! the cluster may have failed that node over. Every distlock script may be sent twice (an acquire that finds its own token
 //! takes the key as it is), and `NOSCRIPT` (a promoted replica) is answered with `EVAL` on the
 //! same node.
 //!
 //! **`min_replicas`**: each node's link runs writes followed by `WAIT` on connections of their
-//! own (see `conn.rs`), so a slow replica stalls no other call.
+//! own (see `replicas.rs`), so a slow replica stalls no other call.
 //!
 //! **Notifications** use sharded pub/sub: the scripts announce with `SPUBLISH` on the lock key's
 //! name, whose slot is the lock's, and waiters `SSUBSCRIBE` on a RESP3 connection to the primary
@@ -48,10 +48,13 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::Replicas;
 use super::{push_handler, Channels, Ended, OnMessage, Route, Subscribe};
-use crate::call::{BoxFuture, Failed, Reached, Replicas, ScriptCall};
-use crate::conn::{self, lock, Dial, Link, Timeouts};
+use super::{Dial, Link, Timeouts};
+use crate::call::{BoxFuture, ScriptCall};
 use crate::error::LockError;
+use crate::failed::{Failed, Reached};
+use crate::sync::lock;
 use crate::tls::Tls;
 
 /// How many nodes a fetch of the slot map asks at once.
@@ -142,7 +145,7 @@ impl Cluster {
         let mut shown = Vec::with_capacity(urls.len());
         let mut first = None;
         for url in urls {
-            let (info, endpoint) = conn::parse_url(url, tls)?;
+            let (info, endpoint) = super::parse_url(url, tls)?;
             let address = match info.addr() {
                 redis::ConnectionAddr::Tcp(host, port)
                 | redis::ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port),
@@ -635,14 +638,14 @@ struct NodeDial {
 }
 
 impl Dial for NodeDial {
-    fn read_only(&self) -> conn::ReadOnly {
-        conn::ReadOnly::Routed
+    fn read_only(&self) -> super::ReadOnly {
+        super::ReadOnly::Routed
     }
 
     fn dial(&self, op: &'static str) -> BoxFuture<'_, Result<MultiplexedConnection, LockError>> {
         Box::pin(async move {
             match &self.client {
-                Ok(client) => conn::dial(client, self.timeouts, op).await,
+                Ok(client) => super::dial(client, self.timeouts, op).await,
                 Err(error) => Err(LockError::InvalidUrl {
                     reason: error.to_string(),
                 }),

@@ -20,14 +20,22 @@ use std::time::Duration;
 use deadpool_redis::Pool;
 use redis::{FromRedisValue, Value};
 
-use crate::call::{BoxFuture, Failed, Reached, ScriptCall};
+use crate::call::{BoxFuture, ScriptCall};
 use crate::error::LockError;
+use crate::failed::{Failed, Reached};
 use crate::keys::LockKeys;
 
 pub(crate) mod cluster;
+mod connect;
+mod link;
 pub(crate) mod quorum;
+mod replicas;
 pub(crate) mod sentinel;
 pub(crate) mod standalone;
+
+pub(crate) use connect::{client, create_pool, dial, parse_url, take_from_pool, Timeouts};
+pub(crate) use link::{Dial, Link, ReadOnly};
+pub(crate) use replicas::Replicas;
 
 /// How one kind of deployment runs distlock's script calls.
 pub(crate) trait Route: Send + Sync + 'static {
@@ -161,7 +169,7 @@ pub(crate) fn push_handler(
     let (lost, ended) = tokio::sync::oneshot::channel::<()>();
     let lost = std::sync::Mutex::new(Some(lost));
     let handler = move |push: redis::PushInfo| -> Result<(), ()> {
-        if crate::conn::lock(&lost).is_none() {
+        if crate::sync::lock(&lost).is_none() {
             // Lost already (on a cluster, one node's connection): the notifier is opening a
             // new subscriber connection, which takes over.
             return Err(());
@@ -193,7 +201,7 @@ pub(crate) fn push_handler(
             }
             PushKind::Disconnection => {
                 // The connection was lost, and its subscriptions with it.
-                if let Some(lost) = crate::conn::lock(&lost).take() {
+                if let Some(lost) = crate::sync::lock(&lost).take() {
                     let _ = lost.send(());
                 }
                 return Err(());

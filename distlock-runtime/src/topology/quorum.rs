@@ -33,11 +33,11 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::{FromRedisValue, Value};
 
 use super::standalone::{PlainSubscriber, PoolDial};
+use super::{Link, Timeouts};
 use super::{Route, Subscribe};
 use crate::call::{BoxFuture, Kind, ScriptCall, Taking};
-use crate::call::{Failed, Reached};
-use crate::conn::{self, Link, Timeouts};
 use crate::error::LockError;
+use crate::failed::{Failed, Reached};
 use crate::fence::raise_call;
 use crate::scripts::Acquire;
 use crate::tls::Tls;
@@ -74,9 +74,9 @@ impl Quorum {
         let mut clients = Vec::with_capacity(urls.len());
         let mut shown = Vec::with_capacity(urls.len());
         for url in urls {
-            let (info, endpoint) = conn::parse_url(url, tls)?;
-            clients.push(conn::client(info.clone())?);
-            let pool = conn::create_pool(info, POOL_SIZE, timeouts)?;
+            let (info, endpoint) = super::parse_url(url, tls)?;
+            clients.push(super::client(info.clone())?);
+            let pool = super::create_pool(info, POOL_SIZE, timeouts)?;
             let dial = PoolDial { pool, timeouts };
             nodes.push(Arc::new(Link::new(Box::new(dial), timeouts, true, None)));
             shown.push(endpoint);

@@ -31,11 +31,12 @@ use redis::Value;
 use tokio::sync::watch;
 
 use super::standalone::open_plain;
+use super::Replicas;
 use super::{Channels, Ended, OnMessage, Route, Subscribe};
-use crate::call::Failed;
-use crate::call::{BoxFuture, Replicas, ScriptCall};
-use crate::conn::{self, Dial, Link, Timeouts};
+use super::{Dial, Link, Timeouts};
+use crate::call::{BoxFuture, ScriptCall};
 use crate::error::LockError;
+use crate::failed::Failed;
 use crate::tls::Tls;
 
 /// A Sentinel-managed primary.
@@ -80,7 +81,7 @@ impl Sentinel {
         let mut sentinels = Vec::with_capacity(urls.len());
         let mut shown = Vec::with_capacity(urls.len());
         for url in urls {
-            let (info, endpoint) = conn::parse_url(url, tls)?;
+            let (info, endpoint) = super::parse_url(url, tls)?;
             sentinels.push(info);
             shown.push(endpoint);
         }
@@ -142,7 +143,7 @@ impl Resolver {
         sentinel: usize,
         op: &'static str,
     ) -> Result<redis::ConnectionInfo, LockError> {
-        let client = conn::client(self.sentinels[sentinel].clone())?;
+        let client = super::client(self.sentinels[sentinel].clone())?;
         let mut conn = self.connect(&client, op).await?;
         let mut cmd = redis::cmd("SENTINEL");
         cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(&self.master);
@@ -183,13 +184,13 @@ impl Resolver {
         client: &redis::Client,
         op: &'static str,
     ) -> Result<MultiplexedConnection, LockError> {
-        conn::dial(client, self.timeouts, op).await
+        super::dial(client, self.timeouts, op).await
     }
 
     /// A connection to the primary, checked with `ROLE` to be one.
     async fn dial_primary(&self, op: &'static str) -> Result<MultiplexedConnection, LockError> {
         let address = self.primary(op).await?;
-        let client = conn::client(address)?;
+        let client = super::client(address)?;
         let mut conn = self.connect(&client, op).await?;
         let role = tokio::time::timeout(
             self.timeouts.response,
@@ -230,8 +231,8 @@ impl Dial for SentinelDial {
         Box::pin(self.0.dial_primary(op))
     }
 
-    fn read_only(&self) -> conn::ReadOnly {
-        conn::ReadOnly::Failover
+    fn read_only(&self) -> super::ReadOnly {
+        super::ReadOnly::Failover
     }
 }
 
@@ -249,7 +250,7 @@ async fn watch_switches(resolver: Weak<Resolver>, link: Weak<Link>) {
         let response = current.timeouts.response;
         drop(current);
         next += 1;
-        let Ok(client) = conn::client(info) else {
+        let Ok(client) = super::client(info) else {
             return;
         };
         let Ok(Ok(pubsub)) = tokio::time::timeout(pause * 2, client.get_async_pubsub()).await

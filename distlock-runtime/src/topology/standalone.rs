@@ -9,11 +9,12 @@ use deadpool_redis::Pool;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 
+use super::Replicas;
 use super::{push_handler, Channels, Ended, OnMessage, Route, Subscribe};
-use crate::call::Failed;
-use crate::call::{BoxFuture, Replicas, ScriptCall};
-use crate::conn::{take_from_pool, Dial, Link, Timeouts};
+use super::{take_from_pool, Dial, Link, Timeouts};
+use crate::call::{BoxFuture, ScriptCall};
 use crate::error::LockError;
+use crate::failed::Failed;
 
 /// One server, through a pool.
 pub(crate) struct Standalone {

@@ -1,0 +1,268 @@
+//! `min_replicas`: a write and its `WAIT`, in one pipeline on a connection of their own, for
+//! every route (a cluster node's link included), and the undo of an acquire the replicas did
+//! not confirm.
+
+use std::future::Future;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::Value;
+
+use super::link::{Link, ReadOnly, PASSING_RETRY};
+use crate::call::ScriptCall;
+use crate::error::LockError;
+use crate::failed::{failed, Failed, Reached};
+use crate::sync::lock;
+use crate::time::millis;
+
+/// `min_replicas`: how many replicas must acknowledge an acquire or extend, and how long to
+/// wait for them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Replicas {
+    pub(crate) count: usize,
+    pub(crate) timeout: Duration,
+}
+
+/// Idle connections for replicated writes, and a count of failovers: a connection checked out
+/// before a failover is not put back after it.
+#[derive(Default)]
+pub(super) struct Spare {
+    pub(super) idle: Vec<MultiplexedConnection>,
+    pub(super) generation: u64,
+}
+
+/// Most idle connections kept for writes that wait for replicas.
+const MAX_SPARE: usize = 8;
+
+impl Link {
+    /// Runs a write and `WAIT`s for `replicas` in one pipeline, on a connection of its own:
+    /// `WAIT` blocks the connection it runs on until the replicas answer or its timeout passes,
+    /// and on the shared multiplexed connection every other lock's commands would queue behind
+    /// it. Such connections are kept (up to [`MAX_SPARE`]) for the next replicated write; a
+    /// write that the replicas did not confirm is undone (see `topology::confirmed`).
+    pub(super) async fn run_replicated(
+        &self,
+        call: &ScriptCall,
+        replicas: Replicas,
+        asking: bool,
+    ) -> Result<Value, Failed> {
+        match self.run_replicated_once(call, replicas, asking).await {
+            // A replica refused it before running it: once more on a fresh connection, which
+            // may reach the primary.
+            Err(failed) if failed.is_read_only() && self.dial.read_only() != ReadOnly::Routed => {
+                self.forget_current();
+                self.run_replicated_once(call, replicas, asking)
+                    .await
+                    .map_err(|failed| self.refused_read_only(failed))
+            }
+            answer => answer,
+        }
+    }
+
+    async fn run_replicated_once(
+        &self,
+        call: &ScriptCall,
+        replicas: Replicas,
+        asking: bool,
+    ) -> Result<Value, Failed> {
+        let op = call.op;
+        let (spare, generation) = {
+            let mut spare = lock(&self.spare);
+            (spare.idle.pop(), spare.generation)
+        };
+        let kept = spare.is_some();
+        let conn = match spare {
+            Some(conn) => conn,
+            None => self.dial.dial(op).await.map_err(|error| Failed {
+                error,
+                reached: Reached::No,
+            })?,
+        };
+        match self
+            .send_replicated(call, replicas, asking, conn, generation)
+            .await
+        {
+            // A kept connection that died while idle (a server restart): once more, on a
+            // fresh one. It may have been sent: an acquire by the same token takes its own
+            // keys again, release and extend are idempotent.
+            Err(failed) if kept && failed.broke_connection() => {
+                let conn = self.dial.dial(op).await.map_err(|error| Failed {
+                    error,
+                    reached: Reached::Maybe,
+                })?;
+                self.send_replicated(call, replicas, asking, conn, generation)
+                    .await
+                    .map_err(|retried| Failed {
+                        reached: match retried.reached {
+                            Reached::No | Reached::Refused => Reached::Maybe,
+                            reached => reached,
+                        },
+                        ..retried
+                    })
+            }
+            answer => answer,
+        }
+    }
+
+    /// Sends a write and its `WAIT` on `conn` (and `ASKING` first when `asking`), keeps the
+    /// connection for the next replicated write, and undoes an acquire the replicas did not
+    /// confirm. A request refused for a passing reason (`LOADING`, `BUSY`) is sent again on it,
+    /// 20 ms apart, within the response timeout.
+    async fn send_replicated(
+        &self,
+        call: &ScriptCall,
+        replicas: Replicas,
+        asking: bool,
+        mut conn: MultiplexedConnection,
+        generation: u64,
+    ) -> Result<Value, Failed> {
+        let op = call.op;
+        let after = self.timeouts.response + replicas.timeout;
+        conn.set_response_timeout(after);
+        let until = tokio::time::Instant::now() + self.timeouts.response;
+        let answer = loop {
+            let answer = call
+                .run_with(|cmd| {
+                    let mut pipe = redis::pipe();
+                    if asking {
+                        pipe.cmd("ASKING");
+                    }
+                    pipe.add_command(cmd.into_owned())
+                        .cmd("WAIT")
+                        .arg(replicas.count)
+                        .arg(millis(replicas.timeout));
+                    let mut conn = conn.clone();
+                    async move {
+                        let count = if asking { 3 } else { 2 };
+                        let sent = conn.send_packed_commands(&pipe, 0, count);
+                        match tokio::time::timeout(after, sent).await {
+                            // Each reply on its own: a script's error (MOVED, NOSCRIPT,
+                            // WRONGTYPE, ...) as the server error it is, not a pipeline's.
+                            Ok(Ok(values)) => replicated_answer(op, values, asking, after),
+                            Ok(Err(source)) => Err(failed(op, source, after)),
+                            Err(_) => Err(Failed {
+                                error: LockError::RedisTimeout { op, after },
+                                reached: Reached::Maybe,
+                            }),
+                        }
+                    }
+                })
+                .await;
+            match answer {
+                Err(failed)
+                    if failed.is_passing()
+                        && tokio::time::Instant::now() + PASSING_RETRY < until =>
+                {
+                    tokio::time::sleep(PASSING_RETRY).await;
+                }
+                answer => break answer?,
+            }
+        };
+        {
+            let mut spare = lock(&self.spare);
+            if spare.idle.len() < MAX_SPARE && spare.generation == generation {
+                spare.idle.push(conn);
+            }
+        }
+        confirmed(call, answer, replicas, |undo| async move {
+            self.run_plain(&undo, asking).await
+        })
+        .await
+    }
+}
+
+/// The replies to `[ASKING,] script, WAIT` as `[answer, replicas]`, or the first error among
+/// `ASKING`'s and the script's.
+fn replicated_answer(
+    op: &'static str,
+    mut values: Vec<Value>,
+    asking: bool,
+    after: Duration,
+) -> Result<Value, Failed> {
+    if asking && !values.is_empty() {
+        values
+            .remove(0)
+            .extract_error()
+            .map_err(|e| failed(op, e, after))?;
+    }
+    let mut values = values.into_iter();
+    let (Some(answer), Some(acked)) = (values.next(), values.next()) else {
+        return Err(Failed {
+            error: LockError::Redis {
+                op,
+                source: redis::RedisError::from((
+                    redis::ErrorKind::Parse,
+                    "unexpected answer to a write and WAIT",
+                )),
+            },
+            reached: Reached::Answered,
+        });
+    };
+    let answer = answer.extract_error().map_err(|e| failed(op, e, after))?;
+    Ok(Value::Array(vec![answer, acked]))
+}
+
+/// With `min_replicas`: the answer of `call` sent in one pipeline with `WAIT` (`pipelined` is
+/// `[answer, replicas that acknowledged]`). When fewer replicas than required did, an acquire is
+/// undone at once (by `run`, its release) and the call fails with [`LockError::Replication`]; it
+/// counts as having written (so the acquire also releases by token, in the background, whatever
+/// the undo could not).
+async fn confirmed<F, Fut>(
+    call: &ScriptCall,
+    pipelined: Value,
+    replicas: Replicas,
+    run: F,
+) -> Result<Value, Failed>
+where
+    F: FnOnce(ScriptCall) -> Fut,
+    Fut: Future<Output = Result<Value, Failed>>,
+{
+    let (answer, acked) = match pipelined {
+        Value::Array(mut values) if values.len() == 2 => {
+            let acked = match values.pop() {
+                Some(Value::Int(n)) => usize::try_from(n).unwrap_or(0),
+                _ => 0,
+            };
+            (values.pop().unwrap_or(Value::Nil), acked)
+        }
+        _ => {
+            return Err(Failed {
+                error: LockError::Redis {
+                    op: call.op,
+                    source: redis::RedisError::from((
+                        redis::ErrorKind::Parse,
+                        "unexpected answer to a write and WAIT",
+                    )),
+                },
+                reached: Reached::Answered,
+            })
+        }
+    };
+    if acked >= replicas.count {
+        return Ok(answer);
+    }
+    let mut undone = false;
+    if let Some(undo) = call.undo() {
+        // The acquire script answers a fencing token when it took the keys, an array when
+        // they are held (see `scripts.rs`).
+        let took = matches!(answer, Value::Int(_) | Value::BulkString(_));
+        if !took {
+            // Held by another owner: nothing was written, and the answer stands.
+            return Ok(answer);
+        }
+        undone = run(undo).await.is_ok();
+    }
+    Err(Failed {
+        error: LockError::Replication {
+            op: call.op,
+            acked,
+            needed: replicas.count,
+            within: replicas.timeout,
+        },
+        reached: if undone {
+            Reached::Refused
+        } else {
+            Reached::Answered
+        },
+    })
+}
