@@ -268,9 +268,10 @@ async fn attempt(
         if state.is_lost() {
             // The answer came after the lease it granted had run out.
             in_doubt.armed = true;
-            return Err(LockError::RedisTimeout {
-                op: "acquire (answered after the lease had expired)",
+            return Err(LockError::AnsweredTooLate {
+                keys: keys.to_vec(),
                 after: sent.elapsed(),
+                ttl,
             });
         }
         in_doubt.armed = false;

@@ -77,6 +77,23 @@ pub enum LockError {
         keys: Vec<String>,
     },
 
+    /// Redis granted the lock, but its answer arrived after the lease it granted had already
+    /// expired (counted from before the request was sent, less the drift margin): Redis, or
+    /// the way to it, was slower than the ttl. The keys are released; the body did not run.
+    #[error(
+        "Redis answered the acquire of {keys:?} after {after:?}, when the lease it granted \
+         (ttl {ttl:?}) had already expired; the keys are released: give the lock a ttl well \
+         above Redis's response time, or find out why Redis is slow"
+    )]
+    AnsweredTooLate {
+        /// The keys of the request.
+        keys: Vec<String>,
+        /// How long the answer took.
+        after: Duration,
+        /// The lease's ttl.
+        ttl: Duration,
+    },
+
     /// Redis could not be reached, or answered with an error that retrying later may cure
     /// (out of memory, loading its data, busy with a script, a cluster or replica without its
     /// primary). The message says which, and what to check.
@@ -248,6 +265,7 @@ impl LockError {
         match self {
             Self::Timeout { .. } | Self::NotAcquired { .. } => ErrorClass::Contention,
             Self::LeaseLost { .. }
+            | Self::AnsweredTooLate { .. }
             | Self::Redis { .. }
             | Self::RedisTimeout { .. }
             | Self::NoQuorum { .. }
@@ -383,7 +401,7 @@ impl LockError {
 /// | class | variants | what to do | HTTP |
 /// |---|---|---|---|
 /// | `Contention` | `Timeout`, `NotAcquired` | somebody else holds the lock: try again later | 409 Conflict |
-/// | `Unavailable` | `Redis`, `RedisTimeout`, `NoQuorum`, `Replication`, `LeaseLost` | Redis could not be asked, or could not keep the lease: try again later | 503 Service Unavailable |
+/// | `Unavailable` | `Redis`, `RedisTimeout`, `NoQuorum`, `Replication`, `LeaseLost`, `AnsweredTooLate` | Redis could not be asked, or could not keep the lease: try again later | 503 Service Unavailable |
 /// | `Misconfigured` | `Misconfigured`, `WrongType`, `InvalidUrl`, `InvalidConfig`, `NotConfigured` | the settings or the deployment are wrong: retrying never helps, an operator must fix them | 500 Internal Server Error |
 /// | `CallerBug` | `HeldByThisTask`, `InvalidKey` | the calling code used the lock wrongly: fix the code | 500 Internal Server Error |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -662,6 +680,14 @@ mod tests {
                 ErrorClass::Unavailable,
             ),
             (
+                LockError::AnsweredTooLate {
+                    keys: vec![key()],
+                    after: Duration::ZERO,
+                    ttl: Duration::ZERO,
+                },
+                ErrorClass::Unavailable,
+            ),
+            (
                 LockError::Redis {
                     op: "t",
                     source: source(),
@@ -743,6 +769,7 @@ mod tests {
                 LockError::HeldByThisTask { .. } => "HeldByThisTask",
                 LockError::InvalidKey { .. } => "InvalidKey",
                 LockError::LeaseLost { .. } => "LeaseLost",
+                LockError::AnsweredTooLate { .. } => "AnsweredTooLate",
                 LockError::Redis { .. } => "Redis",
                 LockError::RedisTimeout { .. } => "RedisTimeout",
                 LockError::NoQuorum { .. } => "NoQuorum",

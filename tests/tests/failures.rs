@@ -391,3 +391,45 @@ async fn calls_after_a_restart_share_one_new_connection() {
     // The harness's own INFO connection, and the manager's one.
     assert!(connections <= 3, "{connections} connections for 50 calls");
 }
+
+/// An acquire whose answer comes after the lease it granted has expired holds nothing: it is
+/// `AnsweredTooLate` (Redis did answer, so not a timeout), an outage for `class()`, the body
+/// never runs, and the lock it took is released, not left to a later holder's surprise.
+#[tokio::test]
+async fn an_answer_after_its_lease_expired_is_answered_too_late_and_runs_nothing() {
+    let mut server = RedisServer::start();
+    let locks = fast_manager(&server);
+    lock_once(&locks, "warm").await;
+    server.pause();
+    let ttl = Duration::from_millis(60);
+    let asking = locks.clone();
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let body_ran = std::sync::Arc::clone(&ran);
+    let call = tokio::spawn(async move {
+        asking
+            .lock("late-answer")
+            .ttl(ttl)
+            .renew(false)
+            .run(async move { body_ran.store(true, std::sync::atomic::Ordering::SeqCst) })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.resume();
+    let outcome = call.await.unwrap();
+    match &outcome {
+        Err(LockError::AnsweredTooLate {
+            keys,
+            after,
+            ttl: told,
+        }) => {
+            assert_eq!(keys, &["late-answer".to_owned()]);
+            assert!(*after >= Duration::from_millis(150), "{after:?}");
+            assert_eq!(*told, ttl);
+        }
+        other => panic!("expected AnsweredTooLate, got {other:?}"),
+    }
+    assert!(outcome.as_ref().is_err_and(LockError::is_unavailable));
+    assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
+    let message = outcome.unwrap_err().to_string();
+    assert!(message.contains("ttl"), "{message}");
+}
