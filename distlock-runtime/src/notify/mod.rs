@@ -367,7 +367,11 @@ impl Hub {
             Connection::Failed { retry_after } if now < *retry_after => return Progress::Poll,
             Connection::Down | Connection::Failed { .. } => {
                 state.connection = Connection::Connecting;
-                tokio::spawn(connect(Arc::clone(self)));
+                drop(state);
+                tokio::spawn(connect(Connecting {
+                    hub: Arc::clone(self),
+                    ended: false,
+                }));
                 return Progress::Pending;
             }
         }
@@ -480,18 +484,39 @@ impl Hub {
     }
 }
 
-/// Opens the subscriber connection (whose push handler hands out its messages, see [`receive`])
-/// and starts the task that notices its end.
-async fn connect(hub: Arc<Hub>) {
-    // Dropped with its runtime half way: the next waiter connects anew.
-    let connecting = OnDrop(|| {
-        let mut state = lock(&hub.state);
+/// A connect under way. Dropped before it ends (its task dropped with its runtime half way), it
+/// leaves the connection down: the next waiter connects anew.
+struct Connecting {
+    hub: Arc<Hub>,
+    ended: bool,
+}
+
+impl Connecting {
+    /// The connect ended with `connection`.
+    fn end(&mut self, state: &mut State, connection: Connection) {
+        state.connection = connection;
+        self.ended = true;
+    }
+}
+
+impl Drop for Connecting {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let mut state = lock(&self.hub.state);
         if matches!(state.connection, Connection::Connecting) {
             state.connection = Connection::Down;
         }
         drop(state);
-        hub.changed.notify_waiters();
-    });
+        self.hub.changed.notify_waiters();
+    }
+}
+
+/// Opens the subscriber connection (whose push handler hands out its messages, see [`receive`])
+/// and starts the task that notices its end.
+async fn connect(mut connecting: Connecting) {
+    let hub = Arc::clone(&connecting.hub);
     let on_message: OnMessage = {
         let hub = Arc::downgrade(&hub);
         Arc::new(move |message| {
@@ -502,7 +527,7 @@ async fn connect(hub: Arc<Hub>) {
     };
     let opened = tokio::time::timeout(hub.timeouts.connect, hub.subscriber.open(on_message)).await;
     let mut state = lock(&hub.state);
-    match opened {
+    let watch = match opened {
         Ok(Ok((sink, ended))) if !hub.closed.is_cancelled() => {
             state.opened += 1;
             if state.opened > 1 {
@@ -514,13 +539,8 @@ async fn connect(hub: Arc<Hub>) {
                 close: hub.closed.child_token(),
                 since: Instant::now(),
             });
-            state.connection = Connection::Up(Arc::clone(&link));
-            tokio::spawn(watch_end(
-                Arc::downgrade(&hub),
-                link,
-                ended,
-                hub.timeouts.response,
-            ));
+            connecting.end(&mut state, Connection::Up(Arc::clone(&link)));
+            Some((link, ended))
         }
         outcome => {
             let error = match outcome {
@@ -529,15 +549,21 @@ async fn connect(hub: Arc<Hub>) {
                 Err(_) => format!("no answer within {:?}", hub.timeouts.connect),
             };
             tracing::debug!(%error, "distlock could not open its subscriber connection; waiters poll");
-            state.connection = Connection::Failed {
-                retry_after: Instant::now() + RECONNECT_AFTER,
-            };
+            let retry_after = Instant::now() + RECONNECT_AFTER;
+            connecting.end(&mut state, Connection::Failed { retry_after });
+            None
         }
-    }
+    };
     drop(state);
-    // Finished: nothing for the guard to undo.
-    std::mem::forget(connecting);
     hub.changed.notify_waiters();
+    if let Some((link, ended)) = watch {
+        // Made here, so that the connection is closed even if the task never runs.
+        let watching = Watching {
+            hub: Arc::downgrade(&hub),
+            id: link.id,
+        };
+        tokio::spawn(watch_end(watching, link, ended, hub.timeouts.response));
+    }
 }
 
 /// The channel whose command a task has out: it hears the outcome once, by
@@ -605,8 +631,7 @@ impl Drop for InFlight {
 /// or no answer to a `PING` within `response`: see [`CHECK_EVERY`]), then marks it closed, so
 /// the next waiter connects anew: every waiter is woken to try again. Stops (closing the
 /// connection) when the manager is dropped.
-async fn watch_end(hub: Weak<Hub>, link: Arc<Link>, ended: Ended, response: Duration) {
-    let _watching = Watching { hub, id: link.id };
+async fn watch_end(_watching: Watching, link: Arc<Link>, ended: Ended, response: Duration) {
     tokio::pin!(ended);
     loop {
         tokio::select! {
@@ -662,8 +687,8 @@ fn receive(hub: &Hub, message: Message) {
 }
 
 /// Marks the subscriber connection `id` closed when its `watch_end` task ends, however it
-/// ends (the connection ended, the manager closed it, or the task was dropped with its
-/// runtime). A connection that ended within [`RECONNECT_AFTER`] of opening is not
+/// ends (the connection ended, the manager closed it, or the task was dropped with its runtime,
+/// or before it ever ran). A connection that ended within [`RECONNECT_AFTER`] of opening is not
 /// reopened before that much time has passed again.
 struct Watching {
     hub: Weak<Hub>,
@@ -683,15 +708,6 @@ impl Drop for Watching {
             _ => Connection::Down,
         };
         hub.close(&mut state, self.id, next);
-    }
-}
-
-/// Runs a closure when dropped.
-struct OnDrop<F: FnMut()>(F);
-
-impl<F: FnMut()> Drop for OnDrop<F> {
-    fn drop(&mut self) {
-        (self.0)();
     }
 }
 
