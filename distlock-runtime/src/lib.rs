@@ -245,7 +245,7 @@
 //! # Architecture
 //! - `manager.rs`, `builder.rs`, `request.rs`: the public entry points and settings.
 //! - `acquire.rs` (the acquire state machine), `fair.rs` (the fair hand-off protocol),
-//!   `release.rs`, `renew.rs` (the watchdog), `lease.rs`, `wait.rs` and `notify.rs` (how a
+//!   `release.rs`, `renew.rs` (the watchdog), `lease.rs`, `wait.rs` and `notify/` (how a
 //!   waiter learns of a release), `reentrancy.rs`, `fence.rs`, `validity.rs`: the request
 //!   logic. It describes every Redis operation as a script call (`call.rs`: the script, its keys
 //!   and arguments, its kind, and what a failure tells; `scripts.rs` holds the Lua), groups

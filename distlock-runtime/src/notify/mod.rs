@@ -15,9 +15,9 @@
 //!
 //! **Never past a waiter's deadline.** No waiter connects or subscribes itself: the subscriber
 //! connection is opened by one background task for all waiters, and each key's `SUBSCRIBE` /
-//! `UNSUBSCRIBE` is sent by a background task of that key (one at a time per key, so the two
-//! cannot cross), while waiters only watch for the outcome until their own deadline. A waiter
-//! that gives up leaves the work to finish without it.
+//! `UNSUBSCRIBE` is sent by a background task (one at a time per key, so the two cannot cross),
+//! while waiters only watch for the outcome until their own deadline. A waiter that gives up
+//! leaves the work to finish without it.
 //!
 //! **No leaked subscriptions.** A key whose last waiter left is unsubscribed, also when its
 //! `SUBSCRIBE` was still out. A `SUBSCRIBE` or `UNSUBSCRIBE` that gets no answer within the
@@ -33,8 +33,12 @@
 //! user without channel rights), waiters poll with backoff (see `wait.rs`). When the subscriber
 //! connection breaks, every waiter is woken to try again. A lost notification costs latency
 //! (waiters also wake at the holder's expiry), never a hang.
+//!
+//! Where each key stands (its waiters, its subscription, the command in flight) is a pure state
+//! machine, [`channel::Channel`]: every event goes to it, and this module does what it decides
+//! (sends the command, closes the connection, wakes the waiters).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -47,6 +51,10 @@ use crate::fair::{self, FairWaiter, Handoff};
 use crate::sync::lock;
 use crate::topology::Timeouts;
 use crate::topology::{Channels, Ended, Message, OnMessage, Subscribe};
+
+mod channel;
+
+use channel::{Action, Command, Conditions, Kind, Outcome, Request, Wake};
 
 /// The notification side of one manager.
 pub(crate) struct Notifications {
@@ -81,14 +89,31 @@ const CHECK_EVERY: Duration = Duration::from_secs(2);
 /// tried again.
 const REFUSED_FOR: Duration = Duration::from_secs(30);
 
+/// A key's state: its waiters, each subscribed on a [`Link`].
+type Channel = channel::Channel<Arc<Slot>, Arc<Link>>;
+
 #[derive(Default)]
 struct State {
     connection: Connection,
-    /// Counts connections; a subscription made on an older one is gone.
-    generation: u64,
+    /// Counts connections opened: names each [`Link`].
+    opened: u64,
     channels: HashMap<String, Channel>,
     /// Redis refused a `SUBSCRIBE` (ACL): waiters poll until then.
     refused_until: Option<Instant>,
+}
+
+impl State {
+    /// What the channels need to know of the rest at `now`.
+    fn conditions(&self, now: Instant) -> Conditions<Arc<Link>> {
+        Conditions {
+            connection: match &self.connection {
+                Connection::Up(link) => Some(Arc::clone(link)),
+                _ => None,
+            },
+            refused: self.refused_until.is_some_and(|until| now < until),
+            now: now.into_std(),
+        }
+    }
 }
 
 /// The subscriber connection.
@@ -98,38 +123,28 @@ enum Connection {
     #[default]
     Down,
     /// A connect failed: none is tried again before then.
-    Failed { retry_after: Instant },
+    Failed {
+        retry_after: Instant,
+    },
     /// The background task is connecting.
     Connecting,
-    /// Up: `close` ends it (and with it every subscription it holds).
-    Up {
-        sink: Arc<dyn Channels>,
-        close: CancellationToken,
-        /// When it was opened.
-        since: Instant,
-    },
+    Up(Arc<Link>),
 }
 
-#[derive(Default)]
-struct Channel {
-    waiters: VecDeque<Arc<Slot>>,
-    /// The connection the channel is subscribed on, if any, and since when (after Redis
-    /// confirmed the subscription).
-    subscribed_on: Option<(u64, Instant)>,
-    /// A task is sending this channel's `SUBSCRIBE` or `UNSUBSCRIBE`.
-    busy: bool,
-    /// Redis failed this channel's `SUBSCRIBE` (its slot is moving, say): not tried again
-    /// before then.
-    failed_until: Option<Instant>,
-    /// When the last message (a release or a hand-off) arrived on the channel: a waiter whose
-    /// attempt went out before then, and that joined after, may have missed it.
-    last_message: Option<Instant>,
+/// An open subscriber connection; a subscription made on an older one is gone.
+struct Link {
+    /// Which connection this is (they are counted).
+    id: u64,
+    sink: Arc<dyn Channels>,
+    /// Ends the connection, and with it every subscription it holds.
+    close: CancellationToken,
+    /// When it was opened.
+    since: Instant,
 }
 
-impl Channel {
-    /// Whether the entry can go: nobody waits, and nothing is or may be subscribed.
-    fn idle(&self) -> bool {
-        self.waiters.is_empty() && self.subscribed_on.is_none() && !self.busy
+impl PartialEq for Link {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
     }
 }
 
@@ -187,8 +202,7 @@ impl Notifications {
             .channels
             .entry(channel.to_owned())
             .or_default()
-            .waiters
-            .push_back(Arc::clone(&slot));
+            .join(Arc::clone(&slot));
         Ticket {
             hub: Arc::clone(&self.hub),
             channel: channel.to_owned(),
@@ -224,8 +238,7 @@ impl Ticket {
         lock(&self.hub.state)
             .channels
             .get(&self.channel)
-            .and_then(|channel| channel.last_message)
-            .is_some_and(|at| at >= sent && at < self.joined)
+            .is_some_and(|channel| channel.message_since(sent.into_std(), self.joined.into_std()))
     }
 
     /// Makes sure the manager is subscribed to the key, connecting first if needed; waits for
@@ -287,11 +300,14 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut state = lock(&self.hub.state);
+        let hub = &self.hub;
+        let mut state = lock(&hub.state);
+        let at = state.conditions(Instant::now());
         let Some(channel) = state.channels.get_mut(&self.channel) else {
             return;
         };
-        channel.waiters.retain(|s| !Arc::ptr_eq(s, &self.slot));
+        // The last waiter to leave a subscribed key unsubscribes it.
+        let action = channel.leave(|slot| Arc::ptr_eq(slot, &self.slot), &at);
         if self.slot.woken.load(Ordering::SeqCst) || self.owed.load(Ordering::SeqCst) {
             // This waiter leaves with a notification it did not use (or one whose attempt
             // neither took the key nor marked its holder): the next one gets it.
@@ -300,24 +316,16 @@ impl Drop for Ticket {
         let watch = self.slot.fair.as_ref().and_then(FairWaiter::watch);
         if let Some(until) = watch.filter(|&until| until > tokio::time::Instant::now()) {
             // Nor does the claim it watched go unwatched.
-            let heir = channel
-                .waiters
-                .iter()
-                .find_map(|s| Some((s.fair.as_ref()?, s)));
+            let heir = channel.waiters().find_map(|s| Some((s.fair.as_ref()?, s)));
             if let Some((fair, heir)) = heir {
                 fair.inherit_watch(until);
                 heir.wake.notify_one();
             }
         }
-        if channel.idle() {
-            state.channels.remove(&self.channel);
-        } else if channel.waiters.is_empty() && !channel.busy {
-            // The last waiter left a subscribed key: unsubscribe in the background.
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                channel.busy = true;
-                runtime.spawn(reconcile(Arc::clone(&self.hub), self.channel.clone()));
-            }
-        }
+        let mut sends = Vec::new();
+        hub.perform(&mut state, &self.channel, action, &mut sends);
+        drop(state);
+        hub.start(sends);
     }
 }
 
@@ -330,16 +338,20 @@ enum Progress {
     Poll,
 }
 
+/// A command a channel decided on, for a task to send.
+struct Outgoing {
+    channel: String,
+    command: Command<Arc<Link>>,
+}
+
 impl Hub {
     fn subscribed_since(&self, channel: &str) -> Option<tokio::time::Instant> {
         let state = lock(&self.state);
-        if !matches!(state.connection, Connection::Up { .. }) {
+        let Connection::Up(link) = &state.connection else {
             return None;
-        }
-        match state.channels.get(channel)?.subscribed_on {
-            Some((generation, since)) if generation == state.generation => Some(since),
-            _ => None,
-        }
+        };
+        let since = state.channels.get(channel)?.subscribed_since(Some(link))?;
+        Some(Instant::from_std(since))
     }
 
     /// Moves `channel`'s subscription on (starting a connect or a `SUBSCRIBE` in the
@@ -351,46 +363,121 @@ impl Hub {
             return Progress::Poll;
         }
         match &state.connection {
-            Connection::Up { .. } => {}
+            Connection::Up(_) => {}
             Connection::Connecting => return Progress::Pending,
             Connection::Failed { retry_after } if now < *retry_after => return Progress::Poll,
             Connection::Down | Connection::Failed { .. } => {
                 state.connection = Connection::Connecting;
-                tokio::spawn(connect(Arc::clone(self)));
+                drop(state);
+                tokio::spawn(connect(Connecting {
+                    hub: Arc::clone(self),
+                    ended: false,
+                }));
                 return Progress::Pending;
             }
         }
-        let generation = state.generation;
+        let at = state.conditions(now);
         let Some(entry) = state.channels.get_mut(channel) else {
             return Progress::Poll;
         };
-        if entry.subscribed_on.is_some_and(|(on, _)| on == generation) {
-            return Progress::Subscribed;
+        match entry.request(&at) {
+            Request::Subscribed(_) => Progress::Subscribed,
+            Request::Poll => Progress::Poll,
+            Request::Wait => Progress::Pending,
+            Request::Send(command) => {
+                drop(state);
+                self.start(vec![Outgoing {
+                    channel: channel.to_owned(),
+                    command,
+                }]);
+                Progress::Pending
+            }
         }
-        if entry.failed_until.is_some_and(|until| now < until) {
-            return Progress::Poll;
-        }
-        if !entry.busy {
-            entry.busy = true;
-            tokio::spawn(reconcile(Arc::clone(self), channel.to_owned()));
-        }
-        Progress::Pending
     }
 
-    /// Closes the subscriber connection of `generation` (if it is still the current one): every
+    /// Does what `channel`'s state machine decided; a command to send is added to `sends`
+    /// (for [`Hub::start`] once the state is unlocked). Forgets the channel once it is idle.
+    fn perform(
+        &self,
+        state: &mut State,
+        channel: &str,
+        action: Action<Arc<Link>>,
+        sends: &mut Vec<Outgoing>,
+    ) {
+        match action {
+            Action::Nothing => {}
+            Action::Send(command) => sends.push(Outgoing {
+                channel: channel.to_owned(),
+                command,
+            }),
+            Action::Close(link) => self.close(
+                state,
+                link.id,
+                Connection::Failed {
+                    retry_after: Instant::now() + RECONNECT_AFTER,
+                },
+            ),
+        }
+        if state.channels.get(channel).is_some_and(Channel::idle) {
+            state.channels.remove(channel);
+        }
+    }
+
+    /// Starts a task for each command (the state must not be locked: a task dropped at once,
+    /// its runtime shutting down, reports itself unanswered). Without a runtime to run it on (a
+    /// waiter left outside one), a command counts as unanswered.
+    fn start(self: &Arc<Self>, sends: Vec<Outgoing>) {
+        for outgoing in sends {
+            let out = InFlight {
+                hub: Arc::clone(self),
+                channel: Some(outgoing.channel),
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(out.send(outgoing.command));
+                }
+                Err(_) => out.answer(Outcome::Unanswered),
+            }
+        }
+    }
+
+    /// The command out for `channel` ended with `outcome`: tells the channel, and does what it
+    /// decides next.
+    fn answered(self: &Arc<Self>, channel: &str, outcome: Outcome) {
+        let mut sends = Vec::new();
+        let mut state = lock(&self.state);
+        let at = state.conditions(Instant::now());
+        if let Some(entry) = state.channels.get_mut(channel) {
+            let action = entry.answered(outcome, &at);
+            self.perform(&mut state, channel, action, &mut sends);
+        }
+        drop(state);
+        self.changed.notify_waiters();
+        self.start(sends);
+    }
+
+    /// Redis refused a `SUBSCRIBE` for want of rights: waiters poll for a while.
+    fn refused(&self, error: &redis::RedisError) {
+        let mut state = lock(&self.state);
+        if state.refused_until.is_none() {
+            tracing::warn!(%error, "distlock may not subscribe to release notifications (the ACL user has no channel rights); waiters poll instead");
+        }
+        state.refused_until = Some(Instant::now() + REFUSED_FOR);
+    }
+
+    /// Closes the subscriber connection `id` (if it is still the current one): every
     /// subscription it held ends with it on the server. Wakes every waiter to try again.
-    fn close(&self, state: &mut State, generation: u64, next: Connection) {
-        if state.generation != generation || !matches!(state.connection, Connection::Up { .. }) {
+    fn close(&self, state: &mut State, id: u64, next: Connection) {
+        if !matches!(&state.connection, Connection::Up(link) if link.id == id) {
             return;
         }
-        if let Connection::Up { close, .. } = std::mem::replace(&mut state.connection, next) {
-            close.cancel();
-        }
+        let Connection::Up(link) = std::mem::replace(&mut state.connection, next) else {
+            return;
+        };
+        link.close.cancel();
         state.channels.retain(|_, channel| {
-            channel.subscribed_on = None;
-            for slot in &channel.waiters {
-                slot.woken.store(true, Ordering::SeqCst);
-                slot.wake.notify_one();
+            if channel.lost(&link) == Wake::All {
+                wake_all(channel);
             }
             !channel.idle()
         });
@@ -398,18 +485,39 @@ impl Hub {
     }
 }
 
-/// Opens the subscriber connection (whose push handler hands out its messages, see [`receive`])
-/// and starts the task that notices its end.
-async fn connect(hub: Arc<Hub>) {
-    // Dropped with its runtime half way: the next waiter connects anew.
-    let connecting = OnDrop(|| {
-        let mut state = lock(&hub.state);
+/// A connect under way. Dropped before it ends (its task dropped with its runtime half way), it
+/// leaves the connection down: the next waiter connects anew.
+struct Connecting {
+    hub: Arc<Hub>,
+    ended: bool,
+}
+
+impl Connecting {
+    /// The connect ended with `connection`.
+    fn end(&mut self, state: &mut State, connection: Connection) {
+        state.connection = connection;
+        self.ended = true;
+    }
+}
+
+impl Drop for Connecting {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let mut state = lock(&self.hub.state);
         if matches!(state.connection, Connection::Connecting) {
             state.connection = Connection::Down;
         }
         drop(state);
-        hub.changed.notify_waiters();
-    });
+        self.hub.changed.notify_waiters();
+    }
+}
+
+/// Opens the subscriber connection (whose push handler hands out its messages, see [`receive`])
+/// and starts the task that notices its end.
+async fn connect(mut connecting: Connecting) {
+    let hub = Arc::clone(&connecting.hub);
     let on_message: OnMessage = {
         let hub = Arc::downgrade(&hub);
         Arc::new(move |message| {
@@ -420,26 +528,20 @@ async fn connect(hub: Arc<Hub>) {
     };
     let opened = tokio::time::timeout(hub.timeouts.connect, hub.subscriber.open(on_message)).await;
     let mut state = lock(&hub.state);
-    match opened {
+    let watch = match opened {
         Ok(Ok((sink, ended))) if !hub.closed.is_cancelled() => {
-            let sink_for_checks = Arc::clone(&sink);
-            state.generation += 1;
-            if state.generation > 1 {
+            state.opened += 1;
+            if state.opened > 1 {
                 crate::telemetry::subscriber_reconnect();
             }
-            let close = hub.closed.child_token();
-            state.connection = Connection::Up {
+            let link = Arc::new(Link {
+                id: state.opened,
                 sink,
-                close: close.clone(),
+                close: hub.closed.child_token(),
                 since: Instant::now(),
-            };
-            tokio::spawn(watch_end(
-                Arc::downgrade(&hub),
-                close,
-                ended,
-                state.generation,
-                (sink_for_checks, hub.timeouts.response),
-            ));
+            });
+            connecting.end(&mut state, Connection::Up(Arc::clone(&link)));
+            Some((link, ended))
         }
         outcome => {
             let error = match outcome {
@@ -448,152 +550,96 @@ async fn connect(hub: Arc<Hub>) {
                 Err(_) => format!("no answer within {:?}", hub.timeouts.connect),
             };
             tracing::debug!(%error, "distlock could not open its subscriber connection; waiters poll");
-            state.connection = Connection::Failed {
-                retry_after: Instant::now() + RECONNECT_AFTER,
-            };
+            let retry_after = Instant::now() + RECONNECT_AFTER;
+            connecting.end(&mut state, Connection::Failed { retry_after });
+            None
         }
-    }
+    };
     drop(state);
-    // Finished: nothing for the guard to undo.
-    std::mem::forget(connecting);
     hub.changed.notify_waiters();
+    if let Some((link, ended)) = watch {
+        // Made here, so that the connection is closed even if the task never runs.
+        let watching = Watching {
+            hub: Arc::downgrade(&hub),
+            id: link.id,
+        };
+        tokio::spawn(watch_end(watching, link, ended, hub.timeouts.response));
+    }
 }
 
-/// Sends `SUBSCRIBE` or `UNSUBSCRIBE` for `channel` until its subscription matches whether it
-/// has waiters; one such task runs per channel at a time (`Channel::busy`).
-async fn reconcile(hub: Arc<Hub>, channel: String) {
-    // Dropped with its runtime half way: the channel must not stay busy for good.
-    let busy = OnDrop(|| {
-        let mut state = lock(&hub.state);
-        if let Some(entry) = state.channels.get_mut(&channel) {
-            entry.busy = false;
-            entry.subscribed_on = None;
-            if entry.idle() {
-                state.channels.remove(&channel);
-            }
-        }
-        drop(state);
-        hub.changed.notify_waiters();
-    });
-    loop {
-        let (sink, generation, subscribe) = {
-            let mut state = lock(&hub.state);
-            let generation = state.generation;
-            let refused = state
-                .refused_until
-                .is_some_and(|until| Instant::now() < until);
-            let sink = match &state.connection {
-                Connection::Up { sink, .. } => Some(sink.clone()),
-                _ => None,
-            };
-            let Some(entry) = state.channels.get_mut(&channel) else {
-                std::mem::forget(busy);
-                return;
-            };
-            let subscribed = entry.subscribed_on.is_some_and(|(on, _)| on == generation);
-            let failed = entry
-                .failed_until
-                .is_some_and(|until| Instant::now() < until);
-            let wanted = !entry.waiters.is_empty() && !refused && !failed;
-            let Some(sink) = sink.filter(|_| wanted != subscribed) else {
-                // Done, or no connection (its subscriptions went with it).
-                entry.busy = false;
-                if entry.subscribed_on.is_some_and(|(on, _)| on != generation) {
-                    entry.subscribed_on = None;
-                }
-                if entry.idle() {
-                    state.channels.remove(&channel);
-                }
-                drop(state);
-                hub.changed.notify_waiters();
-                // Finished: nothing for the guard to undo.
-                std::mem::forget(busy);
-                return;
-            };
-            if !wanted {
-                // From now on no waiter may count on it: a release may go unheard as soon as
-                // the server applies the UNSUBSCRIBE.
-                entry.subscribed_on = None;
-            }
-            (sink, generation, wanted)
+/// The channel whose command a task has out: it hears the outcome once, by
+/// [`InFlight::answer`], or as unanswered if the task is dropped half way (with its runtime), so
+/// it is never left with a command in flight for good.
+struct InFlight {
+    hub: Arc<Hub>,
+    channel: Option<String>,
+}
+
+impl InFlight {
+    /// Sends `command` and reports how it ended.
+    async fn send(self, command: Command<Arc<Link>>) {
+        let Some(channel) = self.channel.as_deref() else {
+            return;
         };
+        let sink = &command.on.sink;
         let request = async {
-            if subscribe {
-                sink.subscribe(&channel).await
-            } else {
-                sink.unsubscribe(&channel).await
+            match command.kind {
+                Kind::Subscribe => sink.subscribe(channel).await,
+                Kind::Unsubscribe => sink.unsubscribe(channel).await,
             }
         };
         // On a cluster, a subscription may open its node's connection first.
-        let answer =
-            tokio::time::timeout(hub.timeouts.connect + hub.timeouts.response, request).await;
-        let mut state = lock(&hub.state);
-        match answer {
-            Ok(Ok(())) => {
-                if state.generation == generation
-                    && matches!(state.connection, Connection::Up { .. })
-                {
-                    if let Some(entry) = state.channels.get_mut(&channel) {
-                        entry.subscribed_on = subscribe.then(|| (generation, Instant::now()));
-                    }
-                }
-            }
+        let timeouts = &self.hub.timeouts;
+        let answer = tokio::time::timeout(timeouts.connect + timeouts.response, request).await;
+        let outcome = match answer {
+            Ok(Ok(())) => Outcome::Done,
             Ok(Err(error)) if error.code() == Some("NOPERM") => {
-                if state.refused_until.is_none() {
-                    tracing::warn!(%error, "distlock may not subscribe to release notifications (the ACL user has no channel rights); waiters poll instead");
-                }
-                state.refused_until = Some(Instant::now() + REFUSED_FOR);
-                if let Some(entry) = state.channels.get_mut(&channel) {
-                    entry.subscribed_on = None;
-                }
+                self.hub.refused(&error);
+                Outcome::Refused
             }
             Ok(Err(error)) if !crate::failed::is_connection_failure(&error) => {
                 tracing::debug!(%channel, %error, "distlock could not subscribe to release notifications; waiters poll");
-                if let Some(entry) = state.channels.get_mut(&channel) {
-                    entry.subscribed_on = None;
-                    entry.failed_until = Some(Instant::now() + RECONNECT_AFTER);
+                Outcome::Failed {
+                    retry_after: (Instant::now() + RECONNECT_AFTER).into_std(),
                 }
             }
-            // No answer (it may still be applied) or a broken connection: closing the connection
-            // drops whatever it holds on the server.
+            // No answer (it may still be applied) or a broken connection: closing the
+            // connection drops whatever it holds on the server.
             _ => {
                 tracing::debug!(%channel, "distlock subscriber connection did not answer; reconnecting");
-                hub.close(
-                    &mut state,
-                    generation,
-                    Connection::Failed {
-                        retry_after: Instant::now() + RECONNECT_AFTER,
-                    },
-                );
+                Outcome::Unanswered
             }
+        };
+        self.answer(outcome);
+    }
+
+    fn answer(mut self, outcome: Outcome) {
+        if let Some(channel) = self.channel.take() {
+            self.hub.answered(&channel, outcome);
         }
-        drop(state);
-        hub.changed.notify_waiters();
     }
 }
 
-/// Waits for the subscriber connection of `connection` to end (lost, its server no longer the
-/// primary, or no answer to a `PING` within `response`: see [`CHECK_EVERY`]), then marks it
-/// closed, so the next waiter connects anew: every waiter is woken to try again. Stops (closing
-/// the connection) when the manager is dropped.
-async fn watch_end(
-    hub: Weak<Hub>,
-    closed: CancellationToken,
-    ended: Ended,
-    connection: u64,
-    (sink, response): (Arc<dyn Channels>, Duration),
-) {
-    let _watching = Watching {
-        hub,
-        generation: connection,
-    };
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(channel) = self.channel.take() {
+            self.hub.answered(&channel, Outcome::Unanswered);
+        }
+    }
+}
+
+/// Waits for the subscriber connection `link` to end (lost, its server no longer the primary,
+/// or no answer to a `PING` within `response`: see [`CHECK_EVERY`]), then marks it closed, so
+/// the next waiter connects anew: every waiter is woken to try again. Stops (closing the
+/// connection) when the manager is dropped.
+async fn watch_end(_watching: Watching, link: Arc<Link>, ended: Ended, response: Duration) {
     tokio::pin!(ended);
     loop {
         tokio::select! {
             () = &mut ended => break,
-            () = closed.cancelled() => return,
+            () = link.close.cancelled() => return,
             () = tokio::time::sleep(CHECK_EVERY) => {
-                if !matches!(tokio::time::timeout(response, sink.ping()).await, Ok(Ok(()))) {
+                if !matches!(tokio::time::timeout(response, link.sink.ping()).await, Ok(Ok(()))) {
                     tracing::debug!("distlock subscriber connection stopped answering; reconnecting");
                     break;
                 }
@@ -614,10 +660,8 @@ fn receive(hub: &Hub, message: Message) {
             // and subscribe anew where the slot lives now.
             let mut state = lock(&hub.state);
             if let Some(entry) = state.channels.get_mut(&channel) {
-                entry.subscribed_on = None;
-                for slot in &entry.waiters {
-                    slot.woken.store(true, Ordering::SeqCst);
-                    slot.wake.notify_one();
+                if entry.ended() == Wake::All {
+                    wake_all(entry);
                 }
             }
             drop(state);
@@ -630,13 +674,12 @@ fn receive(hub: &Hub, message: Message) {
     let Some(channel) = state.channels.get_mut(&name) else {
         return;
     };
-    channel.last_message = Some(Instant::now());
+    channel.message(Instant::now().into_std());
     match handoff {
         None => wake_one(channel),
         Some(handoff) => {
             let fair_waiters: Vec<_> = channel
-                .waiters
-                .iter()
+                .waiters()
                 .filter_map(|s| Some((s.fair.as_ref()?, &s.wake)))
                 .collect();
             fair::deliver(&name, handoff, &fair_waiters);
@@ -644,13 +687,13 @@ fn receive(hub: &Hub, message: Message) {
     }
 }
 
-/// Marks the subscriber connection of `generation` closed when its `watch_end` task ends,
-/// however it ends (the connection ended, the manager closed it, or the task was dropped with
-/// its runtime). A connection that ended within [`RECONNECT_AFTER`] of opening is not reopened
-/// before that much time has passed again.
+/// Marks the subscriber connection `id` closed when its `watch_end` task ends, however it
+/// ends (the connection ended, the manager closed it, or the task was dropped with its runtime,
+/// or before it ever ran). A connection that ended within [`RECONNECT_AFTER`] of opening is not
+/// reopened before that much time has passed again.
 struct Watching {
     hub: Weak<Hub>,
-    generation: u64,
+    id: u64,
 }
 
 impl Drop for Watching {
@@ -660,33 +703,26 @@ impl Drop for Watching {
         };
         let mut state = lock(&hub.state);
         let next = match &state.connection {
-            Connection::Up { since, .. } if since.elapsed() < RECONNECT_AFTER => {
-                Connection::Failed {
-                    retry_after: Instant::now() + RECONNECT_AFTER,
-                }
-            }
+            Connection::Up(link) if link.since.elapsed() < RECONNECT_AFTER => Connection::Failed {
+                retry_after: Instant::now() + RECONNECT_AFTER,
+            },
             _ => Connection::Down,
         };
-        hub.close(&mut state, self.generation, next);
+        hub.close(&mut state, self.id, next);
     }
 }
 
-/// Runs a closure when dropped.
-struct OnDrop<F: FnMut()>(F);
-
-impl<F: FnMut()> Drop for OnDrop<F> {
-    fn drop(&mut self) {
-        (self.0)();
+/// Wakes every waiter of `channel`, each with a notification to take: they try again.
+fn wake_all(channel: &Channel) {
+    for slot in channel.waiters() {
+        slot.woken.store(true, Ordering::SeqCst);
+        slot.wake.notify_one();
     }
 }
 
 /// Wakes the oldest waiter of `channel` that has no notification pending.
-fn wake_one(channel: &mut Channel) {
-    if let Some(slot) = channel
-        .waiters
-        .iter()
-        .find(|s| !s.woken.load(Ordering::SeqCst))
-    {
+fn wake_one(channel: &Channel) {
+    if let Some(slot) = channel.waiters().find(|s| !s.woken.load(Ordering::SeqCst)) {
         slot.woken.store(true, Ordering::SeqCst);
         slot.wake.notify_one();
     }
