@@ -14,6 +14,7 @@ use redis::{Arg, Cmd, ToRedisArgs, Value};
 
 use crate::error::LockError;
 use crate::keys::LockKeys;
+use crate::scripts::Announce;
 
 /// A boxed future, as the object-safe [`Route`] returns.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -68,8 +69,8 @@ pub(crate) struct Taking {
     pub(crate) ttl: Duration,
     /// How the route announces a release (see `Route::publish_command`).
     pub(crate) publish: &'static str,
-    /// Whether it announces every release (see `Route::announces_every_release`).
-    pub(crate) announce_always: bool,
+    /// Which releases it announces (see `Route::announces`).
+    pub(crate) announce: Announce,
     /// Builds the release that undoes the acquire (`release::undo_of`, passed in: releasing
     /// sits above this module).
     pub(crate) make_undo: fn(&Taking) -> ScriptCall,

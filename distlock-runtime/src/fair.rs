@@ -43,6 +43,7 @@ use crate::call::{Failed, Kind, Lua, ScriptCall};
 use crate::conn::{lock, millis};
 use crate::fence::FENCE;
 use crate::keys::LockKeys;
+use crate::scripts::Waiting;
 use crate::topology::Route;
 
 /// How long a lock handed to a fair waiter is held for it before the waiter extends it to its
@@ -122,7 +123,8 @@ end
 /// ms; ARGV[4]: how much longer this caller waits, in ms; ARGV[5]: this attempt's secret (hex),
 /// which a hand-off to this caller will show; ARGV[6]: the command that announces a hand-off
 /// (`PUBLISH`, or `SPUBLISH` on a cluster); ARGV[7]: `1` when this caller has waited already
-/// (a key it takes is marked as waited on: others may still wait), else `0`.
+/// (a key it takes is marked as waited on: others may still wait), else `0`, or `-` for a
+/// try-lock (see [`Waiting`](crate::scripts::Waiting)).
 /// Returns the fencing token (its decimal digits, like the plain acquire: a reply the client
 /// reads without parsing an array) when the caller holds the key now with `PX ttl`: it was
 /// free and the caller first in line, or it had been handed to the caller (whose attempt
@@ -226,14 +228,14 @@ impl FairRequest {
     }
 
     /// One attempt by `token`, which waits `wait_left` more and stores `secret` in its entry.
-    /// `waited`: this request found the key held before.
+    /// `waiting`: whether this request found the key held before.
     pub(crate) async fn send(
         &self,
         redis: &dyn Route,
         token: &str,
         secret: &str,
         wait_left: Duration,
-        waited: bool,
+        waiting: Waiting,
     ) -> Result<FairAnswer, Failed> {
         let mut invocation = ScriptCall::new("acquire", &ACQUIRE_FAIR, Kind::Fair, self.keys.len());
         for key in &self.keys {
@@ -250,7 +252,7 @@ impl FairRequest {
             .arg(wait_ms)
             .arg(secret)
             .arg(redis.publish_command())
-            .arg(if waited { "1" } else { "0" });
+            .arg(waiting);
         redis.call(&invocation).await
     }
 }

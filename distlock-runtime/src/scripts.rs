@@ -22,6 +22,8 @@
 
 use std::sync::LazyLock;
 
+use redis::{RedisWrite, ToRedisArgs};
+
 use crate::call::Lua;
 use crate::fair::FAIR_QUEUE;
 use crate::fence::FENCE;
@@ -31,10 +33,10 @@ use crate::fence::FENCE;
 ///
 /// KEYS: the lock keys `L1..Ln` (sorted, de-duplicated), then their fencing counters `F1..Fn`
 /// in the same order (see `fence.rs`).
-/// ARGV[1]: the owner token; ARGV[2]: the ttl in milliseconds; ARGV[3]: `1` when this request
-/// has waited for a key already (it competed with other waiters, who may still wait: the keys
-/// it takes are marked as waited on), `0` when it has not, `-` when it will not wait at all (a
-/// try-lock, which marks nothing); ARGV[4] (optional): a proposed fencing token, the least one
+/// ARGV[1]: the owner token; ARGV[2]: the ttl in milliseconds; ARGV[3] ([`Waiting`]): `1` when
+/// this request has waited for a key already (it competed with other waiters, who may still
+/// wait: the keys it takes are marked as waited on), `0` when it has not, `-` when it will not
+/// wait at all (a try-lock, which marks nothing); ARGV[4] (optional): a proposed fencing token, the least one
 /// drawn (see `fence.rs`).
 /// Returns the fencing token (its decimal digits) when every key was free (or already held by this
 /// token, so a retried request after a lost answer is harmless) and is now set with `PX ttl`;
@@ -106,11 +108,11 @@ return draw(n + 1, 2 * n, ARGV[2], redis.call('TIME'), ARGV[4])
 ///
 /// KEYS: for each lock key four keys: the lock key, its fair queue, its queue's entries (see
 /// `fair.rs`) and its fencing counter.
-/// ARGV[1]: the owner token; ARGV[2]: `1` when the owner may be queued as a fair waiter (one
-/// that gives up, or whose attempt's outcome is unknown), which then leaves the queue too;
-/// ARGV[3]: the command that announces a release (`PUBLISH`, or `SPUBLISH` on a cluster);
-/// ARGV[4]: `1` to treat every key as waited on (a quorum's: see
-/// `Route::announces_every_release`).
+/// ARGV[1]: the owner token; ARGV[2] ([`Queued`]): `1` when the owner may be queued as a fair
+/// waiter (one that gives up, or whose attempt's outcome is unknown), which then leaves the
+/// queue too; ARGV[3]: the command that announces a release (`PUBLISH`, or `SPUBLISH` on a
+/// cluster); ARGV[4] ([`Announce`]): `1` to treat every key as waited on (a quorum's: see
+/// `Route::announces`).
 /// Returns the number of lock keys this owner held. One that nobody waited on (unmarked, see the
 /// module docs) is deleted. A marked one is handed to the oldest live fair waiter if its queue
 /// has one (a `h ...` message on the key's channel), else deleted and announced with an empty
@@ -188,6 +190,70 @@ return results
     )
 });
 
+/// Whether a request waits, and whether it has waited: `ACQUIRE`'s ARGV[3], `ACQUIRE_FAIR`'s
+/// ARGV[7]. It says whether an attempt marks a held key as waited on (see the module docs), and
+/// whether it takes free keys marked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waiting {
+    /// It will wait, and has not yet: an attempt that finds a key held marks it, one that takes
+    /// keys takes them plain. Sent as `0`.
+    NotYet,
+    /// An earlier attempt found a key held: keys taken now are marked, for the waiters behind.
+    /// Sent as `1`.
+    Waited,
+    /// A try-lock: it marks nothing. Sent as `-` (the fair script tells a try-lock by its wait
+    /// of 0 ms, and reads this as `0`).
+    Never,
+}
+
+impl ToRedisArgs for Waiting {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        out.write_arg(match self {
+            Self::NotYet => b"0",
+            Self::Waited => b"1",
+            Self::Never => b"-",
+        });
+    }
+}
+
+/// Whether the owner of a release may be queued as a fair waiter (one that gives up, or whose
+/// attempt's outcome is unknown), which then leaves the keys' queues too: `RELEASE`'s ARGV[2].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Queued {
+    /// Not queued: a lease's owner. Sent as `0`.
+    No,
+    /// Maybe queued. Sent as `1`.
+    Maybe,
+}
+
+impl ToRedisArgs for Queued {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        out.write_arg(match self {
+            Self::No => b"0",
+            Self::Maybe => b"1",
+        });
+    }
+}
+
+/// Which releases announce themselves on the key's channel: `RELEASE`'s ARGV[4].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Announce {
+    /// Only that of a key marked as waited on (see the module docs). Sent as `0`.
+    WaitedOn,
+    /// Every release, as though every key were marked (a quorum's: see `Route::announces`).
+    /// Sent as `1`.
+    Always,
+}
+
+impl ToRedisArgs for Announce {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        out.write_arg(match self {
+            Self::WaitedOn => b"0",
+            Self::Always => b"1",
+        });
+    }
+}
+
 /// What the acquire script answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Acquire {
@@ -220,5 +286,24 @@ impl redis::FromRedisValue for Acquire {
             }),
             _ => Err(redis::ParsingError::from("unexpected acquire script reply")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flags_are_sent_as_the_values_the_scripts_tell_apart() {
+        fn sent(flag: impl ToRedisArgs) -> Vec<Vec<u8>> {
+            flag.to_redis_args()
+        }
+        assert_eq!(sent(Waiting::NotYet), [b"0"]);
+        assert_eq!(sent(Waiting::Waited), [b"1"]);
+        assert_eq!(sent(Waiting::Never), [b"-"]);
+        assert_eq!(sent(Queued::No), [b"0"]);
+        assert_eq!(sent(Queued::Maybe), [b"1"]);
+        assert_eq!(sent(Announce::WaitedOn), [b"0"]);
+        assert_eq!(sent(Announce::Always), [b"1"]);
     }
 }

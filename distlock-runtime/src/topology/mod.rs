@@ -23,6 +23,7 @@ use redis::{FromRedisValue, Value};
 use crate::call::{BoxFuture, Failed, Reached, ScriptCall};
 use crate::error::LockError;
 use crate::keys::LockKeys;
+use crate::scripts::Announce;
 
 pub(crate) mod cluster;
 pub(crate) mod quorum;
@@ -46,11 +47,11 @@ pub(crate) trait Route: Send + Sync + 'static {
         "PUBLISH"
     }
 
-    /// Whether every release announces itself, marked as waited on or not (see `scripts.rs`):
-    /// a quorum's waiter listens on one node, whose copy of a mark is missing when the attempt
-    /// that set it failed there.
-    fn announces_every_release(&self) -> bool {
-        false
+    /// Which releases announce themselves: those of keys marked as waited on (see `scripts.rs`),
+    /// or every release, marked or not: a quorum's waiter listens on one node, whose copy of a
+    /// mark is missing when the attempt that set it failed there.
+    fn announces(&self) -> Announce {
+        Announce::WaitedOn
     }
 
     /// How to subscribe to those announcements; `None` when this route cannot (a caller's pool
