@@ -47,7 +47,7 @@ pub(crate) trait Route: Send + Sync + 'static {
         "PUBLISH"
     }
 
-    /// Which releases announce themselves: those of keys marked as waited on (see `scripts.rs`),
+    /// Which releases announce themselves: those of keys marked as waited on (see `scripts/`),
     /// or every release, marked or not: a quorum's waiter listens on one node, whose copy of a
     /// mark is missing when the attempt that set it failed there.
     fn announces(&self) -> Announce {
