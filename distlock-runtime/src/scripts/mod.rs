@@ -14,7 +14,8 @@
 //! runs, by `INFO commandstats`). Each script's static sits
 //! beside the Rust that builds its calls (`ACQUIRE_FAIR` in `fair.rs`, `RAISE` in `fence.rs`,
 //! `INSPECT` and `FORCE_RELEASE` in `inspect.rs`, `CHECK` in `diagnose.rs`, `TYPES` in
-//! `refusal.rs`). The flags the Rust side sends are types ([`Waiting`], [`Queued`],
+//! `refusal.rs`); [`all`] lists them, and a unit test pins each one's SHA1 so that an accidental
+//! change shows. The flags the Rust side sends are types ([`Waiting`], [`Queued`],
 //! [`Announce`]); each script names the values it tells apart once, as local constants.
 //!
 //! Each script is sent with `EVALSHA`, and with `EVAL` (which loads it again) on `NOSCRIPT`, so a
@@ -144,6 +145,21 @@ pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
 /// keys: `extend.lua`.
 pub(crate) static EXTEND: LazyLock<Lua> = LazyLock::new(|| Lua::new(lua!("extend.lua")));
 
+/// Every script distlock sends, by the name of its file (without `.lua`).
+pub(crate) fn all() -> [(&'static str, &'static Lua); 9] {
+    [
+        ("acquire", &ACQUIRE),
+        ("release", &RELEASE),
+        ("extend", &EXTEND),
+        ("fair_acquire", &crate::fair::ACQUIRE_FAIR),
+        ("raise", &crate::fence::RAISE),
+        ("inspect", &crate::inspect::INSPECT),
+        ("force_release", &crate::inspect::FORCE_RELEASE),
+        ("check", &crate::diagnose::CHECK),
+        ("key_types", &crate::refusal::TYPES),
+    ]
+}
+
 /// Whether a request waits, and whether it has waited: `ACQUIRE`'s ARGV[3], `ACQUIRE_FAIR`'s
 /// ARGV[7]. It says whether an attempt marks a held key as waited on (see the module docs), and
 /// whether it takes free keys marked.
@@ -246,6 +262,59 @@ impl redis::FromRedisValue for Acquire {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The SHA1 of every composed script, as `EVALSHA` names it: a change to a script's text
+    /// shows here, and is made on purpose.
+    const PINNED: [(&str, &str); 9] = [
+        ("acquire", "26122cd3198bac0aa9e56ccad111b823bda9e749"),
+        ("release", "4474f2149be05fee10fbef1b1f0e11bf247c6ce7"),
+        ("extend", "4842bb4b1e7ff5d8764a5c04d5a5eabda64d1143"),
+        ("fair_acquire", "f2216ec857dbfadf51a450ef00e51c623ba245f3"),
+        ("raise", "ae177c3820fd89219691cdc41181d774fa6ba1f1"),
+        ("inspect", "c479cc1e79557892583874f7046c332b181e18ab"),
+        ("force_release", "e514598b34134b6c4d92a0f1228c0c752e92cf06"),
+        ("check", "7a1905a9b3b1fad732ec7c809c11de91bdd30380"),
+        ("key_types", "00d627e5d25e9f0a0926f15eacbf237f1e0a175d"),
+    ];
+
+    #[test]
+    fn every_composed_script_has_its_pinned_sha1() {
+        let scripts = all();
+        let changed: Vec<String> = scripts
+            .iter()
+            .filter(|(name, lua)| !PINNED.contains(&(*name, lua.hash())))
+            .map(|(name, lua)| format!("(\"{name}\", \"{}\"),", lua.hash()))
+            .collect();
+        assert!(
+            changed.is_empty(),
+            "the composed text of these scripts changed (a `.lua` file they are made of, or \
+             their composition). If that was on purpose, run `cargo test -p distlock-tests \
+             --test scripts`, then set their pins in `PINNED` (distlock-runtime/src/scripts/\
+             mod.rs) to:\n{}",
+            changed.join("\n")
+        );
+        for (name, _) in PINNED {
+            assert!(
+                scripts.iter().any(|(script, _)| *script == name),
+                "`PINNED` names `{name}`, which `all()` does not list"
+            );
+        }
+    }
+
+    #[test]
+    fn the_first_line_stays_first_and_no_splice_marker_is_left() {
+        for (name, lua) in all() {
+            let code = lua.code();
+            assert!(
+                !code.contains("#!") || code.starts_with("#!lua"),
+                "{name}: a `#!` line that is not the first"
+            );
+            assert!(
+                !code.contains("--[[ draw"),
+                "{name}: a splice marker left in"
+            );
+        }
+    }
 
     #[test]
     fn a_splice_puts_the_shared_text_in_place_of_the_marker() {
