@@ -232,6 +232,31 @@ where
     }
 }
 
+/// Every Lua script distlock sends, as Redis receives it, by the name of its file in the
+/// runtime's `src/scripts/` (without `.lua`; each file states the script's contract): for tests
+/// that run the scripts directly.
+pub fn scripts() -> Vec<(&'static str, &'static str)> {
+    crate::scripts::all()
+        .into_iter()
+        .map(|(name, lua)| (name, lua.code()))
+        .collect()
+}
+
+/// The script named `name` (one of [`scripts`]), as Redis receives it.
+///
+/// # Panics
+/// When no script has that name; the message lists the names.
+pub fn script(name: &str) -> &'static str {
+    let scripts = crate::scripts::all();
+    match scripts.iter().find(|(script, _)| *script == name) {
+        Some((_, lua)) => lua.code(),
+        None => {
+            let names: Vec<&str> = scripts.iter().map(|(name, _)| *name).collect();
+            panic!("no script is named `{name}`; the scripts are {names:?}")
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,7 +31,7 @@ use crate::fence::raise_call;
 use crate::keys::LockKeys;
 use crate::lease::Lease;
 use crate::release::{release_in_background, Leaving};
-use crate::scripts::{self, Acquire};
+use crate::scripts::{self, Acquire, Waiting};
 use crate::telemetry;
 use crate::time::millis;
 use crate::topology::{by_shard, Route};
@@ -90,6 +90,14 @@ async fn attempt(
             Arc::clone(&state),
         )
     });
+    // Whether this request waits, and whether an attempt found a key held: later attempts
+    // take keys marked as waited on, since other waiters may still wait for them (see
+    // `scripts::Waiting`).
+    let mut waiting = if wait.is_try() {
+        Waiting::Never
+    } else {
+        Waiting::NotYet
+    };
     let mut request = if fair {
         if let Some(reason) = context.redis().refuses_fair() {
             return Err(LockError::InvalidConfig {
@@ -99,16 +107,8 @@ async fn attempt(
         }
         AcquireRequest::Fair(FairRequest::new(&redis_keys[0], ttl))
     } else {
-        let waits = if wait.is_try() {
-            Waits::Never
-        } else {
-            Waits::Yet
-        };
-        AcquireRequest::new(context.redis(), &redis_keys, &token, ttl, waits)
+        AcquireRequest::new(context.redis(), &redis_keys, &token, ttl, waiting)
     };
-    // Whether an attempt found a key held: later attempts take keys marked as waited on (see
-    // `scripts.rs`), since other waiters may still wait for them.
-    let mut waited = false;
 
     let started = wait.started;
     let deadline = wait.deadline();
@@ -161,7 +161,7 @@ async fn attempt(
                 secret.as_deref(),
                 deadline,
                 sent,
-                waited,
+                waiting,
             )
             .await
         {
@@ -207,16 +207,11 @@ async fn attempt(
                 if wait.is_try() {
                     return Err(LockError::NotAcquired { key: key() });
                 }
-                if !waited {
-                    waited = true;
+                if waiting == Waiting::NotYet {
+                    waiting = Waiting::Waited;
                     if !fair {
-                        request = AcquireRequest::new(
-                            context.redis(),
-                            &redis_keys,
-                            &token,
-                            ttl,
-                            Waits::Waited,
-                        );
+                        request =
+                            AcquireRequest::new(context.redis(), &redis_keys, &token, ttl, waiting);
                     }
                 }
                 queued = fair;
@@ -290,18 +285,6 @@ async fn attempt(
     }
 }
 
-/// Whether a request has waited for a key, which says whether its attempts mark a held key as
-/// waited on and take free keys marked (see `scripts.rs`).
-#[derive(Clone, Copy)]
-enum Waits {
-    /// Not yet: an attempt that finds a key held marks it, one that takes keys takes them plain.
-    Yet,
-    /// An earlier attempt found a key held: keys taken now are marked, for the waiters behind.
-    Waited,
-    /// A try-lock: it marks nothing.
-    Never,
-}
-
 /// The acquire request of one lease, built once and sent at every attempt.
 enum AcquireRequest {
     /// The all-or-nothing script, once per group of keys that share a shard (one group but on
@@ -336,7 +319,7 @@ impl AcquireRequest {
         redis_keys: &Arc<[LockKeys]>,
         token: &Arc<str>,
         ttl: Duration,
-        waits: Waits,
+        waiting: Waiting,
     ) -> Self {
         // One global order (shard, then key: the keys are sorted), so two requests for
         // overlapping keys on several shards take them in the same order.
@@ -349,7 +332,7 @@ impl AcquireRequest {
                     token: Arc::clone(token),
                     ttl,
                     publish: route.publish_command(),
-                    announce_always: route.announces_every_release(),
+                    announce: route.announces(),
                     make_undo: crate::release::undo_of,
                 };
                 let mut acquire = ScriptCall::new(
@@ -364,11 +347,7 @@ impl AcquireRequest {
                 for &i in &indices {
                     acquire.key(redis_keys[i].fence());
                 }
-                acquire.arg(&**token).arg(millis(ttl)).arg(match waits {
-                    Waits::Waited => "1",
-                    Waits::Yet => "0",
-                    Waits::Never => "-",
-                });
+                acquire.arg(&**token).arg(millis(ttl)).arg(waiting);
                 Group { indices, acquire }
             })
             .collect();
@@ -384,7 +363,7 @@ impl AcquireRequest {
         secret: Option<&str>,
         deadline: Instant,
         now: Instant,
-        waited: bool,
+        waiting: Waiting,
     ) -> Result<(Acquire, Option<u64>), Failed> {
         match self {
             Self::All(groups) => take_groups(redis, groups)
@@ -392,7 +371,7 @@ impl AcquireRequest {
                 .map(|answer| (answer, None)),
             Self::Fair(fair) => {
                 let wait_left = deadline.saturating_duration_since(now);
-                fair.send(redis, token, secret.unwrap_or_default(), wait_left, waited)
+                fair.send(redis, token, secret.unwrap_or_default(), wait_left, waiting)
                     .await
                     .map(|answer| match answer {
                         FairAnswer::Acquired { fencing_token } => {

@@ -15,26 +15,32 @@ use redis::{Arg, Cmd, ToRedisArgs, Value};
 
 use crate::failed::Failed;
 use crate::keys::LockKeys;
+use crate::scripts::Announce;
 
 /// A boxed future, as the object-safe [`Route`] returns.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// A Lua script: its source and its SHA-1, which `EVALSHA` names it by.
+/// A Lua script: its source (composed at compile time, see `scripts/`) and its SHA-1, which
+/// `EVALSHA` names it by.
 pub(crate) struct Lua {
-    code: String,
+    code: &'static str,
     hash: String,
 }
 
 impl Lua {
-    pub(crate) fn new(code: impl Into<String>) -> Self {
-        let code = code.into();
+    pub(crate) fn new(code: &'static str) -> Self {
         let hash = sha1_smol::Sha1::from(code.as_bytes()).digest().to_string();
         Self { code, hash }
     }
 
     /// The script's source, as Redis runs it (line numbers in its errors count from here).
-    pub(crate) fn code(&self) -> &str {
-        &self.code
+    pub(crate) fn code(&self) -> &'static str {
+        self.code
+    }
+
+    /// The script's SHA-1 in hex, as `EVALSHA` names it.
+    pub(crate) fn hash(&self) -> &str {
+        &self.hash
     }
 }
 
@@ -69,8 +75,8 @@ pub(crate) struct Taking {
     pub(crate) ttl: Duration,
     /// How the route announces a release (see `Route::publish_command`).
     pub(crate) publish: &'static str,
-    /// Whether it announces every release (see `Route::announces_every_release`).
-    pub(crate) announce_always: bool,
+    /// Which releases it announces (see `Route::announces`).
+    pub(crate) announce: Announce,
     /// Builds the release that undoes the acquire (`release::undo_of`, passed in: releasing
     /// sits above this module).
     pub(crate) make_undo: fn(&Taking) -> ScriptCall,
@@ -122,7 +128,7 @@ impl ScriptCall {
     /// argument (Redis takes the count first).
     pub(crate) fn new(op: &'static str, lua: &'static Lua, kind: Kind, key_count: usize) -> Self {
         let mut evalsha = Cmd::with_capacity(FIRST_KEY + key_count + 6, 128 + 64 * key_count);
-        evalsha.arg("EVALSHA").arg(&lua.hash).arg(key_count);
+        evalsha.arg("EVALSHA").arg(lua.hash()).arg(key_count);
         Self {
             op,
             lua,
@@ -228,7 +234,7 @@ impl ScriptCall {
     /// `SCRIPT FLUSH`, a promoted replica). Built when needed: it is rare.
     pub(crate) fn eval(&self) -> Cmd {
         let mut eval = Cmd::with_capacity(0, 0);
-        eval.arg("EVAL").arg(&self.lua.code);
+        eval.arg("EVAL").arg(self.lua.code);
         for part in self.evalsha.args_iter().skip(2) {
             if let Arg::Simple(part) = part {
                 eval.arg(part);
@@ -279,10 +285,7 @@ mod tests {
         assert_eq!(call.evalsha().get_packed_command(), expected);
         assert_eq!(call.first_key(), Some(&b"k1"[..]));
         assert_eq!(call.detached().evalsha().get_packed_command(), expected);
-        assert_eq!(
-            call.eval().get_packed_command(),
-            by_hand("EVAL", &ECHO.code)
-        );
+        assert_eq!(call.eval().get_packed_command(), by_hand("EVAL", ECHO.code));
         assert_eq!(
             ScriptCall::new("none", &ECHO, Kind::Read, 0).first_key(),
             None

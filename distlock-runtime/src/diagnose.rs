@@ -17,45 +17,10 @@ use crate::call::{Kind, Lua, ScriptCall};
 use crate::context::Context;
 use crate::error::{LockError, Misconfiguration};
 
-/// Checks what a manager needs on one server; see the module docs.
-///
-/// KEYS: none (it runs on every server alike; the keys it checks are arguments).
-/// ARGV[1..4]: a lock's keys under the manager's prefix: lock, fencing counter, queue, queue
-/// entries. ARGV[5], ARGV[6], ARGV[7]: the commands that publish on, subscribe to and
-/// unsubscribe from a lock's channel (the lock key's name). ARGV[8...]: the other commands the
-/// manager sends, each one argument with its words apart (`SELECT 0`, `CLUSTER SLOTS`).
-/// Returns `{missing, publish, subscribe}`: the checks the user fails, each as the command and
-/// the key it was checked on (`GET distlock:lock:{...}`), and 1 or 0 for whether it may
-/// publish, and subscribe, on the channel.
-pub(crate) static CHECK: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r"#!lua
-local L, F, Q, W = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local checks = {
-  {'EVAL', 'return 1', '0'},
-  {'GET', L}, {'SET', L, 'x'}, {'DEL', L}, {'EXISTS', L}, {'PTTL', L}, {'PEXPIRE', L, '1'},
-  {'GET', F}, {'SET', F, '1'},
-  {'EXISTS', Q}, {'LPOP', Q}, {'LREM', Q, '0', 'x'}, {'RPUSH', Q, 'x'}, {'PEXPIRE', Q, '1'},
-  {'HGET', W, 'x'}, {'HSET', W, 'x', 'y'}, {'HDEL', W, 'x'}, {'PEXPIRE', W, '1'},
-  {'TIME'},
-}
-for i = 8, #ARGV do
-  local words = {}
-  for word in string.gmatch(ARGV[i], '%S+') do words[#words + 1] = word end
-  checks[#checks + 1] = words
-end
-local missing = {}
-for _, check in ipairs(checks) do
-  if not redis.acl_check_cmd(unpack(check)) then
-    missing[#missing + 1] = check[1] .. (check[2] and (' ' .. check[2]) or '')
-  end
-end
-local publish = redis.acl_check_cmd(ARGV[5], L, '') and 1 or 0
-local subscribe = (redis.acl_check_cmd(ARGV[6], L) and redis.acl_check_cmd(ARGV[7], L)) and 1 or 0
-return {missing, publish, subscribe}
-",
-    )
-});
+/// Checks what a manager needs on one server, writing nothing: `scripts/check.lua` (see the
+/// module docs).
+pub(crate) static CHECK: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(crate::scripts::lua!("#!lua"; "check.lua")));
 
 /// The commands distlock's scripts run (a unit test holds [`CHECK`] to this list).
 #[cfg(test)]

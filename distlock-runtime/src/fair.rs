@@ -3,8 +3,9 @@
 //! how a crashed recipient's claim is watched.
 //!
 //! 1. **Queue.** A fair waiter that finds the key held joins the key's queue (see
-//!    [`FAIR_QUEUE`]): a list of tokens in arrival order, and a hash of each token's entry
-//!    (deadline, claim time, secret). A free key is taken only if no live waiter queued first.
+//!    [`ACQUIRE_FAIR`]; the queue's Lua is in `scripts/fair_*.lua`): a list of tokens in arrival
+//!    order, and a hash of each token's entry (deadline, claim time, secret). A free key is
+//!    taken only if no live waiter queued first.
 //! 2. **Hand-off.** A release with a live waiter queued sets the key to that waiter's token for
 //!    a claim time ([`HANDOFF_CLAIM`]), draws its fencing token, and publishes
 //!    `h <token> <fence> <redis_ms> <claim_ms> <next> <mac>` on the key's channel, where `<mac>`
@@ -41,8 +42,8 @@ use tokio::time::Instant;
 
 use crate::call::{Kind, Lua, ScriptCall};
 use crate::failed::Failed;
-use crate::fence::FENCE;
 use crate::keys::LockKeys;
+use crate::scripts::{lua, Waiting};
 use crate::sync::lock;
 use crate::time::millis;
 use crate::topology::Route;
@@ -63,133 +64,13 @@ use crate::topology::Route;
 /// ```
 pub const HANDOFF_CLAIM: Duration = Duration::from_secs(2);
 
-/// Lua shared by the scripts that can hand a lock over to a fair waiter.
-///
-/// A fair queue is two keys beside the lock key `L`: `Q`, a list of waiting owner tokens in
-/// arrival order, and `W`, a hash from each waiting token to its entry
-/// `"deadline_ms claim_ms secret"` (Redis server time after which the waiter has given up; how
-/// long a hand-off to it holds before it must confirm; a random value from the waiter's latest
-/// attempt that only a hand-off made by this script can show it). The lock's fencing counter
-/// (see `fence.rs`) is named by its index in `KEYS`.
-pub(crate) const FAIR_QUEUE: &str = r"
--- Takes waiters off the front of the queue until one whose deadline is after now: its token,
--- claim time and secret; nil when the queue ran out. Entries of waiters whose wait has passed
--- are dropped on the way. `head`, if given, is the first waiter, already taken off.
-local function pop_live(Q, W, now, head)
-  while true do
-    head = head or redis.call('LPOP', Q)
-    if not head then return nil end
-    local entry = redis.pcall('HGET', W, head)
-    redis.pcall('HDEL', W, head)
-    if type(entry) == 'string' then
-      local deadline, claim, secret = string.match(entry, '^(%d+) (%d+) ?(%x*)$')
-      if deadline and tonumber(deadline) > now then return head, claim, secret end
-    end
-    head = nil
-  end
-end
--- Gives the lock L (free, or held by the caller) to the waiter `head` (taken off the queue by
--- pop_live) at Redis time t (a TIME reply; now in ms): L is set to its token for its claim time
--- (drawing a fencing token from the counter KEYS[f]), and a message on L's channel tells it
--- so, with the waiter's secret as the key of the message's signature (the secret itself is
--- never published), announced with the command in the script's local `publish` (PUBLISH, or
--- SPUBLISH on a cluster).
-local function hand(L, head, claim, secret, f, t, now)
-  local fence = draw(f, f, claim, t)
-  -- Marked as waited on: more waiters may be queued behind it.
-  redis.call('SET', L, '~' .. head, 'PX', claim)
-  -- The next waiter's field is left empty (see the module docs, point 2).
-  local signed = string.format('%s %s %.0f %s ', head, fence, now, claim)
-  -- pcall: a user without channel rights still hands over; its waiters poll.
-  redis.pcall(publish, L,
-    'h ' .. signed .. ' ' .. redis.sha1hex(secret .. ' ' .. signed .. ' ' .. secret))
-end
--- A release's hand-off: gives L to the first live waiter of the queue, whose first entry
--- `head` the caller took off already; whether there was one.
-local function serve(L, Q, W, f, head)
-  local t = redis.call('TIME')
-  local now = t[1] * 1000 + math.floor(t[2] / 1000)
-  local claim, secret
-  head, claim, secret = pop_live(Q, W, now, head)
-  if head then hand(L, head, claim, secret, f, t, now) end
-  return head ~= nil
-end
-";
-
-/// Takes one lock key fairly: only when it is free and no live waiter arrived first; otherwise
-/// joins the key's queue, to be handed the lock by a release.
-///
-/// KEYS: the lock key, its queue, its queue's entries, its fencing counter (see [`FAIR_QUEUE`]).
-/// ARGV[1]: the owner token; ARGV[2]: the ttl in ms; ARGV[3]: the claim time of a hand-off in
-/// ms; ARGV[4]: how much longer this caller waits, in ms; ARGV[5]: this attempt's secret (hex),
-/// which a hand-off to this caller will show; ARGV[6]: the command that announces a hand-off
-/// (`PUBLISH`, or `SPUBLISH` on a cluster); ARGV[7]: `1` when this caller has waited already
-/// (a key it takes is marked as waited on: others may still wait), else `0`.
-/// Returns the fencing token (its decimal digits, like the plain acquire: a reply the client
-/// reads without parsing an array) when the caller holds the key now with `PX ttl`: it was
-/// free and the caller first in line, or it had been handed to the caller (whose attempt
-/// confirms the hand-off and draws a new fencing token, greater than the hand-off's).
-/// `{0, pttl, now_ms}` when the caller is queued (once, keeping its place on later attempts)
-/// behind the holder, whose remaining PTTL in ms is `pttl` (-1: no expiry), and whose value is
-/// then marked as waited on (see `scripts.rs`); a caller that does not wait (ARGV[4] is 0) is
-/// neither queued nor marks. A lock this caller takes from its queue's head, or is handed, is
-/// marked too: others may be queued behind it. If the key was free
-/// but another waiter was first in line, it is handed to that waiter first. `now_ms` is Redis
-/// server time, which lets the caller date a hand-off it learns of by message.
-/// The queue keys expire once no waiter in them can still be waiting.
+/// Takes one lock key fairly, or joins its queue: `scripts/fair_acquire.lua`.
+//
+// `#!lua`, as the plain acquire (see `scripts/mod.rs`).
 pub(crate) static ACQUIRE_FAIR: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(format!(
-        "#!lua\nlocal publish = ARGV[6]\n{FENCE}{FAIR_QUEUE}{}",
-        r"
-local L, Q, W = KEYS[1], KEYS[2], KEYS[3]
-local token, ttl, claim, wait, secret = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
--- Takes the key if it is free, in one command; a held key is left as it is.
-local owner = redis.call('SET', L, ARGV[7] == '1' and '~' .. token or token, 'NX', 'PX', ttl, 'GET')
-if not owner and redis.call('EXISTS', Q) == 0 then
-  -- Free, and nobody queued.
-  return draw(4, 4, ttl, redis.call('TIME'))
-end
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
-if owner == token or owner == '~' .. token then
-  -- Ours already (a hand-off, or a retried request): the ttl counts from now, and a mark
-  -- stays.
-  local fence = draw(4, 4, ttl, t)
-  redis.call('SET', L, owner, 'PX', ttl)
-  return fence
-end
-if not owner then
-  -- Was free, with waiters queued: the first live one has it (which may be this caller, who
-  -- holds it now), or this caller if none is left.
-  local head, hclaim, hsecret = pop_live(Q, W, now)
-  if not head then return draw(4, 4, ttl, t) end
-  if head == token then
-    -- Others may still be queued behind this caller: marked as waited on (a caller from the
-    -- queue has waited, and set it so already).
-    if ARGV[7] ~= '1' then redis.call('SET', L, '~' .. token, 'KEEPTTL') end
-    return draw(4, 4, ttl, t)
-  end
-  hand(L, head, hclaim, hsecret, 4, t, now)
-elseif string.byte(owner) ~= 126 and wait > 0 then
-  -- Held, and this caller will wait: marked as waited on, so its release hands over.
-  redis.call('SET', L, '~' .. owner, 'KEEPTTL')
-end
-if wait <= 0 then return {0, redis.call('PTTL', L), now} end
-local entry = string.format('%.0f %s %s', now + wait, claim, secret)
-if redis.call('HSET', W, token, entry) == 1 then
-  -- New in the queue (a later attempt keeps its place, and its deadline): the queue keys live
-  -- until this waiter's wait and a claim are over.
-  local keep = string.format('%.0f', wait + tonumber(claim))
-  if redis.call('RPUSH', Q, token) == 1 then
-    redis.call('PEXPIRE', Q, keep)
-    redis.call('PEXPIRE', W, keep)
-  else
-    redis.call('PEXPIRE', Q, keep, 'GT')
-    redis.call('PEXPIRE', W, keep, 'GT')
-  end
-end
-return {0, redis.call('PTTL', L), now}
-"
+    Lua::new(lua!(
+        "#!lua";
+        "mark.lua", "draw.lua", "fair_pop_live.lua", "fair_hand.lua", "fair_acquire.lua"
     ))
 });
 
@@ -228,14 +109,14 @@ impl FairRequest {
     }
 
     /// One attempt by `token`, which waits `wait_left` more and stores `secret` in its entry.
-    /// `waited`: this request found the key held before.
+    /// `waiting`: whether this request found the key held before.
     pub(crate) async fn send(
         &self,
         redis: &dyn Route,
         token: &str,
         secret: &str,
         wait_left: Duration,
-        waited: bool,
+        waiting: Waiting,
     ) -> Result<FairAnswer, Failed> {
         let mut invocation = ScriptCall::new("acquire", &ACQUIRE_FAIR, Kind::Fair, self.keys.len());
         for key in &self.keys {
@@ -252,7 +133,7 @@ impl FairRequest {
             .arg(wait_ms)
             .arg(secret)
             .arg(redis.publish_command())
-            .arg(if waited { "1" } else { "0" });
+            .arg(waiting);
         redis.call(&invocation).await
     }
 }

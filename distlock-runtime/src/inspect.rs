@@ -13,9 +13,8 @@ use redis::{FromRedisValue, Value};
 
 use crate::call::{Kind, Lua, ScriptCall};
 use crate::error::LockError;
-use crate::fair::FAIR_QUEUE;
-use crate::fence::FENCE;
 use crate::manager::LockManager;
+use crate::scripts::{lua, lua_spliced};
 
 /// Who holds a lock and for how long, from [`LockManager::inspect`].
 ///
@@ -47,51 +46,18 @@ pub struct LockInfo {
     pub holder: Option<String>,
 }
 
-/// Reads a lock without changing it.
-///
-/// KEYS: the lock key, its fencing counter, its queue's entries.
-/// Returns nil when the lock is free, else `{owner, pttl, counter, waiters}` (`counter` as
-/// digits, empty when gone; `pttl` -1 for a key without expiry).
-pub(crate) static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r"#!lua flags=no-writes
-local owner = redis.pcall('GET', KEYS[1])
-if type(owner) ~= 'string' then return nil end
--- Without the mark of a lock someone waits on (see `scripts.rs`).
-if string.byte(owner) == 126 then owner = string.sub(owner, 2) end
-local counter = redis.pcall('GET', KEYS[2])
-if type(counter) ~= 'string' then counter = '' end
-local waiters = redis.pcall('HLEN', KEYS[3])
-if type(waiters) ~= 'number' then waiters = 0 end
-return {owner, redis.call('PTTL', KEYS[1]), counter, waiters}
-",
-    )
-});
+/// Reads a lock without changing it: `scripts/inspect.lua`.
+pub(crate) static INSPECT: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(lua!("#!lua flags=no-writes"; "mark.lua", "inspect.lua")));
 
-/// Deletes a lock whoever holds it, as a release would: its oldest live fair waiter, if any, is
-/// handed the lock, else the deletion is announced to waiters.
-///
-/// KEYS: the lock key, its queue, its queue's entries, its fencing counter.
-/// ARGV[1]: the command that announces a release (`PUBLISH`, or `SPUBLISH` on a cluster).
-/// Returns 1 when a lock was held, 0 when the key was free.
+/// Deletes a lock whoever holds it, as a release would: `scripts/force_release.lua`.
+//
+// `allow-oom`, as the release (see `scripts/mod.rs`).
 pub(crate) static FORCE_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(format!(
-        r"#!lua flags=allow-oom
-local publish = ARGV[1]
-local L, Q, W = KEYS[1], KEYS[2], KEYS[3]
-if redis.call('EXISTS', L) == 0 then return 0 end
-local head = redis.pcall('LPOP', Q)
-if type(head) ~= 'string' then head = nil end
-if head then
-  {FENCE}{FAIR_QUEUE}
-  head = serve(L, Q, W, 4, head)
-end
-if not head then
-  redis.call('DEL', L)
-  redis.pcall(publish, L, '')
-end
-return 1
-"
+    Lua::new(lua_spliced!(
+        "#!lua flags=allow-oom";
+        "force_release.lua" at "--[[ draw pop_live hand serve ]]";
+        "draw.lua", "fair_pop_live.lua", "fair_hand.lua", "fair_serve.lua"
     ))
 });
 

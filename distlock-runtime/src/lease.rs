@@ -12,6 +12,7 @@ use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::release::{release_in_background, release_keys, Leaving};
 use crate::renew::{extend_lease, Registration};
+use crate::scripts::Queued;
 use crate::validity::check_ttl;
 use crate::validity::LeaseState;
 
@@ -209,7 +210,8 @@ impl Lease {
     /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked.
     pub async fn release(mut self) -> Result<(), LockError> {
         self.renewal = None;
-        let deleted = release_keys(&self.manager, &self.redis_keys, &self.token, false).await?;
+        let deleted =
+            release_keys(&self.manager, &self.redis_keys, &self.token, Queued::No).await?;
         self.released = true;
         if deleted < self.redis_keys.len() {
             tracing::debug!(keys = ?self.keys, deleted, "distlock lease had already expired in part");

@@ -248,8 +248,11 @@
 //!   `release.rs`, `renew.rs` (the watchdog), `lease.rs`, `wait.rs` and `notify/` (how a
 //!   waiter learns of a release), `reentrancy.rs`, `fence.rs`, `validity.rs`: the request
 //!   logic. It describes every Redis operation as a script call (`call.rs`: the script, its keys
-//!   and arguments, its kind, and what a failure tells; `scripts.rs` holds the Lua), groups
-//!   keys by the route's shard, and never asks which topology it runs on.
+//!   and arguments, its kind, and what a failure tells), groups keys by the route's shard, and
+//!   never asks which topology it runs on.
+//! - `scripts/`: the Lua, one `.lua` file per script or shared function, each with its KEYS,
+//!   ARGV and return contract on top, composed at compile time; `scripts/mod.rs` also types the
+//!   flags the scripts are sent.
 //! - `topology/`: how a call reaches Redis, one file per kind: `standalone.rs`, `sentinel.rs`,
 //!   `cluster.rs`, `quorum.rs`, behind one trait (`Route`: run a call, say a key's shard, say
 //!   how releases are announced and subscribed to). `conn.rs` is the connection all but the

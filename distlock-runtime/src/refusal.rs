@@ -122,7 +122,8 @@ where
         types_of.key(key);
     }
     let types = probe(types_of).await.ok()?;
-    // A counter of another type is taken over by the scripts (see `fence.rs`): named last.
+    // A counter of another type is taken over by the scripts (see `scripts/draw.lua`): named
+    // last.
     let mismatched = keys
         .iter()
         .zip(&types)
@@ -140,28 +141,10 @@ where
     Some((key.clone(), found.to_owned()))
 }
 
-/// Probes the type of each key with the commands distlock has the rights for (`TYPE` is not
-/// among them): `GET` fails but on a string, `HGET` but on a hash, `LREM` (of a value no list of
-/// distlock holds, so it removes nothing) but on a list.
-///
-/// KEYS: the keys. Returns for each `none`, `string`, `hash`, `list` or `other`.
-static TYPES: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r"#!lua
-local types = {}
-for i, key in ipairs(KEYS) do
-  local t = 'other'
-  if redis.call('EXISTS', key) == 0 then t = 'none'
-  elseif type(redis.pcall('GET', key)) ~= 'table' then t = 'string'
-  elseif type(redis.pcall('HGET', key, '~')) ~= 'table' then t = 'hash'
-  elseif type(redis.pcall('LREM', key, 0, '~')) ~= 'table' then t = 'list'
-  end
-  types[i] = t
-end
-return types
-",
-    )
-});
+/// Probes the type of each key with the commands distlock has the rights for:
+/// `scripts/key_types.lua`.
+pub(crate) static TYPES: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(crate::scripts::lua!("#!lua"; "key_types.lua")));
 
 #[cfg(test)]
 mod tests {

@@ -12,19 +12,19 @@ use crate::call::{Kind, ScriptCall, Taking};
 use crate::context::Context;
 use crate::error::{LockError, Misconfiguration, Reply};
 use crate::keys::LockKeys;
-use crate::scripts;
+use crate::scripts::{self, Announce, Queued};
 use crate::sync::lock;
 use crate::topology::{by_shard, Route};
 
 /// Deletes the keys still held by `token` (handing each to its oldest fair waiter, if it
-/// has one); returns how many were. With `queued`, `token` also leaves the keys' fair
+/// has one); returns how many were. With [`Queued::Maybe`], `token` also leaves the keys' fair
 /// queues: a fair waiter that gives up, or whose attempt may have queued it. One script call
 /// per shard (one but on a cluster, where a lease may span slots).
 pub(crate) async fn release_keys(
     context: &Context,
     redis_keys: &[LockKeys],
     token: &str,
-    queued: bool,
+    queued: Queued,
 ) -> Result<usize, LockError> {
     let route = context.redis();
     if let [keys] = redis_keys {
@@ -45,29 +45,28 @@ pub(crate) fn release_call<'a>(
     route: &dyn Route,
     keys: impl ExactSizeIterator<Item = &'a LockKeys>,
     token: &str,
-    queued: bool,
+    queued: Queued,
 ) -> ScriptCall {
-    let announce = (route.publish_command(), route.announces_every_release());
+    let announce = (route.publish_command(), route.announces());
     release_call_announced(announce, keys, token, queued)
 }
 
 /// The release that undoes the acquire `taking` describes (its `make_undo`).
 pub(crate) fn undo_of(taking: &Taking) -> ScriptCall {
     release_call_announced(
-        (taking.publish, taking.announce_always),
+        (taking.publish, taking.announce),
         taking.indices.iter().map(|&i| &taking.keys[i]),
         &taking.token,
-        false,
+        Queued::No,
     )
 }
 
-/// [`release_call`], announced with the route's `publish_command` and, when it
-/// `announces_every_release`, even when nobody waited.
+/// [`release_call`], announced with the route's `publish_command`, as it `announces`.
 fn release_call_announced<'a>(
-    (publish, always): (&'static str, bool),
+    (publish, announce): (&'static str, Announce),
     keys: impl ExactSizeIterator<Item = &'a LockKeys>,
     token: &str,
-    queued: bool,
+    queued: Queued,
 ) -> ScriptCall {
     let mut call = ScriptCall::new("release", &scripts::RELEASE, Kind::Release, 4 * keys.len());
     for keys in keys {
@@ -76,10 +75,7 @@ fn release_call_announced<'a>(
             .key(keys.waiters())
             .key(keys.fence());
     }
-    call.arg(token)
-        .arg(if queued { "1" } else { "0" })
-        .arg(publish)
-        .arg(if always { "1" } else { "0" });
+    call.arg(token).arg(queued).arg(publish).arg(announce);
     call
 }
 
@@ -132,7 +128,6 @@ pub(crate) fn release_in_background(
             Leaving::Dropped | Leaving::Queued | Leaving::Lost => 0,
         };
         loop {
-            let queued = matches!(leaving, Leaving::Queued | Leaving::InFlightFair);
             let released = {
                 // Its turn among the manager's background requests, but not past the keys'
                 // ttl: they are gone by then anyway.
@@ -141,7 +136,7 @@ pub(crate) fn release_in_background(
                     tracing::debug!(keys = ?lock_names(&redis_keys), "distlock background release gave up waiting for its turn; the keys expire by their ttl");
                     return;
                 };
-                release_keys(context, &redis_keys, &token, queued).await
+                release_keys(context, &redis_keys, &token, leaving.queued()).await
             };
             let error = match released {
                 Ok(released)
@@ -241,4 +236,14 @@ pub(crate) enum Leaving {
     /// A fair waiter left between attempts: one release takes it out of the queue and passes on
     /// a hand-off it was given.
     Queued,
+}
+
+impl Leaving {
+    /// Whether the release's owner may be queued as a fair waiter, and so leaves the queues.
+    fn queued(self) -> Queued {
+        match self {
+            Self::Queued | Self::InFlightFair => Queued::Maybe,
+            Self::Dropped | Self::Lost | Self::InFlight => Queued::No,
+        }
+    }
 }

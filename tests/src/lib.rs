@@ -532,7 +532,7 @@ async fn until_key(
 }
 
 /// Waits (at most 2 s) until the lock key `key` (its Redis name) holds a value marked as waited
-/// on (`~` in front of the owner token: see the runtime's `scripts.rs`); returns that value.
+/// on (`~` in front of the owner token: see the runtime's `scripts/mod.rs`); returns that value.
 ///
 /// # Panics
 /// If no waiter marked it in time.

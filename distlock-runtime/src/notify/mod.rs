@@ -168,7 +168,7 @@ pub(crate) struct Ticket {
     joined: Instant,
     /// This waiter took a release announcement and has not yet done what it owes the waiters
     /// behind it: an attempt that takes the key, or marks its new holder as waited on (see
-    /// `scripts.rs`). Until then, leaving passes the announcement on, as an unused one is.
+    /// `scripts/mod.rs`). Until then, leaving passes the announcement on, as an unused one is.
     owed: AtomicBool,
 }
 

@@ -24,6 +24,7 @@ use crate::call::{BoxFuture, ScriptCall};
 use crate::error::LockError;
 use crate::failed::{Failed, Reached};
 use crate::keys::LockKeys;
+use crate::scripts::Announce;
 
 pub(crate) mod cluster;
 mod connect;
@@ -54,11 +55,11 @@ pub(crate) trait Route: Send + Sync + 'static {
         "PUBLISH"
     }
 
-    /// Whether every release announces itself, marked as waited on or not (see `scripts.rs`):
-    /// a quorum's waiter listens on one node, whose copy of a mark is missing when the attempt
-    /// that set it failed there.
-    fn announces_every_release(&self) -> bool {
-        false
+    /// Which releases announce themselves: those of keys marked as waited on (see `scripts/`),
+    /// or every release, marked or not: a quorum's waiter listens on one node, whose copy of a
+    /// mark is missing when the attempt that set it failed there.
+    fn announces(&self) -> Announce {
+        Announce::WaitedOn
     }
 
     /// How to subscribe to those announcements; `None` when this route cannot (a caller's pool

@@ -39,7 +39,7 @@ use crate::call::{BoxFuture, Kind, ScriptCall, Taking};
 use crate::error::LockError;
 use crate::failed::{Failed, Reached};
 use crate::fence::raise_call;
-use crate::scripts::Acquire;
+use crate::scripts::{Acquire, Announce};
 use crate::tls::Tls;
 
 /// Connections per node pool (the link takes one for good; the rest serve nobody else).
@@ -492,8 +492,8 @@ impl Route for Quorum {
         Box::pin(self.run_call(call))
     }
 
-    fn announces_every_release(&self) -> bool {
-        true
+    fn announces(&self) -> Announce {
+        Announce::Always
     }
 
     fn subscriber(&self) -> Option<Arc<dyn Subscribe>> {

@@ -244,7 +244,7 @@ where
     let mut undone = false;
     if let Some(undo) = call.undo() {
         // The acquire script answers a fencing token when it took the keys, an array when
-        // they are held (see `scripts.rs`).
+        // they are held (see `scripts/acquire.lua`).
         let took = matches!(answer, Value::Int(_) | Value::BulkString(_));
         if !took {
             // Held by another owner: nothing was written, and the answer stands.
