@@ -236,7 +236,7 @@ where
 /// runtime's `src/scripts/` (without `.lua`; each file states the script's contract): for tests
 /// that run the scripts directly.
 pub fn scripts() -> Vec<(&'static str, &'static str)> {
-    crate::scripts::all()
+    crate::catalog::all()
         .into_iter()
         .map(|(name, lua)| (name, lua.code()))
         .collect()
@@ -247,7 +247,7 @@ pub fn scripts() -> Vec<(&'static str, &'static str)> {
 /// # Panics
 /// When no script has that name; the message lists the names.
 pub fn script(name: &str) -> &'static str {
-    let scripts = crate::scripts::all();
+    let scripts = crate::catalog::all();
     match scripts.iter().find(|(script, _)| *script == name) {
         Some((_, lua)) => lua.code(),
         None => {

@@ -2,7 +2,7 @@
 //!
 //! The request logic describes each Redis operation as a [`ScriptCall`] (a [`Lua`] script, its
 //! keys and arguments, and its [`Kind`]); a route (`topology/`) runs it; a call that fails says
-//! how far its request got ([`Failed`], [`Reached`]), which decides whether what it would have
+//! how far its request got ([`Failed`], [`Reached`](crate::failed::Reached)), which decides whether what it would have
 //! written may be there.
 
 use std::borrow::Cow;
@@ -15,40 +15,17 @@ use redis::{Arg, Cmd, ToRedisArgs, Value};
 
 use crate::failed::Failed;
 use crate::keys::LockKeys;
-use crate::scripts::Announce;
+use crate::scripts::flags::Announce;
+use crate::scripts::lua::Lua;
 
-/// A boxed future, as the object-safe [`Route`] returns.
+/// A boxed future, as the object-safe [`Route`](crate::topology::Route) returns.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// A Lua script: its source (composed at compile time, see `scripts/`) and its SHA-1, which
-/// `EVALSHA` names it by.
-pub(crate) struct Lua {
-    code: &'static str,
-    hash: String,
-}
-
-impl Lua {
-    pub(crate) fn new(code: &'static str) -> Self {
-        let hash = sha1_smol::Sha1::from(code.as_bytes()).digest().to_string();
-        Self { code, hash }
-    }
-
-    /// The script's source, as Redis runs it (line numbers in its errors count from here).
-    pub(crate) fn code(&self) -> &'static str {
-        self.code
-    }
-
-    /// The script's SHA-1 in hex, as `EVALSHA` names it.
-    pub(crate) fn hash(&self) -> &str {
-        &self.hash
-    }
-}
 
 /// What a call does, which says how a quorum combines its nodes' answers (see `quorum.rs`).
 pub(crate) enum Kind {
     /// Writes nothing; counts when a majority answers.
     Read,
-    /// Takes lock keys: answers a fencing token, or who holds them (`scripts::Acquire`).
+    /// Takes lock keys: answers a fencing token, or who holds them.
     Acquire(Taking),
     /// Releases by token: answers how many keys were released.
     Release,
@@ -77,20 +54,12 @@ pub(crate) struct Taking {
     pub(crate) publish: &'static str,
     /// Which releases it announces (see `Route::announces`).
     pub(crate) announce: Announce,
-    /// Builds the release that undoes the acquire (`release::undo_of`, passed in: releasing
-    /// sits above this module).
-    pub(crate) make_undo: fn(&Taking) -> ScriptCall,
 }
 
 impl Taking {
     /// The fencing counters of the keys taken.
     pub(crate) fn fences(&self) -> impl Iterator<Item = &str> {
         self.indices.iter().map(|&i| self.keys[i].fence())
-    }
-
-    /// The release that undoes this acquire.
-    pub(crate) fn undo(&self) -> ScriptCall {
-        (self.make_undo)(self)
     }
 }
 
@@ -189,14 +158,6 @@ impl ScriptCall {
         call
     }
 
-    /// The release that undoes an acquire (built from its kind).
-    pub(crate) fn undo(&self) -> Option<ScriptCall> {
-        match &self.kind {
-            Kind::Acquire(taking) => Some(taking.undo()),
-            _ => None,
-        }
-    }
-
     /// The script's source.
     pub(crate) fn source(&self) -> &str {
         self.lua.code()
@@ -234,7 +195,7 @@ impl ScriptCall {
     /// `SCRIPT FLUSH`, a promoted replica). Built when needed: it is rare.
     pub(crate) fn eval(&self) -> Cmd {
         let mut eval = Cmd::with_capacity(0, 0);
-        eval.arg("EVAL").arg(self.lua.code);
+        eval.arg("EVAL").arg(self.lua.code());
         for part in self.evalsha.args_iter().skip(2) {
             if let Arg::Simple(part) = part {
                 eval.arg(part);
@@ -281,11 +242,14 @@ mod tests {
                 .arg("a2");
             cmd.get_packed_command()
         };
-        let expected = by_hand("EVALSHA", &ECHO.hash);
+        let expected = by_hand("EVALSHA", ECHO.hash());
         assert_eq!(call.evalsha().get_packed_command(), expected);
         assert_eq!(call.first_key(), Some(&b"k1"[..]));
         assert_eq!(call.detached().evalsha().get_packed_command(), expected);
-        assert_eq!(call.eval().get_packed_command(), by_hand("EVAL", ECHO.code));
+        assert_eq!(
+            call.eval().get_packed_command(),
+            by_hand("EVAL", ECHO.code())
+        );
         assert_eq!(
             ScriptCall::new("none", &ECHO, Kind::Read, 0).first_key(),
             None

@@ -13,14 +13,15 @@ use std::sync::LazyLock;
 
 use redis::Value;
 
-use crate::call::{Kind, Lua, ScriptCall};
+use crate::call::{Kind, ScriptCall};
 use crate::context::Context;
 use crate::error::{LockError, Misconfiguration};
+use crate::scripts::Lua;
 
 /// Checks what a manager needs on one server, writing nothing: `scripts/check.lua` (see the
 /// module docs).
 pub(crate) static CHECK: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(crate::scripts::lua!("#!lua"; "check.lua")));
+    LazyLock::new(|| Lua::new(crate::scripts::lua!("#!lua"; "scripts/check.lua")));
 
 /// The commands distlock's scripts run (a unit test holds [`CHECK`] to this list).
 #[cfg(test)]

@@ -5,6 +5,10 @@ use std::time::Duration;
 
 use crate::error::{LockError, Reply};
 
+/// The pause before a request refused for a passing reason (`LOADING`, `BUSY`, `MASTERDOWN`,
+/// see [`Failed::is_passing`]) is sent again.
+pub(crate) const PASSING_RETRY: Duration = Duration::from_millis(20);
+
 /// A call that failed, and how far its request got.
 #[derive(Debug)]
 pub(crate) struct Failed {

@@ -17,8 +17,10 @@
 //! `scripts/raise.lua` writes one back ([`RAISE`]).
 
 /// Raises fencing counters to a token drawn elsewhere: `scripts/raise.lua`.
-pub(crate) static RAISE: std::sync::LazyLock<crate::call::Lua> =
-    std::sync::LazyLock::new(|| crate::call::Lua::new(crate::scripts::lua!("#!lua"; "raise.lua")));
+pub(crate) static RAISE: std::sync::LazyLock<crate::scripts::Lua> =
+    std::sync::LazyLock::new(|| {
+        crate::scripts::Lua::new(crate::scripts::lua!("#!lua"; "scripts/raise.lua"))
+    });
 
 /// The write-back of `token` to the fencing counters of the keys `taking` takes ([`RAISE`]).
 pub(crate) fn raise_call(taking: &crate::call::Taking, token: u64) -> crate::call::ScriptCall {

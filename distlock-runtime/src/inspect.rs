@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use redis::{FromRedisValue, Value};
 
-use crate::call::{Kind, Lua, ScriptCall};
+use crate::call::{Kind, ScriptCall};
 use crate::error::LockError;
 use crate::manager::LockManager;
+use crate::scripts::Lua;
 use crate::scripts::{lua, lua_spliced};
 
 /// Who holds a lock and for how long, from [`LockManager::inspect`].
@@ -47,8 +48,9 @@ pub struct LockInfo {
 }
 
 /// Reads a lock without changing it: `scripts/inspect.lua`.
-pub(crate) static INSPECT: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(lua!("#!lua flags=no-writes"; "mark.lua", "inspect.lua")));
+pub(crate) static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(lua!("#!lua flags=no-writes"; "scripts/mark.lua", "scripts/inspect.lua"))
+});
 
 /// Deletes a lock whoever holds it, as a release would: `scripts/force_release.lua`.
 //
@@ -56,8 +58,8 @@ pub(crate) static INSPECT: LazyLock<Lua> =
 pub(crate) static FORCE_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(lua_spliced!(
         "#!lua flags=allow-oom";
-        "force_release.lua" at "--[[ draw pop_live hand serve ]]";
-        "draw.lua", "fair_pop_live.lua", "fair_hand.lua", "fair_serve.lua"
+        "scripts/force_release.lua" at "--[[ draw pop_live hand serve ]]";
+        "scripts/draw.lua", "fair/pop_live.lua", "fair/hand.lua", "fair/serve.lua"
     ))
 });
 

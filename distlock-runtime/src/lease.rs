@@ -46,16 +46,94 @@ pub struct Lease {
     released: bool,
 }
 
+/// What a lease holds in Redis, set up by its acquire before the first request goes out: its
+/// Redis keys, owner token, validity and renewal.
+pub(crate) struct Holding {
+    pub(crate) redis_keys: Arc<[LockKeys]>,
+    pub(crate) token: Arc<str>,
+    pub(crate) state: Arc<LeaseState>,
+    /// With renewal, registered before the first request goes out: a lease that is granted can
+    /// never miss its renewal.
+    pub(crate) registration: Option<Registration>,
+}
+
+impl Holding {
+    pub(crate) fn new(
+        context: &Context,
+        renew: bool,
+        redis_keys: Arc<[LockKeys]>,
+        token: Arc<str>,
+        state: Arc<LeaseState>,
+    ) -> Self {
+        let registration = renew.then(|| {
+            context.renewals.register(
+                Arc::clone(&redis_keys),
+                Arc::clone(&token),
+                Arc::clone(&state),
+            )
+        });
+        Self {
+            redis_keys,
+            token,
+            state,
+            registration,
+        }
+    }
+
+    /// An attempt sent at `sent` took the keys for `ttl`.
+    pub(crate) fn took(&self, sent: Instant, ttl: Duration) {
+        self.state.acquired(sent, ttl);
+        if let Some(registration) = &self.registration {
+            registration.schedule(sent, ttl);
+        }
+    }
+
+    /// A lease without renewal, handed over for less than its ttl: extended to its ttl once,
+    /// now.
+    pub(crate) fn renew_once(&mut self, context: &Context) {
+        self.registration = Some(context.renewals.register_once(
+            Arc::clone(&self.redis_keys),
+            Arc::clone(&self.token),
+            Arc::clone(&self.state),
+        ));
+    }
+
+    /// From now on the acquire asks under `token` (the one before may still be granted late).
+    pub(crate) fn retoken(&mut self, context: &Context, renew: bool, token: Arc<str>) {
+        self.registration = None;
+        *self = Self::new(
+            context,
+            renew,
+            Arc::clone(&self.redis_keys),
+            token,
+            Arc::clone(&self.state),
+        );
+    }
+
+    /// What the lease takes over; the acquire keeps its names only.
+    pub(crate) fn take(&mut self) -> Self {
+        Self {
+            redis_keys: Arc::clone(&self.redis_keys),
+            token: Arc::clone(&self.token),
+            state: Arc::clone(&self.state),
+            registration: self.registration.take(),
+        }
+    }
+}
+
 impl Lease {
     pub(crate) fn new(
         manager: Arc<Context>,
         keys: Arc<[String]>,
-        redis_keys: Arc<[LockKeys]>,
-        token: Arc<str>,
+        holding: Holding,
         fencing_token: u64,
-        state: Arc<LeaseState>,
-        renewal: Option<Registration>,
     ) -> Self {
+        let Holding {
+            redis_keys,
+            token,
+            state,
+            registration,
+        } = holding;
         Self {
             manager,
             keys,
@@ -63,7 +141,7 @@ impl Lease {
             token,
             fencing_token,
             state,
-            renewal,
+            renewal: registration,
             released: false,
         }
     }

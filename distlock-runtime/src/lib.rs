@@ -243,29 +243,30 @@
 //! default), a primary lost without a replica to take over stops every slot, so every lease.
 //!
 //! # Architecture
-//! - `manager.rs`, `builder.rs`, `request.rs`: the public entry points and settings.
-//! - `acquire.rs` (the acquire state machine), `fair.rs` (the fair hand-off protocol),
-//!   `release.rs`, `renew.rs` (the watchdog), `lease.rs`, `wait.rs` and `notify/` (how a
-//!   waiter learns of a release), `reentrancy.rs`, `fence.rs`, `validity.rs`: the request
-//!   logic. It describes every Redis operation as a script call (`call.rs`: the script, its keys
-//!   and arguments, its kind, and what a failure tells), groups keys by the route's shard, and
-//!   never asks which topology it runs on.
-//! - `scripts/`: the Lua, one `.lua` file per script or shared function, each with its KEYS,
-//!   ARGV and return contract on top, composed at compile time; `scripts/mod.rs` also types the
-//!   flags the scripts are sent.
-//! - `topology/`: how a call reaches Redis, one file per kind: `standalone.rs`, `sentinel.rs`,
-//!   `cluster.rs`, `quorum.rs`, behind one trait (`Route`: run a call, say a key's shard, say
-//!   how releases are announced and subscribed to). `conn.rs` is the connection all but the
-//!   cluster's share (one multiplexed connection, redialled when it fails, every call bounded;
-//!   the cluster's is redis-rs's own cluster connection).
+//! Each file holds one idea:
+//!
+//! | file | what |
+//! |---|---|
+//! | `manager.rs`, `builder.rs`, `request.rs`, `lease.rs` | the public entry points, their settings, and a held lease |
+//! | `acquire/mod.rs` | the acquire loop: what a request asks ([`LockRequest`] becomes one `Ask`), where it stands (attempting, waiting, holding), and what it may have left in Redis if it ends without a lease |
+//! | `acquire/places.rs` | taking a request's keys where they live, by one grant rule: every shard in turn (one server, Sentinel, a cluster's slots) or a majority of a quorum's nodes at once; the greatest fencing token written back, what was taken undone |
+//! | `fair/` | the fair hand-off protocol, end to end: its Lua, its message and signature, the requester's side and the waiter's |
+//! | `wait.rs`, `notify/` | how a waiter learns when to try again: release notifications, one subscriber connection per manager, each key's subscription a pure state machine (`notify/channel.rs`) |
+//! | `release.rs`, `background.rs` | releasing by token, and the one bounded background release |
+//! | `renew.rs`, `validity.rs` | the watchdog that extends leases, and how long a lease is trusted |
+//! | `reentrancy.rs`, `context.rs`, `keys.rs`, `fence.rs` | nesting on one task, what every part of a manager shares, the Redis keys of a lock, the fencing write-back |
+//! | `scripts/` | the Lua Redis runs, one `.lua` file per script or shared function, composed at compile time; the flags sent to them as types; the builders of their calls |
+//! | `call.rs`, `failed.rs` | a script call (its script, keys, arguments and kind), and how far a failed one got |
+//! | `topology/` | how a call reaches Redis: one `Route` per kind of deployment (`standalone.rs`, `sentinel.rs`, `cluster.rs`, `quorum.rs`), over `link.rs` (one server's connection), `connect.rs` (URLs, dialling, pools) and `replicas.rs` (`min_replicas`) |
+//! | `error.rs`, `refusal.rs`, `diagnose.rs`, `inspect.rs`, `telemetry.rs`, `tls.rs` | errors and what a refusal means, `ping`, inspection, metrics, TLS |
+//! | `sync.rs`, `time.rs`, `ids.rs` | a mutex lock that ignores poisoning, durations as Redis takes them, owner tokens and unique ids |
 //!
 //! One acquire of `order:42`: the request renders the Redis keys (`keys.rs`), registers the
-//! lease with the watchdog, and asks the route for the key's shard; the acquire script call
-//! goes to the route, which sends `EVALSHA` on its connection (standalone, Sentinel), to the
-//! slot's primary (cluster), or to every node at once and combines the answers (quorum). A
-//! held key makes the request wait (`wait.rs`) for the release announcement on the key's
-//! channel, then try again. Adding a topology is adding a file under `topology/` and a builder
-//! method.
+//! lease with the watchdog, and takes the keys where the route says they live: one script call
+//! to the server (standalone, Sentinel) or to the slot's primary (cluster), or the same call to
+//! every node at once (quorum). A held key makes the request wait (`wait.rs`) for the release
+//! announcement on the key's channel, then try again. Adding a topology is adding a file under
+//! `topology/` and a builder method.
 //!
 //! # Metrics and traces
 //! With the cargo feature `metrics` (on by default), distlock reports through the
@@ -322,6 +323,7 @@ mod acquire;
 mod background;
 mod builder;
 mod call;
+mod catalog;
 mod context;
 mod diagnose;
 mod error;

@@ -6,10 +6,11 @@
 use std::future::Future;
 use std::sync::LazyLock;
 
-use crate::call::{Kind, Lua, ScriptCall};
+use crate::call::{Kind, ScriptCall};
 use crate::error::{LockError, Misconfiguration};
 use crate::failed::Failed;
 use crate::keys::LockKeys;
+use crate::scripts::Lua;
 
 /// Says more about a refusal of `call` than Redis did: which command an ACL user may not run
 /// (from the line of the script Redis names), which key holds another type (asked of Redis,
@@ -144,7 +145,7 @@ where
 /// Probes the type of each key with the commands distlock has the rights for:
 /// `scripts/key_types.lua`.
 pub(crate) static TYPES: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(crate::scripts::lua!("#!lua"; "key_types.lua")));
+    LazyLock::new(|| Lua::new(crate::scripts::lua!("#!lua"; "scripts/key_types.lua")));
 
 #[cfg(test)]
 mod tests {

@@ -8,11 +8,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::background::MAX_PENDING;
-use crate::call::{Kind, ScriptCall, Taking};
+use crate::call::ScriptCall;
 use crate::context::Context;
 use crate::error::{LockError, Misconfiguration, Reply};
 use crate::keys::LockKeys;
-use crate::scripts::{self, Announce, Queued};
+use crate::scripts::{self, Queued};
 use crate::sync::lock;
 use crate::topology::{by_shard, Route};
 
@@ -40,43 +40,19 @@ pub(crate) async fn release_keys(
     Ok(released)
 }
 
-/// The release script call for `keys` (which share a shard).
+/// The release script call for `keys` (which share a shard), announced as `route` does.
 pub(crate) fn release_call<'a>(
     route: &dyn Route,
     keys: impl ExactSizeIterator<Item = &'a LockKeys>,
     token: &str,
     queued: Queued,
 ) -> ScriptCall {
-    let announce = (route.publish_command(), route.announces());
-    release_call_announced(announce, keys, token, queued)
-}
-
-/// The release that undoes the acquire `taking` describes (its `make_undo`).
-pub(crate) fn undo_of(taking: &Taking) -> ScriptCall {
-    release_call_announced(
-        (taking.publish, taking.announce),
-        taking.indices.iter().map(|&i| &taking.keys[i]),
-        &taking.token,
-        Queued::No,
+    scripts::release_call(
+        (route.publish_command(), route.announces()),
+        keys,
+        token,
+        queued,
     )
-}
-
-/// [`release_call`], announced with the route's `publish_command`, as it `announces`.
-fn release_call_announced<'a>(
-    (publish, announce): (&'static str, Announce),
-    keys: impl ExactSizeIterator<Item = &'a LockKeys>,
-    token: &str,
-    queued: Queued,
-) -> ScriptCall {
-    let mut call = ScriptCall::new("release", &scripts::RELEASE, Kind::Release, 4 * keys.len());
-    for keys in keys {
-        call.key(keys.lock())
-            .key(keys.queue())
-            .key(keys.waiters())
-            .key(keys.fence());
-    }
-    call.arg(token).arg(queued).arg(publish).arg(announce);
-    call
 }
 
 /// Releases from a spawned task: the fallback when a lease is dropped instead of released,

@@ -8,12 +8,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::acquire::{self, Ask, Fairness};
 use crate::context::Context;
 use crate::error::LockError;
 use crate::lease::Lease;
+use crate::reentrancy;
 use crate::validity::check_ttl;
 use crate::wait::Wait;
-use crate::{acquire, reentrancy};
 
 /// A lock about to be taken: set the ttl, wait and renewal, then [`acquire`](Self::acquire) a
 /// [`Lease`] or [`run`](Self::run) a future under it. Made by
@@ -207,16 +208,15 @@ impl LockRequest {
             });
         }
         let wait = Wait::new(Instant::now(), self.wait);
-        acquire::acquire(
-            &self.manager,
+        let ask = Ask {
             keys,
-            self.ttl,
+            ttl: self.ttl,
             wait,
-            self.renew,
-            fair,
-            self.label,
-        )
-        .await
+            renew: self.renew,
+            fairness: fair,
+            label: self.label,
+        };
+        acquire::acquire(&self.manager, ask).await
     }
 
     /// Takes the lock, runs `body` under it, and releases it whatever happens: when the body
@@ -280,7 +280,15 @@ impl LockRequest {
         );
         async move {
             let missing: Arc<[String]> = found.missing().into();
-            let lease = match acquire::acquire(&manager, missing, self.ttl, wait, self.renew, fair, label).await {
+            let ask = Ask {
+                keys: missing,
+                ttl: self.ttl,
+                wait,
+                renew: self.renew,
+                fairness: fair,
+                label,
+            };
+            let lease = match acquire::acquire(&manager, ask).await {
                 Ok(lease) => lease,
                 Err(error) => {
                     tracing::Span::current().record("outcome", error_outcome(&error));
@@ -355,7 +363,18 @@ fn error_outcome(error: &LockError) -> &'static str {
 
 /// Whether a request for `keys` (sorted, de-duplicated) is served fairly: as asked, else by the
 /// manager's default, which applies to single-key requests only.
-fn fair_for(manager: &Context, asked: Option<bool>, keys: &[String]) -> Result<bool, LockError> {
+fn fair_for(
+    manager: &Context,
+    asked: Option<bool>,
+    keys: &[String],
+) -> Result<Fairness, LockError> {
+    let fair = |fair: bool| {
+        if fair {
+            Fairness::Fair
+        } else {
+            Fairness::Unfair
+        }
+    };
     match asked {
         Some(true) if keys.len() > 1 => Err(LockError::InvalidConfig {
             what: "fair",
@@ -365,8 +384,8 @@ fn fair_for(manager: &Context, asked: Option<bool>, keys: &[String]) -> Result<b
                 keys.len()
             ),
         }),
-        Some(fair) => Ok(fair),
-        None => Ok(manager.default_fair && keys.len() == 1),
+        Some(asked) => Ok(fair(asked)),
+        None => Ok(fair(manager.default_fair && keys.len() == 1)),
     }
 }
 

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::fair::Handoff;
+use crate::fair::{ClaimWatch, Handoff};
 use crate::notify::{Notifications, Ticket};
 
 /// First backoff step.
@@ -75,8 +75,8 @@ pub(crate) struct Waiter<'a> {
     /// The secret of the fair waiter's latest attempt.
     secret: Option<Arc<str>>,
     ticket: Option<Ticket>,
-    /// The watch time (of a hand-off's claim) this waiter already woke for.
-    watched: Option<Instant>,
+    /// The claim of a hand-off this (fair) waiter watches, if any.
+    claims: ClaimWatch,
 }
 
 impl<'a> Waiter<'a> {
@@ -94,7 +94,7 @@ impl<'a> Waiter<'a> {
             fair,
             secret: None,
             ticket: None,
-            watched: None,
+            claims: ClaimWatch::default(),
         }
     }
 
@@ -195,20 +195,14 @@ impl<'a> Waiter<'a> {
             if let Some(handoff) = ticket.take_handed() {
                 return Wake::Handed(handoff);
             }
-            let watch = ticket.watch().filter(|w| Some(*w) != self.watched);
-            let until = watch.map_or(holder_until, |w| holder_until.min(w));
+            let (until, watched) = self.claims.wake_at(ticket.watch(), holder_until);
             tokio::select! {
                 plain = ticket.woken() => if plain { return Wake::Retry },
                 () = tokio::time::sleep_until(until) => {
                     let now = Instant::now();
-                    if now < holder_until && ticket.watch().is_some_and(|w| w > now) {
-                        // A newer hand-off replaced the one watched: watch that instead.
-                        continue;
+                    if self.claims.woke(watched, ticket.watch(), now, holder_until) {
+                        return Wake::Retry;
                     }
-                    if watch.is_some_and(|w| w <= now) {
-                        self.watched = watch;
-                    }
-                    return Wake::Retry;
                 }
             }
         }

@@ -481,8 +481,8 @@ async fn a_forged_hand_off_message_does_not_start_a_fair_waiter() {
     let now_ms = secs * 1000 + micros / 1000;
     for forged in [
         format!("h {token} 999999 {now_ms} 2000 "),
-        format!("h {token} 999999 {now_ms} 2000  {token}"),
-        format!("h {token} 999999 {now_ms} 2000  00000000000000000000000000000000"),
+        format!("h {token} 999999 {now_ms} 2000 {token}"),
+        format!("h {token} 999999 {now_ms} 2000 00000000000000000000000000000000"),
     ] {
         let _: i64 = mallory
             .publish("distlock:lock:{vault}", forged)
@@ -525,10 +525,8 @@ async fn a_real_hand_off_rewritten_by_a_subscriber_is_refused() {
             let payload: String = pubsub.get_message().unwrap().get_payload().unwrap();
             if let Some(fields) = payload.strip_prefix("h ") {
                 let f: Vec<&str> = fields.split(' ').collect();
-                let forged = format!(
-                    "h {} 9000000000000000 {} 600000 {} {}",
-                    f[0], f[2], f[4], f[5]
-                );
+                // `h <token> <fence> <ms> <claim> <mac>`: the fence and the claim rewritten.
+                let forged = format!("h {} 9000000000000000 {} 600000 {}", f[0], f[2], f[4]);
                 let _: i64 = redis::cmd("PUBLISH")
                     .arg("distlock:lock:{rewritten}")
                     .arg(forged)

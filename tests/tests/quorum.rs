@@ -374,3 +374,50 @@ async fn a_quorum_lease_is_valid_for_its_ttl_less_the_round_and_the_drift_margin
     assert_eq!(holders(&servers, "q-validity"), 3);
     lease.release().await.unwrap();
 }
+
+/// A round that left nodes in doubt (hung, so their acquire may still run) takes back what
+/// they may grant late. That clean-up belongs to the round: when a later round of the same
+/// request takes the lock on those nodes, it must not be released from under the lease (which
+/// would leave it on a minority, and let a second holder take a majority).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_clean_up_of_a_hung_round_never_releases_the_lease_a_later_round_took() {
+    let mut servers = quorum(5);
+    let locks = [manager(&servers), manager(&servers), manager(&servers)];
+    for locks in &locks {
+        distlock_tests::lock_once(locks, "warm").await;
+    }
+    let ttl = Duration::from_secs(10);
+    let held = locks[0].lock("q-late").ttl(ttl).acquire().await.unwrap();
+    for server in &mut servers[2..] {
+        server.pause();
+    }
+    let waiter = locks[1].clone();
+    let started = Instant::now();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock("q-late")
+            .ttl(ttl)
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+    });
+    // The waiter's first round: two nodes say the key is held, three hang until the node
+    // timeout (TIMEOUT), which leaves them in doubt.
+    tokio::time::sleep(TIMEOUT + Duration::from_millis(100)).await;
+    assert!(!waiting.is_finished());
+    for server in &mut servers[2..] {
+        server.resume();
+    }
+    held.release().await.unwrap();
+    let lease = waiting.await.unwrap().unwrap();
+    assert!(started.elapsed() < TIMEOUT * 2, "{:?}", started.elapsed());
+    // Past every clean-up the first round could have left behind.
+    tokio::time::sleep(TIMEOUT * 3).await;
+    assert_eq!(holders(&servers, "q-late"), 5);
+    let other = locks[2].try_lock("q-late").acquire().await;
+    assert!(
+        matches!(other, Err(LockError::NotAcquired { .. })),
+        "a second holder while the first holds the lease: {other:?}"
+    );
+    lease.release().await.unwrap();
+}

@@ -209,8 +209,8 @@ struct Handoff {
     claim_ms: u64,
 }
 
-/// Parses `h <token> <fence> <ms> <claim> <next> <mac>` and checks `<next>` is empty and `<mac>`
-/// is `sha1hex(secret + " " + fields + " " + secret)` over the fields before it.
+/// Parses `h <token> <fence> <ms> <claim> <mac>` and checks `<mac>` is
+/// `sha1hex(secret + " " + fields + " " + secret)` over the fields before it.
 fn handoff(message: &str, secret: &str) -> Handoff {
     let fields = message
         .strip_prefix("h ")
@@ -221,11 +221,7 @@ fn handoff(message: &str, secret: &str) -> Handoff {
         .to_string();
     assert_eq!(mac, expected, "the signature of {message:?}");
     let parts: Vec<&str> = signed.split(' ').collect();
-    assert_eq!(parts.len(), 5, "fields of {message:?}");
-    assert_eq!(
-        parts[4], "",
-        "the next waiter's field is left empty: {message:?}"
-    );
+    assert_eq!(parts.len(), 4, "fields of {message:?}");
     Handoff {
         token: parts[0].to_owned(),
         fence: parts[1].parse().unwrap(),
@@ -819,7 +815,7 @@ async fn extend_prolongs_each_lease_that_holds_all_its_keys_and_touches_no_other
     assert_eq!(extended, [0, 0]);
 }
 
-// ---- fair_acquire.lua ----
+// ---- fair/acquire.lua ----
 
 /// `fair_acquire`'s arguments for `token`: ttl 30 s, claim 2 s, `wait` ms, its secret.
 fn fair_args(

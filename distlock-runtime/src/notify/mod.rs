@@ -3,7 +3,7 @@
 //! manager (opened through the route's [`Subscribe`], over RESP3) hands each notification to one
 //! local waiter of that key, oldest first, from the connection's own push handler (no task in
 //! between, so a hand-off reaches its waiter with one wake-up). A release that hands the lock to
-//! a fair waiter publishes a hand-off message instead, which `fair.rs` routes (to its recipient,
+//! a fair waiter publishes a hand-off message instead, which `fair/` routes (to its recipient,
 //! and to the waiters that watch its claim; a watcher that leaves passes its watch on).
 //!
 //! A waiter takes a [`Ticket`] (its place in the key's queue) and makes sure the manager is
@@ -313,15 +313,13 @@ impl Drop for Ticket {
             // neither took the key nor marked its holder): the next one gets it.
             wake_one(channel);
         }
-        let watch = self.slot.fair.as_ref().and_then(FairWaiter::watch);
-        if let Some(until) = watch.filter(|&until| until > tokio::time::Instant::now()) {
-            // Nor does the claim it watched go unwatched.
-            let heir = channel.waiters().find_map(|s| Some((s.fair.as_ref()?, s)));
-            if let Some((fair, heir)) = heir {
-                fair.inherit_watch(until);
-                heir.wake.notify_one();
-            }
-        }
+        // Nor does the claim it watched go unwatched.
+        fair::pass_on_watch(
+            self.slot.fair.as_ref(),
+            channel
+                .waiters()
+                .filter_map(|s| Some((s.fair.as_ref()?, &s.wake))),
+        );
         let mut sends = Vec::new();
         hub.perform(&mut state, &self.channel, action, &mut sends);
         drop(state);

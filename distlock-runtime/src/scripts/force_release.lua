@@ -1,6 +1,6 @@
 -- FORCE_RELEASE: deletes a lock whoever holds it, as a release would: its oldest live fair
 -- waiter, if any, is handed the lock, else the deletion is announced to waiters.
--- KEYS: the lock key L, its queue Q, its queue's entries W (see fair_pop_live.lua), its
+-- KEYS: the lock key L, its queue Q, its queue's entries W (see fair/pop_live.lua), its
 --   fencing counter F.
 -- ARGV[1]: the command that announces a release (PUBLISH, or SPUBLISH on a cluster).
 -- Returns 1 when a lock was held, 0 when the key was free.

@@ -1,5 +1,5 @@
 -- INSPECT: reads a lock without changing it.
--- KEYS: the lock key, its fencing counter, its queue's entries (see fair_pop_live.lua).
+-- KEYS: the lock key, its fencing counter, its queue's entries (see fair/pop_live.lua).
 -- Returns nil when the lock is free (or its key holds another type), else
 -- {owner, pttl, counter, waiters}: the owner's token without the mark of a lock someone waits
 -- on (see scripts/mod.rs, "Waited on"), the lock's PTTL in ms (-1 for a key without expiry),

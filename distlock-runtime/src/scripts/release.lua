@@ -1,7 +1,7 @@
 -- RELEASE: releases the lock keys this owner still holds; never touches a key owned by
 -- someone else.
 -- KEYS: for each lock key four keys: the lock key L, its fair queue Q, its queue's entries W
---   (see fair_pop_live.lua) and its fencing counter F.
+--   (see fair/pop_live.lua) and its fencing counter F.
 -- ARGV[1]: the owner token.
 -- ARGV[2]: QUEUED ('1') when the owner may be queued as a fair waiter (one that gives up, or
 --   whose attempt's outcome is unknown), which then leaves the queues too; '0' when it is not

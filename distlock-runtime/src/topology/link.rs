@@ -12,24 +12,23 @@ use redis::aio::MultiplexedConnection;
 use redis::{Cmd, Value};
 
 use super::connect::Timeouts;
-use super::replicas::{Replicas, Spare};
+use super::replicas::{Primary, Replicas, Replicated};
 use crate::call::{BoxFuture, ScriptCall};
 use crate::error::{LockError, Reply};
-use crate::failed::{failed, is_connection_failure, Failed, Reached};
+use crate::failed::{failed, is_connection_failure, Failed, Reached, PASSING_RETRY};
 use crate::ids::next_id;
 use crate::sync::lock;
 
 /// One multiplexed connection, made by a [`Dial`] and made again when it fails: the way every
 /// route but the cluster's talks to one server.
 pub(crate) struct Link {
-    pub(super) dial: Box<dyn Dial>,
+    dial: Box<dyn Dial>,
     current: Mutex<Option<Current>>,
-    pub(super) timeouts: Timeouts,
+    timeouts: Timeouts,
     bounded_connections: bool,
-    replicas: Option<Replicas>,
-    /// With `min_replicas`: connections of their own for the writes followed by `WAIT`, which
-    /// blocks the connection it runs on (see [`Link::run_replicated`]).
-    pub(super) spare: Mutex<Spare>,
+    /// With `min_replicas`: the writes followed by `WAIT` go on connections of their own, as
+    /// `WAIT` blocks the connection it runs on (see `replicas.rs`).
+    replicated: Option<Replicated>,
     /// One dial at a time: the calls that need a connection meanwhile wait for it.
     dialing: Mutex<Dialing>,
     /// Notified when a dial ends.
@@ -63,10 +62,6 @@ impl Drop for DialOut<'_> {
         self.0.dialed.notify_waiters();
     }
 }
-
-/// The pause before a request refused for a passing reason (`LOADING`, `BUSY`, `MASTERDOWN`)
-/// is sent again.
-pub(super) const PASSING_RETRY: Duration = Duration::from_millis(20);
 
 /// How a [`Link`] opens its connection: from a pool, or to the primary Sentinel names.
 pub(crate) trait Dial: Send + Sync + 'static {
@@ -118,8 +113,7 @@ impl Link {
             current: Mutex::new(None),
             timeouts,
             bounded_connections,
-            replicas,
-            spare: Mutex::new(Spare::default()),
+            replicated: replicas.map(Replicated::new),
             dialing: Mutex::new(Dialing::default()),
             dialed: tokio::sync::Notify::new(),
         }
@@ -131,7 +125,13 @@ impl Link {
 
     /// Whether writes wait for replicas (`min_replicas`).
     pub(crate) fn waits_for_replicas(&self) -> bool {
-        self.replicas.is_some()
+        self.replicated.is_some()
+    }
+
+    /// Why fair requests cannot run on this link, if they cannot: with `min_replicas`, nothing
+    /// confirms a hand-off on the replicas.
+    pub(crate) fn refuses_fair(&self) -> Option<&'static str> {
+        self.waits_for_replicas().then_some(FAIR_WITH_REPLICAS)
     }
 
     /// Runs a script call (`EVALSHA`, and `EVAL` if the server lost the script); with
@@ -147,16 +147,16 @@ impl Link {
     }
 
     async fn run_as(&self, call: &ScriptCall, asking: bool) -> Result<Value, Failed> {
-        match self.replicas {
-            Some(replicas) if call.kind.needs_replicas() => {
-                Box::pin(self.run_replicated(call, replicas, asking)).await
+        match &self.replicated {
+            Some(replicated) if call.kind.needs_replicas() => {
+                Box::pin(replicated.run(self, call, asking)).await
             }
             _ => self.run_plain(call, asking).await,
         }
     }
 
     /// Runs `call`: `EVALSHA`, and `EVAL` if the server lost the script.
-    pub(super) async fn run_plain(&self, call: &ScriptCall, asking: bool) -> Result<Value, Failed> {
+    async fn run_plain(&self, call: &ScriptCall, asking: bool) -> Result<Value, Failed> {
         call.run_with(|cmd| async move { self.send(call.op, &cmd, asking).await })
             .await
     }
@@ -309,7 +309,7 @@ impl Link {
 
     /// A `READONLY` refusal that a fresh connection did not cure: on a URL that names a
     /// replica, [`Misconfiguration::Replica`](crate::Misconfiguration::Replica).
-    pub(super) fn refused_read_only(&self, failed: Failed) -> Failed {
+    fn refused_read_only(&self, failed: Failed) -> Failed {
         match failed.error {
             LockError::Redis { op, source }
                 if Reply::of(&source) == Reply::ReadOnly
@@ -433,9 +433,7 @@ impl Link {
         if current.as_ref().is_some_and(|c| c.generation == generation) {
             *current = None;
             drop(current);
-            let mut spare = lock(&self.spare);
-            spare.idle.clear();
-            spare.generation += 1;
+            self.forget_spare();
         }
     }
 
@@ -469,8 +467,51 @@ impl Link {
     /// failover happened).
     pub(crate) fn forget_current(&self) {
         *lock(&self.current) = None;
-        let mut spare = lock(&self.spare);
-        spare.idle.clear();
-        spare.generation += 1;
+        self.forget_spare();
+    }
+
+    fn forget_spare(&self) {
+        if let Some(replicated) = &self.replicated {
+            replicated.forget_spare();
+        }
     }
 }
+
+impl Primary for Link {
+    fn dial_fresh<'a>(
+        &'a self,
+        op: &'static str,
+    ) -> BoxFuture<'a, Result<MultiplexedConnection, LockError>> {
+        self.dial.dial(op)
+    }
+
+    fn retries_read_only(&self) -> bool {
+        self.dial.read_only() != ReadOnly::Routed
+    }
+
+    fn forget_current(&self) {
+        Link::forget_current(self);
+    }
+
+    fn refused_read_only(&self, failed: Failed) -> Failed {
+        Link::refused_read_only(self, failed)
+    }
+
+    fn run_plain<'a>(
+        &'a self,
+        call: &'a ScriptCall,
+        asking: bool,
+    ) -> BoxFuture<'a, Result<Value, Failed>> {
+        Box::pin(Link::run_plain(self, call, asking))
+    }
+
+    fn response_timeout(&self) -> Duration {
+        self.timeouts.response
+    }
+}
+
+/// Why a link with `min_replicas` refuses fair requests.
+pub(crate) const FAIR_WITH_REPLICAS: &str = "fair requests cannot be combined with min_replicas: \
+    a fair lock is handed to its next waiter by the release script, and nothing confirms that \
+    hand-off on the replicas before the waiter's body starts, so a failover could give the lock \
+    to someone else too; use unfair requests with min_replicas, or fair ones without it";

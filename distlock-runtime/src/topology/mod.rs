@@ -8,7 +8,7 @@
 //!   or `+switch-master`.
 //! - `cluster.rs`: a Redis Cluster; each call goes to the primary of its keys' slot.
 //! - `quorum.rs`: Redlock over independent primaries; a call runs on every node at once and the
-//!   answers are combined by the call's [`Kind`].
+//!   answers are combined by the call's [`Kind`](crate::call::Kind).
 //!
 //! A route also says which keys can share one script call ([`Route::shard`]: a cluster slot;
 //! one shard elsewhere), how the scripts announce a release ([`Route::publish_command`]) and how
@@ -35,13 +35,20 @@ pub(crate) mod sentinel;
 pub(crate) mod standalone;
 
 pub(crate) use connect::{client, create_pool, dial, parse_url, take_from_pool, Timeouts};
-pub(crate) use link::{Dial, Link, ReadOnly};
+pub(crate) use link::{Dial, Link, ReadOnly, FAIR_WITH_REPLICAS};
 pub(crate) use replicas::Replicas;
+
+/// A place's answer to a script call, or how it failed.
+pub(crate) type Answer = Result<Value, Failed>;
+
+/// Says, from a quorum's answers so far (in node order, `None` for one still out), whether
+/// they settle the round.
+pub(crate) type Enough = dyn Fn(&[Option<Answer>]) -> bool + Send + Sync;
 
 /// How one kind of deployment runs distlock's script calls.
 pub(crate) trait Route: Send + Sync + 'static {
     /// Runs `call` (whose keys share one [`shard`](Route::shard)); the answer is the script's,
-    /// or for a quorum the combination its [`Kind`] prescribes.
+    /// or for a quorum the combination its [`Kind`](crate::call::Kind) prescribes.
     fn run<'a>(&'a self, call: &'a ScriptCall) -> BoxFuture<'a, Result<Value, Failed>>;
 
     /// Which keys one script call may carry together: those with the same shard.
@@ -60,6 +67,34 @@ pub(crate) trait Route: Send + Sync + 'static {
     /// mark is missing when the attempt that set it failed there.
     fn announces(&self) -> Announce {
         Announce::WaitedOn
+    }
+
+    /// How an acquire takes a request's keys, and what must grant them.
+    fn grant(&self) -> Grant {
+        Grant::All
+    }
+
+    /// A quorum's nodes ([`Grant::Majority`]): runs `call` on every node `to` marks, at once and
+    /// each in a task of its own (a round that ends early never drops a request before it was
+    /// written), each within `limit`, until `enough` says the answers so far (in node order,
+    /// `None` for one still out) settle the round. Never asked of a route that grants
+    /// [`Grant::All`].
+    fn fan_out<'a>(
+        &'a self,
+        call: Arc<ScriptCall>,
+        limit: Duration,
+        to: &'a [bool],
+        enough: &'a Enough,
+    ) -> BoxFuture<'a, Vec<Option<Answer>>> {
+        let _ = (call, limit, to, enough);
+        Box::pin(std::future::ready(Vec::new()))
+    }
+
+    /// How long one place may take to answer an acquire of `ttl`: the response timeout, but a
+    /// quorum node a tenth of the ttl (a hung node must not stall the round).
+    fn acquire_timeout(&self, ttl: Duration) -> Duration {
+        let _ = ttl;
+        self.response_timeout()
     }
 
     /// How to subscribe to those announcements; `None` when this route cannot (a caller's pool
@@ -129,7 +164,7 @@ impl dyn Route {
         })
     }
 
-    /// [`call`](Self::call), with just the error on failure.
+    /// `call`, with just the error on failure.
     pub(crate) async fn invoke<T: FromRedisValue>(
         &self,
         call: &ScriptCall,
@@ -238,11 +273,30 @@ pub(crate) enum Message {
     Dropped { channel: String },
 }
 
-/// Why a route with `min_replicas` refuses fair requests.
-pub(crate) const FAIR_WITH_REPLICAS: &str = "fair requests cannot be combined with min_replicas: \
-    a fair lock is handed to its next waiter by the release script, and nothing confirms that \
-    hand-off on the replicas before the waiter's body starts, so a failover could give the lock \
-    to someone else too; use unfair requests with min_replicas, or fair ones without it";
+/// How an acquire takes a request's keys where they live, and what must grant them (see
+/// `acquire/places.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Grant {
+    /// Each shard's group of keys on its one server, in turn, in one global order: every group
+    /// must grant (one server, Sentinel, a cluster).
+    All,
+    /// The same keys on every one of `nodes` independent servers at once: a majority must grant
+    /// (a quorum).
+    Majority {
+        /// How many nodes there are.
+        nodes: usize,
+    },
+}
+
+impl Grant {
+    /// How many of `places` must hold a lease's keys (with its fencing token) for it to count.
+    pub(crate) fn needed(self, places: usize) -> usize {
+        match self {
+            Self::All => places,
+            Self::Majority { nodes } => nodes / 2 + 1,
+        }
+    }
+}
 
 /// The indices of `redis_keys` grouped by shard, groups in shard order, keys in their order
 /// (one group on every route but a cluster's).

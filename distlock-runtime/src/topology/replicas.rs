@@ -3,15 +3,15 @@
 //! not confirm.
 
 use std::future::Future;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 
-use super::link::{Link, ReadOnly, PASSING_RETRY};
-use crate::call::ScriptCall;
+use crate::call::{BoxFuture, Kind, ScriptCall};
 use crate::error::LockError;
-use crate::failed::{failed, Failed, Reached};
+use crate::failed::{failed, Failed, Reached, PASSING_RETRY};
 use crate::sync::lock;
 use crate::time::millis;
 
@@ -23,46 +23,97 @@ pub(crate) struct Replicas {
     pub(crate) timeout: Duration,
 }
 
+/// What a replicated write needs of the link it is sent for (see `link.rs`).
+pub(super) trait Primary: Sync {
+    /// A fresh connection, of the write's own.
+    fn dial_fresh<'a>(
+        &'a self,
+        op: &'static str,
+    ) -> BoxFuture<'a, Result<MultiplexedConnection, LockError>>;
+
+    /// Whether a `READONLY` answer is worth one more try, on a fresh connection that may reach
+    /// the primary (not on a cluster node, whose caller routes by itself).
+    fn retries_read_only(&self) -> bool;
+
+    /// Stops using the link's connection (and the spare ones): the next call dials anew.
+    fn forget_current(&self);
+
+    /// What a `READONLY` refusal that a fresh connection did not cure means on this link.
+    fn refused_read_only(&self, failed: Failed) -> Failed;
+
+    /// Runs `call` on the link's own connection, without waiting for replicas: the undo of an
+    /// acquire they did not confirm.
+    fn run_plain<'a>(
+        &'a self,
+        call: &'a ScriptCall,
+        asking: bool,
+    ) -> BoxFuture<'a, Result<Value, Failed>>;
+
+    /// The link's response timeout.
+    fn response_timeout(&self) -> Duration;
+}
+
+/// `min_replicas` on one link: how many replicas, and the connections kept for its writes.
+pub(super) struct Replicated {
+    pub(super) replicas: Replicas,
+    spare: Mutex<Spare>,
+}
+
 /// Idle connections for replicated writes, and a count of failovers: a connection checked out
 /// before a failover is not put back after it.
 #[derive(Default)]
-pub(super) struct Spare {
-    pub(super) idle: Vec<MultiplexedConnection>,
-    pub(super) generation: u64,
+struct Spare {
+    idle: Vec<MultiplexedConnection>,
+    generation: u64,
 }
 
 /// Most idle connections kept for writes that wait for replicas.
 const MAX_SPARE: usize = 8;
 
-impl Link {
+impl Replicated {
+    pub(super) fn new(replicas: Replicas) -> Self {
+        Self {
+            replicas,
+            spare: Mutex::new(Spare::default()),
+        }
+    }
+
+    /// Drops the kept connections: the link's own failed, and they most likely died the same
+    /// way (or reach a demoted primary).
+    pub(super) fn forget_spare(&self) {
+        let mut spare = lock(&self.spare);
+        spare.idle.clear();
+        spare.generation += 1;
+    }
+
     /// Runs a write and `WAIT`s for `replicas` in one pipeline, on a connection of its own:
     /// `WAIT` blocks the connection it runs on until the replicas answer or its timeout passes,
     /// and on the shared multiplexed connection every other lock's commands would queue behind
     /// it. Such connections are kept (up to [`MAX_SPARE`]) for the next replicated write; a
     /// write that the replicas did not confirm is undone (see `topology::confirmed`).
-    pub(super) async fn run_replicated(
+    pub(super) async fn run(
         &self,
+        link: &impl Primary,
         call: &ScriptCall,
-        replicas: Replicas,
         asking: bool,
     ) -> Result<Value, Failed> {
-        match self.run_replicated_once(call, replicas, asking).await {
+        match self.run_once(link, call, asking).await {
             // A replica refused it before running it: once more on a fresh connection, which
             // may reach the primary.
-            Err(failed) if failed.is_read_only() && self.dial.read_only() != ReadOnly::Routed => {
-                self.forget_current();
-                self.run_replicated_once(call, replicas, asking)
+            Err(failed) if failed.is_read_only() && link.retries_read_only() => {
+                link.forget_current();
+                self.run_once(link, call, asking)
                     .await
-                    .map_err(|failed| self.refused_read_only(failed))
+                    .map_err(|failed| link.refused_read_only(failed))
             }
             answer => answer,
         }
     }
 
-    async fn run_replicated_once(
+    async fn run_once(
         &self,
+        link: &impl Primary,
         call: &ScriptCall,
-        replicas: Replicas,
         asking: bool,
     ) -> Result<Value, Failed> {
         let op = call.op;
@@ -73,24 +124,21 @@ impl Link {
         let kept = spare.is_some();
         let conn = match spare {
             Some(conn) => conn,
-            None => self.dial.dial(op).await.map_err(|error| Failed {
+            None => link.dial_fresh(op).await.map_err(|error| Failed {
                 error,
                 reached: Reached::No,
             })?,
         };
-        match self
-            .send_replicated(call, replicas, asking, conn, generation)
-            .await
-        {
+        match self.send(link, call, asking, conn, generation).await {
             // A kept connection that died while idle (a server restart): once more, on a
             // fresh one. It may have been sent: an acquire by the same token takes its own
             // keys again, release and extend are idempotent.
             Err(failed) if kept && failed.broke_connection() => {
-                let conn = self.dial.dial(op).await.map_err(|error| Failed {
+                let conn = link.dial_fresh(op).await.map_err(|error| Failed {
                     error,
                     reached: Reached::Maybe,
                 })?;
-                self.send_replicated(call, replicas, asking, conn, generation)
+                self.send(link, call, asking, conn, generation)
                     .await
                     .map_err(|retried| Failed {
                         reached: match retried.reached {
@@ -108,18 +156,18 @@ impl Link {
     /// connection for the next replicated write, and undoes an acquire the replicas did not
     /// confirm. A request refused for a passing reason (`LOADING`, `BUSY`) is sent again on it,
     /// 20 ms apart, within the response timeout.
-    async fn send_replicated(
+    async fn send(
         &self,
+        link: &impl Primary,
         call: &ScriptCall,
-        replicas: Replicas,
         asking: bool,
         mut conn: MultiplexedConnection,
         generation: u64,
     ) -> Result<Value, Failed> {
-        let op = call.op;
-        let after = self.timeouts.response + replicas.timeout;
+        let (op, replicas) = (call.op, self.replicas);
+        let after = link.response_timeout() + replicas.timeout;
         conn.set_response_timeout(after);
-        let until = tokio::time::Instant::now() + self.timeouts.response;
+        let until = tokio::time::Instant::now() + link.response_timeout();
         let answer = loop {
             let answer = call
                 .run_with(|cmd| {
@@ -165,7 +213,7 @@ impl Link {
             }
         }
         confirmed(call, answer, replicas, |undo| async move {
-            self.run_plain(&undo, asking).await
+            link.run_plain(&undo, asking).await
         })
         .await
     }
@@ -242,7 +290,8 @@ where
         return Ok(answer);
     }
     let mut undone = false;
-    if let Some(undo) = call.undo() {
+    if let Kind::Acquire(taking) = &call.kind {
+        let undo = crate::scripts::undo(taking);
         // The acquire script answers a fencing token when it took the keys, an array when
         // they are held (see `scripts/acquire.lua`).
         let took = matches!(answer, Value::Int(_) | Value::BulkString(_));

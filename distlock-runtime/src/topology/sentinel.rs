@@ -319,9 +319,7 @@ impl Route for Sentinel {
     }
 
     fn refuses_fair(&self) -> Option<&'static str> {
-        self.link
-            .waits_for_replicas()
-            .then_some(super::FAIR_WITH_REPLICAS)
+        self.link.refuses_fair()
     }
 
     fn run_on_every_server<'a>(

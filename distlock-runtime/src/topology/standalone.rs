@@ -75,9 +75,7 @@ impl Route for Standalone {
     }
 
     fn refuses_fair(&self) -> Option<&'static str> {
-        self.link
-            .waits_for_replicas()
-            .then_some(super::FAIR_WITH_REPLICAS)
+        self.link.refuses_fair()
     }
 
     fn pool(&self) -> Option<&Pool> {

@@ -1,6 +1,6 @@
 -- FAIR_ACQUIRE: takes one lock key fairly: only when it is free and no live waiter arrived
 -- first; otherwise joins the key's queue, to be handed the lock by a release.
--- KEYS: the lock key L, its queue Q, its queue's entries W (see fair_pop_live.lua), its
+-- KEYS: the lock key L, its queue Q, its queue's entries W (see fair/pop_live.lua), its
 --   fencing counter F.
 -- ARGV[1]: the owner token.
 -- ARGV[2]: the ttl in ms.

@@ -5,16 +5,15 @@
 --   claim, secret: the waiter's claim time (ms) and secret, from its queue entry.
 --   t: Redis's TIME reply; now: the same time in ms.
 -- Sets L to the waiter's token, marked as waited on, with PX claim, and publishes on L's
--- channel (the key's name) `h <token> <fence> <now> <claim> <next> <mac>`, where <next> is
--- left empty (see fair.rs, point 2) and <mac> is sha1hex(secret .. ' ' .. fields .. ' ' ..
--- secret) over the fields before it: the secret signs the message and is never published.
+-- channel (the key's name) `h <token> <fence> <now> <claim> <mac>`, where <mac> is
+-- sha1hex(secret .. ' ' .. fields .. ' ' .. secret) over the fields before it: the secret
+-- signs the message and is never published.
 -- Returns nothing. Calls draw (draw.lua).
 local function hand(publish, L, F, head, claim, secret, t, now)
   local fence = draw({F}, 1, 1, claim, t)
   -- Marked as waited on: more waiters may be queued behind it.
   redis.call('SET', L, '~' .. head, 'PX', claim)
-  -- The next waiter's field is left empty (see fair.rs, point 2).
-  local signed = string.format('%s %s %.0f %s ', head, fence, now, claim)
+  local signed = string.format('%s %s %.0f %s', head, fence, now, claim)
   -- pcall: a user without channel rights still hands over; its waiters poll.
   redis.pcall(publish, L,
     'h ' .. signed .. ' ' .. redis.sha1hex(secret .. ' ' .. signed .. ' ' .. secret))

@@ -3,7 +3,7 @@
 -- queue (hand), whose first entry `head` the caller took off Q already.
 --   publish: the command that announces a hand-off (PUBLISH, or SPUBLISH on a cluster).
 -- Returns whether there was a live waiter (then L is its; else L is untouched and the queue
--- is empty). Calls pop_live and hand (fair_pop_live.lua, fair_hand.lua).
+-- is empty). Calls pop_live and hand (fair/pop_live.lua, fair/hand.lua).
 local function serve(publish, L, Q, W, F, head)
   local t = redis.call('TIME')
   local now = t[1] * 1000 + math.floor(t[2] / 1000)

@@ -1,0 +1,148 @@
+//! The fair acquire's script call, built once per request, and its answer.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use super::HANDOFF_CLAIM;
+use crate::call::{Kind, ScriptCall};
+use crate::failed::Failed;
+use crate::keys::LockKeys;
+use crate::scripts::{lua, read_taking, Answered, Lua, Waiting};
+use crate::time::millis;
+use crate::topology::Route;
+
+/// Takes one lock key fairly, or joins its queue: `fair/acquire.lua`.
+//
+// `#!lua`, as the plain acquire (see `scripts/mod.rs`).
+pub(crate) static ACQUIRE_FAIR: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(lua!(
+        "#!lua";
+        "scripts/mark.lua", "scripts/draw.lua", "fair/pop_live.lua", "fair/hand.lua", "fair/acquire.lua"
+    ))
+});
+
+/// A fair request's queueing script call, built once per acquire: the keys and fixed arguments;
+/// the token, the wait left and the attempt's secret are added per attempt.
+pub(crate) struct FairRequest {
+    keys: [String; 4],
+    ttl_ms: u64,
+    claim_ms: u64,
+}
+
+/// What one fair attempt found, with Redis's clock (ms) when the script ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FairAnswer {
+    /// The caller holds the key now.
+    Acquired { fencing_token: u64 },
+    /// The caller is queued behind the holder, whose lease has `remaining` left (if it expires).
+    Queued {
+        remaining: Option<Duration>,
+        server_ms: u64,
+    },
+}
+
+impl FairRequest {
+    pub(crate) fn new(keys: &LockKeys, ttl: Duration) -> Self {
+        Self {
+            keys: [
+                keys.lock().to_owned(),
+                keys.queue().to_owned(),
+                keys.waiters().to_owned(),
+                keys.fence().to_owned(),
+            ],
+            ttl_ms: millis(ttl),
+            claim_ms: millis(ttl.min(HANDOFF_CLAIM)),
+        }
+    }
+
+    /// One attempt by `token`, which waits `wait_left` more and stores `secret` in its entry.
+    /// `waiting`: whether this request found the key held before.
+    pub(crate) async fn send(
+        &self,
+        redis: &dyn Route,
+        token: &str,
+        secret: &str,
+        wait_left: Duration,
+        waiting: Waiting,
+    ) -> Result<FairAnswer, Failed> {
+        let mut invocation = ScriptCall::new("acquire", &ACQUIRE_FAIR, Kind::Fair, self.keys.len());
+        for key in &self.keys {
+            invocation.key(key.as_str());
+        }
+        // At most a century: the script does arithmetic on it in Lua numbers.
+        let wait_ms = u64::try_from(wait_left.as_millis())
+            .unwrap_or(u64::MAX)
+            .min(100 * 365 * 86_400_000);
+        invocation
+            .arg(token)
+            .arg(self.ttl_ms)
+            .arg(self.claim_ms)
+            .arg(wait_ms)
+            .arg(secret)
+            .arg(redis.publish_command())
+            .arg(waiting);
+        redis.call(&invocation).await
+    }
+}
+
+impl redis::FromRedisValue for FairAnswer {
+    fn from_redis_value(v: redis::Value) -> Result<Self, redis::ParsingError> {
+        let fields = match read_taking(v)? {
+            Answered::Token(fencing_token) => return Ok(Self::Acquired { fencing_token }),
+            Answered::Fields(fields) => fields,
+        };
+        let server_ms = |now: i64| {
+            u64::try_from(now).map_err(|_| redis::ParsingError::from("negative server time"))
+        };
+        match fields.as_slice() {
+            [0, pttl, now] => Ok(Self::Queued {
+                remaining: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                server_ms: server_ms(*now)?,
+            }),
+            _ => Err(redis::ParsingError::from(
+                "unexpected fair acquire script reply",
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fair_scripts_answers_parse_a_bare_token_as_taken_and_an_array_as_queued() {
+        use redis::{FromRedisValue, Value};
+        let taken = FairAnswer::from_redis_value(Value::BulkString(b"1795000000123456".to_vec()));
+        assert!(matches!(
+            taken,
+            Ok(FairAnswer::Acquired {
+                fencing_token: 1_795_000_000_123_456
+            })
+        ));
+        let queued = FairAnswer::from_redis_value(Value::Array(vec![
+            Value::Int(0),
+            Value::Int(2500),
+            Value::Int(1_795_000_000_123),
+        ]));
+        assert!(matches!(
+            queued,
+            Ok(FairAnswer::Queued { remaining: Some(r), server_ms: 1_795_000_000_123 })
+                if r == Duration::from_millis(2500)
+        ));
+        let no_expiry = FairAnswer::from_redis_value(Value::Array(vec![
+            Value::Int(0),
+            Value::Int(-1),
+            Value::Int(5),
+        ]));
+        assert!(matches!(
+            no_expiry,
+            Ok(FairAnswer::Queued {
+                remaining: None,
+                ..
+            })
+        ));
+        let wrong = FairAnswer::from_redis_value(Value::Array(vec![Value::Int(1), Value::Int(7)]));
+        assert!(wrong.is_err());
+    }
+}

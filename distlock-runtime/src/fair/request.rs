@@ -1,0 +1,200 @@
+//! The requester's side of a fair acquire: a new secret for every attempt that will wait,
+//! Redis's clock at every attempt, and whether a hand-off it is given can be trusted, and from
+//! when its lease counts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::message::Handoff;
+use super::queue::{FairAnswer, FairRequest};
+use crate::failed::Failed;
+use crate::ids::id_text;
+use crate::keys::LockKeys;
+use crate::release::Leaving;
+use crate::scripts::{Acquire, Waiting};
+use crate::topology::Route;
+use crate::validity::validity;
+
+/// The attempts of one fair request on one key.
+pub(crate) struct FairAttempts {
+    call: FairRequest,
+    /// The first attempt's secret, drawn with the owner token.
+    first_secret: Option<[u8; 16]>,
+    /// The secret of the latest attempt: only a hand-off made after it carries its signature.
+    secret: Option<Arc<str>>,
+    /// When the latest queueing attempt was sent, and Redis's clock when it ran: dates a
+    /// hand-off.
+    calibration: Option<(Instant, u64)>,
+}
+
+impl FairAttempts {
+    /// The attempts on `keys` for a lease of `ttl`; the first stores `first_secret`.
+    pub(crate) fn new(keys: &LockKeys, ttl: Duration, first_secret: [u8; 16]) -> Self {
+        Self {
+            call: FairRequest::new(keys, ttl),
+            first_secret: Some(first_secret),
+            secret: None,
+            calibration: None,
+        }
+    }
+
+    /// The secret the attempt about to be sent at `sent` stores in the queue: a new one while
+    /// the request still waits, so that only a hand-off made after this attempt ran (by the
+    /// release script, which alone can read it) is signed with it. The last attempt, at the
+    /// deadline, stores nothing new: it keeps the secret before.
+    pub(crate) fn next_secret(&mut self, sent: Instant, deadline: Instant) -> Arc<str> {
+        match &self.secret {
+            Some(secret) if sent >= deadline => Arc::clone(secret),
+            _ => {
+                let id = self
+                    .first_secret
+                    .take()
+                    .unwrap_or_else(|| crate::ids::random_ids()[0]);
+                let secret = id_text(id);
+                self.secret = Some(Arc::clone(&secret));
+                secret
+            }
+        }
+    }
+
+    /// One attempt by `token`, sent at `sent`, which waits until `deadline` and stores the
+    /// secret [`next_secret`](Self::next_secret) gave: the key's first holder when it is
+    /// queued behind one (`first_held` 0).
+    pub(crate) async fn send(
+        &mut self,
+        route: &dyn Route,
+        token: &str,
+        sent: Instant,
+        deadline: Instant,
+        waiting: Waiting,
+    ) -> Result<Acquire, Failed> {
+        let secret = self.secret.as_deref().unwrap_or_default();
+        let wait_left = deadline.saturating_duration_since(sent);
+        let answer = self
+            .call
+            .send(route, token, secret, wait_left, waiting)
+            .await?;
+        Ok(match answer {
+            FairAnswer::Acquired { fencing_token } => Acquire::Acquired { fencing_token },
+            FairAnswer::Queued {
+                remaining,
+                server_ms,
+            } => {
+                self.calibration = Some((sent, server_ms));
+                Acquire::Held {
+                    first_held: 0,
+                    remaining,
+                }
+            }
+        })
+    }
+
+    /// Whether the attempt sent at `sent`, which found the key held, marked its holder as waited
+    /// on: it did when it queued, which it does with any wait left.
+    pub(crate) fn marked(sent: Instant, deadline: Instant) -> bool {
+        deadline.saturating_duration_since(sent).as_millis() > 0
+    }
+
+    /// When the lease `handoff` gives this request counts from, if it can be trusted to still be
+    /// valid: dated through the Redis time of this request's latest queueing attempt, with the
+    /// claim's validity not yet over. `None` (undated, or learned too late to trust): an attempt
+    /// confirms the hand-off instead, or queues again if the claim lapsed.
+    pub(crate) fn trust(&self, handoff: &Handoff) -> Option<Instant> {
+        handoff_start(self.calibration, handoff.server_ms).filter(|start| {
+            *start + validity(handoff.claim) > Instant::now() + Duration::from_millis(1)
+        })
+    }
+
+    /// How the release by token runs when this request ends without a lease: with an attempt
+    /// still on its way (`in_flight`), which may queue the token again or take the key after a
+    /// first release, it is repeated whatever it finds; else one release takes the waiter out
+    /// of the queue and passes on a hand-off it was given.
+    pub(crate) fn leaving(in_flight: bool) -> Leaving {
+        if in_flight {
+            Leaving::InFlightFair
+        } else {
+            Leaving::Queued
+        }
+    }
+}
+
+/// How a lease handed over for a `claim` shorter than its ttl gets to its ttl (point 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClaimRenewal {
+    /// Its renewal extends it, a third of the claim after it began, like any lease: a body
+    /// that ends sooner spends no round trip on it.
+    ByRenewal,
+    /// A lease without renewal is extended to its ttl once, at once.
+    Once,
+    /// The claim is the ttl already.
+    Needless,
+}
+
+/// How a lease of `ttl` handed over for `claim` reaches its ttl, `renews` or not.
+pub(crate) fn claim_renewal(renews: bool, claim: Duration, ttl: Duration) -> ClaimRenewal {
+    match (renews, claim < ttl) {
+        (true, _) => ClaimRenewal::ByRenewal,
+        (false, true) => ClaimRenewal::Once,
+        (false, false) => ClaimRenewal::Needless,
+    }
+}
+
+/// The earliest moment (on this host's clock) a hand-off at Redis time `server_ms` can have
+/// happened, from an attempt sent at `sent` that ran at Redis time `ran_ms`: Redis's clock has
+/// advanced `server_ms - ran_ms` since a moment after `sent`. Allows 1% clock-rate drift and
+/// 1 ms for the millisecond resolution. `None` without a dated attempt.
+fn handoff_start(calibration: Option<(Instant, u64)>, server_ms: u64) -> Option<Instant> {
+    let (sent, ran_ms) = calibration?;
+    let start = if server_ms >= ran_ms {
+        let elapsed = Duration::from_millis(server_ms - ran_ms);
+        (sent + elapsed - elapsed / 100).checked_sub(Duration::from_millis(1))?
+    } else {
+        let before = Duration::from_millis(ran_ms - server_ms);
+        sent.checked_sub(before + before / 100 + Duration::from_millis(1))?
+    };
+    Some(start.min(Instant::now()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hand_off_is_dated_no_later_than_redis_made_it() {
+        let sent = Instant::now() - Duration::from_secs(5);
+        // Redis ran the attempt at 1,000,000 ms and handed over 3,000 ms later on its clock:
+        // at least 3 s less 1% drift and 1 ms resolution after the attempt was sent.
+        let start = handoff_start(Some((sent, 1_000_000)), 1_003_000).unwrap();
+        assert_eq!(start, sent + Duration::from_millis(3_000 - 30 - 1));
+        // A hand-off dated before the attempt ran (another attempt's date) reaches back.
+        let start = handoff_start(Some((sent, 1_000_000)), 999_000).unwrap();
+        assert_eq!(start, sent - Duration::from_millis(1_000 + 10 + 1));
+        // Never later than now, whatever Redis's clock says.
+        let start = handoff_start(Some((sent, 1_000_000)), 1_000_000 + 60_000).unwrap();
+        assert!(start <= Instant::now());
+        assert!(handoff_start(None, 1_000_000).is_none());
+    }
+
+    #[test]
+    fn every_attempt_that_still_waits_stores_a_new_secret_and_the_last_keeps_its_own() {
+        let keys = LockKeys::new("distlock:", "k");
+        let mut attempts = FairAttempts::new(&keys, Duration::from_secs(5), [7; 16]);
+        let now = Instant::now();
+        let deadline = now + Duration::from_secs(1);
+        let first = attempts.next_secret(now, deadline);
+        assert_eq!(first, id_text([7; 16]));
+        let second = attempts.next_secret(now, deadline);
+        assert_ne!(second, first);
+        assert_eq!(attempts.next_secret(deadline, deadline), second);
+    }
+
+    #[test]
+    fn a_claim_reaches_the_ttl_by_renewal_or_one_extension() {
+        let (claim, ttl) = (Duration::from_secs(2), Duration::from_secs(30));
+        assert_eq!(claim_renewal(true, claim, ttl), ClaimRenewal::ByRenewal);
+        assert_eq!(claim_renewal(false, claim, ttl), ClaimRenewal::Once);
+        assert_eq!(claim_renewal(false, claim, claim), ClaimRenewal::Needless);
+    }
+}
