@@ -100,7 +100,7 @@ pub(crate) fn release_in_background(
         let context = &pending.0;
         let mut pause = Duration::from_millis(50);
         let mut repeats = match leaving {
-            Leaving::InFlight | Leaving::InFlightFair => 2,
+            Leaving::InFlight | Leaving::InFlightFair | Leaving::Late => 2,
             Leaving::Dropped | Leaving::Queued | Leaving::Lost => 0,
         };
         loop {
@@ -117,7 +117,8 @@ pub(crate) fn release_in_background(
             let error = match released {
                 Ok(released)
                     if repeats > 0
-                        && (released == 0 || leaving == Leaving::InFlightFair)
+                        && (released == 0
+                            || matches!(leaving, Leaving::InFlightFair | Leaving::Late))
                         && Instant::now() < give_up =>
                 {
                     repeats -= 1;
@@ -212,6 +213,10 @@ pub(crate) enum Leaving {
     /// A fair waiter left between attempts: one release takes it out of the queue and passes on
     /// a hand-off it was given.
     Queued,
+    /// A quorum round left nodes whose acquire may still run and grant, under an owner token
+    /// the request no longer uses: released at once and twice more, a response timeout apart,
+    /// whatever the releases find (one node's grant found says nothing of another's to come).
+    Late,
 }
 
 impl Leaving {
@@ -219,7 +224,7 @@ impl Leaving {
     fn queued(self) -> Queued {
         match self {
             Self::Queued | Self::InFlightFair => Queued::Maybe,
-            Self::Dropped | Self::Lost | Self::InFlight => Queued::No,
+            Self::Dropped | Self::Lost | Self::InFlight | Self::Late => Queued::No,
         }
     }
 }

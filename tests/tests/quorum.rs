@@ -425,3 +425,74 @@ async fn a_late_clean_up_of_a_hung_round_never_releases_the_lease_a_later_round_
     );
     lease.release().await.unwrap();
 }
+
+/// A try-lock that ends while nodes hang (their acquire may still run, and grant on a free key)
+/// takes those late grants back: a majority is never left locked by nobody until the ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_lock_that_meets_hung_nodes_takes_their_late_grants_back() {
+    let mut servers = quorum(5);
+    let locks = [manager(&servers), manager(&servers)];
+    for locks in &locks {
+        distlock_tests::lock_once(locks, "warm").await;
+    }
+    // Another owner holds the key on two nodes only; the other three are free, and hang.
+    for server in &servers[..2] {
+        server.command(&[
+            "SET",
+            "distlock:lock:{q-try}",
+            "someone-else",
+            "PX",
+            "60000",
+        ]);
+    }
+    for server in &mut servers[2..] {
+        server.pause();
+    }
+    let tried = locks[0]
+        .try_lock("q-try")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await;
+    assert!(
+        matches!(tried, Err(LockError::NotAcquired { .. })),
+        "{tried:?}"
+    );
+    // Back: they run the try-lock's acquire now, and grant it the free key.
+    for server in &mut servers[2..] {
+        server.resume();
+    }
+    // Those grants are taken back within a few response timeouts, not left for 30 s: the three
+    // free nodes are a majority another request can take.
+    let started = Instant::now();
+    let lease = locks[1]
+        .lock("q-try")
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    lease.release().await.unwrap();
+}
+
+/// A refusal on a majority of nodes says what exactly was refused, as on one server: a lock key
+/// another program wrote is `WrongType`, naming the key and what it holds.
+#[tokio::test]
+async fn a_lock_key_of_another_type_on_a_majority_is_named() {
+    let servers = quorum(3);
+    let locks = manager(&servers);
+    for server in &servers {
+        server.command(&["RPUSH", "distlock:lock:{q-list}", "someone else's"]);
+    }
+    let error = locks.try_lock("q-list").acquire().await.unwrap_err();
+    match &error {
+        LockError::WrongType { key, found, .. } => {
+            assert_eq!(key, "distlock:lock:{q-list}");
+            assert_eq!(found, "a list");
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -109,7 +109,7 @@ enum Stage {
 }
 
 /// What a request may have left in Redis, were it to end now without a lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Exposure {
     /// Nothing.
     Clean,
@@ -118,6 +118,8 @@ enum Exposure {
     Written,
     /// An attempt is out (or was given up unanswered): it may still run.
     InFlight,
+    /// A quorum node's acquire may still run and grant (see `places.rs`).
+    Late,
 }
 
 /// How a request's attempts go out.
@@ -259,6 +261,10 @@ impl<'a> Acquiring<'a> {
             Acquire::Acquired { fencing_token } => {
                 self.waiter.took();
                 self.holding.took(sent, self.ask.ttl);
+                if taken.late {
+                    // Were this lease to end unheld (answered too late), its late grants too.
+                    self.between = Exposure::Late;
+                }
                 Ok(Stage::Holding {
                     fencing_token,
                     sent,
@@ -279,15 +285,16 @@ impl<'a> Acquiring<'a> {
         sent: Instant,
         late: bool,
     ) -> Result<Stage, LockError> {
+        if late {
+            // Also for a try-lock that ends here: its late grants are taken back.
+            self.new_token();
+        }
         if self.waiting == Waiting::Never {
             return Err(LockError::NotAcquired {
                 key: self.key(first_held),
             });
         }
         let route = self.context.redis();
-        if late {
-            self.new_token();
-        }
         if self.waiting == Waiting::NotYet || late {
             // Keys taken from now on are marked as waited on (see `scripts/`): other waiters
             // may still wait for them.
@@ -334,7 +341,7 @@ impl<'a> Acquiring<'a> {
             Arc::clone(&self.holding.redis_keys),
             Arc::clone(&self.holding.token),
             self.ask.ttl,
-            Leaving::InFlight,
+            Leaving::Late,
         );
         let token = owner_token(self.context, random_ids()[0]);
         self.holding.retoken(self.context, self.ask.renew, token);
@@ -398,8 +405,9 @@ impl<'a> Acquiring<'a> {
     /// Every key is held: the lease, unless its answer came after it had run out.
     fn hold(&mut self, fencing_token: u64, sent: Instant) -> Result<Lease, LockError> {
         if self.holding.state.is_lost() {
-            // Redis took the keys, but said so after the lease had expired: released once.
-            self.exposure = Exposure::Written;
+            // Redis took the keys, but said so after the lease had expired: released once (and
+            // again later where a quorum node may still grant).
+            self.exposure = self.between.max(Exposure::Written);
             return Err(LockError::AnsweredTooLate {
                 keys: self.ask.keys.to_vec(),
                 after: sent.elapsed(),
@@ -433,6 +441,7 @@ impl Drop for Acquiring<'_> {
             Exposure::InFlight => Leaving::InFlight,
             Exposure::Written if fair => FairAttempts::leaving(false),
             Exposure::Written => Leaving::Queued,
+            Exposure::Late => Leaving::Late,
         };
         release_in_background(
             self.context,

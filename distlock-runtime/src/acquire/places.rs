@@ -30,6 +30,7 @@ use crate::call::{Kind, ScriptCall, Taking};
 use crate::failed::{Failed, Reached};
 use crate::fence::raise_call;
 use crate::keys::LockKeys;
+use crate::refusal;
 use crate::scripts::{self, Acquire, Waiting};
 use crate::topology::quorum::no_quorum;
 use crate::topology::{by_shard, Grant, Route};
@@ -258,7 +259,12 @@ impl Places {
                     // releases by token in the background too, until the ttl if Redis fails.
                     failed.reached = Reached::Maybe;
                 }
-                Err(failed)
+                if !failed.error.is_misconfigured() {
+                    return Err(failed);
+                }
+                // A refusal says what exactly was refused, as every route's call does.
+                let probe = |types: ScriptCall| async move { route.invoke(&types).await };
+                Err(Box::pin(refusal::explain(&group.acquire, failed, probe)).await)
             }
         }
     }

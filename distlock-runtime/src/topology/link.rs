@@ -245,7 +245,7 @@ impl Link {
             };
             // How far this try got: one whose request never left got as far as those before it.
             let settle = |mut failed: Failed| {
-                failed.reached = if unsent {
+                failed.reached = if unsent && failed.reached == Reached::Maybe {
                     sent
                 } else {
                     failed.reached.max_with(sent)
