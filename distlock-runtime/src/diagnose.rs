@@ -25,9 +25,10 @@ pub(crate) static CHECK: LazyLock<Lua> =
 
 /// The commands distlock's scripts run (a unit test holds [`CHECK`] to this list).
 #[cfg(test)]
-const SCRIPT_COMMANDS: [&str; 15] = [
-    "DEL", "EXISTS", "GET", "HDEL", "HGET", "HSET", "LPOP", "LREM", "PEXPIRE", "PTTL", "RPUSH",
-    "SET", "TIME", // read by inspection only, through pcall: not required
+const SCRIPT_COMMANDS: [&str; 24] = [
+    "DEL", "EXISTS", "GET", "HDEL", "HGET", "HSET", "LINDEX", "LLEN", "LPOP", "LREM", "PEXPIRE",
+    "PTTL", "RPUSH", "SET", "TIME", "ZADD", "ZCARD", "ZCOUNT", "ZRANGE", "ZREM",
+    "ZREMRANGEBYSCORE", "ZSCORE", // read by inspection only, through pcall: not required
     "HLEN", "publish",
 ];
 
@@ -39,7 +40,8 @@ pub(crate) async fn ping(context: &Context) -> Result<(), LockError> {
     call.arg(probe.lock())
         .arg(probe.fence())
         .arg(probe.queue())
-        .arg(probe.waiters());
+        .arg(probe.waiters())
+        .arg(probe.holders());
     let (publish, subscribe, unsubscribe) = route.channel_commands();
     call.arg(publish).arg(subscribe).arg(unsubscribe);
     for command in route.commands() {

@@ -53,6 +53,20 @@ pub enum LockError {
         key: String,
     },
 
+    /// A body holding a key shared (or as a permit) asked for it exclusively: an upgrade, which
+    /// distlock refuses at once rather than wait, since two readers that both asked would wait
+    /// for each other for good.
+    #[error(
+        "lock `{key}` is held shared (or as a permit) by an enclosing body on this task, and an \
+         exclusive lock on it cannot be taken inside: two readers upgrading at once would wait \
+         for each other for ever; take the key exclusively in the outer call, or release the \
+         shared lock first"
+    )]
+    UpgradeNotSupported {
+        /// The key asked for exclusively.
+        key: String,
+    },
+
     /// A try-lock (`wait = 0`) found the lock held and did not wait.
     #[error(
         "lock `{key}` is held by another owner and this call does not wait (wait = 0); \
@@ -275,7 +289,9 @@ impl LockError {
             | Self::NotConfigured
             | Self::InvalidConfig { .. }
             | Self::InvalidUrl { .. } => ErrorClass::Misconfigured,
-            Self::HeldByThisTask { .. } | Self::InvalidKey { .. } => ErrorClass::CallerBug,
+            Self::HeldByThisTask { .. }
+            | Self::UpgradeNotSupported { .. }
+            | Self::InvalidKey { .. } => ErrorClass::CallerBug,
         }
     }
 
@@ -334,7 +350,8 @@ impl LockError {
     }
 
     /// True when the calling code used the lock wrongly: an `acquire` that would wait for a key
-    /// its own task holds ([`LockError::HeldByThisTask`]), an unusable key
+    /// its own task holds ([`LockError::HeldByThisTask`]), an exclusive call inside a shared
+    /// hold of its key ([`LockError::UpgradeNotSupported`]), an unusable key
     /// ([`LockError::InvalidKey`]). A bug to fix ([`ErrorClass::CallerBug`]).
     ///
     /// ```no_run
@@ -403,7 +420,7 @@ impl LockError {
 /// | `Contention` | `Timeout`, `NotAcquired` | somebody else holds the lock: try again later | 409 Conflict |
 /// | `Unavailable` | `Redis`, `RedisTimeout`, `NoQuorum`, `Replication`, `LeaseLost`, `AnsweredTooLate` | Redis could not be asked, or could not keep the lease: try again later | 503 Service Unavailable |
 /// | `Misconfigured` | `Misconfigured`, `WrongType`, `InvalidUrl`, `InvalidConfig`, `NotConfigured` | the settings or the deployment are wrong: retrying never helps, an operator must fix them | 500 Internal Server Error |
-/// | `CallerBug` | `HeldByThisTask`, `InvalidKey` | the calling code used the lock wrongly: fix the code | 500 Internal Server Error |
+/// | `CallerBug` | `HeldByThisTask`, `UpgradeNotSupported`, `InvalidKey` | the calling code used the lock wrongly: fix the code | 500 Internal Server Error |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorClass {
@@ -669,6 +686,10 @@ mod tests {
                 ErrorClass::CallerBug,
             ),
             (
+                LockError::UpgradeNotSupported { key: key() },
+                ErrorClass::CallerBug,
+            ),
+            (
                 LockError::InvalidKey {
                     key: key(),
                     reason: "empty",
@@ -767,6 +788,7 @@ mod tests {
                 LockError::Timeout { .. } => "Timeout",
                 LockError::NotAcquired { .. } => "NotAcquired",
                 LockError::HeldByThisTask { .. } => "HeldByThisTask",
+                LockError::UpgradeNotSupported { .. } => "UpgradeNotSupported",
                 LockError::InvalidKey { .. } => "InvalidKey",
                 LockError::LeaseLost { .. } => "LeaseLost",
                 LockError::AnsweredTooLate { .. } => "AnsweredTooLate",

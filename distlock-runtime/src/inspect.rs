@@ -14,6 +14,7 @@ use redis::{FromRedisValue, Value};
 use crate::call::{Kind, ScriptCall};
 use crate::error::LockError;
 use crate::manager::LockManager;
+use crate::mode::LockMode;
 use crate::scripts::Lua;
 use crate::scripts::{lua, lua_spliced};
 
@@ -40,11 +41,21 @@ pub struct LockInfo {
     /// Fair waiters queued for the key.
     pub waiters: usize,
     /// The first 8 hex digits of the holder's owner token: enough to tell holders apart in
-    /// logs, not enough to release the lock.
+    /// logs, not enough to release the lock. Of a key held shared or as permits, that of the
+    /// holder whose lease ends first.
     pub token_prefix: String,
     /// The holder's label, if its manager set one
-    /// ([`LockManagerBuilder::holder_label`](crate::LockManagerBuilder::holder_label)).
+    /// ([`LockManagerBuilder::holder_label`](crate::LockManagerBuilder::holder_label)); of a key
+    /// held shared or as permits, that of the holder whose lease ends first.
     pub holder: Option<String>,
+    /// How the key is held: exclusively, shared by readers, or as permits of a semaphore (with
+    /// the `n` of the holder whose lease ends first).
+    pub mode: LockMode,
+    /// How many leases hold it: 1 when exclusive.
+    pub holders: usize,
+    /// Every holder's label, where its manager set one, in the order their leases end (the
+    /// first 100 holders').
+    pub holder_labels: Vec<String>,
 }
 
 /// Reads a lock without changing it: `scripts/inspect.lua`.
@@ -58,8 +69,8 @@ pub(crate) static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
 pub(crate) static FORCE_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(lua_spliced!(
         "#!lua flags=allow-oom";
-        "scripts/force_release.lua" at "--[[ draw pop_live hand serve ]]";
-        "scripts/draw.lua", "fair/pop_live.lua", "fair/hand.lua", "fair/serve.lua"
+        "scripts/force_release.lua" at "--[[ queue functions ]]";
+        crate::scripts::queue_functions!()
     ))
 });
 
@@ -114,18 +125,23 @@ impl LockManager {
     pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
         check_key(key)?;
         let keys = self.context().lock_keys(key);
-        let mut call = ScriptCall::new("inspect", &INSPECT, Kind::Read, 3);
-        call.key(keys.lock()).key(keys.fence()).key(keys.waiters());
+        let mut call = ScriptCall::new("inspect", &INSPECT, Kind::Read, 4);
+        call.key(keys.lock())
+            .key(keys.fence())
+            .key(keys.waiters())
+            .key(keys.holders());
         let answer: Value = self.context().redis().invoke(&call).await?;
         parse_info(key, answer)
     }
 
-    /// Deletes the lock on `key` whoever holds it; `true` if one was held. Its oldest live fair
-    /// waiter, if any, is handed the lock, as on a release.
+    /// Frees the lock on `key` whoever holds it, in whatever mode (every reader or permit holder
+    /// of a shared key or a semaphore); `true` if it was held. Its fair waiters are then served
+    /// in order, as on a release.
     ///
     /// **Dangerous.** This breaks the current holder's exclusion: its body may still be running,
     /// and another caller can now take the lock and run beside it. The holder learns of the loss
-    /// at its next renewal (its `run` then returns [`LockError::LeaseLost`]), not before; only
+    /// (each holder, of a shared key) at its next renewal (its `run` then returns
+    /// [`LockError::LeaseLost`]), not before; only
     /// storage that checks fencing tokens turns its late writes away. Use it for a lock whose
     /// holder is known to be gone (a stuck process, a ttl set far too long).
     ///
@@ -144,11 +160,12 @@ impl LockManager {
         check_key(key)?;
         let keys = self.context().lock_keys(key);
         let route = self.context().redis();
-        let mut call = ScriptCall::new("force release", &FORCE_RELEASE, Kind::ForceRelease, 4);
+        let mut call = ScriptCall::new("force release", &FORCE_RELEASE, Kind::ForceRelease, 5);
         call.key(keys.lock())
             .key(keys.queue())
             .key(keys.waiters())
-            .key(keys.fence());
+            .key(keys.fence())
+            .key(keys.holders());
         call.arg(route.publish_command());
         let released: i64 = route.invoke(&call).await?;
         Ok(released > 0)
@@ -170,17 +187,22 @@ impl LockManager {
     /// # Errors
     /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when a server cannot be asked.
     pub async fn held_locks(&self, pattern: &str) -> Result<Vec<LockInfo>, LockError> {
-        let prefix = format!("{}lock:", self.prefix());
-        let glob = format!("{}{{{}}}", glob_escape(&prefix), pattern);
-        let names = self.context().redis().scan(&glob).await?;
-        let mut keys: Vec<&str> = names
-            .iter()
-            .filter_map(|name| {
-                name.strip_prefix(&prefix)?
-                    .strip_prefix('{')?
-                    .strip_suffix('}')
-            })
-            .collect();
+        // A key held exclusively has a lock key; one held shared or as permits, holders.
+        let mut names = Vec::new();
+        for kind in ["lock:", "holders:"] {
+            let prefix = format!("{}{kind}", self.prefix());
+            let glob = format!("{}{{{}}}", glob_escape(&prefix), pattern);
+            for name in self.context().redis().scan(&glob).await? {
+                if let Some(key) = name
+                    .strip_prefix(&prefix)
+                    .and_then(|n| n.strip_prefix('{'))
+                    .and_then(|n| n.strip_suffix('}'))
+                {
+                    names.push(key.to_owned());
+                }
+            }
+        }
+        let mut keys: Vec<&str> = names.iter().map(String::as_str).collect();
         // By the key, as documented (`order:1` before `order:10`), each once (a quorum's
         // nodes list a key each).
         keys.sort_unstable();
@@ -229,9 +251,42 @@ fn parse_info(key: &str, answer: Value) -> Result<Option<LockInfo>, LockError> {
     if matches!(answer, Value::Nil) {
         return Ok(None);
     }
-    let (owner, pttl, counter, waiters): (String, i64, String, i64) =
+    let fields: Vec<Value> =
         FromRedisValue::from_redis_value(answer).map_err(|e| bad(&e.to_string()))?;
-    let (random, holder) = split_token(&owner);
+    let mut fields = fields.into_iter();
+    let mut next = || fields.next().ok_or_else(|| bad("too few fields"));
+    let text = |v: Value| String::from_redis_value(v).map_err(|e| bad(&e.to_string()));
+    let number = |v: Value| i64::from_redis_value(v).map_err(|e| bad(&e.to_string()));
+    let kind = text(next()?)?;
+    let pttl = number(next()?)?;
+    let counter = text(next()?)?;
+    let waiters = number(next()?)?;
+    let holders = number(next()?)?;
+    let mut members = Vec::new();
+    for member in fields {
+        members.push(text(member)?);
+    }
+    // A member is a token (shared), or `N token` (one of N permits): see scripts/holders.lua.
+    let split = |member: &str| match member.split_once(' ') {
+        Some((n, token)) => (LockMode::from_word(n), token.to_owned()),
+        None => (Some(LockMode::Shared), member.to_owned()),
+    };
+    let (mode, first) = match (kind.as_str(), members.first()) {
+        ("x", Some(owner)) => (LockMode::Exclusive, owner.clone()),
+        ("s", Some(member)) => {
+            let (mode, token) = split(member);
+            (mode.ok_or_else(|| bad("a member of unknown mode"))?, token)
+        }
+        _ => return Err(bad("an unknown kind of holding")),
+    };
+    let holder_labels = members
+        .iter()
+        .filter_map(|member| {
+            let token = split(member).1;
+            split_token(&token).1.map(str::to_owned)
+        })
+        .collect();
+    let (random, holder) = split_token(&first);
     Ok(Some(LockInfo {
         key: key.to_owned(),
         remaining: u64::try_from(pttl)
@@ -241,6 +296,9 @@ fn parse_info(key: &str, answer: Value) -> Result<Option<LockInfo>, LockError> {
         waiters: usize::try_from(waiters).unwrap_or(0),
         token_prefix: random.chars().take(8).collect(),
         holder: holder.map(str::to_owned),
+        mode,
+        holders: usize::try_from(holders).unwrap_or(0),
+        holder_labels,
     }))
 }
 

@@ -7,7 +7,8 @@
 //! | `distlock:lock:{order:42}` | the owner's token, `~`-prefixed once someone waits for it (also the release notification channel) | the lease's ttl |
 //! | `distlock:fence:{order:42}` | the last fencing token drawn for it | the ttl after the last draw |
 //! | `distlock:queue:{order:42}` | fair waiters' tokens, in arrival order | until the last waiter's wait ends |
-//! | `distlock:waiters:{order:42}` | each fair waiter's deadline, claim time and secret | likewise |
+//! | `distlock:waiters:{order:42}` | each fair waiter's deadline, claim time, secret and mode | likewise |
+//! | `distlock:holders:{order:42}` | the leases that hold it shared or as permits, each scored by its expiry | until the last one's expiry |
 //!
 //! Every key expires: nothing is left behind per lock name.
 //!
@@ -20,24 +21,28 @@
 //! be taken in one atomic script. Interpolated values are escaped by the attribute, so a caller's
 //! input never chooses a slot. A prefix should contain no `{`: the first one would make the tag.
 
-/// The Redis keys of the lock on one user key, in one buffer (one allocation for the four).
+use crate::mode::LockMode;
+
+/// The Redis keys of the lock on one user key, in one buffer (one allocation for the five), and
+/// the mode a request holds it in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LockKeys {
-    /// The four names back to back: lock, fence, queue, waiters.
+    /// The five names back to back: lock, fence, queue, waiters, holders.
     names: String,
     /// Where each name ends in `names`.
-    ends: [usize; 4],
+    ends: [usize; 5],
+    mode: LockMode,
 }
 
 /// The kinds of key, in their order in [`LockKeys`].
-const KINDS: [&str; 4] = ["lock:", "fence:", "queue:", "waiters:"];
+const KINDS: [&str; 5] = ["lock:", "fence:", "queue:", "waiters:", "holders:"];
 
 impl LockKeys {
-    /// The keys of the lock on `key` under `prefix`.
+    /// The keys of the lock on `key` under `prefix`, held exclusively.
     pub(crate) fn new(prefix: &str, key: &str) -> Self {
         let length: usize = KINDS.iter().map(|kind| kind.len()).sum();
-        let mut names = String::with_capacity(4 * (prefix.len() + key.len() + 2) + length);
-        let mut ends = [0; 4];
+        let mut names = String::with_capacity(5 * (prefix.len() + key.len() + 2) + length);
+        let mut ends = [0; 5];
         for (end, kind) in ends.iter_mut().zip(KINDS) {
             names.push_str(prefix);
             names.push_str(kind);
@@ -46,7 +51,30 @@ impl LockKeys {
             names.push('}');
             *end = names.len();
         }
-        Self { names, ends }
+        Self {
+            names,
+            ends,
+            mode: LockMode::Exclusive,
+        }
+    }
+
+    /// The same keys, held in `mode`.
+    pub(crate) fn held(mut self, mode: LockMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The mode a request holds the key in.
+    pub(crate) fn mode(&self) -> LockMode {
+        self.mode
+    }
+
+    /// The key a renewal extends: the lock key when held exclusively, the holders otherwise.
+    pub(crate) fn lease_key(&self) -> &str {
+        match self.mode {
+            LockMode::Exclusive => self.lock(),
+            LockMode::Shared | LockMode::Permits(_) => self.holders(),
+        }
     }
 
     fn name(&self, i: usize) -> &str {
@@ -70,9 +98,15 @@ impl LockKeys {
         self.name(2)
     }
 
-    /// The fair queue's entries: token -> "deadline_ms claim_ms secret".
+    /// The fair queue's entries: token -> "deadline_ms claim_ms secret mode".
     pub(crate) fn waiters(&self) -> &str {
         self.name(3)
+    }
+
+    /// The leases holding the key shared or as permits: a sorted set of members (a token, or
+    /// `N token`) scored by expiry.
+    pub(crate) fn holders(&self) -> &str {
+        self.name(4)
     }
 
     /// Which of a lock's keys the Redis key `name` is, by the kind before its braced part
@@ -84,6 +118,7 @@ impl LockKeys {
             KeyKind::Fence,
             KeyKind::Queue,
             KeyKind::Waiters,
+            KeyKind::Holders,
         ];
         KINDS
             .iter()
@@ -93,13 +128,14 @@ impl LockKeys {
     }
 }
 
-/// One of a lock's four keys (see the module docs).
+/// One of a lock's five keys (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum KeyKind {
     Lock,
     Fence,
     Queue,
     Waiters,
+    Holders,
 }
 
 impl KeyKind {
@@ -109,6 +145,7 @@ impl KeyKind {
             Self::Lock | Self::Fence => "string",
             Self::Queue => "list",
             Self::Waiters => "hash",
+            Self::Holders => "zset",
         }
     }
 
@@ -128,6 +165,8 @@ mod tests {
         assert_eq!(keys.fence(), "app:fence:{order:42}");
         assert_eq!(keys.queue(), "app:queue:{order:42}");
         assert_eq!(keys.waiters(), "app:waiters:{order:42}");
+        assert_eq!(keys.holders(), "app:holders:{order:42}");
+        assert_eq!(LockKeys::kind_of(keys.holders()), Some(KeyKind::Holders));
         assert_eq!(LockKeys::kind_of(keys.queue()), Some(KeyKind::Queue));
         assert_eq!(LockKeys::kind_of(keys.fence()), Some(KeyKind::Fence));
         // The user's key may hold the kinds' words; the prefix decides.

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use crate::context::Context;
 use crate::error::LockError;
 use crate::keys::LockKeys;
+use crate::mode::LockMode;
 use crate::release::{release_in_background, release_keys, Leaving};
 use crate::renew::{extend_lease, Registration};
 use crate::scripts::Queued;
@@ -335,6 +336,11 @@ impl Lease {
 
     pub(crate) fn shared_keys(&self) -> &Arc<[String]> {
         &self.keys
+    }
+
+    /// The mode each of [`keys`](Self::keys) is held in.
+    pub(crate) fn modes(&self) -> Arc<[LockMode]> {
+        self.redis_keys.iter().map(LockKeys::mode).collect()
     }
 }
 

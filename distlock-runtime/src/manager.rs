@@ -94,6 +94,21 @@ impl LockManager {
         self.lock_all([key])
     }
 
+    /// A request for the lock on `key` held shared: any number of readers hold it at once, and
+    /// no writer ([`lock`](Self::lock)) while they do. `lock_all(a).read_keys(b)` takes keys
+    /// exclusively and shared in one request ([`LockRequest::read_keys`]).
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// // Many readers at once; a restock (`locks.lock("product:7")`) waits for them, and they
+    /// // for it.
+    /// let price = locks.read_lock("product:7").run(async { 42 }).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn read_lock(&self, key: impl Into<String>) -> LockRequest {
+        LockRequest::new(Arc::clone(&self.context), Vec::new()).read_keys([key])
+    }
+
     /// A request for the locks on all `keys` as one unit: all are taken or none is. Keys are
     /// sorted and de-duplicated first, so two callers naming the same keys in different orders
     /// cannot deadlock.

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use crate::error::LockError;
+use crate::mode::LockMode;
 use crate::sync::lock;
 use crate::wait::Wait;
 
@@ -38,6 +39,8 @@ struct Frame {
     id: u64,
     manager_id: u64,
     keys: Arc<[String]>,
+    /// The mode each key is held in (of the lease that holds it, for a borrowed key).
+    modes: Arc<[LockMode]>,
     /// The fencing token of the lease this frame took; `None` for a re-entry, whose keys are
     /// held by frames above it.
     fencing_token: Option<u64>,
@@ -52,9 +55,11 @@ impl Frame {
     }
 
     /// The nearest frame of the chain that holds `key` through `manager_id`.
-    fn holder(self: &Arc<Self>, manager_id: u64, key: &str) -> Option<&Frame> {
-        self.chain()
-            .find(|f| f.manager_id == manager_id && f.keys.iter().any(|k| k == key))
+    fn holder(self: &Arc<Self>, manager_id: u64, key: &str) -> Option<(&Frame, LockMode)> {
+        self.chain().find_map(|f| {
+            let at = f.keys.iter().position(|k| k == key)?;
+            (f.manager_id == manager_id).then(|| (f, f.modes[at]))
+        })
     }
 }
 
@@ -78,7 +83,9 @@ pub(crate) struct Found {
     parent: Option<Arc<Frame>>,
     /// (holding frame's id, key) of each held key.
     wanted: Vec<(u64, String)>,
-    missing: Vec<String>,
+    /// The mode each wanted key is held in.
+    held_modes: Vec<LockMode>,
+    missing: Vec<(String, LockMode)>,
 }
 
 /// A `run`'s place on the current task: the keys it borrowed (held until this is dropped) and
@@ -87,6 +94,7 @@ pub(crate) struct Entry {
     manager_id: u64,
     parent: Option<Arc<Frame>>,
     borrowed: Vec<String>,
+    borrowed_modes: Vec<LockMode>,
     loan: Option<Loan>,
 }
 
@@ -114,36 +122,55 @@ pub(crate) fn first_held(manager_id: u64, keys: &[String]) -> Option<&str> {
 
 /// Looks up `keys` (sorted) for a `run` through `manager_id` on the current task: which an
 /// enclosing body holds, which are missing.
-pub(crate) fn find(manager_id: u64, keys: &[String]) -> Found {
+///
+/// # Errors
+/// [`LockError::UpgradeNotSupported`] for a key held in a mode that does not cover the one
+/// asked (an exclusive call inside a shared or permit hold): waiting for it would deadlock two
+/// readers that both asked.
+pub(crate) fn find(
+    manager_id: u64,
+    keys: &[String],
+    modes: &[LockMode],
+) -> Result<Found, LockError> {
+    let asked = keys.iter().cloned().zip(modes.iter().copied());
     let Some(innermost) = innermost() else {
-        return Found {
+        return Ok(Found {
             manager_id,
             parent: None,
             wanted: Vec::new(),
-            missing: keys.to_vec(),
-        };
+            held_modes: Vec::new(),
+            missing: asked.collect(),
+        });
     };
     let mut wanted = Vec::new();
+    let mut held_modes = Vec::new();
     let mut missing = Vec::new();
-    for key in keys {
-        match innermost.holder(manager_id, key) {
-            Some(frame) => wanted.push((frame.id, key.clone())),
-            None => missing.push(key.clone()),
+    for (key, mode) in asked {
+        match innermost.holder(manager_id, &key) {
+            Some((_, held)) if !held.covers(mode) => {
+                return Err(LockError::UpgradeNotSupported { key });
+            }
+            Some((frame, held)) => {
+                wanted.push((frame.id, key));
+                held_modes.push(held);
+            }
+            None => missing.push((key, mode)),
         }
     }
-    Found {
+    Ok(Found {
         manager_id,
         parent: Some(innermost),
         wanted,
+        held_modes,
         missing,
-    }
+    })
 }
 
 impl Found {
     /// The keys no enclosing body holds: they need a lease of their own, taken before the held
     /// keys are borrowed, so that no loan is kept while waiting on Redis (a sibling using a
     /// held key could be waiting for a key of this request's lease).
-    pub(crate) fn missing(&self) -> &[String] {
+    pub(crate) fn missing(&self) -> &[(String, LockMode)] {
         &self.missing
     }
 
@@ -164,6 +191,7 @@ impl Found {
             manager_id: self.manager_id,
             parent: self.parent,
             borrowed: self.wanted.into_iter().map(|(_, key)| key).collect(),
+            borrowed_modes: self.held_modes,
             loan,
         })
     }
@@ -208,16 +236,18 @@ async fn borrow(
 
 impl Entry {
     /// Runs `body` holding the borrowed keys and, if given, a new lease on the missing ones
-    /// (its keys and fencing token); the borrowed keys go back when the body ends or is dropped.
+    /// (its keys, their modes and its fencing token); the borrowed keys go back when the body
+    /// ends or is dropped.
     pub(crate) async fn scope<F: Future>(
         self,
-        lease: Option<(Arc<[String]>, u64)>,
+        lease: Option<(Arc<[String]>, Arc<[LockMode]>, u64)>,
         body: F,
     ) -> F::Output {
         let Self {
             manager_id,
             parent,
             borrowed,
+            borrowed_modes,
             loan,
         } = self;
         let loans = parent
@@ -229,16 +259,18 @@ impl Entry {
                 id: crate::ids::next_id(),
                 manager_id,
                 keys: borrowed.into(),
+                modes: borrowed_modes.into(),
                 fencing_token: None,
                 parent: frame,
                 loans: Arc::clone(&loans),
             }));
         }
-        if let Some((keys, fencing_token)) = lease {
+        if let Some((keys, modes, fencing_token)) = lease {
             frame = Some(Arc::new(Frame {
                 id: crate::ids::next_id(),
                 manager_id,
                 keys,
+                modes,
                 fencing_token: Some(fencing_token),
                 parent: frame,
                 loans,

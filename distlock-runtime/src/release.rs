@@ -43,7 +43,7 @@ pub(crate) async fn release_keys(
 /// The release script call for `keys` (which share a shard), announced as `route` does.
 pub(crate) fn release_call<'a>(
     route: &dyn Route,
-    keys: impl ExactSizeIterator<Item = &'a LockKeys>,
+    keys: impl ExactSizeIterator<Item = &'a LockKeys> + Clone,
     token: &str,
     queued: Queued,
 ) -> ScriptCall {

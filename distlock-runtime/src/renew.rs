@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use crate::call::{Kind, ScriptCall};
 use crate::error::LockError;
 use crate::keys::LockKeys;
+use crate::mode::Words;
 use crate::scripts;
 use crate::sync::lock;
 use crate::telemetry::Throttle;
@@ -586,12 +587,13 @@ async fn extend_calls(
         let mut call = ScriptCall::new(op, &scripts::EXTEND, Kind::Extend, key_count);
         for (i, group) in &entries {
             for &k in group {
-                call.key(leases[*i].0[k].lock());
+                call.key(leases[*i].0[k].lease_key());
             }
         }
         for (i, group) in &entries {
-            let (_, token, ttl) = leases[*i];
-            call.arg(token).arg(millis(ttl)).arg(group.len());
+            let (keys, token, ttl) = leases[*i];
+            let modes = Words(group.iter().map(|&k| keys[k].mode()));
+            call.arg(token).arg(millis(ttl)).arg(modes);
         }
         (
             call,

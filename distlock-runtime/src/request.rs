@@ -12,6 +12,7 @@ use crate::acquire::{self, Ask, Fairness};
 use crate::context::Context;
 use crate::error::LockError;
 use crate::lease::Lease;
+use crate::mode::LockMode;
 use crate::reentrancy;
 use crate::validity::check_ttl;
 use crate::wait::Wait;
@@ -36,6 +37,8 @@ use crate::wait::Wait;
 pub struct LockRequest {
     manager: Arc<Context>,
     keys: Vec<String>,
+    read: Vec<String>,
+    permits: Option<u32>,
     ttl: Duration,
     wait: Duration,
     renew: bool,
@@ -55,6 +58,8 @@ impl LockRequest {
             wait: manager.default_wait,
             manager,
             keys,
+            read: Vec::new(),
+            permits: None,
             renew: true,
             fair: None,
             hold_at_least: None,
@@ -178,6 +183,53 @@ impl LockRequest {
         self
     }
 
+    /// Adds `keys` held shared: with other readers, and no writer. Taken together with the
+    /// request's other keys, all or none (`manager.lock_all(a).read_keys(b)` takes `a`
+    /// exclusively and `b` shared); a key asked both ways is held exclusively. Each lease
+    /// has its own token, ttl, renewal and fencing token, whatever the other readers do.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// // Write the report, reading the two inputs it is built from.
+    /// locks
+    ///     .lock("report:7")
+    ///     .read_keys(["sales:7", "stock:7"])
+    ///     .run(async { /* ... */ })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn read_keys<I, K>(mut self, keys: I) -> Self
+    where
+        I: IntoIterator<Item = K>,
+        K: Into<String>,
+    {
+        self.read.extend(keys.into_iter().map(Into::into));
+        self
+    }
+
+    /// Makes the request's one key a semaphore of `n` permits: it is granted while fewer than
+    /// `n` leases hold the key (a waiter is woken by a release). Each permit is a lease of its
+    /// own: a crashed holder's permit comes back at its own ttl.
+    ///
+    /// Callers that pass different `n` for one key are each admitted while fewer than their
+    /// own `n` hold it, so at most the largest `n` hold it at once (a rolling change of `n`
+    /// never lets more in than either the old or the new value).
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// // At most 8 exports at once, across the fleet.
+    /// locks.lock("exports").permits(8).run(async { /* ... */ }).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The acquire fails with [`LockError::InvalidConfig`] for `n` = 0, a request of several
+    /// keys, or one with [`read_keys`](Self::read_keys).
+    pub fn permits(mut self, n: u32) -> Self {
+        self.permits = Some(n);
+        self
+    }
+
     /// Takes the lock: one round trip when it is free; otherwise waits until it is, or until the
     /// wait runs out.
     ///
@@ -199,7 +251,7 @@ impl LockRequest {
     /// or a ttl outside [`MIN_TTL`](crate::MIN_TTL)..=[`MAX_TTL`](crate::MAX_TTL); [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis
     /// cannot be asked within the manager's timeouts.
     pub async fn acquire(self) -> Result<Lease, LockError> {
-        let keys = prepare_keys(self.keys)?;
+        let (keys, modes) = prepare_keys(self.keys, self.read, self.permits)?;
         check_ttl(self.ttl)?;
         let fair = fair_for(&self.manager, self.fair, &keys)?;
         if let Some(key) = reentrancy::first_held(self.manager.id, &keys) {
@@ -210,6 +262,7 @@ impl LockRequest {
         let wait = Wait::new(Instant::now(), self.wait);
         let ask = Ask {
             keys,
+            modes,
             ttl: self.ttl,
             wait,
             renew: self.renew,
@@ -260,17 +313,18 @@ impl LockRequest {
     /// # Errors
     /// Those of [`acquire`](Self::acquire), and [`LockError::LeaseLost`].
     pub async fn run<F: Future>(self, body: F) -> Result<F::Output, LockError> {
-        let keys = prepare_keys(self.keys)?;
+        let (keys, modes) = prepare_keys(self.keys, self.read, self.permits)?;
         check_ttl(self.ttl)?;
         let fair = fair_for(&self.manager, self.fair, &keys)?;
         let manager = self.manager;
         let wait = Wait::new(Instant::now(), self.wait);
-        let found = reentrancy::find(manager.id, &keys);
+        let found = reentrancy::find(manager.id, &keys, &modes)?;
         if found.missing().is_empty() {
             let entry = found.borrow(wait).await?;
             return Ok(entry.scope(None, body).await);
         }
         let label = self.label;
+        let tags = crate::telemetry::Tags::new(label, &modes);
         let span = tracing::debug_span!(
             "distlock",
             template = label,
@@ -279,16 +333,19 @@ impl LockRequest {
             outcome = tracing::field::Empty,
         );
         async move {
-            let missing: Arc<[String]> = found.missing().into();
+            let (missing, modes): (Vec<String>, Vec<LockMode>) =
+                found.missing().iter().cloned().unzip();
             let ask = Ask {
-                keys: missing,
+                keys: missing.into(),
+                modes: modes.into(),
                 ttl: self.ttl,
                 wait,
                 renew: self.renew,
                 fairness: fair,
                 label,
             };
-            let lease = match acquire::acquire(&manager, ask).await {
+            // Boxed: the acquire's state is large, and a nested `run` would carry it inline.
+            let lease = match Box::pin(acquire::acquire(&manager, ask)).await {
                 Ok(lease) => lease,
                 Err(error) => {
                     tracing::Span::current().record("outcome", error_outcome(&error));
@@ -312,7 +369,7 @@ impl LockRequest {
             let fencing_token = lease.fencing_token();
             tracing::Span::current().record("fencing_token", fencing_token);
             let scoped = entry.scope(
-                Some((Arc::clone(lease.shared_keys()), fencing_token)),
+                Some((Arc::clone(lease.shared_keys()), lease.modes(), fencing_token)),
                 body,
             );
             let output = tokio::select! {
@@ -327,13 +384,13 @@ impl LockRequest {
                 // Dropping the lease releases it in the background (a key still held by this
                 // owner, after renewal failed, is freed before its ttl once Redis answers).
                 drop(lease);
-                crate::telemetry::lease_lost(label);
-                crate::telemetry::held(label, acquired.elapsed());
+                crate::telemetry::lease_lost(tags);
+                crate::telemetry::held(tags, acquired.elapsed());
                 tracing::Span::current().record("outcome", "lease_lost");
                 return Err(LockError::LeaseLost { keys });
             };
             let held_for = acquired.elapsed();
-            crate::telemetry::held(label, held_for);
+            crate::telemetry::held(tags, held_for);
             tracing::Span::current().record("outcome", "ok");
             match self.hold_at_least.filter(|&hold| hold > held_for) {
                 Some(hold) => lease.keep_for(hold - held_for).await,
@@ -390,22 +447,71 @@ fn fair_for(
 }
 
 /// Sorts and de-duplicates the keys of a request, refusing unusable ones.
-fn prepare_keys(mut keys: Vec<String>) -> Result<Arc<[String]>, LockError> {
-    if keys.is_empty() {
+/// A request's keys, sorted and de-duplicated, and the mode each is asked in: `keys` exclusively
+/// (or as one of `permits`), `read` shared, a key asked both ways exclusively (which covers
+/// reading it).
+fn prepare_keys(
+    keys: Vec<String>,
+    read: Vec<String>,
+    permits: Option<u32>,
+) -> Result<(Arc<[String]>, Arc<[LockMode]>), LockError> {
+    if keys.is_empty() && read.is_empty() {
         return Err(LockError::InvalidKey {
             key: String::new(),
             reason: "no key given: lock_all needs at least one key",
         });
     }
-    if let Some(empty) = keys.iter().find(|k| k.is_empty()) {
+    if let Some(empty) = keys.iter().chain(&read).find(|k| k.is_empty()) {
         return Err(LockError::InvalidKey {
             key: empty.clone(),
             reason: "a lock key must not be empty",
         });
     }
-    keys.sort_unstable();
-    keys.dedup();
-    Ok(keys.into())
+    let exclusive = match permits {
+        None => LockMode::Exclusive,
+        Some(0) => {
+            return Err(LockError::InvalidConfig {
+                what: "permits",
+                reason: "permits(0): a semaphore needs at least one permit".to_owned(),
+            })
+        }
+        Some(_) if !read.is_empty() => {
+            return Err(LockError::InvalidConfig {
+                what: "permits",
+                reason: "permits with read_keys: a semaphore is one key, held as a permit; \
+                         take the shared keys in a request of their own"
+                    .to_owned(),
+            })
+        }
+        Some(n) => {
+            let mut distinct = keys.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            if distinct.len() != 1 {
+                return Err(LockError::InvalidConfig {
+                    what: "permits",
+                    reason: format!(
+                        "permits on {} keys: a semaphore is one key; lock(key).permits(n)",
+                        distinct.len()
+                    ),
+                });
+            }
+            LockMode::Permits(n)
+        }
+    };
+    let mut asked: Vec<(String, LockMode)> = keys
+        .into_iter()
+        .map(|key| (key, exclusive))
+        .chain(read.into_iter().map(|key| (key, LockMode::Shared)))
+        .collect();
+    // By key, the exclusive first, so that de-duplication keeps it.
+    asked.sort_unstable_by(|(a, m), (b, n)| {
+        a.cmp(b)
+            .then((*m == LockMode::Shared).cmp(&(*n == LockMode::Shared)))
+    });
+    asked.dedup_by(|later, first| later.0 == first.0);
+    let (keys, modes): (Vec<String>, Vec<LockMode>) = asked.into_iter().unzip();
+    Ok((keys.into(), modes.into()))
 }
 
 #[cfg(test)]
@@ -414,15 +520,47 @@ mod tests {
 
     #[test]
     fn keys_are_sorted_and_deduplicated_and_empty_ones_refused() {
-        let keys = prepare_keys(vec!["b".into(), "a".into(), "b".into()]).unwrap();
+        let prepare = |keys: Vec<String>| prepare_keys(keys, Vec::new(), None);
+        let (keys, modes) = prepare(vec!["b".into(), "a".into(), "b".into()]).unwrap();
         assert_eq!(&*keys, ["a", "b"]);
+        assert_eq!(&*modes, [LockMode::Exclusive; 2]);
         assert!(matches!(
-            prepare_keys(vec!["a".into(), String::new()]),
+            prepare(vec!["a".into(), String::new()]),
             Err(LockError::InvalidKey { .. })
         ));
-        assert!(matches!(
-            prepare_keys(vec![]),
-            Err(LockError::InvalidKey { .. })
-        ));
+        assert!(matches!(prepare(vec![]), Err(LockError::InvalidKey { .. })));
+    }
+
+    #[test]
+    fn shared_keys_join_the_sorted_keys_and_a_key_asked_both_ways_is_exclusive() {
+        let (keys, modes) = prepare_keys(
+            vec!["b".into()],
+            vec!["c".into(), "b".into(), "a".into(), "c".into()],
+            None,
+        )
+        .unwrap();
+        assert_eq!(&*keys, ["a", "b", "c"]);
+        use LockMode::{Exclusive, Shared};
+        assert_eq!(&*modes, [Shared, Exclusive, Shared]);
+        let (keys, modes) = prepare_keys(Vec::new(), vec!["doc".into()], None).unwrap();
+        assert_eq!((&*keys, &*modes), (&["doc".to_owned()][..], &[Shared][..]));
+    }
+
+    #[test]
+    fn permits_take_one_key_and_at_least_one_permit() {
+        let one = prepare_keys(vec!["pool".into(), "pool".into()], Vec::new(), Some(8)).unwrap();
+        assert_eq!(&*one.1, [LockMode::Permits(8)]);
+        for (keys, read, n) in [
+            (vec!["pool"], vec![], 0),
+            (vec!["a", "b"], vec![], 2),
+            (vec!["pool"], vec!["doc"], 2),
+        ] {
+            let keys = keys.into_iter().map(String::from).collect();
+            let read = read.into_iter().map(String::from).collect();
+            assert!(matches!(
+                prepare_keys(keys, read, Some(n)),
+                Err(LockError::InvalidConfig { what: "permits", .. })
+            ));
+        }
     }
 }

@@ -4,28 +4,50 @@
 //!
 //! | name | kind | labels | what |
 //! |---|---|---|---|
-//! | `distlock_acquisitions_total` | counter | `template`, `outcome` | acquire requests by outcome: `acquired` (at once), `contended` (after waiting), `timed_out`, `not_acquired` (a try-lock that found it held), `error` |
-//! | `distlock_wait_seconds` | histogram | `template` | time from asking to holding (acquired and contended) |
-//! | `distlock_hold_seconds` | histogram | `template` | time a `run` body held the lock |
-//! | `distlock_leases_lost_total` | counter | `template` | leases lost while their body ran |
-//! | `distlock_handoffs_total` | counter | `template` | fair leases handed over by a release |
+//! | `distlock_acquisitions_total` | counter | `template`, `mode`, `outcome` | acquire requests by outcome: `acquired` (at once), `contended` (after waiting), `timed_out`, `not_acquired` (a try-lock that found it held), `error` |
+//! | `distlock_wait_seconds` | histogram | `template`, `mode` | time from asking to holding (acquired and contended) |
+//! | `distlock_hold_seconds` | histogram | `template`, `mode` | time a `run` body held the lock |
+//! | `distlock_leases_lost_total` | counter | `template`, `mode` | leases lost while their body ran |
+//! | `distlock_handoffs_total` | counter | `template`, `mode` | fair leases handed over by a release |
 //! | `distlock_renewals_total` | counter | `outcome` (`ok`, `failed`) | renewal round trips |
 //! | `distlock_subscriber_reconnects_total` | counter | | subscriber connections opened after the first |
 //!
 //! `template` is the attribute's key template (`order:{order_id}`), or the label given to
 //! [`LockRequest::metrics_label`](crate::LockRequest::metrics_label), else `manual`: never a
-//! rendered key, which would make one series per order.
+//! rendered key, which would make one series per order. `mode` is how the request holds its
+//! keys: `exclusive`, `shared`, `permits`, or `mixed` (exclusive and shared keys in one
+//! request).
 
 use std::time::Duration;
 
 use crate::error::LockError;
+use crate::mode::LockMode;
 
 /// The label of requests that name no template.
 pub(crate) const UNLABELLED: &str = "manual";
 
+/// The labels of one request's series: its template and mode.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tags {
+    pub(crate) template: &'static str,
+    pub(crate) mode: &'static str,
+}
+
+impl Tags {
+    /// The labels of a request for keys in `modes` under `template`.
+    pub(crate) fn new(template: &'static str, modes: &[LockMode]) -> Self {
+        let mode = match modes.split_first() {
+            Some((first, rest)) if rest.iter().all(|m| m.name() == first.name()) => first.name(),
+            Some(_) => "mixed",
+            None => LockMode::Exclusive.name(),
+        };
+        Self { template, mode }
+    }
+}
+
 /// How an acquire ended, for `distlock_acquisitions_total`.
 pub(crate) fn acquisition(
-    template: &'static str,
+    tags: Tags,
     outcome: Result<Duration, &LockError>,
     waited: bool,
 ) {
@@ -37,42 +59,46 @@ pub(crate) fn acquisition(
         Err(_) => "error",
     };
     #[cfg(feature = "metrics")]
-    metrics::counter!("distlock_acquisitions_total", "template" => template, "outcome" => outcome)
+    metrics::counter!("distlock_acquisitions_total", "template" => tags.template, "mode" => tags.mode, "outcome" => outcome)
         .increment(1);
     #[cfg(not(feature = "metrics"))]
-    let _ = (template, outcome);
+    let _ = (tags, outcome);
 }
 
 /// How long an acquire took, for `distlock_wait_seconds`.
-pub(crate) fn waited(template: &'static str, wait: Duration) {
+pub(crate) fn waited(tags: Tags, wait: Duration) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!("distlock_wait_seconds", "template" => template).record(wait.as_secs_f64());
+    metrics::histogram!("distlock_wait_seconds", "template" => tags.template, "mode" => tags.mode)
+        .record(wait.as_secs_f64());
     #[cfg(not(feature = "metrics"))]
-    let _ = (template, wait);
+    let _ = (tags, wait);
 }
 
 /// How long a body held its lease, for `distlock_hold_seconds`.
-pub(crate) fn held(template: &'static str, hold: Duration) {
+pub(crate) fn held(tags: Tags, hold: Duration) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!("distlock_hold_seconds", "template" => template).record(hold.as_secs_f64());
+    metrics::histogram!("distlock_hold_seconds", "template" => tags.template, "mode" => tags.mode)
+        .record(hold.as_secs_f64());
     #[cfg(not(feature = "metrics"))]
-    let _ = (template, hold);
+    let _ = (tags, hold);
 }
 
 /// A lease lost while its body ran.
-pub(crate) fn lease_lost(template: &'static str) {
+pub(crate) fn lease_lost(tags: Tags) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("distlock_leases_lost_total", "template" => template).increment(1);
+    metrics::counter!("distlock_leases_lost_total", "template" => tags.template, "mode" => tags.mode)
+        .increment(1);
     #[cfg(not(feature = "metrics"))]
-    let _ = template;
+    let _ = tags;
 }
 
 /// A fair lease handed over by a release.
-pub(crate) fn handed_over(template: &'static str) {
+pub(crate) fn handed_over(tags: Tags) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("distlock_handoffs_total", "template" => template).increment(1);
+    metrics::counter!("distlock_handoffs_total", "template" => tags.template, "mode" => tags.mode)
+        .increment(1);
     #[cfg(not(feature = "metrics"))]
-    let _ = template;
+    let _ = tags;
 }
 
 /// One renewal round trip, and whether it failed.

@@ -37,9 +37,10 @@ use crate::fair::{claim_renewal, ClaimRenewal, FairAttempts, Handoff};
 use crate::ids::{id_text, random_ids};
 use crate::keys::LockKeys;
 use crate::lease::{Holding, Lease};
+use crate::mode::LockMode;
 use crate::release::{release_in_background, Leaving};
 use crate::scripts::{Acquire, Waiting};
-use crate::telemetry;
+use crate::telemetry::{self, Tags};
 use crate::validity::LeaseState;
 use crate::wait::{Wait, Waiter, Wake};
 
@@ -47,12 +48,13 @@ mod places;
 
 use places::Places;
 
-/// What one request asks for, passed whole to the acquire (a mode per key, for the shared
-/// modes to come, goes beside `keys`).
+/// What one request asks for, passed whole to the acquire.
 #[derive(Debug, Clone)]
 pub(crate) struct Ask {
     /// The user's keys, sorted and de-duplicated.
     pub(crate) keys: Arc<[String]>,
+    /// The mode each key is asked in.
+    pub(crate) modes: Arc<[LockMode]>,
     pub(crate) ttl: Duration,
     pub(crate) wait: Wait,
     pub(crate) renew: bool,
@@ -72,7 +74,7 @@ pub(crate) enum Fairness {
 
 /// Takes the locks `ask` asks for: the loop behind every request, fair or not.
 pub(crate) async fn acquire(context: &Arc<Context>, ask: Ask) -> Result<Lease, LockError> {
-    let (started, label) = (ask.wait.started, ask.label);
+    let (started, tags) = (ask.wait.started, Tags::new(ask.label, &ask.modes));
     let mut attempts = 0;
     let outcome = match Acquiring::new(context, ask) {
         Ok(mut acquiring) => {
@@ -83,9 +85,9 @@ pub(crate) async fn acquire(context: &Arc<Context>, ask: Ask) -> Result<Lease, L
         Err(error) => Err(error),
     };
     let took = started.elapsed();
-    telemetry::acquisition(label, outcome.as_ref().map(|_| took), attempts > 1);
+    telemetry::acquisition(tags, outcome.as_ref().map(|_| took), attempts > 1);
     if outcome.is_ok() {
-        telemetry::waited(label, took);
+        telemetry::waited(tags, took);
     }
     outcome
 }
@@ -150,7 +152,9 @@ struct Acquiring<'a> {
 
 impl<'a> Acquiring<'a> {
     fn new(context: &'a Arc<Context>, ask: Ask) -> Result<Self, LockError> {
-        let redis_keys: Arc<[LockKeys]> = ask.keys.iter().map(|k| context.lock_keys(k)).collect();
+        let redis_keys: Arc<[LockKeys]> = (ask.keys.iter().zip(ask.modes.iter()))
+            .map(|(key, &mode)| context.lock_keys(key).held(mode))
+            .collect();
         // The owner token, and the secret of a fair request's first attempt, from one OS call.
         let [token_id, first_secret] = random_ids();
         let token = owner_token(context, token_id);
@@ -395,7 +399,7 @@ impl<'a> Acquiring<'a> {
             .stats
             .handed_over
             .fetch_add(1, Ordering::Relaxed);
-        telemetry::handed_over(self.ask.label);
+        telemetry::handed_over(Tags::new(self.ask.label, &self.ask.modes));
         Stage::Holding {
             fencing_token: handoff.fencing_token,
             sent,

@@ -7,6 +7,7 @@ use super::HANDOFF_CLAIM;
 use crate::call::{Kind, ScriptCall};
 use crate::failed::Failed;
 use crate::keys::LockKeys;
+use crate::mode::{LockMode, Words};
 use crate::scripts::{lua, read_taking, Answered, Lua, Waiting};
 use crate::time::millis;
 use crate::topology::Route;
@@ -15,18 +16,21 @@ use crate::topology::Route;
 //
 // `#!lua`, as the plain acquire (see `scripts/mod.rs`).
 pub(crate) static ACQUIRE_FAIR: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(lua!(
-        "#!lua";
-        "scripts/mark.lua", "scripts/draw.lua", "fair/pop_live.lua", "fair/hand.lua", "fair/acquire.lua"
+    Lua::new(concat!(
+        "#!lua\n",
+        lua!("scripts/mark.lua"),
+        crate::scripts::queue_functions!(),
+        lua!("fair/acquire.lua")
     ))
 });
 
 /// A fair request's queueing script call, built once per acquire: the keys and fixed arguments;
 /// the token, the wait left and the attempt's secret are added per attempt.
 pub(crate) struct FairRequest {
-    keys: [String; 4],
+    keys: [String; 5],
     ttl_ms: u64,
     claim_ms: u64,
+    mode: LockMode,
 }
 
 /// What one fair attempt found, with Redis's clock (ms) when the script ran.
@@ -49,9 +53,11 @@ impl FairRequest {
                 keys.queue().to_owned(),
                 keys.waiters().to_owned(),
                 keys.fence().to_owned(),
+                keys.holders().to_owned(),
             ],
             ttl_ms: millis(ttl),
             claim_ms: millis(ttl.min(HANDOFF_CLAIM)),
+            mode: keys.mode(),
         }
     }
 
@@ -80,7 +86,8 @@ impl FairRequest {
             .arg(wait_ms)
             .arg(secret)
             .arg(redis.publish_command())
-            .arg(waiting);
+            .arg(waiting)
+            .arg(Words(std::iter::once(self.mode)));
         redis.call(&invocation).await
     }
 }

@@ -1,27 +1,36 @@
--- ACQUIRE: takes every lock key at once, or none: the acquire of every request that is not
--- fair, for one key or several.
--- KEYS: the lock keys L1..Ln (sorted, de-duplicated), then their fencing counters F1..Fn in the
---   same order (see draw.lua).
+-- ACQUIRE: takes every lock key at once, each in its mode, or none: the acquire of every
+-- request that is not fair, for one key or several.
+-- KEYS: the lock keys L1..Ln (sorted, de-duplicated), then their fencing counters F1..Fn (see
+--   draw.lua), their holders H1..Hn (scripts/holders.lua) and their fair queues Q1..Qn (see
+--   fair/head_live.lua), in the same order.
 -- ARGV[1]: the owner token.
 -- ARGV[2]: the ttl in ms.
 -- ARGV[3]: whether this request waits (`Waiting` in scripts/mod.rs): WAITED ('1') when it has
 --   waited for a key already (it competed with other waiters, who may still wait: the keys it
---   takes are marked as waited on), '0' when it has not yet, NEVER ('-') when it will not wait
---   at all (a try-lock, which marks nothing).
--- ARGV[4] (optional): a proposed fencing token, the least one drawn (draw's floor).
+--   takes exclusively are marked as waited on), '0' when it has not yet, NEVER ('-') when it
+--   will not wait at all (a try-lock, which marks nothing).
+-- ARGV[4]: the keys' modes, one word each, space-separated: 'x' exclusive, 'r' shared, or N for
+--   one of N permits (scripts/holders.lua).
+-- ARGV[5] (optional): a proposed fencing token, the least one drawn (draw's floor).
+-- A key is free for an exclusive lease when no other owner holds it exclusively and no live
+-- member holds it shared or as a permit; for a shared one when no other owner holds it
+-- exclusively and no fair waiter is queued (readers that are not fair do not overtake a queued
+-- writer); for one of N permits when, besides, fewer than N live members hold it.
 -- Returns the fencing token (its decimal digits) when every key was free (or already held by
--- this token, so a retried request after a lost answer is harmless) and is now set with PX ttl;
--- {0, i, pttl} when some key is held by another owner, where i is the 1-based index of the
--- first held key and pttl the longest remaining PTTL among the held keys in ms (-1 when a held
--- key has no expiry). No key is taken then; the first held key is marked as waited on (see
--- scripts/mod.rs, "Waited on"), since that is the key a waiter waits for. A retried request
--- that finds its own token takes the key as it is, with a new fencing token.
+-- this token, so a retried request after a lost answer is harmless) and is now taken for the
+-- ttl; {0, i, pttl} when some key is not free, where i is the 1-based index of the first such
+-- key and pttl the longest time in ms until the keys not free make room (-1 when one has no
+-- expiry, or only fair waiters are in the way). No key is taken then; the first key held
+-- exclusively by another owner is marked as waited on (see scripts/mod.rs, "Waited on"),
+-- since that is the key a waiter waits for (a release of shared holders or permits announces
+-- itself anyway). A retried request that finds its own token takes the key as it is, with a
+-- new fencing token.
 -- A lock key of another type (another program's) fails the script with WRONGTYPE, no key
 -- taken (a held key before it may have been marked); a counter of another type is overwritten
 -- (draw.lua).
--- ARGV[3]'s values that the script tells apart.
-local WAITED, NEVER = '1', '-'
-local n = #KEYS / 2
+-- ARGV[3]'s values that the script tells apart, and the exclusive mode.
+local WAITED, NEVER, EXCLUSIVE = '1', '-', 'x'
+local n = #KEYS / 4
 local token, marked = ARGV[1], '~' .. ARGV[1]
 -- What a free key is set to.
 local value = ARGV[3] == WAITED and marked or token
@@ -32,8 +41,8 @@ local function mark(key, owner)
     redis.call('SET', key, '~' .. owner, 'KEEPTTL')
   end
 end
-if n == 1 then
-  -- One key: take it if free, in one command.
+if n == 1 and ARGV[4] == EXCLUSIVE and redis.call('EXISTS', KEYS[3]) == 0 then
+  -- One key, exclusive, with no shared holder: take it if free, in one command.
   local owner = redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2], 'GET')
   if owner and owner ~= token and owner ~= marked then
     mark(KEYS[1], owner)
@@ -41,29 +50,57 @@ if n == 1 then
   end
   -- Ours already (a retried request that ran late): the ttl counts from now.
   if owner then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-else
-  local first, owners = 0, {}
-  for i = 1, n do
-    local owner = redis.call('GET', KEYS[i])
-    if owner and owner ~= token and owner ~= marked then first = i break end
-    owners[i] = owner
+  return draw(KEYS, 2, 2, ARGV[2], redis.call('TIME'), ARGV[5])
+end
+-- The holders' functions, put here by the composition (lua_spliced! in scripts/mod.rs): the
+-- common case above spends nothing on them.
+--[[ holders ]]
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local modes = {}
+for word in string.gmatch(ARGV[4], '%S+') do modes[#modes + 1] = word end
+-- Whether key i is ours already, and else how long until it is free (ms, -1 for no expiry),
+-- or nil when it is free now; and its exclusive owner, if another.
+local function blocked(i)
+  local L, H, Q, mode = KEYS[i], KEYS[2 * n + i], KEYS[3 * n + i], modes[i]
+  local owner = redis.call('GET', L)
+  if mode == EXCLUSIVE then
+    if owner == token or owner == marked then return nil end
+    if owner then return redis.call('PTTL', L), owner end
+    if live(H, now) > 0 then return until_free(mode, H, now) end
+    return nil
   end
-  if first > 0 then
-    local longest = 0
-    for i = first, n do
-      local owner = redis.call('GET', KEYS[i])
-      if owner and owner ~= token and owner ~= marked then
-        if i == first then mark(KEYS[i], owner) end
-        local pttl = redis.call('PTTL', KEYS[i])
-        if pttl < 0 then longest = -1 elseif longest >= 0 and pttl > longest then longest = pttl end
-      end
+  if owner then return redis.call('PTTL', L), owner end
+  local score = redis.call('ZSCORE', H, member(mode, token))
+  if score and tonumber(score) > now then return nil end
+  if redis.call('EXISTS', Q) == 1 then
+    local left = until_free(mode, H, now)
+    return left > 0 and left or -1
+  end
+  if mode ~= 'r' and live(H, now) >= tonumber(mode) then return until_free(mode, H, now) end
+  return nil
+end
+local first, longest = 0, 0
+for i = 1, n do
+  local left, owner = blocked(i)
+  if left then
+    if first == 0 then
+      first = i
+      if owner then mark(KEYS[i], owner) end
     end
-    return {0, first, longest}
-  end
-  -- A key of ours already marked as waited on stays marked.
-  for i = 1, n do
-    local owner = owners[i]
-    redis.call('SET', KEYS[i], owner == marked and owner or value, 'PX', ARGV[2])
+    if left < 0 then longest = -1 elseif longest >= 0 and left > longest then longest = left end
   end
 end
-return draw(KEYS, n + 1, 2 * n, ARGV[2], redis.call('TIME'), ARGV[4])
+if first > 0 then return {0, first, longest} end
+for i = 1, n do
+  local L, H, mode = KEYS[i], KEYS[2 * n + i], modes[i]
+  if mode == EXCLUSIVE then
+    -- A key of ours already marked as waited on stays marked.
+    local owner = redis.call('GET', L)
+    redis.call('SET', L, owner == marked and owner or value, 'PX', ARGV[2])
+  else
+    redis.call('ZADD', H, now + tonumber(ARGV[2]), member(mode, token))
+    keep(H, ARGV[2])
+  end
+end
+return draw(KEYS, n + 1, 2 * n, ARGV[2], t, ARGV[5])

@@ -1,25 +1,29 @@
 -- CHECK: what a manager needs on one server, checked without writing (LockManager::ping; see
 -- diagnose.rs).
 -- KEYS: none (it runs on every server alike; the keys it checks are arguments).
--- ARGV[1..4]: a lock's keys under the manager's prefix: lock, fencing counter, queue, queue
---   entries.
--- ARGV[5], ARGV[6], ARGV[7]: the commands that publish on, subscribe to and unsubscribe from a
+-- ARGV[1..5]: a lock's keys under the manager's prefix: lock, fencing counter, queue, queue
+--   entries, holders.
+-- ARGV[6], ARGV[7], ARGV[8]: the commands that publish on, subscribe to and unsubscribe from a
 --   lock's channel (the lock key's name).
--- ARGV[8...]: the other commands the manager sends, each one argument with its words apart
+-- ARGV[9...]: the other commands the manager sends, each one argument with its words apart
 --   (`SELECT 0`, `CLUSTER SLOTS`).
 -- Returns {missing, publish, subscribe}: the checks the user fails, each as the command and
 -- the key it was checked on (`GET distlock:lock:{...}`), and 1 or 0 for whether it may
 -- publish, and subscribe, on the channel.
-local L, F, Q, W = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local L, F, Q, W, H = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local checks = {
   {'EVAL', 'return 1', '0'},
   {'GET', L}, {'SET', L, 'x'}, {'DEL', L}, {'EXISTS', L}, {'PTTL', L}, {'PEXPIRE', L, '1'},
   {'GET', F}, {'SET', F, '1'},
   {'EXISTS', Q}, {'LPOP', Q}, {'LREM', Q, '0', 'x'}, {'RPUSH', Q, 'x'}, {'PEXPIRE', Q, '1'},
+  {'LINDEX', Q, '0'}, {'LLEN', Q},
   {'HGET', W, 'x'}, {'HSET', W, 'x', 'y'}, {'HDEL', W, 'x'}, {'PEXPIRE', W, '1'},
+  {'EXISTS', H}, {'ZADD', H, '1', 'x'}, {'ZREM', H, 'x'}, {'ZSCORE', H, 'x'}, {'ZCARD', H},
+  {'ZCOUNT', H, '0', '1'}, {'ZRANGE', H, '0', '1'}, {'ZREMRANGEBYSCORE', H, '0', '1'},
+  {'PTTL', H}, {'PEXPIRE', H, '1'}, {'DEL', H},
   {'TIME'},
 }
-for i = 8, #ARGV do
+for i = 9, #ARGV do
   local words = {}
   for word in string.gmatch(ARGV[i], '%S+') do words[#words + 1] = word end
   checks[#checks + 1] = words
@@ -30,6 +34,6 @@ for _, check in ipairs(checks) do
     missing[#missing + 1] = check[1] .. (check[2] and (' ' .. check[2]) or '')
   end
 end
-local publish = redis.acl_check_cmd(ARGV[5], L, '') and 1 or 0
-local subscribe = (redis.acl_check_cmd(ARGV[6], L) and redis.acl_check_cmd(ARGV[7], L)) and 1 or 0
+local publish = redis.acl_check_cmd(ARGV[6], L, '') and 1 or 0
+local subscribe = (redis.acl_check_cmd(ARGV[7], L) and redis.acl_check_cmd(ARGV[8], L)) and 1 or 0
 return {missing, publish, subscribe}

@@ -1,24 +1,50 @@
 -- EXTEND: extends several leases in one call, each only if its owner still holds every one of
 -- its keys.
--- KEYS: the keys of every lease in the batch, lease after lease.
--- ARGV: for each lease, three values: owner token, new ttl in ms, number of keys.
--- Returns one integer per lease: 1 when every key was held by the token (marked as waited on
--- or not) and got PEXPIRE ttl; 0 when some key is gone, owned by another token or no longer a
--- string (pcall: one broken lease never fails the batch), in which case none of that lease's
--- keys is touched (a lost lock is never re-created or prolonged).
+-- KEYS: the keys of every lease in the batch, lease after lease: for each of its keys, the lock
+--   key when held exclusively, its holders (scripts/holders.lua) when shared or a permit.
+-- ARGV: for each lease, three values: owner token, new ttl in ms, and its keys' modes, one word
+--   per key, space-separated ('x', 'r' or N, scripts/holders.lua).
+-- Returns one integer per lease: 1 when every key was held by the token (an exclusive one
+-- marked as waited on or not; a member whose expiry has not passed) and now lives ttl more;
+-- 0 when some key is gone, owned by another token or no longer of its type (pcall: one broken
+-- lease never fails the batch), in which case none of that lease's keys is touched (a lost
+-- lock is never re-created or prolonged).
+local EXCLUSIVE = 'x'
+local now = nil
 local results = {}
 local k = 1
 for a = 1, #ARGV, 3 do
-  local token, ttl, count = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2])
+  local token, ttl = ARGV[a], ARGV[a + 1]
+  local modes = {}
+  for word in string.gmatch(ARGV[a + 2], '%S+') do modes[#modes + 1] = word end
   local owned = 1
-  for i = k, k + count - 1 do
-    local owner = redis.pcall('GET', KEYS[i])
-    if owner ~= token and owner ~= '~' .. token then owned = 0 break end
+  for j, mode in ipairs(modes) do
+    local key = KEYS[k + j - 1]
+    if mode == EXCLUSIVE then
+      local owner = redis.pcall('GET', key)
+      if owner ~= token and owner ~= '~' .. token then owned = 0 break end
+    else
+      if not now then
+        local t = redis.call('TIME')
+        now = t[1] * 1000 + math.floor(t[2] / 1000)
+      end
+      local score = redis.pcall('ZSCORE', key, mode == 'r' and token or mode .. ' ' .. token)
+      if type(score) ~= 'string' or tonumber(score) <= now then owned = 0 break end
+    end
   end
   if owned == 1 then
-    for i = k, k + count - 1 do redis.call('PEXPIRE', KEYS[i], ttl) end
+    for j, mode in ipairs(modes) do
+      local key = KEYS[k + j - 1]
+      if mode == EXCLUSIVE then
+        redis.call('PEXPIRE', key, ttl)
+      else
+        redis.call('ZADD', key, 'XX', now + tonumber(ttl),
+          mode == 'r' and token or mode .. ' ' .. token)
+        if redis.call('PTTL', key) < tonumber(ttl) then redis.call('PEXPIRE', key, ttl) end
+      end
+    end
   end
   results[#results + 1] = owned
-  k = k + count
+  k = k + #modes
 end
 return results

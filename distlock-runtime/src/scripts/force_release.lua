@@ -1,22 +1,24 @@
--- FORCE_RELEASE: deletes a lock whoever holds it, as a release would: its oldest live fair
--- waiter, if any, is handed the lock, else the deletion is announced to waiters.
--- KEYS: the lock key L, its queue Q, its queue's entries W (see fair/pop_live.lua), its
---   fencing counter F.
+-- FORCE_RELEASE: frees a lock whoever holds it, in whatever mode, as a release would: every
+-- holder is dropped (a shared or permit holder learns it at its next renewal), then its fair
+-- queue is served (admit), else the release is announced to waiters.
+-- KEYS: the lock key L, its queue Q, its queue's entries W (see fair/head_live.lua), its
+--   fencing counter F, its holders H (scripts/holders.lua).
 -- ARGV[1]: the command that announces a release (PUBLISH, or SPUBLISH on a cluster).
--- Returns 1 when a lock was held, 0 when the key was free.
+-- Returns 1 when the lock was held, 0 when it was free.
 local publish = ARGV[1]
-local L, Q, W = KEYS[1], KEYS[2], KEYS[3]
-if redis.call('EXISTS', L) == 0 then return 0 end
-local head = redis.pcall('LPOP', Q)
-if type(head) ~= 'string' then head = nil end
-if head then
-  -- The fair queue's functions are defined here, where the release hands over, as in
-  -- release.lua: the composition puts draw.lua and fair_*.lua in place of the marker below.
-  --[[ draw pop_live hand serve ]]
-  head = serve(publish, L, Q, W, KEYS[4], head)
+local L, Q, W, F, H = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local held = redis.call('EXISTS', L) == 1
+  or (redis.call('EXISTS', H) == 1 and redis.call('ZCOUNT', H, '(' .. now, '+inf') > 0)
+if not held then return 0 end
+redis.call('DEL', L, H)
+-- The fair queue's functions, put here by the composition, as in release.lua.
+--[[ queue functions ]]
+local served = false
+if redis.pcall('EXISTS', Q) == 1 and type(redis.pcall('LLEN', Q)) == 'number' then
+  local _
+  _, served = admit(publish, L, Q, W, F, H, t, now)
 end
-if not head then
-  redis.call('DEL', L)
-  redis.pcall(publish, L, '')
-end
+if not served then redis.pcall(publish, L, '') end
 return 1

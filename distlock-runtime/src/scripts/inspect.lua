@@ -1,15 +1,40 @@
 -- INSPECT: reads a lock without changing it.
--- KEYS: the lock key, its fencing counter, its queue's entries (see fair/pop_live.lua).
--- Returns nil when the lock is free (or its key holds another type), else
--- {owner, pttl, counter, waiters}: the owner's token without the mark of a lock someone waits
--- on (see scripts/mod.rs, "Waited on"), the lock's PTTL in ms (-1 for a key without expiry),
--- the counter's digits (empty when it is gone or of another type) and the number of queue
--- entries (0 when the entries key is of another type).
-local owner = redis.pcall('GET', KEYS[1])
-if type(owner) ~= 'string' then return nil end
-if is_marked(owner) then owner = string.sub(owner, 2) end
-local counter = redis.pcall('GET', KEYS[2])
-if type(counter) ~= 'string' then counter = '' end
-local waiters = redis.pcall('HLEN', KEYS[3])
-if type(waiters) ~= 'number' then waiters = 0 end
-return {owner, redis.call('PTTL', KEYS[1]), counter, waiters}
+-- KEYS: the lock key, its fencing counter, its queue's entries (see fair/head_live.lua), its
+--   holders (scripts/holders.lua).
+-- Returns nil when the lock is free (or its keys hold other types), else
+-- {kind, pttl, counter, waiters, holders, member...}:
+--   kind: 'x' when held exclusively, 's' when by members (shared or permits);
+--   pttl: the lock's PTTL in ms (-1 for a key without expiry), or the time until the last
+--     member's expiry;
+--   counter: the fencing counter's digits (empty when it is gone or of another type);
+--   waiters: the number of queue entries (0 when the entries key is of another type);
+--   holders: the number of live holders;
+--   member...: the exclusive owner's token without the mark of a lock someone waits on (see
+--     scripts/mod.rs, "Waited on"), or the first 100 live members in order of expiry (see
+--     scripts/holders.lua: a token, or 'N token').
+local L, F, W, H = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local function counter_and_waiters()
+  local counter = redis.pcall('GET', F)
+  if type(counter) ~= 'string' then counter = '' end
+  local waiters = redis.pcall('HLEN', W)
+  if type(waiters) ~= 'number' then waiters = 0 end
+  return counter, waiters
+end
+local owner = redis.pcall('GET', L)
+if type(owner) == 'string' then
+  if is_marked(owner) then owner = string.sub(owner, 2) end
+  local counter, waiters = counter_and_waiters()
+  return {'x', redis.call('PTTL', L), counter, waiters, 1, owner}
+end
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local count = redis.pcall('ZCOUNT', H, '(' .. now, '+inf')
+if type(count) ~= 'number' or count == 0 then return nil end
+local members = redis.call('ZRANGE', H, '(' .. now, '+inf', 'BYSCORE', 'LIMIT', 0, 100,
+  'WITHSCORES')
+local counter, waiters = counter_and_waiters()
+local last = redis.call('ZRANGE', H, '+inf', '(' .. now, 'BYSCORE', 'REV', 'LIMIT', 0, 1,
+  'WITHSCORES')
+local reply = {'s', tonumber(last[2]) - now, counter, waiters, count}
+for i = 1, #members, 2 do reply[#reply + 1] = members[i] end
+return reply

@@ -38,14 +38,15 @@ macro_rules! lua {
 }
 pub(crate) use lua;
 
-/// [`lua!`] for a script that needs the shared `files` in one branch only: they are put in
-/// place of the marker `at` (a Lua comment, such as `--[[ draw pop_live hand serve ]]`), which
+/// [`lua!`] for a script that needs shared functions (the text of their files, composed by
+/// [`lua!`]) in one branch only: they are put in place of the marker `at` (a Lua comment, such
+/// as `--[[ queue functions ]]`), which
 /// must occur exactly once in the script, instead of before the script. A run of the script
 /// that does not reach that branch creates none of their closures.
 macro_rules! lua_spliced {
-    ($first_line:literal; $script:literal at $marker:literal; $($file:literal),+ $(,)?) => {{
-        const SCRIPT: &str = $crate::scripts::lua!($first_line; $script);
-        const SHARED: &str = $crate::scripts::lua!($($file),+);
+    ($first_line:literal; $($script:literal),+ at $marker:literal; $shared:expr) => {{
+        const SCRIPT: &str = $crate::scripts::lua!($first_line; $($script),+);
+        const SHARED: &str = $shared;
         const MARKER: &str = $marker;
         const BYTES: [u8; SCRIPT.len() - MARKER.len() + SHARED.len()] =
             $crate::scripts::lua::splice(SCRIPT, MARKER, SHARED);

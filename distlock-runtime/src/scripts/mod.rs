@@ -41,6 +41,7 @@ use std::time::Duration;
 
 use crate::call::{Kind, ScriptCall, Taking};
 use crate::keys::LockKeys;
+use crate::mode::Words;
 use crate::time::millis;
 
 pub(crate) mod flags;
@@ -55,7 +56,11 @@ pub(crate) use lua::{lua, lua_spliced, Lua};
 // acquire it refuses has written nothing; an acquire that fails after it wrote is released by
 // token (see `acquire/mod.rs`, "in doubt").
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(lua!("#!lua"; "scripts/mark.lua", "scripts/draw.lua", "scripts/acquire.lua"))
+    Lua::new(lua_spliced!(
+        "#!lua";
+        "scripts/mark.lua", "scripts/draw.lua", "scripts/acquire.lua" at "--[[ holders ]]";
+        lua!("scripts/holders.lua")
+    ))
 });
 
 /// Releases the lock keys this owner still holds, handing marked ones to fair waiters:
@@ -66,10 +71,25 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(lua_spliced!(
         "#!lua flags=allow-oom";
-        "scripts/release.lua" at "--[[ draw pop_live hand serve ]]";
-        "scripts/draw.lua", "fair/pop_live.lua", "fair/hand.lua", "fair/serve.lua"
+        "scripts/release.lua" at "--[[ queue functions ]]";
+        queue_functions!()
     ))
 });
+
+/// The functions a script that serves a fair queue defines (see `fair/admit.lua`), in the order
+/// they call each other.
+macro_rules! queue_functions {
+    () => {
+        $crate::scripts::lua!(
+            "scripts/draw.lua",
+            "scripts/holders.lua",
+            "fair/head_live.lua",
+            "fair/hand.lua",
+            "fair/admit.lua"
+        )
+    };
+}
+pub(crate) use queue_functions;
 
 /// Extends several leases in one call, each only if its owner still holds every one of its
 /// keys: `extend.lua`.
@@ -85,14 +105,21 @@ pub(crate) fn acquire_call(
     waiting: Waiting,
     (publish, announce): (&'static str, Announce),
 ) -> ScriptCall {
-    let mut call = ScriptCall::new("acquire", &ACQUIRE, Kind::Read, 2 * indices.len());
+    let mut call = ScriptCall::new("acquire", &ACQUIRE, Kind::Read, 4 * indices.len());
     for &i in &indices {
         call.key(redis_keys[i].lock());
     }
     for &i in &indices {
         call.key(redis_keys[i].fence());
     }
-    call.arg(&**token).arg(millis(ttl)).arg(waiting);
+    for &i in &indices {
+        call.key(redis_keys[i].holders());
+    }
+    for &i in &indices {
+        call.key(redis_keys[i].queue());
+    }
+    let modes = Words(indices.iter().map(|&i| redis_keys[i].mode()));
+    call.arg(&**token).arg(millis(ttl)).arg(waiting).arg(modes);
     call.kind = Kind::Acquire(Taking {
         keys: Arc::clone(redis_keys),
         indices,
@@ -108,18 +135,24 @@ pub(crate) fn acquire_call(
 /// `publish` as `announce` says.
 pub(crate) fn release_call<'a>(
     (publish, announce): (&'static str, Announce),
-    keys: impl ExactSizeIterator<Item = &'a LockKeys>,
+    keys: impl ExactSizeIterator<Item = &'a LockKeys> + Clone,
     token: &str,
     queued: Queued,
 ) -> ScriptCall {
-    let mut call = ScriptCall::new("release", &RELEASE, Kind::Release, 4 * keys.len());
-    for keys in keys {
+    let mut call = ScriptCall::new("release", &RELEASE, Kind::Release, 5 * keys.len());
+    for keys in keys.clone() {
         call.key(keys.lock())
             .key(keys.queue())
             .key(keys.waiters())
-            .key(keys.fence());
+            .key(keys.fence())
+            .key(keys.holders());
     }
-    call.arg(token).arg(queued).arg(publish).arg(announce);
+    let modes = Words(keys.map(LockKeys::mode));
+    call.arg(token)
+        .arg(queued)
+        .arg(publish)
+        .arg(announce)
+        .arg(modes);
     call
 }
 
@@ -209,10 +242,14 @@ mod tests {
         assert_eq!(sent(Announce::WaitedOn), [b"0"]);
         assert_eq!(sent(Announce::Always), [b"1"]);
         // And each script names the values it tells apart once.
-        assert!(ACQUIRE.code().contains("local WAITED, NEVER = '1', '-'"));
+        assert!(ACQUIRE
+            .code()
+            .contains("local WAITED, NEVER, EXCLUSIVE = '1', '-', 'x'"));
         assert!(crate::fair::ACQUIRE_FAIR
             .code()
-            .contains("local WAITED = '1'"));
-        assert!(RELEASE.code().contains("local QUEUED, ALWAYS = '1', '1'"));
+            .contains("local WAITED, EXCLUSIVE = '1', 'x'"));
+        assert!(RELEASE
+            .code()
+            .contains("local QUEUED, ALWAYS, EXCLUSIVE = '1', '1', 'x'"));
     }
 }

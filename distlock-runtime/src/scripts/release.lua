@@ -1,7 +1,7 @@
--- RELEASE: releases the lock keys this owner still holds; never touches a key owned by
--- someone else.
--- KEYS: for each lock key four keys: the lock key L, its fair queue Q, its queue's entries W
---   (see fair/pop_live.lua) and its fencing counter F.
+-- RELEASE: releases the lock keys this owner still holds, each in its mode; never touches a
+-- key, or a member, of someone else.
+-- KEYS: for each lock key five keys: the lock key L, its fair queue Q, its queue's entries W
+--   (see fair/head_live.lua), its fencing counter F and its holders H (scripts/holders.lua).
 -- ARGV[1]: the owner token.
 -- ARGV[2]: QUEUED ('1') when the owner may be queued as a fair waiter (one that gives up, or
 --   whose attempt's outcome is unknown), which then leaves the queues too; '0' when it is not
@@ -10,40 +10,69 @@
 -- ARGV[4]: ALWAYS ('1') to treat every key as waited on (a quorum's: see
 --   `Route::announces`); '0' to announce only the release of a key marked as waited on
 --   (`Announce` in scripts/mod.rs).
--- Returns the number of lock keys this owner held. One that nobody waited on (unmarked, see
--- scripts/mod.rs, "Waited on") is deleted. A marked one is handed to the oldest live fair
--- waiter if its queue has one (serve: a `h ...` message on the key's channel), else deleted
--- and announced with an empty message on the key's channel, for waiters (an announcement Redis
--- refuses, to an ACL user without channel rights, is skipped). A key that is not a string
--- (overwritten by someone) is not ours and is skipped (pcall), so it cannot keep the others
--- from being released; a queue key of another type holds no waiter.
-local QUEUED, ALWAYS = '1', '1'
+-- ARGV[5]: the keys' modes, one word each, space-separated: 'x', 'r' or N (scripts/holders.lua).
+-- Returns the number of lock keys this owner held. An exclusive one that nobody waited on
+-- (unmarked, see scripts/mod.rs, "Waited on") is deleted. A marked one is deleted and its fair
+-- queue served (admit: `h ...` messages on the key's channel), or, with nobody to serve,
+-- announced with an empty message on the key's channel, for waiters (an announcement Redis
+-- refuses, to an ACL user without channel rights, is skipped). A shared or permit lease's
+-- member leaves the holders; the queue is then served if nobody holds the key exclusively,
+-- and a release that made room (the last reader's, any permit's) is announced if it served
+-- nobody. A key that is not of its type (overwritten by someone) is not ours and is skipped
+-- (pcall), so it cannot keep the others from being released; a queue key of another type
+-- holds no waiter.
+local QUEUED, ALWAYS, EXCLUSIVE = '1', '1', 'x'
 local token, queued, publish, always = ARGV[1], ARGV[2] == QUEUED, ARGV[3], ARGV[4] == ALWAYS
+local modes = {}
+for word in string.gmatch(ARGV[5], '%S+') do modes[#modes + 1] = word end
+-- Serves L's fair queue after a release (admit); returns whether it handed the key to anyone.
+-- The fair queue's and the holders' functions are defined in it, so that a release that
+-- serves no queue spends nothing on them: the composition (lua_spliced! in scripts/mod.rs)
+-- puts them in place of the marker below.
+local function serve(L, Q, W, F, H)
+  --[[ queue functions ]]
+  -- pcall: a queue key of another type holds no waiter.
+  if redis.pcall('EXISTS', Q) == 0 or type(redis.pcall('LLEN', Q)) ~= 'number' then
+    return false
+  end
+  local t = redis.call('TIME')
+  local now = t[1] * 1000 + math.floor(t[2] / 1000)
+  local _, any = admit(publish, L, Q, W, F, H, t, now)
+  return any
+end
 local released = 0
-for i = 1, #KEYS, 4 do
-  local L, Q, W = KEYS[i], KEYS[i + 1], KEYS[i + 2]
+for i = 1, #KEYS, 5 do
+  local L, Q, W, F, H = KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3], KEYS[i + 4]
+  local mode = modes[(i + 4) / 5]
   if queued and redis.pcall('HDEL', W, token) == 1 then redis.call('LREM', Q, 1, token) end
-  local owner = redis.pcall('GET', L)
-  if owner == token and not always then
-    -- Nobody waited on this lease (see scripts/mod.rs): nothing to hand over or announce.
-    released = released + 1
-    redis.call('DEL', L)
-  elseif owner == token or owner == '~' .. token then
-    released = released + 1
-    -- The queue's first waiter, if any (pcall: a queue key of another type holds none).
-    local head = redis.pcall('LPOP', Q)
-    if type(head) ~= 'string' then head = nil end
-    if head then
-      -- The fair queue's functions are defined here, where a release hands over, so that one
-      -- without a queue spends nothing on them: the composition (lua_spliced! in
-      -- scripts/mod.rs) puts draw.lua and fair_*.lua in place of the marker below.
-      --[[ draw pop_live hand serve ]]
-      head = serve(publish, L, Q, W, KEYS[i + 3], head)
-    end
-    if not head then
+  if mode == EXCLUSIVE then
+    local owner = redis.pcall('GET', L)
+    if owner == token and not always then
+      -- Nobody waited on this lease (see scripts/mod.rs): nothing to hand over or announce.
+      released = released + 1
+      redis.call('DEL', L)
+    elseif owner == token or owner == '~' .. token then
+      released = released + 1
       redis.call('DEL', L)
       -- pcall: a user without channel rights still releases; its waiters poll.
-      redis.pcall(publish, L, '')
+      if not serve(L, Q, W, F, H) then redis.pcall(publish, L, '') end
+    end
+  else
+    local t = redis.call('TIME')
+    local now = t[1] * 1000 + math.floor(t[2] / 1000)
+    local m = mode == 'r' and token or mode .. ' ' .. token
+    -- pcall: holders of another type hold no member of ours.
+    local score = redis.pcall('ZSCORE', H, m)
+    if type(score) == 'string' then
+      redis.call('ZREM', H, m)
+      if tonumber(score) > now then
+        released = released + 1
+        -- Room made for a writer (the last reader left) or a permit: served, or announced.
+        if redis.call('EXISTS', L) == 0 and not serve(L, Q, W, F, H)
+          and (always or mode ~= 'r' or redis.call('ZCOUNT', H, '(' .. now, '+inf') == 0) then
+          redis.pcall(publish, L, '')
+        end
+      end
     end
   end
 end

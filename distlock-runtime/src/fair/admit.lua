@@ -1,0 +1,44 @@
+-- admit(publish, L, Q, W, F, H, t, now, self, ttl): serves L's fair queue (Q, W: see
+-- head_live) from its head, in arrival order, for as long as the head fits beside what holds
+-- L now: an exclusive waiter when nothing holds it, a reader when no writer holds it, one of
+-- N permits when fewer than N leases hold it. A waiter that does not fit stops the serving
+-- (those behind it wait their turn: a writer is never overtaken by later readers), and after
+-- an exclusive one nothing more fits.
+--   publish: the command that announces a hand-off (PUBLISH, or SPUBLISH on a cluster).
+--   F, H: L's fencing counter and holders (scripts/holders.lua).
+--   t: Redis's TIME reply; now: the same time in ms.
+--   self, ttl (optional): the caller's token, when it is a fair waiter attempting (its own
+--     entry, when it comes up, is taken for it at once with its ttl, not handed by message;
+--     its attempt draws its token), and its ttl in ms.
+-- Returns whether the caller was admitted, and whether anyone was. Calls head_live, take_head,
+-- hand, live and member.
+local function admit(publish, L, Q, W, F, H, t, now, self, ttl)
+  local admitted, any = false, false
+  while redis.call('EXISTS', L) == 0 do
+    local head, claim, secret, mode = head_live(Q, W, now)
+    if not head then break end
+    local fits
+    if mode == 'x' then
+      fits = live(H, now) == 0
+    elseif mode == 'r' then
+      fits = true
+    else
+      fits = live(H, now) < tonumber(mode)
+    end
+    if not fits then break end
+    take_head(Q, W, head)
+    any = true
+    if head == self then
+      admitted = true
+      if mode == 'x' then
+        redis.call('SET', L, '~' .. self, 'PX', ttl)
+      else
+        redis.call('ZADD', H, now + tonumber(ttl), member(mode, self))
+        keep(H, ttl)
+      end
+    else
+      hand(publish, L, F, H, head, claim, secret, mode, t, now)
+    end
+  end
+  return admitted, any
+end

@@ -1,0 +1,136 @@
+//! The modes a lease holds a key in ([`LockMode`]), and how the scripts are told them.
+
+use std::fmt;
+
+use redis::{RedisWrite, ToRedisArgs};
+
+/// How a lease holds a key: alone, shared with other readers, or as one of a semaphore's
+/// permits.
+///
+/// One request can hold some keys exclusively and others shared
+/// ([`LockRequest::read_keys`](crate::LockRequest::read_keys)); a semaphore is one key
+/// ([`LockRequest::permits`](crate::LockRequest::permits)). Each lease has its own owner token,
+/// ttl, renewal and fencing token, whatever its mode.
+///
+/// | a lease in this mode | is granted when the key is held by |
+/// |---|---|
+/// | `Exclusive` | nobody |
+/// | `Shared` | nobody exclusively (and, unless it is `fair(false)`, no fair waiter is queued before it) |
+/// | `Permits(n)` | nobody exclusively, and fewer than `n` shared or permit leases |
+///
+/// A key is meant to be used in one way: exclusive and shared (a read-write lock), or permits
+/// (a semaphore). Callers that pass different `n` for one key are each admitted while fewer
+/// than their own `n` leases hold it, so at most the largest `n` hold it at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LockMode {
+    /// One holder, and nobody else (a mutex, or a read-write lock's writer).
+    Exclusive,
+    /// Any number of holders, none exclusive (a read-write lock's readers).
+    Shared,
+    /// One of at most `n` holders (a semaphore of `n` permits).
+    Permits(u32),
+}
+
+impl LockMode {
+    /// Whether a body holding a key in this mode may run a nested call for the key in `asked`
+    /// (see `reentrancy.rs`): an exclusive hold covers every mode, a shared or permit hold only
+    /// its own (a permit whatever its `n`: the nested call holds the same permit).
+    pub(crate) fn covers(self, asked: Self) -> bool {
+        matches!(
+            (self, asked),
+            (Self::Exclusive, _) | (Self::Shared, Self::Shared) | (Self::Permits(_), Self::Permits(_))
+        )
+    }
+
+    /// Its name in metrics and logs: `exclusive`, `shared`, `permits`.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Exclusive => "exclusive",
+            Self::Shared => "shared",
+            Self::Permits(_) => "permits",
+        }
+    }
+
+    /// The mode a script's word names (`x`, `r`, or the digits of `n`), if any.
+    pub(crate) fn from_word(word: &str) -> Option<Self> {
+        match word {
+            "x" => Some(Self::Exclusive),
+            "r" => Some(Self::Shared),
+            digits => digits.parse().ok().filter(|&n| n > 0).map(Self::Permits),
+        }
+    }
+}
+
+impl fmt::Display for LockMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Exclusive => f.write_str("exclusive"),
+            Self::Shared => f.write_str("shared"),
+            Self::Permits(n) => write!(f, "{n} permits"),
+        }
+    }
+}
+
+/// The modes of a script's keys, one word each, space-separated (`scripts/holders.lua`): `x`
+/// exclusive, `r` shared, the digits of `n` for one of `n` permits.
+pub(crate) struct Words<I>(pub(crate) I);
+
+impl<I: Iterator<Item = LockMode> + Clone> ToRedisArgs for Words<I> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut modes = self.0.clone();
+        match (modes.next(), modes.next()) {
+            // The common case, without an allocation.
+            (Some(LockMode::Exclusive), None) => out.write_arg(b"x"),
+            (Some(LockMode::Shared), None) => out.write_arg(b"r"),
+            _ => {
+                let mut words = String::new();
+                for mode in self.0.clone() {
+                    if !words.is_empty() {
+                        words.push(' ');
+                    }
+                    match mode {
+                        LockMode::Exclusive => words.push('x'),
+                        LockMode::Shared => words.push('r'),
+                        LockMode::Permits(n) => words.push_str(&n.to_string()),
+                    }
+                }
+                out.write_arg(words.as_bytes());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sent(modes: &[LockMode]) -> Vec<u8> {
+        Words(modes.iter().copied()).to_redis_args().concat()
+    }
+
+    #[test]
+    fn modes_are_sent_as_the_words_the_scripts_read() {
+        assert_eq!(sent(&[LockMode::Exclusive]), b"x");
+        assert_eq!(sent(&[LockMode::Shared]), b"r");
+        assert_eq!(sent(&[LockMode::Permits(8)]), b"8");
+        assert_eq!(
+            sent(&[LockMode::Exclusive, LockMode::Shared, LockMode::Permits(12)]),
+            b"x r 12"
+        );
+        for mode in [LockMode::Exclusive, LockMode::Shared, LockMode::Permits(3)] {
+            let word = String::from_utf8(sent(&[mode])).unwrap();
+            assert_eq!(LockMode::from_word(&word), Some(mode));
+        }
+        assert_eq!(LockMode::from_word("0"), None);
+    }
+
+    #[test]
+    fn an_exclusive_hold_covers_every_mode_and_others_only_their_own() {
+        use LockMode::*;
+        assert!(Exclusive.covers(Shared) && Exclusive.covers(Permits(2)));
+        assert!(Shared.covers(Shared) && !Shared.covers(Exclusive));
+        assert!(Permits(2).covers(Permits(5)) && !Permits(2).covers(Exclusive));
+        assert!(!Shared.covers(Permits(2)) && !Permits(2).covers(Shared));
+    }
+}

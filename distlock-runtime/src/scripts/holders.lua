@@ -1,0 +1,35 @@
+-- The holders of a key held shared or as permits: a sorted set H beside the lock key, one
+-- member per lease, scored by the lease's expiry (Redis time, ms). A member lives while its
+-- score is after now; an expired one is dropped by the next script that counts (a crashed
+-- holder's share frees itself at its own expiry, whatever the others renew). H itself expires
+-- no earlier than its last member (keep), so no key lives forever.
+-- A lease's mode, as the Rust side sends it (`LockMode` in mode.rs): 'x' exclusive (the lock
+-- key's value, not a member), 'r' shared, or the decimal digits of N for one of N permits.
+-- member(mode, token): a lease's member: its token when shared, 'N token' as one of N permits
+-- (tokens hold no space), so that an operator's view tells the two apart.
+local function member(mode, token)
+  if mode == 'r' then return token end
+  return mode .. ' ' .. token
+end
+-- live(H, now): drops expired members, and returns how many are left.
+local function live(H, now)
+  redis.call('ZREMRANGEBYSCORE', H, '-inf', now)
+  return redis.call('ZCARD', H)
+end
+-- keep(H, ms): H lives at least ms more (a new or renewed member's lifetime).
+local function keep(H, ms)
+  if redis.call('PTTL', H) < tonumber(ms) then redis.call('PEXPIRE', H, ms) end
+end
+-- until_free(mode, H, now): how long until live holders make room for a lease in mode, in ms
+-- (-1 when none holds): the last one's expiry for an exclusive lease or a reader (queued
+-- behind a writer that waits for them), the first one's for a permit.
+local function until_free(mode, H, now)
+  local at
+  if mode == 'x' or mode == 'r' then
+    at = redis.call('ZRANGE', H, '+inf', '(' .. now, 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')
+  else
+    at = redis.call('ZRANGE', H, '(' .. now, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+  end
+  if not at[2] then return -1 end
+  return tonumber(at[2]) - now
+end
