@@ -9,6 +9,12 @@
 //! holds it until killed.
 //! `lock_worker hold URL KEY TTL_MS`: take the lock with renewal, print `acquired`, then sleep
 //! until killed.
+//! `lock_worker hold-read URL KEY TTL_MS` and `lock_worker hold-permit URL KEY N TTL_MS`: the
+//! same, holding KEY shared, or as one of N permits.
+//! `lock_worker rw URL KEY N WRITE_EVERY`: N times, take KEY exclusively (every WRITE_EVERY-th
+//! time) or shared, and inside count in Redis who is in the room `room:{KEY}`: a reader that
+//! finds a writer in, or a writer that finds anyone in, adds one to `room:{KEY}:violations`; a
+//! reader that finds another reader in adds one to `room:{KEY}:shared`.
 //! `lock_worker outage URL KEY TTL_MS SECS`: with distlock's logs on stderr, run a body that
 //! sleeps SECS under the lock (renewed), printing `acquired` when it starts; print
 //! `outcome OUTCOME after_ms MS` when `run` returns (OUTCOME is `ok`, `lost` or the error), wait
@@ -43,6 +49,31 @@ async fn increment(
     let value: i64 = conn.get::<_, Option<i64>>(counter).await?.unwrap_or(0);
     tokio::task::yield_now().await;
     conn.set::<_, _, ()>(counter, value + 1).await?;
+    Ok(())
+}
+
+/// A stay in the room of `key` (see the module docs), as a writer or a reader.
+async fn in_room(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    writes: bool,
+) -> Result<(), redis::RedisError> {
+    let (readers, writers) = (format!("room:{{{key}}}:readers"), format!("room:{{{key}}}:writers"));
+    let (mine, other) = if writes {
+        (&writers, &readers)
+    } else {
+        (&readers, &writers)
+    };
+    let inside: i64 = conn.incr(mine, 1).await?;
+    let others: i64 = conn.get::<_, Option<i64>>(other).await?.unwrap_or(0);
+    if others > 0 || (writes && inside > 1) {
+        conn.incr::<_, _, ()>(format!("room:{{{key}}}:violations"), 1).await?;
+    }
+    if !writes && inside > 1 {
+        conn.incr::<_, _, ()>(format!("room:{{{key}}}:shared"), 1).await?;
+    }
+    tokio::time::sleep(Duration::from_millis(if writes { 2 } else { 5 })).await;
+    conn.decr::<_, _, ()>(mine, 1).await?;
     Ok(())
 }
 
@@ -110,6 +141,47 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let lease = waiters.join_next().await.ok_or("no waiter")???;
             hold_until_killed(lease).await
+        }
+        ["hold-read", url, key, ttl_ms] => {
+            let locks = LockManager::from_url(url)?;
+            let lease = locks
+                .read_lock(*key)
+                .ttl(Duration::from_millis(ttl_ms.parse()?))
+                .acquire()
+                .await?;
+            hold_until_killed(lease).await
+        }
+        ["hold-permit", url, key, n, ttl_ms] => {
+            let locks = LockManager::from_url(url)?;
+            let lease = locks
+                .lock(*key)
+                .permits(n.parse()?)
+                .ttl(Duration::from_millis(ttl_ms.parse()?))
+                .acquire()
+                .await?;
+            hold_until_killed(lease).await
+        }
+        ["rw", url, key, n, write_every] => {
+            let locks = LockManager::from_url(url)?;
+            let conn = redis::Client::open(*url)?
+                .get_multiplexed_async_connection()
+                .await?;
+            let every: usize = write_every.parse()?;
+            for i in 0..n.parse::<usize>()? {
+                let writes = (i + 1) % every == 0;
+                let request = if writes {
+                    locks.lock(*key)
+                } else {
+                    locks.read_lock(*key)
+                };
+                let mut conn = conn.clone();
+                let key = (*key).to_owned();
+                request
+                    .wait(Duration::from_secs(60))
+                    .run(async move { in_room(&mut conn, &key, writes).await })
+                    .await??;
+            }
+            Ok(())
         }
         ["hold", url, key, ttl_ms] => {
             let locks = LockManager::from_url(url)?;
@@ -185,6 +257,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         _ => Err(
             "usage: lock_worker count|count-fair|count-attr URL KEY COUNTER N | hold URL KEY TTL_MS \
+             | hold-read URL KEY TTL_MS | hold-permit URL KEY N TTL_MS | rw URL KEY N WRITE_EVERY \
              | wait-fair URL KEY N [WAIT_MS] | outage URL KEY TTL_MS SECS \
              | schedule URL JOB TICKS TICK_MS HOLD_MS LATE_MS".into(),
         ),
