@@ -229,6 +229,39 @@ async fn a_least_privilege_user_without_channel_rights_locks_releases_and_hands_
     );
     lease.release().await.unwrap();
 
+    // Every mode: a reader and the writer it hands the key to, permits, a mixed request,
+    // inspection and a forced release, and a shared lease's renewal.
+    let reader = other
+        .read_lock("m")
+        .ttl(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    let writer = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .lock("m")
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        }
+    });
+    distlock_tests::until_queued(&conn, "m", 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!reader.is_lost(), "a shared lease renews");
+    reader.release().await.unwrap();
+    writer.await.unwrap().unwrap().release().await.unwrap();
+    let permit = locks.lock("p").permits(2).acquire().await.unwrap();
+    let mixed = other.lock("x").read_keys(["m"]).acquire().await.unwrap();
+    for (key, holders) in [("p", 1), ("x", 1), ("m", 1)] {
+        let info = locks.inspect(key).await.unwrap().unwrap();
+        assert_eq!(info.holders, holders, "{info:?}");
+    }
+    assert!(locks.force_release("p").await.unwrap());
+    mixed.release().await.unwrap();
+    drop(permit);
+
     // One warning says why waiters poll; nothing else is reported.
     let text = logs.text();
     let warnings: Vec<&str> = text.lines().filter(|l| l.contains("WARN")).collect();

@@ -39,6 +39,8 @@ fn acl_line<'a>(extra: &[&'a str], left_out: &str) -> Vec<&'a str> {
         "+hdel",
         "+hget",
         "+hset",
+        "+lindex",
+        "+llen",
         "+lpop",
         "+lrem",
         "+pexpire",
@@ -46,6 +48,13 @@ fn acl_line<'a>(extra: &[&'a str], left_out: &str) -> Vec<&'a str> {
         "+rpush",
         "+set",
         "+time",
+        "+zadd",
+        "+zcard",
+        "+zcount",
+        "+zrange",
+        "+zrem",
+        "+zremrangebyscore",
+        "+zscore",
     ];
     line.extend_from_slice(extra);
     line.retain(|word| *word != left_out);
