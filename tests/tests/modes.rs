@@ -93,7 +93,10 @@ async fn readers_share_a_key_and_a_writer_excludes_them() {
         .await
         .expect("free once both readers left");
     let reader = locks.read_lock("doc").wait(Duration::ZERO).acquire().await;
-    assert!(matches!(reader, Err(LockError::NotAcquired { .. })), "{reader:?}");
+    assert!(
+        matches!(reader, Err(LockError::NotAcquired { .. })),
+        "{reader:?}"
+    );
     writer.release().await.unwrap();
     // Nothing is left behind.
     let left = keys(&server, "*").await;
@@ -157,13 +160,26 @@ async fn a_crashed_readers_share_frees_at_its_own_ttl_while_another_reader_renew
     let locks = server.manager();
     let ttl = Duration::from_millis(600);
     // The crashed reader: no renewal, never released.
-    let crashed = locks.read_lock("doc").ttl(ttl).renew(false).acquire().await.unwrap();
+    let crashed = locks
+        .read_lock("doc")
+        .ttl(ttl)
+        .renew(false)
+        .acquire()
+        .await
+        .unwrap();
     std::mem::forget(crashed);
     let live = locks.read_lock("doc").ttl(ttl).acquire().await.unwrap();
     assert_eq!(locks.inspect("doc").await.unwrap().unwrap().holders, 2);
     tokio::time::sleep(ttl * 3).await;
-    let info = locks.inspect("doc").await.unwrap().expect("the live reader holds it");
-    assert_eq!(info.holders, 1, "the crashed reader's share expired: {info:?}");
+    let info = locks
+        .inspect("doc")
+        .await
+        .unwrap()
+        .expect("the live reader holds it");
+    assert_eq!(
+        info.holders, 1,
+        "the crashed reader's share expired: {info:?}"
+    );
     assert!(!live.is_lost());
     // A writer waits for the live reader only.
     let started = Instant::now();
@@ -173,7 +189,10 @@ async fn a_crashed_readers_share_frees_at_its_own_ttl_while_another_reader_renew
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     live.release().await.unwrap();
-    let writer = writer.await.unwrap().expect("the writer gets in at the release");
+    let writer = writer
+        .await
+        .unwrap()
+        .expect("the writer gets in at the release");
     assert!(started.elapsed() < Duration::from_secs(2));
     writer.release().await.unwrap();
     // And the holders key expired with its last member.
@@ -186,7 +205,12 @@ async fn every_key_a_shared_lease_writes_expires() {
     let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
-    let lease = locks.read_lock("doc").ttl(Duration::from_secs(5)).acquire().await.unwrap();
+    let lease = locks
+        .read_lock("doc")
+        .ttl(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
     let semaphore = locks
         .lock("pool")
         .permits(3)
@@ -195,8 +219,14 @@ async fn every_key_a_shared_lease_writes_expires() {
         .await
         .unwrap();
     let names = keys(&server, "*").await;
-    assert!(names.iter().any(|n| n.contains("holders:{doc}")), "{names:?}");
-    assert!(names.iter().any(|n| n.contains("holders:{pool}")), "{names:?}");
+    assert!(
+        names.iter().any(|n| n.contains("holders:{doc}")),
+        "{names:?}"
+    );
+    assert!(
+        names.iter().any(|n| n.contains("holders:{pool}")),
+        "{names:?}"
+    );
     let mut conn = server.client().await;
     for name in names {
         let pttl: i64 = redis::cmd("PTTL")
@@ -244,7 +274,11 @@ async fn fair_readers_and_writers_are_served_in_arrival_order() {
     let later = spawn("later reader", false, Duration::from_millis(50));
     distlock_tests::until_queued(&conn, "doc", 3).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(order.lock().unwrap().is_empty(), "{:?}", order.lock().unwrap());
+    assert!(
+        order.lock().unwrap().is_empty(),
+        "{:?}",
+        order.lock().unwrap()
+    );
     first.release().await.unwrap();
     for task in [writer, late, later] {
         task.await.unwrap().unwrap();
@@ -252,7 +286,10 @@ async fn fair_readers_and_writers_are_served_in_arrival_order() {
     let order = order.lock().unwrap().clone();
     assert_eq!(&order[..2], ["writer in", "writer out"], "{order:?}");
     // The two readers queued behind the writer were handed the key together.
-    assert!(order[2].ends_with("in") && order[3].ends_with("in"), "{order:?}");
+    assert!(
+        order[2].ends_with("in") && order[3].ends_with("in"),
+        "{order:?}"
+    );
     assert_eq!(distlock_tests::queued(&mut conn, "doc").await, 0);
     assert!(locks.stats().handed_over >= 3, "{:?}", locks.stats());
 }
@@ -264,10 +301,26 @@ async fn a_semaphore_admits_at_most_n_and_a_release_wakes_a_waiter() {
     let locks = server.manager();
     let mut held = Vec::new();
     for _ in 0..3 {
-        held.push(locks.lock("pool").permits(3).ttl(LONG).acquire().await.unwrap());
+        held.push(
+            locks
+                .lock("pool")
+                .permits(3)
+                .ttl(LONG)
+                .acquire()
+                .await
+                .unwrap(),
+        );
     }
-    let fourth = locks.lock("pool").permits(3).wait(Duration::ZERO).acquire().await;
-    assert!(matches!(fourth, Err(LockError::NotAcquired { .. })), "{fourth:?}");
+    let fourth = locks
+        .lock("pool")
+        .permits(3)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await;
+    assert!(
+        matches!(fourth, Err(LockError::NotAcquired { .. })),
+        "{fourth:?}"
+    );
     let info = locks.inspect("pool").await.unwrap().unwrap();
     assert_eq!((info.mode, info.holders), (LockMode::Permits(3), 3));
     // Fair and unfair waiters alike are woken by a release (the leases run 30 s).
@@ -292,7 +345,10 @@ async fn a_semaphore_admits_at_most_n_and_a_release_wakes_a_waiter() {
         let (lease, woke) = waiter.await.unwrap();
         held.push(lease.unwrap());
         let after = woke - released;
-        assert!(after < Duration::from_millis(700), "fair={fair}: woken {after:?} after");
+        assert!(
+            after < Duration::from_millis(700),
+            "fair={fair}: woken {after:?} after"
+        );
     }
     assert_eq!(locks.inspect("pool").await.unwrap().unwrap().holders, 3);
     for lease in held {
@@ -308,10 +364,23 @@ async fn callers_with_different_n_are_each_admitted_below_their_own_n() {
     let locks = server.manager();
     let mut held = Vec::new();
     for _ in 0..2 {
-        held.push(locks.lock("pool").permits(2).ttl(LONG).acquire().await.unwrap());
+        held.push(
+            locks
+                .lock("pool")
+                .permits(2)
+                .ttl(LONG)
+                .acquire()
+                .await
+                .unwrap(),
+        );
     }
     // A caller with 2 is out, one with 4 is in (2 held < 4)...
-    let two = locks.lock("pool").permits(2).wait(Duration::ZERO).acquire().await;
+    let two = locks
+        .lock("pool")
+        .permits(2)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await;
     assert!(two.is_err());
     held.push(
         locks
@@ -332,14 +401,24 @@ async fn callers_with_different_n_are_each_admitted_below_their_own_n() {
             .unwrap(),
     );
     // ...until 4 are held: never more than the largest n.
-    let five = locks.lock("pool").permits(4).wait(Duration::ZERO).acquire().await;
+    let five = locks
+        .lock("pool")
+        .permits(4)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await;
     assert!(five.is_err());
     assert_eq!(locks.inspect("pool").await.unwrap().unwrap().holders, 4);
     // Three released: one held, so a caller with 2 is in again.
     for lease in held.drain(1..) {
         lease.release().await.unwrap();
     }
-    let two = locks.lock("pool").permits(2).wait(Duration::ZERO).acquire().await;
+    let two = locks
+        .lock("pool")
+        .permits(2)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await;
     assert!(two.is_ok(), "{two:?}");
 }
 
@@ -429,7 +508,10 @@ async fn nesting_reenters_a_held_mode_and_refuses_an_upgrade_at_once() {
                 .await
                 .expect("a permit in its own permit re-enters");
             let exclusive = inner.lock("pool").run(async {}).await;
-            assert!(matches!(exclusive, Err(LockError::UpgradeNotSupported { .. })));
+            assert!(matches!(
+                exclusive,
+                Err(LockError::UpgradeNotSupported { .. })
+            ));
         })
         .await
         .unwrap();
@@ -449,7 +531,10 @@ async fn exclusive_and_shared_keys_are_taken_together_or_not_at_all() {
         .wait(Duration::ZERO)
         .acquire()
         .await;
-    assert!(matches!(both, Err(LockError::NotAcquired { ref key }) if key == "b"), "{both:?}");
+    assert!(
+        matches!(both, Err(LockError::NotAcquired { ref key }) if key == "b"),
+        "{both:?}"
+    );
     assert!(locks.inspect("a").await.unwrap().is_none(), "nothing taken");
     b.release().await.unwrap();
     // Another reader of `b` does not keep it out.
@@ -461,7 +546,10 @@ async fn exclusive_and_shared_keys_are_taken_together_or_not_at_all() {
         .await
         .unwrap();
     assert_eq!(both.keys(), ["a", "b"]);
-    assert_eq!(locks.inspect("a").await.unwrap().unwrap().mode, LockMode::Exclusive);
+    assert_eq!(
+        locks.inspect("a").await.unwrap().unwrap().mode,
+        LockMode::Exclusive
+    );
     let b_info = locks.inspect("b").await.unwrap().unwrap();
     assert_eq!((b_info.mode, b_info.holders), (LockMode::Shared, 2));
     // Renewal and release cover both modes.
@@ -476,12 +564,26 @@ async fn exclusive_and_shared_keys_are_taken_together_or_not_at_all() {
 async fn an_operator_sees_mode_holders_and_labels_and_can_free_every_holder() {
     let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
-    let web = server.manager_builder().holder_label("web-1").build().unwrap();
-    let job = server.manager_builder().holder_label("job-2").build().unwrap();
+    let web = server
+        .manager_builder()
+        .holder_label("web-1")
+        .build()
+        .unwrap();
+    let job = server
+        .manager_builder()
+        .holder_label("job-2")
+        .build()
+        .unwrap();
     let ttl = Duration::from_millis(900);
     let a = web.read_lock("doc").ttl(ttl).acquire().await.unwrap();
     let b = job.read_lock("doc").ttl(ttl).acquire().await.unwrap();
-    let p = web.lock("pool").permits(5).ttl(ttl).acquire().await.unwrap();
+    let p = web
+        .lock("pool")
+        .permits(5)
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
     let info = web.inspect("doc").await.unwrap().unwrap();
     assert_eq!((info.mode, info.holders), (LockMode::Shared, 2));
     let mut labels = info.holder_labels.clone();
@@ -495,7 +597,10 @@ async fn an_operator_sees_mode_holders_and_labels_and_can_free_every_holder() {
         .collect();
     assert_eq!(
         listed,
-        [("doc", LockMode::Shared, 2), ("pool", LockMode::Permits(5), 1)]
+        [
+            ("doc", LockMode::Shared, 2),
+            ("pool", LockMode::Permits(5), 1)
+        ]
     );
     // Breaking the shared lock frees both readers, who learn it at their next renewal.
     assert!(web.force_release("doc").await.unwrap());
@@ -511,7 +616,10 @@ async fn an_operator_sees_mode_holders_and_labels_and_can_free_every_holder() {
     tokio::time::timeout(Duration::from_secs(3), p.lost())
         .await
         .expect("the permit holder learns its loss");
-    assert!(!web.force_release("pool").await.unwrap(), "nothing left to free");
+    assert!(
+        !web.force_release("pool").await.unwrap(),
+        "nothing left to free"
+    );
 }
 
 #[tokio::test]
@@ -526,12 +634,108 @@ async fn bad_mode_requests_are_refused_with_a_clear_error() {
     ] {
         let refused = request.acquire().await;
         match refused {
-            Err(error @ LockError::InvalidConfig { what: "permits", .. }) => {
+            Err(
+                error @ LockError::InvalidConfig {
+                    what: "permits", ..
+                },
+            ) => {
                 assert!(error.to_string().contains("permit"), "{error}");
             }
             other => panic!("{other:?}"),
         }
     }
     let empty = locks.read_lock("").acquire().await;
-    assert!(matches!(empty, Err(LockError::InvalidKey { .. })), "{empty:?}");
+    assert!(
+        matches!(empty, Err(LockError::InvalidKey { .. })),
+        "{empty:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_unfair_reader_never_overtakes_a_queued_fair_writer() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let conn = server.client().await;
+    let reader = locks.read_lock("doc").ttl(LONG).acquire().await.unwrap();
+    let writer = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.lock("doc").wait(LONG).acquire().await })
+    };
+    distlock_tests::until_queued(&conn, "doc", 1).await;
+    // Only a reader holds the key, but a writer is queued: an unfair reader waits too.
+    let unfair = locks
+        .read_lock("doc")
+        .fair(false)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await;
+    assert!(matches!(unfair, Err(LockError::NotAcquired { .. })), "{unfair:?}");
+    let unfair = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks.read_lock("doc").fair(false).wait(LONG).acquire().await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    reader.release().await.unwrap();
+    let writer = writer.await.unwrap().unwrap();
+    assert!(!unfair.is_finished(), "the writer holds the key");
+    writer.release().await.unwrap();
+    let unfair = tokio::time::timeout(Duration::from_secs(2), unfair)
+        .await
+        .expect("the unfair reader is woken by the writer's release")
+        .unwrap();
+    assert!(unfair.is_ok(), "{unfair:?}");
+}
+
+#[tokio::test]
+async fn an_unfair_writer_is_kept_out_while_readers_keep_overlapping() {
+    // What the docs say of unfair requests: a writer has no place in line, so readers that
+    // always overlap keep it out until its wait runs out; a fair writer gets in after the
+    // readers that came before it.
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut readers = Vec::new();
+    for i in 0..2u64 {
+        let locks = locks.clone();
+        let stop = Arc::clone(&stop);
+        readers.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100 * i)).await;
+            while !stop.load(Ordering::SeqCst) {
+                // Each holds 200 ms, the two half a period apart: the key is never free.
+                let lease = locks
+                    .read_lock("doc")
+                    .fair(false)
+                    .wait(LONG)
+                    .acquire()
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                lease.release().await.unwrap();
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let unfair = locks
+        .lock("doc")
+        .fair(false)
+        .wait(Duration::from_millis(1500))
+        .acquire()
+        .await;
+    assert!(matches!(unfair, Err(LockError::Timeout { .. })), "{unfair:?}");
+    let started = Instant::now();
+    let fair = locks.lock("doc").wait(LONG).acquire().await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_millis(800),
+        "a fair writer waits only for the readers ahead of it: {:?}",
+        started.elapsed()
+    );
+    stop.store(true, Ordering::SeqCst);
+    fair.release().await.unwrap();
+    for reader in readers {
+        reader.await.unwrap();
+    }
 }
