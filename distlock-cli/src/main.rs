@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use distlock_runtime::{LockError, LockInfo, LockManager, LockManagerBuilder};
+use distlock_runtime::{LockError, LockInfo, LockManager, LockManagerBuilder, LockMode};
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -92,6 +92,14 @@ enum Command {
 struct Row {
     key: String,
     held: bool,
+    /// `exclusive`, `shared` or `permits`.
+    mode: Option<&'static str>,
+    /// The semaphore's permits, for `permits`.
+    permits: Option<u32>,
+    /// How many leases hold it.
+    holders: Option<usize>,
+    /// Every holder's label, where set.
+    holder_labels: Vec<String>,
     holder: Option<String>,
     token_prefix: Option<String>,
     remaining_ms: Option<u64>,
@@ -104,6 +112,17 @@ impl Row {
         Self {
             key: info.key.clone(),
             held: true,
+            mode: Some(match info.mode {
+                LockMode::Shared => "shared",
+                LockMode::Permits(_) => "permits",
+                _ => "exclusive",
+            }),
+            permits: match info.mode {
+                LockMode::Permits(n) => Some(n),
+                _ => None,
+            },
+            holders: Some(info.holders),
+            holder_labels: info.holder_labels.clone(),
             holder: info.holder.clone(),
             token_prefix: Some(info.token_prefix.clone()),
             remaining_ms: Some(u64::try_from(info.remaining.as_millis()).unwrap_or(u64::MAX)),
@@ -116,6 +135,10 @@ impl Row {
         Self {
             key: key.to_owned(),
             held: false,
+            mode: None,
+            permits: None,
+            holders: None,
+            holder_labels: Vec::new(),
             holder: None,
             token_prefix: None,
             remaining_ms: None,
@@ -264,8 +287,8 @@ fn print_rows(json: bool, rows: &[Row]) {
     }
     let width = rows.iter().map(|r| r.key.len()).max().unwrap_or(3).max(3);
     println!(
-        "{:<width$}  {:>10}  {:>18}  {:>7}  {:<8}  holder",
-        "key", "remaining", "fencing token", "waiters", "token"
+        "{:<width$}  {:<10}  {:>7}  {:>10}  {:>18}  {:>7}  {:<8}  holder",
+        "key", "mode", "holders", "remaining", "fencing token", "waiters", "token"
     );
     for row in rows {
         if !row.held {
@@ -275,14 +298,26 @@ fn print_rows(json: bool, rows: &[Row]) {
         let remaining = row
             .remaining_ms
             .map_or_else(String::new, |ms| format!("{:.1}s", ms as f64 / 1000.0));
+        let mode = match (row.mode, row.permits) {
+            (Some("permits"), Some(n)) => format!("{n} permits"),
+            (mode, _) => mode.unwrap_or("").to_owned(),
+        };
+        // A shared key or a semaphore: every holder's label, the first holder's otherwise.
+        let holder = if row.holder_labels.len() > 1 {
+            row.holder_labels.join(",")
+        } else {
+            row.holder.clone().unwrap_or_else(|| "-".to_owned())
+        };
         println!(
-            "{:<width$}  {:>10}  {:>18}  {:>7}  {:<8}  {}",
+            "{:<width$}  {:<10}  {:>7}  {:>10}  {:>18}  {:>7}  {:<8}  {}",
             row.key,
+            mode,
+            row.holders.unwrap_or(0),
             remaining,
             row.fencing_token.unwrap_or(0),
             row.waiters.unwrap_or(0),
             row.token_prefix.as_deref().unwrap_or(""),
-            row.holder.as_deref().unwrap_or("-"),
+            holder,
         );
     }
 }

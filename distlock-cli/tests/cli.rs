@@ -78,6 +78,50 @@ async fn inspect_list_and_release_a_held_lock() {
     assert!(stdout(&empty).contains("no locks held"));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_keys_and_semaphores_show_their_mode_and_every_holder() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let labelled = |label: &str| {
+        server
+            .manager_builder()
+            .holder_label(label)
+            .build()
+            .unwrap()
+    };
+    let (web, job) = (labelled("web-1"), labelled("job-2"));
+    let ttl = Duration::from_secs(60);
+    let a = web.read_lock("doc:7").ttl(ttl).acquire().await.unwrap();
+    let b = job.read_lock("doc:7").ttl(ttl).acquire().await.unwrap();
+    let p = web.lock("exports").permits(4).ttl(ttl).acquire().await.unwrap();
+
+    let shown = distlock(&["--url", &url, "inspect", "doc:7", "exports"]);
+    assert!(shown.status.success(), "{shown:?}");
+    let table = stdout(&shown);
+    let doc = table.lines().find(|l| l.starts_with("doc:7")).unwrap();
+    assert!(doc.contains("shared") && doc.contains("web-1") && doc.contains("job-2"), "{table}");
+    let exports = table.lines().find(|l| l.starts_with("exports")).unwrap();
+    assert!(exports.contains("4 permits"), "{table}");
+
+    let listed = distlock(&["--url", &url, "--json", "list"]);
+    let rows: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(rows[0]["key"], "doc:7");
+    assert_eq!(rows[0]["mode"], "shared");
+    assert_eq!(rows[0]["holders"], 2);
+    let mut labels: Vec<String> = serde_json::from_value(rows[0]["holder_labels"].clone()).unwrap();
+    labels.sort();
+    assert_eq!(labels, ["job-2", "web-1"]);
+    assert_eq!(rows[1]["mode"], "permits");
+    assert_eq!(rows[1]["permits"], 4);
+    assert_eq!(rows[1]["holders"], 1);
+
+    // A forced release frees every reader.
+    let released = distlock(&["--url", &url, "release", "doc:7", "--force"]);
+    assert!(released.status.success(), "{released:?}");
+    assert!(web.inspect("doc:7").await.unwrap().is_none());
+    drop((a, b, p));
+}
+
 #[test]
 fn bad_arguments_and_an_unreachable_redis_fail_clearly() {
     let none = distlock(&["inspect", "k"]);
