@@ -269,3 +269,64 @@ async fn a_subscriber_connection_opened_again_after_it_was_killed_is_counted() {
     }
     assert_eq!(counter(RECONNECTS, &[]), before + 1.0);
 }
+
+#[tokio::test]
+async fn every_series_of_a_request_carries_its_mode() {
+    let _serial = serial().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let template = "modes-metrics";
+    let by_mode = |mode: &str| {
+        counter(
+            ACQUISITIONS,
+            &[("template", template), ("mode", mode), ("outcome", "acquired")],
+        )
+    };
+    let before = ["exclusive", "shared", "permits", "mixed"].map(by_mode);
+    let lease = locks.lock("m-x").metrics_label(template).acquire().await.unwrap();
+    lease.release().await.unwrap();
+    for _ in 0..2 {
+        let lease = locks
+            .read_lock("m-r")
+            .metrics_label(template)
+            .acquire()
+            .await
+            .unwrap();
+        lease.release().await.unwrap();
+    }
+    for _ in 0..3 {
+        let lease = locks
+            .lock("m-p")
+            .permits(2)
+            .metrics_label(template)
+            .acquire()
+            .await
+            .unwrap();
+        lease.release().await.unwrap();
+    }
+    let lease = locks
+        .lock("m-a")
+        .read_keys(["m-b"])
+        .metrics_label(template)
+        .acquire()
+        .await
+        .unwrap();
+    lease.release().await.unwrap();
+    let after = ["exclusive", "shared", "permits", "mixed"].map(by_mode);
+    let counted: Vec<f64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+    assert_eq!(counted, [1.0, 2.0, 3.0, 1.0]);
+    // A body's hold is timed under its mode too.
+    locks
+        .read_lock("m-r")
+        .metrics_label(template)
+        .run(async {})
+        .await
+        .unwrap();
+    let text = recorder().render();
+    assert!(
+        text.lines().any(|l| l.starts_with("distlock_hold_seconds")
+            && l.contains("template=\"modes-metrics\"")
+            && l.contains("mode=\"shared\"")),
+        "{text}"
+    );
+}
