@@ -77,7 +77,8 @@
 //! | `tokio` | `rt`, `time`, `sync`, `macros` | renewal and release tasks, timeouts: locks are taken on a Tokio runtime |
 //!
 //! # Guarantees
-//! - Mutual exclusion per key while leases are valid. A lease's validity is counted from before
+//! - Mutual exclusion per key while leases are valid (an exclusive holder alone, readers only
+//!   beside readers, at most N holders of a semaphore's N permits). A lease's validity is counted from before
 //!   its request was sent, less a clock-drift margin, so this process gives up a lease before
 //!   Redis expires it.
 //! - A lock is only released or extended by its owner: a 128-bit token from the operating
@@ -85,7 +86,8 @@
 //!   Renewal never re-creates a lock that is gone.
 //! - Fencing tokens strictly increase per key, across all clients, also after expiry and after
 //!   Redis lost its data (see [Fencing tokens](#fencing-tokens)).
-//! - No lock outlives its ttl after its holder dies, and every key distlock writes expires.
+//! - No lock outlives its ttl after its holder dies (nor a reader's or permit holder's share,
+//!   whatever the other holders do), and every key distlock writes expires.
 //! - Every Redis call is bounded by the manager's timeouts: a Redis that is down or hung is an
 //!   error, never a hang, and every wait ends by its deadline plus at most the attempt then in
 //!   flight: one response timeout on one server (the subscriber connection is opened, and keys
@@ -190,6 +192,43 @@
 //! queue by at most a claim and a quarter. `docs/fair.md` in the repository says when to choose
 //! which, and how the queue, the hand-off, its claim and its signature work.
 //!
+//! # Read-write locks and semaphores
+//! A key is held exclusively, shared, or as one of N permits ([`LockMode`]): `read = ..` on the
+//! attribute and [`LockManager::read_lock`] / [`LockRequest::read_keys`] take keys shared,
+//! `permits = N` and [`LockRequest::permits`] make a key a semaphore. Each holder has a lease of
+//! its own (token, ttl, renewal, fencing token), so a crashed reader's share frees itself at its
+//! own expiry. Inside a body holding a key shared, an exclusive call for it fails at once with
+//! [`LockError::UpgradeNotSupported`].
+//!
+//! ```no_run
+//! use distlock_runtime::{distributed_lock, LockError, LockManager};
+//!
+//! // Many readers at once; a restock waits for them, and they for it.
+//! #[distributed_lock(read = "product:{id}")]
+//! async fn price(id: u64) -> Result<u64, LockError> {
+//!     Ok(42)
+//! }
+//!
+//! #[distributed_lock("product:{id}")]
+//! async fn restock(id: u64, units: u64) -> Result<(), LockError> {
+//!     Ok(())
+//! }
+//!
+//! // At most 8 exports at once, across the fleet.
+//! #[distributed_lock("exports", permits = 8)]
+//! async fn export(day: u32) -> Result<(), LockError> {
+//!     Ok(())
+//! }
+//! # async fn demo(locks: LockManager) -> Result<(), LockError> {
+//! // The same by hand: write a report from two inputs read shared, all taken together.
+//! locks.lock("report:7").read_keys(["sales:7", "stock:7"]).run(async {}).await?;
+//! # let _ = (price(1).await, restock(1, 2).await, export(3).await);
+//! # Ok(()) }
+//! ```
+//!
+//! `docs/modes.md` in the repository says how readers, writers and permits are served in
+//! arrival order, what unfair requests do, and how each topology holds them.
+//!
 //! # Topologies
 //! A manager talks to exactly one deployment, chosen on its builder (two, or none, is
 //! [`LockError::InvalidConfig`]); the attribute and every request work the same on each.
@@ -247,15 +286,15 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `manager.rs`, `builder.rs`, `request.rs`, `lease.rs` | the public entry points, their settings, and a held lease |
+//! | `manager.rs`, `builder.rs`, `request.rs`, `lease.rs`, `mode.rs` | the public entry points, their settings, a held lease, and the modes a key is held in |
 //! | `acquire/mod.rs` | the acquire loop: what a request asks ([`LockRequest`] becomes one `Ask`), where it stands (attempting, waiting, holding), and what it may have left in Redis if it ends without a lease |
 //! | `acquire/places.rs` | taking a request's keys where they live, by one grant rule: every shard in turn (one server, Sentinel, a cluster's slots) or a majority of a quorum's nodes at once; the greatest fencing token written back, what was taken undone |
-//! | `fair/` | the fair hand-off protocol, end to end: its Lua, its message and signature, the requester's side and the waiter's |
+//! | `fair/` | the fair hand-off protocol, end to end: its Lua (the queue served in arrival order, readers, writers and permits alike: `admit.lua`), its message and signature, the requester's side and the waiter's |
 //! | `wait.rs`, `notify/` | how a waiter learns when to try again: release notifications, one subscriber connection per manager, each key's subscription a pure state machine (`notify/channel.rs`) |
 //! | `release.rs`, `background.rs` | releasing by token, and the one bounded background release |
 //! | `renew.rs`, `validity.rs` | the watchdog that extends leases, and how long a lease is trusted |
 //! | `reentrancy.rs`, `context.rs`, `keys.rs`, `fence.rs` | nesting on one task, what every part of a manager shares, the Redis keys of a lock, the fencing write-back |
-//! | `scripts/` | the Lua Redis runs, one `.lua` file per script or shared function, composed at compile time; the flags sent to them as types; the builders of their calls |
+//! | `scripts/` | the Lua Redis runs, one `.lua` file per script or shared function (`holders.lua`: a key's shared and permit holders), composed at compile time; the flags sent to them as types; the builders of their calls |
 //! | `call.rs`, `failed.rs` | a script call (its script, keys, arguments and kind), and how far a failed one got |
 //! | `topology/` | how a call reaches Redis: one `Route` per kind of deployment (`standalone.rs`, `sentinel.rs`, `cluster.rs`, `quorum.rs`), over `link.rs` (one server's connection), `connect.rs` (URLs, dialling, pools) and `replicas.rs` (`min_replicas`) |
 //! | `error.rs`, `refusal.rs`, `diagnose.rs`, `inspect.rs`, `telemetry.rs`, `tls.rs` | errors and what a refusal means, `ping`, inspection, metrics, TLS |

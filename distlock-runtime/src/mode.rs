@@ -19,8 +19,9 @@ use redis::{RedisWrite, ToRedisArgs};
 /// | `Permits(n)` | nobody exclusively, and fewer than `n` shared or permit leases |
 ///
 /// A key is meant to be used in one way: exclusive and shared (a read-write lock), or permits
-/// (a semaphore). Callers that pass different `n` for one key are each admitted while fewer
-/// than their own `n` leases hold it, so at most the largest `n` hold it at once.
+/// (a semaphore; see [`LockRequest::permits`](crate::LockRequest::permits) for callers that
+/// disagree on `n`). `docs/modes.md` in the repository says how the modes are served in order,
+/// and what unfair requests do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LockMode {

@@ -211,9 +211,8 @@ impl LockRequest {
     /// `n` leases hold the key (a waiter is woken by a release). Each permit is a lease of its
     /// own: a crashed holder's permit comes back at its own ttl.
     ///
-    /// Callers that pass different `n` for one key are each admitted while fewer than their
-    /// own `n` hold it, so at most the largest `n` hold it at once (a rolling change of `n`
-    /// never lets more in than either the old or the new value).
+    /// Each caller is admitted while fewer than its own `n` hold the key: callers that pass
+    /// different `n` for one key (a rolling change of the limit) let in at most the largest.
     ///
     /// ```no_run
     /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
