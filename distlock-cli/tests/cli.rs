@@ -93,13 +93,22 @@ async fn shared_keys_and_semaphores_show_their_mode_and_every_holder() {
     let ttl = Duration::from_secs(60);
     let a = web.read_lock("doc:7").ttl(ttl).acquire().await.unwrap();
     let b = job.read_lock("doc:7").ttl(ttl).acquire().await.unwrap();
-    let p = web.lock("exports").permits(4).ttl(ttl).acquire().await.unwrap();
+    let p = web
+        .lock("exports")
+        .permits(4)
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
 
     let shown = distlock(&["--url", &url, "inspect", "doc:7", "exports"]);
     assert!(shown.status.success(), "{shown:?}");
     let table = stdout(&shown);
     let doc = table.lines().find(|l| l.starts_with("doc:7")).unwrap();
-    assert!(doc.contains("shared") && doc.contains("web-1") && doc.contains("job-2"), "{table}");
+    assert!(
+        doc.contains("shared") && doc.contains("web-1") && doc.contains("job-2"),
+        "{table}"
+    );
     let exports = table.lines().find(|l| l.starts_with("exports")).unwrap();
     assert!(exports.contains("4 permits"), "{table}");
 

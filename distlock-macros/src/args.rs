@@ -1,5 +1,6 @@
-//! The attribute's arguments as a spanned model: `KEYS, ttl = .., wait = .., renew = ..,
-//! fair = .., manager = .., crate = ".."`, each option set at most once.
+//! The attribute's arguments as a spanned model: `KEYS, read = .., permits = .., ttl = ..,
+//! wait = .., renew = .., fair = .., hold_at_least = .., manager = .., crate = ".."`, each option
+//! set at most once. `KEYS` may be left out when `read` names keys.
 
 use proc_macro2::Span;
 use syn::parse::{Parse, ParseStream};
@@ -13,12 +14,28 @@ const MAX_TTL_MS: u64 = 365 * 24 * 60 * 60 * 1000;
 
 /// The options the attribute accepts, for "unknown option" messages.
 pub(crate) const OPTIONS: &str =
-    "`ttl`, `wait`, `renew`, `fair`, `hold_at_least`, `manager`, `crate`";
+    "`read`, `permits`, `ttl`, `wait`, `renew`, `fair`, `hold_at_least`, `manager`, `crate`";
+
+/// The options' names, as in [`OPTIONS`].
+const NAMES: [&str; 9] = [
+    "read",
+    "permits",
+    "ttl",
+    "wait",
+    "renew",
+    "fair",
+    "hold_at_least",
+    "manager",
+    "crate",
+];
 
 /// The parsed attribute.
 pub(crate) struct Args {
-    /// The key templates, in the order written.
+    /// The key templates held exclusively (the positional `KEYS`), in the order written; empty
+    /// when only `read` names keys.
     pub(crate) keys: Vec<LitStr>,
+    pub(crate) read: Option<Read>,
+    pub(crate) permits: Option<Permits>,
     pub(crate) ttl: Option<DurationArg>,
     pub(crate) wait: Option<DurationArg>,
     pub(crate) renew: Option<syn::LitBool>,
@@ -26,6 +43,28 @@ pub(crate) struct Args {
     pub(crate) hold_at_least: Option<DurationArg>,
     pub(crate) manager: Option<Expr>,
     pub(crate) krate: Option<syn::Path>,
+}
+
+/// `read = "tpl"` or `read = ["tpl", ...]`: key templates held shared.
+pub(crate) struct Read {
+    /// The option's name, where errors about combining it land.
+    pub(crate) name: syn::Ident,
+    /// The templates, in the order written; never empty.
+    pub(crate) keys: Vec<LitStr>,
+}
+
+/// `permits = N`: the one exclusive key becomes a semaphore of N permits.
+pub(crate) struct Permits {
+    /// The option's name, where errors about combining it land.
+    pub(crate) name: syn::Ident,
+    pub(crate) count: PermitCount,
+}
+
+/// How many permits: a literal, checked here (at least 1), or an expression converted at every
+/// call (the runtime's `IntoPermits`).
+pub(crate) enum PermitCount {
+    Literal { count: u32, span: Span },
+    Expr(Expr),
 }
 
 /// A duration option's value: a literal, checked here, or an expression evaluated at every call
@@ -58,9 +97,18 @@ impl Parse for Parsed {
                  #[distributed_lock([\"a:{x}\", \"b:{y}\"])]",
             ));
         }
-        let keys = parse_keys(input)?;
+        let first = input.span();
+        // Without exclusive keys the options come first: `read = "doc:{id}"` may stand alone.
+        let keys = if starts_with_option(input) {
+            Vec::new()
+        } else {
+            parse_keys(input)?
+        };
+        let mut leading = keys.is_empty();
         let mut args = Args {
             keys,
+            read: None,
+            permits: None,
             ttl: None,
             wait: None,
             renew: None,
@@ -70,29 +118,64 @@ impl Parse for Parsed {
             krate: None,
         };
         let mut errors = Errors::default();
+        // A `read` written with a bad value names keys all the same: its own error says enough.
+        let mut read_written = false;
         while !input.is_empty() {
-            if let Err(error) = input.parse::<Token![,]>() {
-                errors.push(error);
-                skip_to_comma(input);
-                continue;
-            }
-            if input.is_empty() {
-                break;
+            if !std::mem::take(&mut leading) {
+                if let Err(error) = input.parse::<Token![,]>() {
+                    errors.push(error);
+                    skip_to_comma(input);
+                    continue;
+                }
+                if input.is_empty() {
+                    break;
+                }
             }
             if input.peek(LitStr) {
                 let literal: LitStr = input.parse()?;
                 errors.push(syn::Error::new_spanned(
                     literal,
-                    "several keys go in one array: #[distributed_lock([\"a:{x}\", \"b:{y}\"])]",
+                    if args.keys.is_empty() {
+                        "the keys held exclusively come first, before the options: \
+                         #[distributed_lock(\"a:{x}\", read = \"b:{y}\")]"
+                    } else {
+                        "several keys go in one array: #[distributed_lock([\"a:{x}\", \"b:{y}\"])]"
+                    },
                 ));
                 continue;
             }
+            read_written |= input
+                .fork()
+                .parse::<syn::Ident>()
+                .is_ok_and(|n| n == "read");
             if let Err(error) = args.parse_option(input) {
                 errors.push(error);
             }
         }
+        if args.keys.is_empty() && args.read.is_none() && !read_written {
+            let mut error = syn::Error::new(
+                first,
+                "the first argument is the lock key, a string literal such as \"order:{order_id}\"; \
+                 options come after it",
+            );
+            if let Err(others) = errors.finish() {
+                error.combine(others);
+            }
+            return Err(error);
+        }
         Ok(Parsed { args, errors })
     }
+}
+
+/// Whether the attribute starts with an option (`name = ..`, or `read` even without its value)
+/// rather than the exclusive keys.
+fn starts_with_option(input: ParseStream<'_>) -> bool {
+    let named = input.peek(syn::Ident) || input.peek(Token![crate]);
+    (named && input.peek2(Token![=]))
+        || input
+            .fork()
+            .parse::<syn::Ident>()
+            .is_ok_and(|n| n == "read")
 }
 
 impl Args {
@@ -119,11 +202,10 @@ impl Args {
             skip_to_comma(input);
             return Err(syn::Error::new_spanned(
                 &name,
-                match key.as_str() {
-                    "ttl" | "wait" | "renew" | "fair" | "hold_at_least" | "manager" | "crate" => {
-                        format!("`{key}` needs a value: `{key} = ...`")
-                    }
-                    _ => format!("unknown option `{key}`; valid options are {OPTIONS}"),
+                if NAMES.contains(&key.as_str()) {
+                    format!("`{key}` needs a value: `{key} = ...`")
+                } else {
+                    format!("unknown option `{key}`; valid options are {OPTIONS}")
                 },
             ));
         }
@@ -141,8 +223,17 @@ impl Args {
                 return Err(error);
             }
         };
-        let duplicate = || syn::Error::new_spanned(&name, format!("`{key}` is given twice"));
+        let second = name.clone();
+        let duplicate = || syn::Error::new_spanned(&second, format!("`{key}` is given twice"));
         match key.as_str() {
+            "read" => {
+                let keys = read_keys(&value)?;
+                set_once(&mut self.read, Read { name, keys }, duplicate)
+            }
+            "permits" => {
+                let count = permit_count(&value)?;
+                set_once(&mut self.permits, Permits { name, count }, duplicate)
+            }
             "ttl" => set_once(&mut self.ttl, duration(&value, "ttl", false)?, duplicate),
             "wait" => set_once(&mut self.wait, duration(&value, "wait", true)?, duplicate),
             "renew" => set_once(&mut self.renew, boolean(&value, "renew")?, duplicate),
@@ -316,6 +407,107 @@ pub(crate) fn parse_with_unit(text: &str) -> Result<u64, String> {
         .ok_or_else(|| "the duration is too large".to_owned())
 }
 
+/// `read = "tpl"` or `read = ["tpl", ...]`, as written; the templates are checked with the
+/// exclusive keys'.
+fn read_keys(value: &Expr) -> syn::Result<Vec<LitStr>> {
+    match value {
+        Expr::Array(array) => {
+            if array.elems.is_empty() {
+                return Err(syn::Error::new(
+                    array.bracket_token.span.join(),
+                    "`read = []` names no key: give at least one key template, as in \
+                     `read = [\"doc:{id}\"]`, or drop `read`",
+                ));
+            }
+            let mut errors = Errors::default();
+            let mut keys = Vec::new();
+            for element in &array.elems {
+                match read_key(element) {
+                    Ok(key) => keys.push(key),
+                    Err(error) => errors.push(error),
+                }
+            }
+            errors.finish().map(|()| keys)
+        }
+        Expr::Group(group) => read_keys(&group.expr),
+        _ => read_key(value).map(|key| vec![key]),
+    }
+}
+
+fn read_key(value: &Expr) -> syn::Result<LitStr> {
+    match value {
+        Expr::Lit(syn::ExprLit {
+            lit: Lit::Str(text),
+            ..
+        }) => Ok(text.clone()),
+        Expr::Group(group) => read_key(&group.expr),
+        Expr::Path(path) if path.path.get_ident().is_some() => {
+            let name = path
+                .path
+                .get_ident()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            Err(syn::Error::new_spanned(
+                value,
+                format!(
+                    "a `read` key is a string literal, not an expression: write `{name}` in \
+                     braces inside one, as in `read = \"{name}:{{{name}}}\"`"
+                ),
+            ))
+        }
+        _ => Err(syn::Error::new_spanned(
+            value,
+            "`read` takes a key template (`read = \"doc:{id}\"`) or an array of them \
+             (`read = [\"a:{x}\", \"b:{y}\"]`)",
+        )),
+    }
+}
+
+/// `permits = 8` (checked here: at least one, at most `u32::MAX`), or any other expression of
+/// an integer type, converted at every call.
+fn permit_count(value: &Expr) -> syn::Result<PermitCount> {
+    let bad = |message: &str| Err(syn::Error::new_spanned(value, message));
+    match value {
+        Expr::Lit(syn::ExprLit {
+            lit: Lit::Int(int), ..
+        }) => {
+            const INTEGERS: [&str; 12] = [
+                "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32", "i64", "i128",
+                "isize",
+            ];
+            if !int.suffix().is_empty() && !INTEGERS.contains(&int.suffix()) {
+                return bad("`permits` takes a whole number of permits, such as `permits = 8`");
+            }
+            match int.base10_parse::<u32>() {
+                Ok(0) => bad(
+                    "`permits = 0` would never let anyone in: a semaphore needs at least one \
+                     permit; write `permits = 1` or more",
+                ),
+                Ok(count) => Ok(PermitCount::Literal {
+                    count,
+                    span: value.span(),
+                }),
+                Err(_) => bad("`permits` is too large: at most 4294967295 (`u32::MAX`)"),
+            }
+        }
+        Expr::Lit(_) => bad(
+            "`permits` takes a whole number of permits (`permits = 8`), or an integer \
+             expression evaluated at each call (`permits = settings.exports`)",
+        ),
+        Expr::Unary(syn::ExprUnary {
+            op: syn::UnOp::Neg(_),
+            expr,
+            ..
+        }) if matches!(**expr, Expr::Lit(_)) => bad(
+            "`permits` cannot be negative: a semaphore needs at least one permit; write \
+             `permits = 1` or more",
+        ),
+        Expr::Group(group) => permit_count(&group.expr),
+        Expr::Paren(paren) => permit_count(&paren.expr),
+        _ => Ok(PermitCount::Expr(value.clone())),
+    }
+}
+
 fn boolean(value: &Expr, what: &str) -> syn::Result<syn::LitBool> {
     match value {
         Expr::Lit(syn::ExprLit {
@@ -352,7 +544,7 @@ fn path(value: &Expr) -> syn::Result<syn::Path> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_with_unit, Args, Parsed};
+    use super::{parse_with_unit, Args, Parsed, PermitCount};
 
     /// The attribute's arguments, and the option errors' messages.
     fn parse(attr: &str) -> (Args, Vec<String>) {
@@ -388,6 +580,142 @@ mod tests {
         );
         assert!(parse(r#""a:{id}", fiar = true"#).1[0]
             .contains("`renew`, `fair`, `hold_at_least`, `manager`"));
+    }
+
+    /// The keys as written: exclusive, then shared.
+    fn keys(args: &Args) -> (Vec<String>, Vec<String>) {
+        let values = |keys: &[syn::LitStr]| keys.iter().map(syn::LitStr::value).collect();
+        let read = args
+            .read
+            .as_ref()
+            .map_or(Vec::new(), |read| values(&read.keys));
+        (values(&args.keys), read)
+    }
+
+    #[test]
+    fn read_takes_one_template_or_an_array_alone_or_after_the_keys() {
+        for (attr, exclusive, shared) in [
+            (r#"read = "doc:{id}""#, &[][..], &["doc:{id}"][..]),
+            (
+                r#"read = ["a:{x}", "b:{y}"], ttl = 5"#,
+                &[],
+                &["a:{x}", "b:{y}"],
+            ),
+            (r#"ttl = 5, read = "doc:{id}""#, &[], &["doc:{id}"]),
+            (r#""w:{id}", read = "r:{id}""#, &["w:{id}"], &["r:{id}"]),
+            (
+                r#"["w:{id}", "v:{id}"], read = ["r:{id}"]"#,
+                &["w:{id}", "v:{id}"],
+                &["r:{id}"],
+            ),
+        ] {
+            let (args, errors) = parse(attr);
+            assert!(errors.is_empty(), "{attr}: {errors:?}");
+            assert_eq!(
+                keys(&args),
+                (
+                    exclusive.iter().map(|k| k.to_string()).collect(),
+                    shared.iter().map(|k| k.to_string()).collect()
+                ),
+                "{attr}"
+            );
+        }
+    }
+
+    #[test]
+    fn read_refuses_no_key_and_expressions() {
+        assert_eq!(
+            parse(r#""a:{id}", read = []"#).1,
+            [
+                "`read = []` names no key: give at least one key template, as in \
+              `read = [\"doc:{id}\"]`, or drop `read`"
+            ]
+        );
+        assert_eq!(
+            parse(r#""a:{id}", read"#).1,
+            ["`read` needs a value: `read = ...`"]
+        );
+        assert_eq!(
+            parse(r#""a:{id}", read = , ttl = 5"#).1,
+            ["`read` needs a value after `=`"]
+        );
+        assert_eq!(
+            parse(r#""a:{id}", read = "b:{id}", read = "c:{id}""#).1,
+            ["`read` is given twice"]
+        );
+        assert!(parse(r#""a:{id}", read = id"#).1[0].contains(r#"read = "id:{id}""#));
+        assert!(parse(r#""a:{id}", read = ["b:{id}", 5]"#).1[0]
+            .starts_with("`read` takes a key template"));
+        // Without exclusive keys, a bad `read` is reported alone, not as a missing key too.
+        for attr in [r#"read = []"#, r#"read"#, r#"read = 5, ttl = 1"#] {
+            let Parsed { args, errors } = syn::parse_str(attr).expect("a `read` names keys");
+            assert!(args.keys.is_empty() && args.read.is_none(), "{attr}");
+            assert_eq!(
+                errors.finish().map_err(|e| e.into_iter().count()),
+                Err(1),
+                "{attr}"
+            );
+        }
+    }
+
+    #[test]
+    fn options_alone_still_need_a_key() {
+        for attr in ["ttl = 5", "fair = true, permits = 2", r#"crate = "lock""#] {
+            let error = syn::parse_str::<Parsed>(attr).err().expect("no key");
+            assert!(
+                error
+                    .to_string()
+                    .starts_with("the first argument is the lock key"),
+                "{attr}: {error}"
+            );
+        }
+        // A key after the options.
+        assert!(parse(r#"read = "r:{id}", "w:{id}""#).1[0]
+            .starts_with("the keys held exclusively come first"));
+    }
+
+    #[test]
+    fn permits_take_a_positive_literal_or_an_expression() {
+        for (attr, count) in [
+            ("8", 8),
+            ("1", 1),
+            ("8u64", 8),
+            ("(3)", 3),
+            ("4294967295", u32::MAX),
+        ] {
+            let (args, errors) = parse(&format!(r#""a", permits = {attr}"#));
+            assert!(errors.is_empty(), "{attr}: {errors:?}");
+            assert!(
+                matches!(args.permits.map(|p| p.count), Some(PermitCount::Literal { count: c, .. }) if c == count),
+                "{attr}"
+            );
+        }
+        for attr in ["settings.permits", "PERMITS", "n * 2", "-n"] {
+            let (args, errors) = parse(&format!(r#""a", permits = {attr}"#));
+            assert!(errors.is_empty(), "{attr}: {errors:?}");
+            assert!(
+                matches!(args.permits.map(|p| p.count), Some(PermitCount::Expr(_))),
+                "{attr}"
+            );
+        }
+        for (attr, message) in [
+            ("0", "`permits = 0` would never let anyone in"),
+            ("-1", "`permits` cannot be negative"),
+            ("4294967296", "`permits` is too large"),
+            ("\"8\"", "`permits` takes a whole number of permits"),
+            ("8.0", "`permits` takes a whole number of permits"),
+            ("8f32", "`permits` takes a whole number of permits"),
+        ] {
+            let errors = parse(&format!(r#""a", permits = {attr}"#)).1;
+            assert!(
+                errors.len() == 1 && errors[0].starts_with(message),
+                "{attr}: {errors:?}"
+            );
+        }
+        assert_eq!(
+            parse(r#""a", permits = 2, permits = 3"#).1,
+            ["`permits` is given twice"]
+        );
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Checks across the attribute and the fn: an `async fn` returning a `Result`, every
-//! placeholder naming a parameter, and `fair = true` on a single key. All problems are
+//! placeholder naming a parameter, `fair = true` on a single key, `permits` on a single
+//! exclusive key without `read`, and no key both exclusive and shared. All problems are
 //! reported at once, each on its own token.
 
-use syn::{ReturnType, Type};
+use syn::{LitStr, ReturnType, Type};
 
 use crate::args::Args;
 use crate::errors::Errors;
@@ -36,52 +37,118 @@ pub(crate) fn signature(item: &LockedFn, errors: &mut Errors) {
     }
 }
 
-/// Checks options against each other and the keys: `fair = true` locks a single key.
+/// Checks options against each other and the keys: `fair = true` and `permits` lock a single
+/// key, and a key is either exclusive or shared.
 pub(crate) fn options(args: &Args, errors: &mut Errors) {
+    let read = args.read.as_ref().map_or(&[][..], |read| &read.keys[..]);
     // Fair waiters queue on one lock key; a lease over several keys has no single queue to
-    // wait in, so it cannot keep arrival order. Literals are counted as written.
+    // wait in, so it cannot keep arrival order. Literals are counted as written, shared or not.
     if let Some(fair) = args.fair.as_ref().filter(|fair| fair.value) {
-        if args.keys.len() > 1 {
+        if args.keys.len() + read.len() > 1 {
+            let shared_too = if read.is_empty() {
+                ""
+            } else {
+                " (the `read` keys count too)"
+            };
             errors.push(syn::Error::new_spanned(
                 fair,
-                "`fair = true` needs a single key: waiters queue on one key at a time, so \
-                 several keys cannot be fair; lock one key, or drop `fair`",
+                format!(
+                    "`fair = true` needs a single key{shared_too}: waiters queue on one key at a \
+                     time, so several keys cannot be fair; lock one key, or drop `fair`"
+                ),
+            ));
+        }
+    }
+    // A semaphore is one key whose holders each take a permit; the runtime refuses the rest
+    // too, but only once the call runs.
+    if let Some(permits) = &args.permits {
+        if args.keys.len() > 1 {
+            errors.push(syn::Error::new_spanned(
+                &permits.name,
+                format!(
+                    "`permits` makes one key a semaphore, and {} keys are given: write a single \
+                     key, as in #[distributed_lock(\"exports\", permits = 8)], or drop `permits` \
+                     to lock the keys exclusively",
+                    args.keys.len()
+                ),
+            ));
+        }
+        if let Some(read) = &args.read {
+            errors.push(syn::Error::new_spanned(
+                &read.name,
+                "`read` cannot be combined with `permits`: a semaphore is one key, each holder \
+                 taking a permit; take the shared keys in a call of their own, or drop `permits`",
+            ));
+        }
+    }
+    // Compared as written: the same template both ways is a mistake whatever the arguments.
+    for shared in read {
+        if args.keys.iter().any(|key| key.value() == shared.value()) {
+            errors.push(syn::Error::new_spanned(
+                shared,
+                format!(
+                    "{:?} is also a key held exclusively, which already keeps readers and \
+                     writers out: remove it from `read`, or from the exclusive keys to hold it \
+                     shared",
+                    shared.value()
+                ),
             ));
         }
     }
 }
 
-/// Parses the key templates and checks each placeholder against the fn's parameters.
-pub(crate) fn templates(args: &Args, item: &LockedFn, errors: &mut Errors) -> Vec<Template> {
+/// The parsed templates of the keys held exclusively and of those held shared (`read`).
+pub(crate) struct Templates {
+    pub(crate) keys: Vec<Template>,
+    pub(crate) read: Vec<Template>,
+}
+
+/// Parses the key templates, exclusive and shared, and checks each placeholder against the
+/// fn's parameters.
+pub(crate) fn templates(args: &Args, item: &LockedFn, errors: &mut Errors) -> Templates {
     let parameters = item.parameter_names();
-    let mut templates = Vec::new();
-    for literal in &args.keys {
-        let template = match Template::parse(literal) {
-            Ok(template) => template,
-            Err(error) => {
-                errors.push(error);
-                continue;
-            }
-        };
-        if let Some(message) = unseparated_placeholders(&template) {
-            errors.push(syn::Error::new_spanned(literal, message));
+    let mut parse = |literals: &[LitStr]| {
+        literals
+            .iter()
+            .filter_map(|literal| template(literal, &parameters, item, errors))
+            .collect()
+    };
+    let keys = parse(&args.keys);
+    let read = parse(args.read.as_ref().map_or(&[][..], |read| &read.keys[..]));
+    Templates { keys, read }
+}
+
+/// One template, parsed and checked; `None` when it does not parse.
+fn template(
+    literal: &LitStr,
+    parameters: &[syn::Ident],
+    item: &LockedFn,
+    errors: &mut Errors,
+) -> Option<Template> {
+    let template = match Template::parse(literal) {
+        Ok(template) => template,
+        Err(error) => {
+            errors.push(error);
+            return None;
         }
-        for root in template.roots() {
-            let known = if root == "self" {
-                item.has_receiver()
-            } else {
-                parameters.iter().any(|p| p == root)
-            };
-            if !known {
-                errors.push(syn::Error::new_spanned(
-                    literal,
-                    unknown_placeholder(root, &parameters, item.has_receiver()),
-                ));
-            }
-        }
-        templates.push(template);
+    };
+    if let Some(message) = unseparated_placeholders(&template) {
+        errors.push(syn::Error::new_spanned(literal, message));
     }
-    templates
+    for root in template.roots() {
+        let known = if root == "self" {
+            item.has_receiver()
+        } else {
+            parameters.iter().any(|p| p == root)
+        };
+        if !known {
+            errors.push(syn::Error::new_spanned(
+                literal,
+                unknown_placeholder(root, parameters, item.has_receiver()),
+            ));
+        }
+    }
+    Some(template)
 }
 
 /// Two placeholders need text with an escaped character (`:`, `{`, `}`, `%`) between them:
@@ -196,6 +263,55 @@ mod tests {
         assert!(option_errors(r#"["a:{id}", "b:{id}"]"#).is_empty());
         let errors = option_errors(r#"["a:{id}", "b:{id}"], fair = true"#);
         assert_eq!(errors.len(), 1);
-        assert!(errors[0].starts_with("`fair = true` needs a single key"));
+        assert!(errors[0].starts_with("`fair = true` needs a single key:"));
+    }
+
+    #[test]
+    fn fair_counts_the_read_keys_too() {
+        assert!(option_errors(r#"read = "a:{id}", fair = true"#).is_empty());
+        assert!(option_errors(r#""a:{id}", read = "b:{id}", fair = false"#).is_empty());
+        for attr in [
+            r#""a:{id}", read = "b:{id}", fair = true"#,
+            r#"read = ["a:{id}", "b:{id}"], fair = true"#,
+        ] {
+            let errors = option_errors(attr);
+            assert_eq!(errors.len(), 1, "{attr}");
+            assert!(
+                errors[0]
+                    .starts_with("`fair = true` needs a single key (the `read` keys count too)"),
+                "{attr}: {errors:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn permits_take_one_exclusive_key_and_no_read() {
+        assert!(option_errors(r#""exports", permits = 8"#).is_empty());
+        assert!(option_errors(r#"["exports"], permits = n, fair = true"#).is_empty());
+        let several = option_errors(r#"["a:{id}", "b:{id}"], permits = 2"#);
+        assert_eq!(several.len(), 1);
+        assert!(several[0].starts_with("`permits` makes one key a semaphore, and 2 keys are given"));
+        for attr in [
+            r#""a:{id}", read = "b:{id}", permits = 2"#,
+            r#"read = "b:{id}", permits = 2"#,
+        ] {
+            let errors = option_errors(attr);
+            assert_eq!(errors.len(), 1, "{attr}");
+            assert!(
+                errors[0].starts_with("`read` cannot be combined with `permits`"),
+                "{attr}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_key_is_either_exclusive_or_shared() {
+        assert!(option_errors(r#""a:{id}", read = ["a:{other}", "b:{id}"]"#).is_empty());
+        let errors = option_errors(r#"["a:{id}", "b:{id}"], read = ["c:{id}", "b:{id}"]"#);
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0].starts_with(r#""b:{id}" is also a key held exclusively"#),
+            "{errors:?}"
+        );
     }
 }

@@ -8,12 +8,13 @@ use quote::{format_ident, quote, quote_spanned, ToTokens};
 use syn::visit_mut::VisitMut;
 use syn::{LitStr, ReturnType, Type};
 
-use crate::args::{Args, DurationArg, Millis};
+use crate::args::{Args, DurationArg, Millis, PermitCount};
+use crate::check::Templates;
 use crate::item::LockedFn;
 use crate::key::{Part, Template};
 
 /// The annotated fn, rewritten to run its body under the lock.
-pub(crate) fn expand(args: &Args, templates: &[Template], item: &LockedFn) -> TokenStream {
+pub(crate) fn expand(args: &Args, templates: &Templates, item: &LockedFn) -> TokenStream {
     let krate = match &args.krate {
         Some(path) => path.to_token_stream(),
         None => quote!(::distlock_runtime),
@@ -39,9 +40,11 @@ pub(crate) fn expand(args: &Args, templates: &[Template], item: &LockedFn) -> To
     );
     // Generated locals live in the macro's hygiene: a parameter of the same name is untouched.
     let keys_local = format_ident!("__distlock_keys", span = Span::mixed_site());
+    let read_local = format_ident!("__distlock_read", span = Span::mixed_site());
     let manager_local = format_ident!("__distlock_manager", span = Span::mixed_site());
     let return_local = format_ident!("__distlock_return", span = Span::mixed_site());
-    let keys = templates.iter().map(|t| render(t, &private, item));
+    let keys = templates.keys.iter().map(|t| render(t, &private, item));
+    let read = templates.read.iter().map(|t| render(t, &private, item));
     let manager = match &args.manager {
         Some(expr) => quote_spanned!(span_of(expr)=> #private::manager(#expr)),
         None => quote!(#private::default_manager()),
@@ -50,10 +53,20 @@ pub(crate) fn expand(args: &Args, templates: &[Template], item: &LockedFn) -> To
     let wait = option_duration(args.wait.as_ref(), "wait", &private);
     let renew = args.renew.as_ref().is_none_or(syn::LitBool::value);
     let hold_at_least = option_duration(args.hold_at_least.as_ref(), "hold_at_least", &private);
-    // The templates as written, for metrics: never the rendered keys.
+    let permits = match args.permits.as_ref().map(|permits| &permits.count) {
+        Some(PermitCount::Literal { count, span }) => quote_spanned!(*span=>
+            ::core::option::Option::Some(::core::result::Result::Ok(#count))
+        ),
+        Some(PermitCount::Expr(expr)) => quote_spanned!(span_of(expr)=>
+            ::core::option::Option::Some(#private::IntoPermits::into_permits(#expr))
+        ),
+        None => quote!(::core::option::Option::None),
+    };
+    // The templates as written, exclusive then shared, for metrics: never the rendered keys.
     let template = args
         .keys
         .iter()
+        .chain(args.read.iter().flat_map(|read| &read.keys))
         .map(syn::LitStr::value)
         .collect::<Vec<_>>()
         .join(",");
@@ -67,11 +80,14 @@ pub(crate) fn expand(args: &Args, templates: &[Template], item: &LockedFn) -> To
         #(#attrs)*
         #vis #sig {
             let #keys_local: ::std::vec::Vec<::std::string::String> = ::std::vec![#(#keys),*];
+            let #read_local: ::std::vec::Vec<::std::string::String> = ::std::vec![#(#read),*];
             let #manager_local = #manager;
             #private::run(
                 #manager_local,
                 #keys_local,
                 #private::Options {
+                    read: #read_local,
+                    permits: #permits,
                     ttl: #ttl,
                     wait: #wait,
                     renew: #renew,

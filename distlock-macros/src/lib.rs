@@ -24,31 +24,53 @@ use proc_macro::TokenStream;
 /// ```
 ///
 /// # Keys
-/// The first argument is a key template, or an array of them locked together (all or nothing,
+/// The first argument (left out when `read` alone names the keys) is a key template, or an array
+/// of them locked together (all or nothing,
 /// sorted and de-duplicated at run time, so no two calls can deadlock on each other's order):
-/// `["stock:{sku}", "wallet:{user.id}"]`. A template interpolates the fn's parameters with
-/// `Display`: `{name}`, a field path `{name.field.sub}`, or `{self.field}` in a method. `{{` and
-/// `}}` are literal braces. Parameters bound by patterns count (`Path(id): Path<u64>` binds `id`).
-/// Interpolated values are percent-encoded for `%`, `:`, `{` and `}`, and two placeholders must
-/// have a `:` (or another of those characters) between them, so distinct arguments never render
-/// the same key and user input cannot pick a Redis Cluster hash slot; other values render as
-/// they are (`order:{order_id}` with 42 is `order:42`). A placeholder that names no parameter is
-/// a compile error listing the parameters; one naming a field its parameter's type lacks is a
-/// compile error on the key.
+/// `["stock:{sku}", "wallet:{user.id}"]`. These keys are held exclusively: one holder at a time.
+/// `read = ...` adds keys held shared (many readers, no writer), and `permits = N` makes the one
+/// key a semaphore of `N` holders; see the options below. A template interpolates the fn's
+/// parameters with `Display`: `{name}`, a field path `{name.field.sub}`, or `{self.field}` in a
+/// method. `{{` and `}}` are literal braces. Parameters bound by patterns count (`Path(id):
+/// Path<u64>` binds `id`). Interpolated values are percent-encoded for `%`, `:`, `{` and `}`, and
+/// two placeholders must have a `:` (or another of those characters) between them, so distinct
+/// arguments never render the same key and user input cannot pick a Redis Cluster hash slot;
+/// other values render as they are (`order:{order_id}` with 42 is `order:42`). A placeholder that
+/// names no parameter is a compile error listing the parameters; one naming a field its
+/// parameter's type lacks is a compile error on the key. The `read` templates follow the same
+/// rules.
+///
+/// ```ignore
+/// // Writes the report, reading its inputs: `report:{id}` exclusively, the others shared, all
+/// // taken together.
+/// #[distributed_lock("report:{id}", read = ["sales:{id}", "stock:{id}"])]
+/// async fn build_report(id: u64) -> Result<(), AppError> { /* ... */ }
+///
+/// // Only shared keys: any number of viewers at once, none while a writer holds `doc:{id}`.
+/// #[distributed_lock(read = "doc:{id}")]
+/// async fn view(id: u64) -> Result<Doc, AppError> { /* ... */ }
+///
+/// // At most 8 exports at once across the fleet (or `permits = settings.exports`).
+/// #[distributed_lock("exports", permits = 8)]
+/// async fn export(job: Job) -> Result<(), AppError> { /* ... */ }
+/// ```
 ///
 /// # Options
 /// | option | value | default |
 /// |---|---|---|
+/// | `read` | key templates held shared, taken with the exclusive keys as one unit: `read = "doc:{id}"` or `read = ["a:{x}", "b:{y}"]`. May stand alone, without exclusive keys (`#[distributed_lock(read = "doc:{id}")]`); a template may not be both exclusive and in `read` (the exclusive hold already covers reading) | none |
+/// | `permits` | makes the one exclusive key a semaphore: up to this many calls hold it at once, each with a lease of its own. An integer literal of at least 1, or an integer expression evaluated at each call (`permits = settings.exports`): zero, negative or above `u32::MAX` is `LockError::InvalidConfig` then, the body not run. Needs exactly one exclusive key and no `read` | none: the key is exclusive |
 /// | `ttl` | lease length: integer seconds (`ttl = 30`) or a string with a unit (`"1500ms"`, `"2s"`, `"5m"`, `"1h"`), checked at compile time; at least 10 ms. Or any other expression of integer seconds or a `Duration` (`ttl = SETTINGS_TTL`, `ttl = config.ttl`), evaluated at each call: a negative or out-of-range value is `LockError::InvalidConfig` then, the body not run | the manager's default ttl (30 s unless set with its builder) |
 /// | `wait` | how long to wait for a held lock, same forms; `wait = 0` tries once (try-lock) | the manager's default wait (10 s unless set with its builder) |
 /// | `renew` | `true` / `false`: extend the lease every ttl/3 while the body runs | `true` |
-/// | `fair` | `true` / `false`: serve waiters in arrival order, handing the lock straight to the oldest live waiter; one key only | the manager's (`true` for one key unless `LockManagerBuilder::default_fair(false)`; unfair on a quorum or with `min_replicas`) |
+/// | `fair` | `true` / `false`: serve waiters in arrival order, handing the lock straight to the oldest live waiter; one key only, the `read` keys counted too | the manager's (`true` for one key unless `LockManagerBuilder::default_fair(false)`; unfair on a quorum or with `min_replicas`) |
 /// | `hold_at_least` | after the body, keep the keys held until this long after the acquisition (same forms as `ttl`): scheduled jobs that must run at most once per tick across a fleet | released when the body ends |
 /// | `manager` | an expression yielding a `LockManager`, `&LockManager` or `Arc<LockManager>`; may use the parameters and `self` (`manager = &self.locks`) | the manager installed with `set_default_manager` |
 /// | `crate` | path of the runtime crate as a string, for a renamed dependency (`crate = "lock"`) | `"::distlock_runtime"` |
 ///
-/// Any other option, a duplicate, a malformed value, or `fair = true` with several keys is a
-/// compile error on its token.
+/// Any other option, a duplicate, a malformed value, `fair = true` with several keys, `permits = 0`,
+/// `permits` with several keys (on `permits`) or with `read` (on `read`), `read = []`, and a
+/// template both exclusive and in `read` (on the `read` one) are compile errors on their token.
 ///
 /// # The fn
 /// It must be `async` and return `Result<T, E>` where `E: From<LockError>` (a type alias of such
@@ -64,8 +86,8 @@ use proc_macro::TokenStream;
 /// in `tokio::spawn`.
 ///
 /// # What the expansion does
-/// The fn keeps its signature. Its new body renders the keys from the arguments, evaluates the
-/// `manager` expression (or takes the default manager), then makes one call into the runtime
+/// The fn keeps its signature. Its new body renders the keys (exclusive and `read`) from the
+/// arguments, evaluates the `manager` expression (or takes the default manager), then makes one call into the runtime
 /// with the original body as an `async move` block. The runtime sorts and de-duplicates the
 /// keys, acquires them as one lease (waiting up to `wait`), runs the body, and releases the
 /// lease whatever happens: on return, on panic, and when the call's future is dropped. If the
@@ -80,6 +102,9 @@ use proc_macro::TokenStream;
 /// does, when a sibling call on the same task (side by side in `join!` or `select!`) is using the
 /// key at that moment: re-entry is for strict nesting, and side-by-side calls take turns. If only
 /// some of its keys are held, the others are acquired as a new lease, under its own settings.
+/// A body holding a key exclusively re-enters for it in any mode; a body holding it shared (or
+/// as a permit) re-enters only in that mode, and a nested exclusive call for it fails at once
+/// with `LockError::UpgradeNotSupported` (two readers upgrading would wait for each other).
 #[proc_macro_attribute]
 pub fn distributed_lock(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item = proc_macro2::TokenStream::from(item);

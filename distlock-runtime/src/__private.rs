@@ -11,6 +11,10 @@ use crate::manager::LockManager;
 /// The options written in the attribute; `None` keeps the manager's default.
 #[derive(Debug)]
 pub struct Options {
+    /// `read = ..`: the keys held shared, rendered (empty without `read`).
+    pub read: Vec<String>,
+    /// `permits = ..`: a literal, or an expression converted at the call.
+    pub permits: Option<Result<u32, LockError>>,
     /// `ttl = ..`: a literal, or an expression converted at the call.
     pub ttl: Option<Result<Duration, LockError>>,
     /// `wait = ..`.
@@ -63,6 +67,45 @@ macro_rules! seconds {
     )*};
 }
 seconds!(u8, u16, u32, u64, usize, i8, i16, i32, i64, isize);
+
+/// A `permits = ..` value given as an expression (`permits = settings.exports`): any integer.
+/// Zero, a negative value, or one above `u32::MAX` is a [`LockError::InvalidConfig`] at the
+/// call.
+#[diagnostic::on_unimplemented(
+    message = "`permits = ...` takes an integer number of permits; `{Self}` is not an integer",
+    label = "expected an integer",
+    note = "write `permits = 8`, a `const EXPORTS: u32 = 8;`, or an expression of an integer type"
+)]
+pub trait IntoPermits {
+    /// The number of permits, or why this value cannot be one.
+    fn into_permits(self) -> Result<u32, LockError>;
+}
+
+impl<T: IntoPermits + Copy> IntoPermits for &T {
+    fn into_permits(self) -> Result<u32, LockError> {
+        (*self).into_permits()
+    }
+}
+
+macro_rules! permits {
+    ($($t:ty),*) => {$(
+        impl IntoPermits for $t {
+            fn into_permits(self) -> Result<u32, LockError> {
+                match u32::try_from(self) {
+                    Ok(0) | Err(_) => Err(LockError::InvalidConfig {
+                        what: "permits",
+                        reason: format!(
+                            "permits = {self}: a semaphore takes 1 to {} permits",
+                            u32::MAX
+                        ),
+                    }),
+                    Ok(n) => Ok(n),
+                }
+            }
+        }
+    )*};
+}
+permits!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);
 
 /// A return type that can carry a [`LockError`]: `Result<T, E>` with `E: From<LockError>`.
 ///
@@ -185,7 +228,8 @@ impl Write for Escaped<'_> {
     }
 }
 
-/// Runs `body` under the lock on `keys`: the whole expansion of an annotated fn. `on_error` is
+/// Runs `body` under the lock on `keys` (exclusive, or one of `options.permits`) and
+/// `options.read` (shared), taken together: the whole expansion of an annotated fn. `on_error` is
 /// `<ReturnType as LockResult>::from_lock_error`, named in the expansion so that a return type
 /// that cannot carry a `LockError` is reported once, on the return type.
 pub async fn run<R, F>(
@@ -202,16 +246,21 @@ where
         Ok(manager) => manager,
         Err(error) => return on_error(error),
     };
-    let (ttl, wait, hold_at_least) = match (
+    let (ttl, wait, hold_at_least, permits) = match (
         options.ttl.transpose(),
         options.wait.transpose(),
         options.hold_at_least.transpose(),
+        options.permits.transpose(),
     ) {
-        (Ok(ttl), Ok(wait), Ok(hold)) => (ttl, wait, hold),
-        (Err(error), _, _) | (_, Err(error), _) | (_, _, Err(error)) => return on_error(error),
+        (Ok(ttl), Ok(wait), Ok(hold), Ok(permits)) => (ttl, wait, hold, permits),
+        (Err(error), _, _, _)
+        | (_, Err(error), _, _)
+        | (_, _, Err(error), _)
+        | (_, _, _, Err(error)) => return on_error(error),
     };
     let mut request = manager
         .lock_all(keys)
+        .read_keys(options.read)
         .renew(options.renew)
         .metrics_label(options.template);
     if let Some(ttl) = ttl {
@@ -225,6 +274,9 @@ where
     }
     if let Some(hold) = hold_at_least {
         request = request.hold_at_least(hold);
+    }
+    if let Some(permits) = permits {
+        request = request.permits(permits);
     }
     match request.run(body).await {
         Ok(output) => output,
@@ -260,6 +312,29 @@ pub fn script(name: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn permits_from_any_integer_type() {
+        assert_eq!(8u8.into_permits().ok(), Some(8));
+        assert_eq!((&8i64).into_permits().ok(), Some(8));
+        assert_eq!(u32::MAX.into_permits().ok(), Some(u32::MAX));
+        for refused in [
+            0i64.into_permits(),
+            (-1i32).into_permits(),
+            (u64::from(u32::MAX) + 1).into_permits(),
+        ] {
+            assert!(
+                matches!(
+                    refused,
+                    Err(LockError::InvalidConfig {
+                        what: "permits",
+                        ..
+                    })
+                ),
+                "{refused:?}"
+            );
+        }
+    }
 
     #[test]
     fn plain_values_render_as_they_are() {

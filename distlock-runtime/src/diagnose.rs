@@ -26,10 +26,30 @@ pub(crate) static CHECK: LazyLock<Lua> =
 /// The commands distlock's scripts run (a unit test holds [`CHECK`] to this list).
 #[cfg(test)]
 const SCRIPT_COMMANDS: [&str; 24] = [
-    "DEL", "EXISTS", "GET", "HDEL", "HGET", "HSET", "LINDEX", "LLEN", "LPOP", "LREM", "PEXPIRE",
-    "PTTL", "RPUSH", "SET", "TIME", "ZADD", "ZCARD", "ZCOUNT", "ZRANGE", "ZREM",
-    "ZREMRANGEBYSCORE", "ZSCORE", // read by inspection only, through pcall: not required
-    "HLEN", "publish",
+    "DEL",
+    "EXISTS",
+    "GET",
+    "HDEL",
+    "HGET",
+    "HSET",
+    "LINDEX",
+    "LLEN",
+    "LPOP",
+    "LREM",
+    "PEXPIRE",
+    "PTTL",
+    "RPUSH",
+    "SET",
+    "TIME",
+    "ZADD",
+    "ZCARD",
+    "ZCOUNT",
+    "ZRANGE",
+    "ZREM",
+    "ZREMRANGEBYSCORE",
+    "ZSCORE", // read by inspection only, through pcall: not required
+    "HLEN",
+    "publish",
 ];
 
 /// `LockManager::ping`: the check on every server (see the module docs).

@@ -40,7 +40,9 @@ impl LockMode {
     pub(crate) fn covers(self, asked: Self) -> bool {
         matches!(
             (self, asked),
-            (Self::Exclusive, _) | (Self::Shared, Self::Shared) | (Self::Permits(_), Self::Permits(_))
+            (Self::Exclusive, _)
+                | (Self::Shared, Self::Shared)
+                | (Self::Permits(_), Self::Permits(_))
         )
     }
 
@@ -72,6 +74,9 @@ impl fmt::Display for LockMode {
         }
     }
 }
+
+/// A request's keys (sorted, de-duplicated) and the mode each is held in, side by side.
+pub(crate) type KeyModes = (std::sync::Arc<[String]>, std::sync::Arc<[LockMode]>);
 
 /// The modes of a script's keys, one word each, space-separated (`scripts/holders.lua`): `x`
 /// exclusive, `r` shared, the digits of `n` for one of `n` permits.

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use crate::error::LockError;
-use crate::mode::LockMode;
+use crate::mode::{KeyModes, LockMode};
 use crate::sync::lock;
 use crate::wait::Wait;
 
@@ -240,7 +240,7 @@ impl Entry {
     /// ends or is dropped.
     pub(crate) async fn scope<F: Future>(
         self,
-        lease: Option<(Arc<[String]>, Arc<[LockMode]>, u64)>,
+        lease: Option<(KeyModes, u64)>,
         body: F,
     ) -> F::Output {
         let Self {
@@ -265,7 +265,7 @@ impl Entry {
                 loans: Arc::clone(&loans),
             }));
         }
-        if let Some((keys, modes, fencing_token)) = lease {
+        if let Some(((keys, modes), fencing_token)) = lease {
             frame = Some(Arc::new(Frame {
                 id: crate::ids::next_id(),
                 manager_id,

@@ -12,7 +12,7 @@ use crate::acquire::{self, Ask, Fairness};
 use crate::context::Context;
 use crate::error::LockError;
 use crate::lease::Lease;
-use crate::mode::LockMode;
+use crate::mode::{KeyModes, LockMode};
 use crate::reentrancy;
 use crate::validity::check_ttl;
 use crate::wait::Wait;
@@ -368,7 +368,7 @@ impl LockRequest {
             let fencing_token = lease.fencing_token();
             tracing::Span::current().record("fencing_token", fencing_token);
             let scoped = entry.scope(
-                Some((Arc::clone(lease.shared_keys()), lease.modes(), fencing_token)),
+                Some(((Arc::clone(lease.shared_keys()), lease.modes()), fencing_token)),
                 body,
             );
             let output = tokio::select! {
@@ -453,7 +453,7 @@ fn prepare_keys(
     keys: Vec<String>,
     read: Vec<String>,
     permits: Option<u32>,
-) -> Result<(Arc<[String]>, Arc<[LockMode]>), LockError> {
+) -> Result<KeyModes, LockError> {
     if keys.is_empty() && read.is_empty() {
         return Err(LockError::InvalidKey {
             key: String::new(),
@@ -558,7 +558,10 @@ mod tests {
             let read = read.into_iter().map(String::from).collect();
             assert!(matches!(
                 prepare_keys(keys, read, Some(n)),
-                Err(LockError::InvalidConfig { what: "permits", .. })
+                Err(LockError::InvalidConfig {
+                    what: "permits",
+                    ..
+                })
             ));
         }
     }

@@ -46,11 +46,7 @@ impl Tags {
 }
 
 /// How an acquire ended, for `distlock_acquisitions_total`.
-pub(crate) fn acquisition(
-    tags: Tags,
-    outcome: Result<Duration, &LockError>,
-    waited: bool,
-) {
+pub(crate) fn acquisition(tags: Tags, outcome: Result<Duration, &LockError>, waited: bool) {
     let outcome = match outcome {
         Ok(_) if waited => "contended",
         Ok(_) => "acquired",

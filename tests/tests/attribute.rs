@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_runtime::{current_lease, distributed_lock, LockError, LockManager};
+use distlock_runtime::{current_lease, distributed_lock, LockError, LockManager, LockMode};
 use distlock_tests::{exists, until_exists, until_gone, RedisServer};
 use redis::aio::MultiplexedConnection;
 use redis::AsyncCommands;
@@ -394,4 +394,146 @@ async fn ttl_and_wait_from_expressions_are_checked_at_each_call() {
     assert!(negative.to_string().contains("negative"), "{negative}");
     let zero = ttl_from_argument(&locks, 1, 0).await.unwrap_err();
     assert!(matches!(zero, LockError::InvalidConfig { .. }), "{zero:?}");
+}
+
+#[distributed_lock(read = "doc:{id}", wait = 0, manager = locks)]
+async fn view(locks: &LockManager, id: u32, other: &LockManager) -> Result<LockMode, LockError> {
+    // Another reader is let in beside this one; a writer is not.
+    other
+        .read_lock(format!("doc:{id}"))
+        .wait(Duration::ZERO)
+        .acquire()
+        .await?
+        .release()
+        .await?;
+    let writer = other
+        .lock(format!("doc:{id}"))
+        .wait(Duration::ZERO)
+        .acquire()
+        .await;
+    assert!(
+        matches!(writer, Err(LockError::NotAcquired { .. })),
+        "{writer:?}"
+    );
+    Ok(other
+        .inspect(&format!("doc:{id}"))
+        .await?
+        .map_or(LockMode::Exclusive, |info| info.mode))
+}
+
+#[distributed_lock("doc:{id}", wait = 0, manager = locks)]
+async fn edit(locks: &LockManager, id: u32) -> Result<(), LockError> {
+    let _ = id;
+    Ok(())
+}
+
+#[distributed_lock("report:{id}", read = ["doc:{id}", "stock:{id}"], wait = 0, manager = locks)]
+async fn build_report(locks: &LockManager, id: u32, other: &LockManager) -> Result<(), LockError> {
+    let report = other
+        .lock(format!("report:{id}"))
+        .wait(Duration::ZERO)
+        .acquire()
+        .await;
+    assert!(
+        matches!(report, Err(LockError::NotAcquired { .. })),
+        "{report:?}"
+    );
+    for shared in [format!("doc:{id}"), format!("stock:{id}")] {
+        other
+            .read_lock(shared.as_str())
+            .wait(Duration::ZERO)
+            .acquire()
+            .await?
+            .release()
+            .await?;
+        let writer = other.lock(shared).wait(Duration::ZERO).acquire().await;
+        assert!(
+            matches!(writer, Err(LockError::NotAcquired { .. })),
+            "{writer:?}"
+        );
+    }
+    Ok(())
+}
+
+#[distributed_lock(read = "doc:{id}", manager = locks)]
+async fn view_then_edit(locks: &LockManager, id: u32) -> Result<(), LockError> {
+    edit(locks, id).await
+}
+
+#[tokio::test]
+async fn annotated_read_keys_are_shared_taken_with_the_exclusive_keys_and_never_upgraded() {
+    let server = RedisServer::start();
+    let (locks, other) = (server.manager(), server.manager());
+    assert_eq!(view(&locks, 1, &other).await.unwrap(), LockMode::Shared);
+    // Beside a reader that holds on, the annotated reader still gets in; the writer does not.
+    let reader = other.read_lock("doc:1").acquire().await.unwrap();
+    assert_eq!(view(&locks, 1, &other).await.unwrap(), LockMode::Shared);
+    let writer = edit(&locks, 1).await;
+    assert!(
+        matches!(writer, Err(LockError::NotAcquired { .. })),
+        "{writer:?}"
+    );
+    // Exclusive and shared keys together: the shared one is held by `reader` too.
+    build_report(&locks, 1, &other).await.unwrap();
+    reader.release().await.unwrap();
+    // A writer waits for nothing once the readers are gone.
+    edit(&locks, 1).await.unwrap();
+    let upgrade = view_then_edit(&locks, 1).await;
+    assert!(
+        matches!(upgrade, Err(LockError::UpgradeNotSupported { ref key }) if key == "doc:1"),
+        "{upgrade:?}"
+    );
+}
+
+#[distributed_lock("exports", permits = 2, wait = 0, manager = locks)]
+async fn export(locks: &LockManager, other: &LockManager) -> Result<LockMode, LockError> {
+    Ok(other
+        .inspect("exports")
+        .await?
+        .map_or(LockMode::Exclusive, |info| info.mode))
+}
+
+#[distributed_lock("exports", permits = n, wait = 0, manager = locks)]
+async fn export_up_to(locks: &LockManager, n: i64, ran: &AtomicU64) -> Result<(), LockError> {
+    let _ = n;
+    ran.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+#[tokio::test]
+async fn annotated_permits_admit_that_many_holders_and_refuse_a_bad_count_at_the_call() {
+    let server = RedisServer::start();
+    let (locks, other) = (server.manager(), server.manager());
+    let first = other.lock("exports").permits(2).acquire().await.unwrap();
+    assert_eq!(export(&locks, &other).await.unwrap(), LockMode::Permits(2));
+    let second = other.lock("exports").permits(2).acquire().await.unwrap();
+    let full = export(&locks, &other).await;
+    assert!(
+        matches!(full, Err(LockError::NotAcquired { .. })),
+        "{full:?}"
+    );
+    // A count from an argument, converted at each call.
+    let ran = AtomicU64::new(0);
+    export_up_to(&locks, 3, &ran).await.unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    for bad in [0, -1, i64::from(u32::MAX) + 1] {
+        let refused = export_up_to(&locks, bad, &ran).await;
+        assert!(
+            matches!(
+                refused,
+                Err(LockError::InvalidConfig {
+                    what: "permits",
+                    ..
+                })
+            ),
+            "{bad}: {refused:?}"
+        );
+    }
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        1,
+        "the body ran with a bad count"
+    );
+    first.release().await.unwrap();
+    second.release().await.unwrap();
 }

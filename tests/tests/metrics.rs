@@ -279,11 +279,20 @@ async fn every_series_of_a_request_carries_its_mode() {
     let by_mode = |mode: &str| {
         counter(
             ACQUISITIONS,
-            &[("template", template), ("mode", mode), ("outcome", "acquired")],
+            &[
+                ("template", template),
+                ("mode", mode),
+                ("outcome", "acquired"),
+            ],
         )
     };
     let before = ["exclusive", "shared", "permits", "mixed"].map(by_mode);
-    let lease = locks.lock("m-x").metrics_label(template).acquire().await.unwrap();
+    let lease = locks
+        .lock("m-x")
+        .metrics_label(template)
+        .acquire()
+        .await
+        .unwrap();
     lease.release().await.unwrap();
     for _ in 0..2 {
         let lease = locks

@@ -670,11 +670,19 @@ async fn an_unfair_reader_never_overtakes_a_queued_fair_writer() {
         .wait(Duration::ZERO)
         .acquire()
         .await;
-    assert!(matches!(unfair, Err(LockError::NotAcquired { .. })), "{unfair:?}");
+    assert!(
+        matches!(unfair, Err(LockError::NotAcquired { .. })),
+        "{unfair:?}"
+    );
     let unfair = {
         let locks = locks.clone();
         tokio::spawn(async move {
-            locks.read_lock("doc").fair(false).wait(LONG).acquire().await
+            locks
+                .read_lock("doc")
+                .fair(false)
+                .wait(LONG)
+                .acquire()
+                .await
         })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -725,7 +733,10 @@ async fn an_unfair_writer_is_kept_out_while_readers_keep_overlapping() {
         .wait(Duration::from_millis(1500))
         .acquire()
         .await;
-    assert!(matches!(unfair, Err(LockError::Timeout { .. })), "{unfair:?}");
+    assert!(
+        matches!(unfair, Err(LockError::Timeout { .. })),
+        "{unfair:?}"
+    );
     let started = Instant::now();
     let fair = locks.lock("doc").wait(LONG).acquire().await.unwrap();
     assert!(

@@ -69,7 +69,12 @@ async fn a_killed_reader_process_gives_its_share_back_within_its_ttl() {
     let server = RedisServer::start();
     let locks = server.manager();
     let child = holder(&["hold-read", &server.url(), "doc", "1000"]).await;
-    let live = locks.read_lock("doc").ttl(Duration::from_millis(1000)).acquire().await.unwrap();
+    let live = locks
+        .read_lock("doc")
+        .ttl(Duration::from_millis(1000))
+        .acquire()
+        .await
+        .unwrap();
     // Both held, and renewed, past their ttl.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(locks.inspect("doc").await.unwrap().unwrap().holders, 2);
@@ -84,7 +89,10 @@ async fn a_killed_reader_process_gives_its_share_back_within_its_ttl() {
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert!(!live.is_lost(), "the live reader kept its lease");
     let writer = locks.lock("doc").wait(Duration::ZERO).acquire().await;
-    assert!(matches!(writer, Err(LockError::NotAcquired { .. })), "{writer:?}");
+    assert!(
+        matches!(writer, Err(LockError::NotAcquired { .. })),
+        "{writer:?}"
+    );
     live.release().await.unwrap();
     let writer = locks.lock("doc").wait(Duration::ZERO).acquire().await;
     assert!(writer.is_ok(), "{writer:?}");

@@ -30,7 +30,10 @@ async fn every_mode_works(a: &LockManager, b: &LockManager) {
         .expect("readers share");
     assert!(second.fencing_token() > first.fencing_token());
     let writer = b.lock("m-doc").wait(Duration::ZERO).acquire().await;
-    assert!(matches!(writer, Err(LockError::NotAcquired { .. })), "{writer:?}");
+    assert!(
+        matches!(writer, Err(LockError::NotAcquired { .. })),
+        "{writer:?}"
+    );
     let info = a.inspect("m-doc").await.unwrap().unwrap();
     assert_eq!((info.mode, info.holders), (LockMode::Shared, 2));
     first.extend(Duration::from_secs(60)).await.unwrap();
@@ -43,7 +46,12 @@ async fn every_mode_works(a: &LockManager, b: &LockManager) {
 
     let p1 = a.lock("m-pool").permits(2).acquire().await.unwrap();
     let p2 = b.lock("m-pool").permits(2).acquire().await.unwrap();
-    let p3 = a.lock("m-pool").permits(2).wait(Duration::ZERO).acquire().await;
+    let p3 = a
+        .lock("m-pool")
+        .permits(2)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await;
     assert!(matches!(p3, Err(LockError::NotAcquired { .. })), "{p3:?}");
     // A waiter for a permit is woken by the release (the leases run 30 s).
     let waiter = {
@@ -54,7 +62,11 @@ async fn every_mode_works(a: &LockManager, b: &LockManager) {
     let released = tokio::time::Instant::now();
     p1.release().await.unwrap();
     let p3 = waiter.await.unwrap().unwrap();
-    assert!(released.elapsed() < Duration::from_secs(2), "{:?}", released.elapsed());
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        released.elapsed()
+    );
     assert!(p3.fencing_token() > p2.fencing_token());
     p2.release().await.unwrap();
     p3.release().await.unwrap();
@@ -107,7 +119,10 @@ async fn a_cluster_takes_shared_and_exclusive_keys_in_different_slots_together_o
         .await
         .unwrap();
     assert!(lease.fencing_token() > reader.fencing_token());
-    assert_eq!(a.inspect("alpha").await.unwrap().unwrap().mode, LockMode::Exclusive);
+    assert_eq!(
+        a.inspect("alpha").await.unwrap().unwrap().mode,
+        LockMode::Exclusive
+    );
     assert_eq!(members(cluster.node(nodes("bravo")), "bravo"), 1);
     assert_eq!(members(cluster.node(nodes("charlie")), "charlie"), 2);
     let held = a.held_locks("*").await.unwrap();
@@ -187,7 +202,10 @@ async fn a_quorum_needs_a_majority_for_each_mode() {
     let alive: Vec<&RedisServer> = servers.iter().filter(|s| s.pid().is_some()).collect();
     assert!(alive.iter().all(|s| members(s, "q-doc") == 2));
     let writer = b.lock("q-doc").wait(Duration::ZERO).acquire().await;
-    assert!(matches!(writer, Err(LockError::NotAcquired { .. })), "{writer:?}");
+    assert!(
+        matches!(writer, Err(LockError::NotAcquired { .. })),
+        "{writer:?}"
+    );
     first.release().await.unwrap();
     second.release().await.unwrap();
     let writer = b.lock("q-doc").acquire().await.unwrap();
@@ -195,19 +213,33 @@ async fn a_quorum_needs_a_majority_for_each_mode() {
     // majority, so it is refused, and that node's grant is undone.
     alive[0].command(&["DEL", "distlock:lock:{q-doc}"]);
     let reader = a.read_lock("q-doc").wait(Duration::ZERO).acquire().await;
-    assert!(matches!(reader, Err(LockError::NotAcquired { .. })), "{reader:?}");
-    assert!(alive.iter().all(|s| members(s, "q-doc") == 0), "refused reads undone");
+    assert!(
+        matches!(reader, Err(LockError::NotAcquired { .. })),
+        "{reader:?}"
+    );
+    assert!(
+        alive.iter().all(|s| members(s, "q-doc") == 0),
+        "refused reads undone"
+    );
     writer.release().await.unwrap();
     // A semaphore of 1 on the three nodes left: one holder at a time.
     let permit = a.lock("q-pool").permits(1).acquire().await.unwrap();
-    let second = b.lock("q-pool").permits(1).wait(Duration::ZERO).acquire().await;
+    let second = b
+        .lock("q-pool")
+        .permits(1)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await;
     assert!(second.is_err(), "{second:?}");
     permit.release().await.unwrap();
     // Three of five down: no majority for any mode.
     servers[2].kill();
     let c = manager(&servers);
     let reader = c.read_lock("q-doc").wait(Duration::ZERO).acquire().await;
-    assert!(matches!(reader, Err(LockError::NoQuorum { .. })), "{reader:?}");
+    assert!(
+        matches!(reader, Err(LockError::NoQuorum { .. })),
+        "{reader:?}"
+    );
 }
 
 #[tokio::test]
@@ -224,7 +256,13 @@ async fn min_replicas_confirms_shared_and_permit_leases() {
     let reader = locks.read_lock("r-doc").ttl(LONG).acquire().await.unwrap();
     // WAIT returned: the replica has the member already, not eventually.
     assert_eq!(members(&replica, "r-doc"), 1);
-    let permit = locks.lock("r-pool").permits(3).ttl(LONG).acquire().await.unwrap();
+    let permit = locks
+        .lock("r-pool")
+        .permits(3)
+        .ttl(LONG)
+        .acquire()
+        .await
+        .unwrap();
     assert_eq!(members(&replica, "r-pool"), 1);
     reader.extend(Duration::from_secs(60)).await.unwrap();
     permit.extend(Duration::from_secs(60)).await.unwrap();
@@ -235,6 +273,9 @@ async fn min_replicas_confirms_shared_and_permit_leases() {
     replica.pause();
     let refused = locks.read_lock("r-doc").ttl(LONG).acquire().await;
     replica.resume();
-    assert!(matches!(refused, Err(LockError::Replication { .. })), "{refused:?}");
+    assert!(
+        matches!(refused, Err(LockError::Replication { .. })),
+        "{refused:?}"
+    );
     assert_eq!(members(&primary, "r-doc"), 0);
 }

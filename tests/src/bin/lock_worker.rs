@@ -58,7 +58,10 @@ async fn in_room(
     key: &str,
     writes: bool,
 ) -> Result<(), redis::RedisError> {
-    let (readers, writers) = (format!("room:{{{key}}}:readers"), format!("room:{{{key}}}:writers"));
+    let (readers, writers) = (
+        format!("room:{{{key}}}:readers"),
+        format!("room:{{{key}}}:writers"),
+    );
     let (mine, other) = if writes {
         (&writers, &readers)
     } else {
@@ -67,10 +70,12 @@ async fn in_room(
     let inside: i64 = conn.incr(mine, 1).await?;
     let others: i64 = conn.get::<_, Option<i64>>(other).await?.unwrap_or(0);
     if others > 0 || (writes && inside > 1) {
-        conn.incr::<_, _, ()>(format!("room:{{{key}}}:violations"), 1).await?;
+        conn.incr::<_, _, ()>(format!("room:{{{key}}}:violations"), 1)
+            .await?;
     }
     if !writes && inside > 1 {
-        conn.incr::<_, _, ()>(format!("room:{{{key}}}:shared"), 1).await?;
+        conn.incr::<_, _, ()>(format!("room:{{{key}}}:shared"), 1)
+            .await?;
     }
     tokio::time::sleep(Duration::from_millis(if writes { 2 } else { 5 })).await;
     conn.decr::<_, _, ()>(mine, 1).await?;

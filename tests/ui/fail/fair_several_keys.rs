@@ -20,6 +20,20 @@ async fn unfair(sku: u64, user: u64) -> Result<(), LockError> {
     Ok(())
 }
 
+// The `read` keys count too: the request is for two keys.
+#[distributed_lock("stock:{sku}", read = "catalog:{sku}", fair = true)]
+async fn with_read(sku: u64) -> Result<(), LockError> {
+    let _ = sku;
+    Ok(())
+}
+
+// One shared key alone can be fair.
+#[distributed_lock(read = "catalog:{sku}", fair = true)]
+async fn read_alone(sku: u64) -> Result<(), LockError> {
+    let _ = sku;
+    Ok(())
+}
+
 fn main() {
     // The fn is still emitted beside the error: this call resolves.
     let _ = buy(1, 2);
