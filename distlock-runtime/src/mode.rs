@@ -15,8 +15,8 @@ use redis::{RedisWrite, ToRedisArgs};
 /// | a lease in this mode | is granted when the key is held by |
 /// |---|---|
 /// | `Exclusive` | nobody |
-/// | `Shared` | nobody exclusively (and, unless it is `fair(false)`, no fair waiter is queued before it) |
-/// | `Permits(n)` | nobody exclusively, and fewer than `n` shared or permit leases |
+/// | `Shared` | nobody exclusively, and no fair waiter is queued for the key |
+/// | `Permits(n)` | nobody exclusively, fewer than `n` shared or permit leases, and no fair waiter is queued |
 ///
 /// A key is meant to be used in one way: exclusive and shared (a read-write lock), or permits
 /// (a semaphore; see [`LockRequest::permits`](crate::LockRequest::permits) for callers that

@@ -1,11 +1,12 @@
 //! Every Lua script distlock sends, run directly (`EVAL`) against a real `redis-server` from a
 //! state set up by hand with raw commands: free, held by us, held by another owner, held and
-//! marked as waited on (`~` + token) by either, an expired queue head, a dead waiter's entry, a
-//! counter of another type, a counter ahead of the clock, a replayed acquire. Each test checks
-//! the reply and what the script left behind: keys, ttls, queue, and the messages on the lock's
-//! channel. The scripts' contracts are at the top of their files in
-//! `distlock-runtime/src/scripts/`; the texts run here are the runtime's own, as composed for
-//! Redis (`__private::script`).
+//! marked as waited on (`~` + token) by either, held shared or as permits by live and expired
+//! members, an expired queue head, a dead waiter's entry, waiters of each mode, a counter of
+//! another type, a counter ahead of the clock, a replayed acquire. Each test checks the reply and
+//! what the script left behind: keys, ttls, members and their scores, queue, and the messages on
+//! the lock's channel. The scripts' contracts are at the top of their files in
+//! `distlock-runtime/src/scripts/` and `src/fair/`; the texts run here are the runtime's own, as
+//! composed for Redis (`__private::script`).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -24,10 +25,23 @@ const FIRST: &str = "1111111111111111aaaaaaaaaaaaaaaa";
 const SECOND: &str = "2222222222222222bbbbbbbbbbbbbbbb";
 const THIRD: &str = "3333333333333333cccccccccccccccc";
 
-/// The acquire's third argument (`Waiting` in the runtime's `scripts/mod.rs`).
+/// The modes a lease holds a key in (`scripts/holders.lua`); one of N permits is N's digits.
+const EXCLUSIVE: &str = "x";
+const SHARED: &str = "r";
+
+/// Whether a request waits, as the acquires take it (`Waiting` in the runtime's
+/// `scripts/flags.rs`).
 const NOT_YET: &str = "0";
 const WAITED: &str = "1";
 const NEVER: &str = "-";
+
+/// Whether a releasing owner may be queued as a fair waiter (`Queued`).
+const NOT_QUEUED: &str = "0";
+const MAYBE_QUEUED: &str = "1";
+
+/// Which releases announce themselves (`Announce`): those of keys marked as waited on, or all.
+const WAITED_ON: &str = "0";
+const ALWAYS: &str = "1";
 
 /// No arguments.
 const NO_ARGS: &[&str] = &[];
@@ -45,28 +59,73 @@ const COVERED: [&str; 9] = [
     "key_types",
 ];
 
-/// The Redis keys of the lock on `key` under the default prefix (the runtime's `keys.rs`).
+/// The Redis keys of the lock on one key under the default prefix (the runtime's `keys.rs`),
+/// and the mode a request holds it in.
+#[derive(Clone)]
 struct Keys {
     lock: String,
     fence: String,
     queue: String,
     waiters: String,
+    holders: String,
+    mode: &'static str,
 }
 
+/// The keys of the lock on `key`, held exclusively.
 fn keys(key: &str) -> Keys {
     Keys {
         lock: format!("distlock:lock:{{{key}}}"),
         fence: format!("distlock:fence:{{{key}}}"),
         queue: format!("distlock:queue:{{{key}}}"),
         waiters: format!("distlock:waiters:{{{key}}}"),
+        holders: format!("distlock:holders:{{{key}}}"),
+        mode: EXCLUSIVE,
     }
 }
 
 impl Keys {
-    /// The four keys the release and fair acquire scripts take per lock, in their order.
-    fn for_release(&self) -> [&str; 4] {
-        [&self.lock, &self.queue, &self.waiters, &self.fence]
+    /// The same lock, held in `mode`.
+    fn held(&self, mode: &'static str) -> Self {
+        Self {
+            mode,
+            ..self.clone()
+        }
     }
+
+    /// The five keys the scripts that serve the fair queue take per lock (release, fair
+    /// acquire, force release), in their order.
+    fn served(&self) -> [&str; 5] {
+        [
+            &self.lock,
+            &self.queue,
+            &self.waiters,
+            &self.fence,
+            &self.holders,
+        ]
+    }
+
+    /// The key a renewal extends: the lock key when held exclusively, else the holders.
+    fn lease(&self) -> &str {
+        if self.mode == EXCLUSIVE {
+            &self.lock
+        } else {
+            &self.holders
+        }
+    }
+
+    /// `token`'s member among the holders: its token when shared, `N token` as a permit.
+    fn member(&self, token: &str) -> String {
+        if self.mode == SHARED {
+            token.to_owned()
+        } else {
+            format!("{} {token}", self.mode)
+        }
+    }
+}
+
+/// The modes of `locks`, one word each, space-separated, as the scripts take them.
+fn modes(locks: &[&Keys]) -> String {
+    locks.iter().map(|k| k.mode).collect::<Vec<_>>().join(" ")
 }
 
 /// Runs the script `name` with `keys` and `args`, as `EVAL`.
@@ -85,21 +144,109 @@ async fn run<T: FromRedisValue>(
         .await
 }
 
-/// ACQUIRE of the one lock `k`.
-async fn acquire(conn: &mut MultiplexedConnection, k: &Keys, args: impl ToRedisArgs) -> Value {
-    run(conn, "acquire", &[&k.lock, &k.fence], args)
-        .await
-        .unwrap()
+/// An acquire by one owner: its token, its ttl in ms, and whether it waits (`NOT_YET`, ...).
+type Taking<'a> = (&'a str, u64, &'a str);
+
+/// ACQUIRE of `locks`, each in its mode, with `floor` as the proposed fencing token, if any.
+async fn try_acquire(
+    conn: &mut MultiplexedConnection,
+    locks: &[&Keys],
+    (token, ttl, waiting): Taking<'_>,
+    floor: Option<u64>,
+) -> RedisResult<Value> {
+    let keys: Vec<&str> = locks
+        .iter()
+        .map(|k| k.lock.as_str())
+        .chain(locks.iter().map(|k| k.fence.as_str()))
+        .chain(locks.iter().map(|k| k.holders.as_str()))
+        .chain(locks.iter().map(|k| k.queue.as_str()))
+        .chain(locks.iter().map(|k| k.waiters.as_str()))
+        .collect();
+    let args = (token, ttl, waiting, modes(locks), floor);
+    run(conn, "acquire", &keys, args).await
 }
 
-/// RELEASE of the one lock `k`: how many lock keys it released.
-async fn release(conn: &mut MultiplexedConnection, k: &Keys, args: impl ToRedisArgs) -> i64 {
-    run(conn, "release", &k.for_release(), args).await.unwrap()
+/// ACQUIRE of `locks`, each in its mode, without a proposed token.
+async fn acquire(conn: &mut MultiplexedConnection, locks: &[&Keys], taking: Taking<'_>) -> Value {
+    try_acquire(conn, locks, taking, None).await.unwrap()
 }
 
-/// FAIR_ACQUIRE of the lock `k`.
-async fn fair_acquire(conn: &mut MultiplexedConnection, k: &Keys, args: impl ToRedisArgs) -> Value {
-    run(conn, "fair_acquire", &k.for_release(), args)
+/// RELEASE of `locks`, each in its mode, by `token`: how many it released.
+async fn release(
+    conn: &mut MultiplexedConnection,
+    locks: &[&Keys],
+    (token, queued, announce): (&str, &str, &str),
+) -> i64 {
+    let keys: Vec<&str> = locks.iter().flat_map(|k| k.served()).collect();
+    let args = (token, queued, "PUBLISH", announce, modes(locks));
+    run(conn, "release", &keys, args).await.unwrap()
+}
+
+/// FAIR_ACQUIRE of `k` in its mode by `token` for 30 s, with a claim of 2 s, waiting `wait` ms
+/// more, with its attempt's `secret`.
+async fn fair_acquire(
+    conn: &mut MultiplexedConnection,
+    k: &Keys,
+    (token, wait, secret, waiting): (&str, u64, &str, &str),
+) -> Value {
+    let args = (
+        token, 30_000, 2_000, wait, secret, "PUBLISH", waiting, k.mode,
+    );
+    run(conn, "fair_acquire", &k.served(), args).await.unwrap()
+}
+
+/// EXTEND of `leases` (each its owner's token and its keys, each in its mode) by `ttl` ms:
+/// whether each was extended.
+async fn extend(
+    conn: &mut MultiplexedConnection,
+    ttl: u64,
+    leases: &[(&str, Vec<&Keys>)],
+) -> Vec<i64> {
+    let keys: Vec<&str> = leases
+        .iter()
+        .flat_map(|(_, locks)| locks.iter().map(|k| k.lease()))
+        .collect();
+    let args: Vec<(&str, u64, String)> = leases
+        .iter()
+        .map(|(token, locks)| (*token, ttl, modes(locks)))
+        .collect();
+    run(conn, "extend", &keys, args).await.unwrap()
+}
+
+/// What INSPECT tells of a held lock.
+#[derive(Debug)]
+struct Holding {
+    kind: String,
+    remaining: i64,
+    counter: String,
+    waiters: i64,
+    holders: i64,
+    members: Vec<String>,
+}
+
+/// INSPECT of `k`: `None` when it answers that the lock is free.
+async fn inspect(conn: &mut MultiplexedConnection, k: &Keys) -> Option<Holding> {
+    let keys = [&*k.lock, &k.fence, &k.waiters, &k.holders];
+    let reply: Option<Vec<Value>> = run(conn, "inspect", &keys, NO_ARGS).await.unwrap();
+    let fields = reply?;
+    let text = |v: &Value| String::from_redis_value(v.clone()).unwrap();
+    let int = |v: &Value| i64::from_redis_value(v.clone()).unwrap();
+    let [kind, remaining, counter, waiters, holders, members @ ..] = fields.as_slice() else {
+        panic!("not an inspect reply: {fields:?}")
+    };
+    Some(Holding {
+        kind: text(kind),
+        remaining: int(remaining),
+        counter: text(counter),
+        waiters: int(waiters),
+        holders: int(holders),
+        members: members.iter().map(text).collect(),
+    })
+}
+
+/// FORCE_RELEASE of `k`: 1 when it was held.
+async fn force_release(conn: &mut MultiplexedConnection, k: &Keys) -> i64 {
+    run(conn, "force_release", &k.served(), "PUBLISH")
         .await
         .unwrap()
 }
@@ -129,17 +276,41 @@ async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
     conn.pttl(key).await.unwrap()
 }
 
+async fn exists(conn: &mut MultiplexedConnection, key: &str) -> bool {
+    conn.exists(key).await.unwrap()
+}
+
 async fn key_type(conn: &mut MultiplexedConnection, key: &str) -> String {
     redis::cmd("TYPE").arg(key).query_async(conn).await.unwrap()
 }
 
-/// Queues `token` as a fair waiter of `k` by hand: its list entry and its hash entry
-/// `"deadline_ms claim_ms secret"`.
-async fn enqueue(conn: &mut MultiplexedConnection, k: &Keys, token: &str, entry: Option<String>) {
+/// Makes `token` a holder of `k` in its mode by hand: its member, scored by its expiry `at`
+/// (Redis time, ms).
+async fn hold(conn: &mut MultiplexedConnection, k: &Keys, token: &str, at: u64) {
+    let _: usize = conn.zadd(&k.holders, k.member(token), at).await.unwrap();
+}
+
+/// The expiry (score, Redis ms) of `token`'s member among `k`'s holders, in `k`'s mode.
+async fn expiry(conn: &mut MultiplexedConnection, k: &Keys, token: &str) -> Option<u64> {
+    let score: Option<f64> = conn.zscore(&k.holders, k.member(token)).await.unwrap();
+    // Scores are whole milliseconds, far below 2^53.
+    score.map(|ms| ms as u64)
+}
+
+/// `k`'s holders, in order of expiry.
+async fn members(conn: &mut MultiplexedConnection, k: &Keys) -> Vec<String> {
+    conn.zrange(&k.holders, 0, -1).await.unwrap()
+}
+
+/// A fair waiter's entry: `"deadline_ms claim_ms secret mode"`.
+fn entry(deadline: u64, claim: u64, secret: &str, mode: &str) -> String {
+    format!("{deadline} {claim} {secret} {mode}")
+}
+
+/// Queues `token` as a fair waiter of `k` by hand: its place in the queue and its `entry`.
+async fn enqueue(conn: &mut MultiplexedConnection, k: &Keys, token: &str, entry: &str) {
     let _: i64 = conn.rpush(&k.queue, token).await.unwrap();
-    if let Some(entry) = entry {
-        let _: i64 = conn.hset(&k.waiters, token, entry).await.unwrap();
-    }
+    let _: i64 = conn.hset(&k.waiters, token, entry).await.unwrap();
 }
 
 /// The queue of `k`: its tokens in order, and its entries.
@@ -238,6 +409,15 @@ fn held(reply: &Value) -> Option<(i64, i64)> {
     }
 }
 
+/// A fair acquire's answer when it queued (or would have): `[0, pttl, server_ms]`.
+fn queued(reply: Value) -> (i64, u64) {
+    let fields: Vec<i64> = FromRedisValue::from_redis_value(reply).unwrap();
+    match fields.as_slice() {
+        [0, pttl, server_ms] => (*pttl, u64::try_from(*server_ms).unwrap()),
+        _ => panic!("not queued: {fields:?}"),
+    }
+}
+
 /// The acquire's reply when it took the keys: the fencing token.
 fn token_of(reply: &Value) -> u64 {
     String::from_redis_value(reply.clone())
@@ -263,7 +443,7 @@ async fn acquire_takes_a_free_key_with_its_ttl_and_a_token_from_the_clock() {
     let mut conn = server.client().await;
     let k = keys("free");
     let (before, _) = now(&mut conn).await;
-    let reply: Value = acquire(&mut conn, &k, (OURS, 30_000, NOT_YET)).await;
+    let reply = acquire(&mut conn, &[&k], (OURS, 30_000, NOT_YET)).await;
     let (after, _) = now(&mut conn).await;
     let token = token_of(&reply);
     assert!(
@@ -280,7 +460,7 @@ async fn acquire_takes_a_free_key_with_its_ttl_and_a_token_from_the_clock() {
     // waiters behind it.
     for (waiting, value) in [(NEVER, OURS.to_owned()), (WAITED, format!("~{OURS}"))] {
         let _: i64 = conn.del(&k.lock).await.unwrap();
-        let reply: Value = acquire(&mut conn, &k, (OURS, 30_000, waiting)).await;
+        let reply = acquire(&mut conn, &[&k], (OURS, 30_000, waiting)).await;
         assert!(token_of(&reply) > token);
         assert_eq!(
             get(&mut conn, &k.lock).await,
@@ -299,7 +479,7 @@ async fn acquire_of_a_key_another_owner_holds_marks_it_unless_it_is_a_try_lock()
 
     // A try-lock: nothing changes.
     set_px(&mut conn, &k.lock, THEIRS, 5_000).await;
-    let reply: Value = acquire(&mut conn, &k, (OURS, 30_000, NEVER)).await;
+    let reply = acquire(&mut conn, &[&k], (OURS, 30_000, NEVER)).await;
     let (index, remaining) = held(&reply).expect("held");
     assert_eq!(index, 1);
     assert!((4_000..=5_000).contains(&remaining), "{remaining}");
@@ -308,20 +488,20 @@ async fn acquire_of_a_key_another_owner_holds_marks_it_unless_it_is_a_try_lock()
     // A request that will wait marks the holder, keeping its ttl; one that has waited too.
     for waiting in [NOT_YET, WAITED] {
         set_px(&mut conn, &k.lock, THEIRS, 5_000).await;
-        let reply: Value = acquire(&mut conn, &k, (OURS, 30_000, waiting)).await;
+        let reply = acquire(&mut conn, &[&k], (OURS, 30_000, waiting)).await;
         assert_eq!(held(&reply).map(|h| h.0), Some(1));
         assert_eq!(get(&mut conn, &k.lock).await, Some(format!("~{THEIRS}")));
         assert!((4_000..=5_000).contains(&pttl(&mut conn, &k.lock).await));
     }
     // A holder marked already stays marked once.
-    let reply: Value = acquire(&mut conn, &k, (OURS, 30_000, NOT_YET)).await;
+    let reply = acquire(&mut conn, &[&k], (OURS, 30_000, NOT_YET)).await;
     assert!(held(&reply).is_some());
     assert_eq!(get(&mut conn, &k.lock).await, Some(format!("~{THEIRS}")));
     // No token was drawn for a lock not taken.
     assert_eq!(get(&mut conn, &k.fence).await.as_deref(), Some("7"));
     // A held key without expiry answers -1.
     let _: () = conn.set(&k.lock, THEIRS).await.unwrap();
-    let reply: Value = acquire(&mut conn, &k, (OURS, 30_000, NEVER)).await;
+    let reply = acquire(&mut conn, &[&k], (OURS, 30_000, NEVER)).await;
     assert_eq!(held(&reply), Some((1, -1)));
 }
 
@@ -330,30 +510,23 @@ async fn an_acquire_sent_again_with_the_same_token_takes_the_key_again_with_a_gr
     let server = RedisServer::start();
     let mut conn = server.client().await;
     let k = keys("replayed");
-    let first: Value = acquire(&mut conn, &k, (OURS, 1_000, NOT_YET)).await;
+    let first = acquire(&mut conn, &[&k], (OURS, 1_000, NOT_YET)).await;
     // The same request, re-sent (its answer was lost): ours already, so taken again, its ttl
     // counted from now.
-    let again: Value = acquire(&mut conn, &k, (OURS, 60_000, NOT_YET)).await;
+    let again = acquire(&mut conn, &[&k], (OURS, 60_000, NOT_YET)).await;
     assert!(token_of(&again) > token_of(&first));
     assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some(OURS));
     assert!(pttl(&mut conn, &k.lock).await > 59_000);
     // Ours and marked as waited on (a hand-off, or someone waits): it stays marked.
     set_px(&mut conn, &k.lock, &format!("~{OURS}"), 1_000).await;
-    let marked: Value = acquire(&mut conn, &k, (OURS, 60_000, NEVER)).await;
+    let marked = acquire(&mut conn, &[&k], (OURS, 60_000, NEVER)).await;
     assert!(token_of(&marked) > token_of(&again));
     assert_eq!(get(&mut conn, &k.lock).await, Some(format!("~{OURS}")));
     assert!(pttl(&mut conn, &k.lock).await > 59_000);
     // Several keys, one ours marked, one ours plain, one free: all taken, the mark kept.
     let (a, b, c) = (keys("replayed"), keys("replayed-b"), keys("replayed-c"));
     set_px(&mut conn, &b.lock, OURS, 1_000).await;
-    let all: Value = run(
-        &mut conn,
-        "acquire",
-        &[&a.lock, &b.lock, &c.lock, &a.fence, &b.fence, &c.fence],
-        (OURS, 60_000, NOT_YET),
-    )
-    .await
-    .unwrap();
+    let all = acquire(&mut conn, &[&a, &b, &c], (OURS, 60_000, NOT_YET)).await;
     let token = token_of(&all);
     assert!(token > token_of(&marked));
     assert_eq!(get(&mut conn, &a.lock).await, Some(format!("~{OURS}")));
@@ -370,14 +543,12 @@ async fn acquire_of_several_keys_takes_all_or_none() {
     let server = RedisServer::start();
     let mut conn = server.client().await;
     let (a, b, c) = (keys("a"), keys("b"), keys("c"));
-    let all = [&*a.lock, &b.lock, &c.lock, &a.fence, &b.fence, &c.fence];
+    let all = [&a, &b, &c];
     // b held (marked by someone else's waiter already), c held plain: nothing is taken, the
     // first held key (b) is marked, and the longest ttl among the held keys is answered.
     set_px(&mut conn, &b.lock, &format!("~{THEIRS}"), 3_000).await;
     set_px(&mut conn, &c.lock, THEIRS, 8_000).await;
-    let reply: Value = run(&mut conn, "acquire", &all, (OURS, 30_000, NOT_YET))
-        .await
-        .unwrap();
+    let reply = acquire(&mut conn, &all, (OURS, 30_000, NOT_YET)).await;
     let (index, longest) = held(&reply).expect("held");
     assert_eq!(index, 2);
     assert!((7_000..=8_000).contains(&longest), "{longest}");
@@ -385,22 +556,18 @@ async fn acquire_of_several_keys_takes_all_or_none() {
     assert_eq!(get(&mut conn, &b.lock).await, Some(format!("~{THEIRS}")));
     // Only the first held key is marked: that is the one a waiter waits for.
     assert_eq!(get(&mut conn, &c.lock).await.as_deref(), Some(THEIRS));
-    for key in [&a, &b, &c] {
+    for key in all {
         assert_eq!(get(&mut conn, &key.fence).await, None);
     }
     // A held key without expiry makes the answer -1.
     let _: () = conn.set(&c.lock, THEIRS).await.unwrap();
-    let reply: Value = run(&mut conn, "acquire", &all, (OURS, 30_000, NOT_YET))
-        .await
-        .unwrap();
+    let reply = acquire(&mut conn, &all, (OURS, 30_000, NOT_YET)).await;
     assert_eq!(held(&reply), Some((2, -1)));
     // All free: all taken, with one token in every counter.
     let _: i64 = conn.del(&[&b.lock, &c.lock]).await.unwrap();
-    let reply: Value = run(&mut conn, "acquire", &all, (OURS, 30_000, WAITED))
-        .await
-        .unwrap();
+    let reply = acquire(&mut conn, &all, (OURS, 30_000, WAITED)).await;
     let token = token_of(&reply);
-    for key in [&a, &b, &c] {
+    for key in all {
         assert_eq!(get(&mut conn, &key.lock).await, Some(format!("~{OURS}")));
         assert_eq!(get(&mut conn, &key.fence).await, Some(token.to_string()));
     }
@@ -415,7 +582,7 @@ async fn the_token_drawn_is_above_a_counter_ahead_of_the_clock() {
     // As after Redis's clock was set back an hour.
     let ahead = clock + 3_600_000_000;
     set_px(&mut conn, &one.fence, &ahead.to_string(), 60_000).await;
-    let reply: Value = acquire(&mut conn, &one, (OURS, 10_000, NOT_YET)).await;
+    let reply = acquire(&mut conn, &[&one], (OURS, 10_000, NOT_YET)).await;
     assert_eq!(token_of(&reply), ahead + 1);
     assert_eq!(
         get(&mut conn, &one.fence).await,
@@ -428,14 +595,7 @@ async fn the_token_drawn_is_above_a_counter_ahead_of_the_clock() {
     // Two keys: one token above the greatest counter, written to both.
     let _: i64 = conn.del(&one.lock).await.unwrap();
     set_px(&mut conn, &two.fence, &(ahead + 10).to_string(), 60_000).await;
-    let reply: Value = run(
-        &mut conn,
-        "acquire",
-        &[&one.lock, &two.lock, &one.fence, &two.fence],
-        (OURS, 10_000, NOT_YET),
-    )
-    .await
-    .unwrap();
+    let reply = acquire(&mut conn, &[&one, &two], (OURS, 10_000, NOT_YET)).await;
     assert_eq!(token_of(&reply), ahead + 11);
     assert_eq!(
         get(&mut conn, &one.fence).await,
@@ -452,24 +612,25 @@ async fn a_proposed_token_is_drawn_when_it_is_above_the_clock_and_the_counter() 
     let server = RedisServer::start();
     let mut conn = server.client().await;
     let k = keys("floor");
+    let taking = (OURS, 10_000, NOT_YET);
     let (clock, _) = now(&mut conn).await;
     // A quorum's proposal, ahead of this server's clock by 20 s.
     let floor = clock + 20_000_000;
-    let reply: Value = acquire(&mut conn, &k, (OURS, 10_000, NOT_YET, floor)).await;
-    assert_eq!(token_of(&reply), floor);
+    let reply = try_acquire(&mut conn, &[&k], taking, Some(floor)).await;
+    assert_eq!(token_of(&reply.unwrap()), floor);
     assert_eq!(get(&mut conn, &k.fence).await, Some(floor.to_string()));
     // The counter lives the ttl plus how far the token is ahead of the clock.
     let kept = pttl(&mut conn, &k.fence).await;
     assert!((29_000..=30_000).contains(&kept), "{kept}");
     // A proposal below the counter: one more than the counter.
     let _: i64 = conn.del(&k.lock).await.unwrap();
-    let reply: Value = acquire(&mut conn, &k, (OURS, 10_000, NOT_YET, floor - 5)).await;
-    assert_eq!(token_of(&reply), floor + 1);
+    let reply = try_acquire(&mut conn, &[&k], taking, Some(floor - 5)).await;
+    assert_eq!(token_of(&reply.unwrap()), floor + 1);
     // A proposal below the clock: the clock.
     let _: i64 = conn.del(&[&k.lock, &k.fence]).await.unwrap();
-    let reply: Value = acquire(&mut conn, &k, (OURS, 10_000, NOT_YET, clock - 1_000_000)).await;
+    let reply = try_acquire(&mut conn, &[&k], taking, Some(clock - 1_000_000)).await;
     let (after, _) = now(&mut conn).await;
-    assert!((clock..=after).contains(&token_of(&reply)));
+    assert!((clock..=after).contains(&token_of(&reply.unwrap())));
 }
 
 #[tokio::test]
@@ -480,7 +641,7 @@ async fn a_counter_of_another_type_is_overwritten_and_a_lock_of_another_type_is_
     // Another program's list where the counter would be: the token goes on from the clock.
     let _: i64 = conn.rpush(&k.fence, "x").await.unwrap();
     let (before, _) = now(&mut conn).await;
-    let reply: Value = acquire(&mut conn, &k, (OURS, 10_000, NOT_YET)).await;
+    let reply = acquire(&mut conn, &[&k], (OURS, 10_000, NOT_YET)).await;
     let token = token_of(&reply);
     assert!(token >= before);
     assert_eq!(key_type(&mut conn, &k.fence).await, "string");
@@ -490,29 +651,248 @@ async fn a_counter_of_another_type_is_overwritten_and_a_lock_of_another_type_is_
     // Another program's list where the lock would be: WRONGTYPE, and nothing taken or drawn.
     let other = keys("odd-lock");
     let _: i64 = conn.rpush(&other.lock, "x").await.unwrap();
-    let error = run::<Value>(
-        &mut conn,
-        "acquire",
-        &[&other.lock, &other.fence],
-        (OURS, 10_000, NOT_YET),
-    )
-    .await
-    .unwrap_err();
+    let error = try_acquire(&mut conn, &[&other], (OURS, 10_000, NOT_YET), None)
+        .await
+        .unwrap_err();
     assert!(error.to_string().contains("WRONGTYPE"), "{error}");
     assert_eq!(key_type(&mut conn, &other.lock).await, "list");
     assert_eq!(get(&mut conn, &other.fence).await, None);
     // Among several keys, too: the free one is not taken.
     let _: i64 = conn.del(&k.lock).await.unwrap();
-    let error = run::<Value>(
-        &mut conn,
-        "acquire",
-        &[&k.lock, &other.lock, &k.fence, &other.fence],
-        (OURS, 10_000, NOT_YET),
-    )
-    .await
-    .unwrap_err();
+    let error = try_acquire(&mut conn, &[&k, &other], (OURS, 10_000, NOT_YET), None)
+        .await
+        .unwrap_err();
     assert!(error.to_string().contains("WRONGTYPE"), "{error}");
     assert_eq!(get(&mut conn, &k.lock).await, None);
+}
+
+#[tokio::test]
+async fn a_shared_acquire_joins_the_holders_scored_by_its_expiry_and_keeps_them_alive() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let k = keys("readers").held(SHARED);
+    let (_, ms) = now(&mut conn).await;
+    // Another reader holds it for 5 s; the holders key lives as long.
+    hold(&mut conn, &k, THEIRS, ms + 5_000).await;
+    let _: bool = conn.pexpire(&k.holders, 5_000).await.unwrap();
+    let (_, before) = now(&mut conn).await;
+    let reply = acquire(&mut conn, &[&k], (OURS, 30_000, NOT_YET)).await;
+    let (_, after) = now(&mut conn).await;
+    let token = token_of(&reply);
+    // A member of its own, scored by its expiry; the other reader's share is untouched.
+    let ours = expiry(&mut conn, &k, OURS).await.expect("a member");
+    assert!((before + 30_000..=after + 30_000).contains(&ours), "{ours}");
+    assert_eq!(expiry(&mut conn, &k, THEIRS).await, Some(ms + 5_000));
+    // The holders key lives as long as its last member.
+    let kept = pttl(&mut conn, &k.holders).await;
+    assert!((29_000..=30_000).contains(&kept), "{kept}");
+    // Readers take no lock key; each lease draws its fencing token.
+    assert_eq!(get(&mut conn, &k.lock).await, None);
+    assert_eq!(get(&mut conn, &k.fence).await, Some(token.to_string()));
+    // A reader with a shorter ttl never shortens the holders key's life.
+    let _: bool = conn.pexpire(&k.holders, 90_000).await.unwrap();
+    let reply = acquire(&mut conn, &[&k], (FIRST, 10_000, NOT_YET)).await;
+    assert!(token_of(&reply) > token);
+    assert!(expiry(&mut conn, &k, FIRST).await.is_some());
+    assert!(pttl(&mut conn, &k.holders).await > 89_000);
+}
+
+#[tokio::test]
+async fn an_exclusive_acquire_waits_for_live_members_and_takes_the_key_once_every_one_expired() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let k = keys("read-then-written");
+    let (_, ms) = now(&mut conn).await;
+    // A reader for 5 s, and one of 3 permits for 8 s.
+    hold(&mut conn, &k.held(SHARED), THEIRS, ms + 5_000).await;
+    hold(&mut conn, &k.held("3"), FIRST, ms + 8_000).await;
+    let reply = acquire(&mut conn, &[&k], (OURS, 30_000, NOT_YET)).await;
+    let (index, remaining) = held(&reply).expect("refused while members live");
+    assert_eq!(index, 1);
+    // Free once the last of them expires.
+    assert!((7_000..=8_000).contains(&remaining), "{remaining}");
+    // Nothing taken, marked or drawn.
+    assert_eq!(get(&mut conn, &k.lock).await, None);
+    assert_eq!(get(&mut conn, &k.fence).await, None);
+    assert_eq!(
+        members(&mut conn, &k).await,
+        [k.held(SHARED).member(THEIRS), k.held("3").member(FIRST)]
+    );
+
+    // Both expired (their owners crashed): dropped, and the key taken.
+    hold(&mut conn, &k.held(SHARED), THEIRS, ms - 1).await;
+    hold(&mut conn, &k.held("3"), FIRST, ms - 10).await;
+    let reply = acquire(&mut conn, &[&k], (OURS, 30_000, NOT_YET)).await;
+    let token = token_of(&reply);
+    assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some(OURS));
+    assert!(pttl(&mut conn, &k.lock).await > 29_000);
+    assert_eq!(get(&mut conn, &k.fence).await, Some(token.to_string()));
+    assert!(!exists(&mut conn, &k.holders).await);
+}
+
+#[tokio::test]
+async fn a_shared_acquire_is_refused_while_written_or_while_a_fair_waiter_is_queued() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let k = keys("read-refused").held(SHARED);
+    let taking = (OURS, 30_000, NOT_YET);
+    // Written by another owner: refused, and the writer marked, as the key it waits for.
+    set_px(&mut conn, &k.lock, THEIRS, 5_000).await;
+    let reply = acquire(&mut conn, &[&k], taking).await;
+    let (index, remaining) = held(&reply).expect("refused while written");
+    assert_eq!(index, 1);
+    assert!((4_000..=5_000).contains(&remaining), "{remaining}");
+    assert_eq!(get(&mut conn, &k.lock).await, Some(format!("~{THEIRS}")));
+    assert!(!exists(&mut conn, &k.holders).await);
+
+    // Read by another reader, with a fair writer queued: a reader that is not fair does not
+    // overtake it. It could read once the writer has had the key: after the reader's expiry.
+    let _: i64 = conn.del(&k.lock).await.unwrap();
+    let (_, ms) = now(&mut conn).await;
+    hold(&mut conn, &k, THEIRS, ms + 5_000).await;
+    enqueue(
+        &mut conn,
+        &k,
+        FIRST,
+        &entry(ms + 60_000, 2_000, "aa", EXCLUSIVE),
+    )
+    .await;
+    let reply = acquire(&mut conn, &[&k], taking).await;
+    let (index, remaining) = held(&reply).expect("refused while a writer is queued");
+    assert_eq!(index, 1);
+    assert!((4_000..=5_000).contains(&remaining), "{remaining}");
+    assert_eq!(expiry(&mut conn, &k, OURS).await, None);
+    // Nobody holds it, the waiter alone is in the way: no time to tell.
+    let _: i64 = conn.del(&k.holders).await.unwrap();
+    let reply = acquire(&mut conn, &[&k], taking).await;
+    assert_eq!(held(&reply), Some((1, -1)));
+    assert!(!exists(&mut conn, &k.holders).await);
+    assert_eq!(queue(&mut conn, &k).await.0, [FIRST]);
+    assert_eq!(get(&mut conn, &k.lock).await, None);
+    // The waiter's wait over (a waiter that crashed while queued): it is dropped from the
+    // queue, and the reader reads.
+    let (_, ms) = now(&mut conn).await;
+    let _: i64 = conn.del(&[&k.queue, &k.waiters]).await.unwrap();
+    enqueue(&mut conn, &k, FIRST, &entry(ms - 1, 2_000, "aa", EXCLUSIVE)).await;
+    let reply = acquire(&mut conn, &[&k], taking).await;
+    token_of(&reply);
+    assert!(expiry(&mut conn, &k, OURS).await.is_some());
+    assert!(queue(&mut conn, &k).await.0.is_empty());
+}
+
+#[tokio::test]
+async fn a_permit_is_refused_at_n_live_members_and_granted_below() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let k = keys("permits").held("2");
+    let (_, ms) = now(&mut conn).await;
+    hold(&mut conn, &k, THEIRS, ms + 5_000).await;
+    hold(&mut conn, &k, FIRST, ms + 9_000).await;
+    let reply = acquire(&mut conn, &[&k], (OURS, 30_000, NOT_YET)).await;
+    let (index, remaining) = held(&reply).expect("both permits are held");
+    assert_eq!(index, 1);
+    // A permit is freed by the first holder's expiry, not the last's.
+    assert!((4_000..=5_000).contains(&remaining), "{remaining}");
+    assert_eq!(expiry(&mut conn, &k, OURS).await, None);
+
+    // One holder's lease has expired: one permit of two is free, and the dead member dropped.
+    hold(&mut conn, &k, FIRST, ms - 1).await;
+    let (_, before) = now(&mut conn).await;
+    let reply = acquire(&mut conn, &[&k], (OURS, 30_000, NOT_YET)).await;
+    let (_, after) = now(&mut conn).await;
+    let token = token_of(&reply);
+    assert_eq!(
+        members(&mut conn, &k).await,
+        [k.member(THEIRS), k.member(OURS)]
+    );
+    let ours = expiry(&mut conn, &k, OURS).await.expect("a permit");
+    assert!((before + 30_000..=after + 30_000).contains(&ours), "{ours}");
+    assert_eq!(get(&mut conn, &k.fence).await, Some(token.to_string()));
+
+    // Free permits are no use while a writer holds the key.
+    let other = keys("permits-written").held("2");
+    set_px(&mut conn, &other.lock, THEIRS, 5_000).await;
+    let reply = acquire(&mut conn, &[&other], (OURS, 30_000, NEVER)).await;
+    assert_eq!(held(&reply).map(|h| h.0), Some(1));
+    assert!(!exists(&mut conn, &other.holders).await);
+}
+
+#[tokio::test]
+async fn a_request_with_an_exclusive_and_a_shared_key_takes_both_or_neither() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let (a, b) = (keys("mixed-a"), keys("mixed-b").held(SHARED));
+    let taking = (OURS, 30_000, NOT_YET);
+    let (_, ms) = now(&mut conn).await;
+    // a (to write) is read by another owner: b (to read, free) is not taken either.
+    hold(&mut conn, &a.held(SHARED), THEIRS, ms + 5_000).await;
+    let reply = acquire(&mut conn, &[&a, &b], taking).await;
+    assert_eq!(held(&reply).map(|h| h.0), Some(1));
+    assert_eq!(get(&mut conn, &a.lock).await, None);
+    assert!(!exists(&mut conn, &b.holders).await);
+    // b is written by another owner: a (free) is not taken either; b is the key marked.
+    let _: i64 = conn.del(&a.holders).await.unwrap();
+    set_px(&mut conn, &b.lock, THEIRS, 5_000).await;
+    let reply = acquire(&mut conn, &[&a, &b], taking).await;
+    assert_eq!(held(&reply).map(|h| h.0), Some(2));
+    assert_eq!(get(&mut conn, &a.lock).await, None);
+    assert_eq!(get(&mut conn, &b.lock).await, Some(format!("~{THEIRS}")));
+    assert!(!exists(&mut conn, &b.holders).await);
+    for key in [&a, &b] {
+        assert_eq!(get(&mut conn, &key.fence).await, None);
+    }
+    // Both free: a written, b read, under one fencing token.
+    let _: i64 = conn.del(&b.lock).await.unwrap();
+    let (_, before) = now(&mut conn).await;
+    let reply = acquire(&mut conn, &[&a, &b], taking).await;
+    let (_, after) = now(&mut conn).await;
+    let token = token_of(&reply);
+    assert_eq!(get(&mut conn, &a.lock).await.as_deref(), Some(OURS));
+    assert!(pttl(&mut conn, &a.lock).await > 29_000);
+    assert!(!exists(&mut conn, &a.holders).await);
+    assert_eq!(get(&mut conn, &b.lock).await, None);
+    let ours = expiry(&mut conn, &b, OURS).await.expect("a member");
+    assert!((before + 30_000..=after + 30_000).contains(&ours), "{ours}");
+    for key in [&a, &b] {
+        assert_eq!(get(&mut conn, &key.fence).await, Some(token.to_string()));
+    }
+}
+
+#[tokio::test]
+async fn a_retried_shared_or_permit_acquire_finds_its_own_member_and_takes_it_again() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let (_, ms) = now(&mut conn).await;
+    // A reader already in (its answer was lost), though a fair writer has queued since.
+    let reader = keys("retried-reader").held(SHARED);
+    hold(&mut conn, &reader, OURS, ms + 1_000).await;
+    enqueue(
+        &mut conn,
+        &reader,
+        FIRST,
+        &entry(ms + 60_000, 2_000, "aa", EXCLUSIVE),
+    )
+    .await;
+    // The one permit of one, ours already.
+    let permit = keys("retried-permit").held("1");
+    hold(&mut conn, &permit, OURS, ms + 1_000).await;
+    for k in [&reader, &permit] {
+        let (_, before) = now(&mut conn).await;
+        let reply = acquire(&mut conn, &[k], (OURS, 60_000, NOT_YET)).await;
+        let (_, after) = now(&mut conn).await;
+        token_of(&reply);
+        // The same member, its ttl counted from now.
+        assert_eq!(members(&mut conn, k).await, [k.member(OURS)], "{}", k.mode);
+        let ours = expiry(&mut conn, k, OURS).await.unwrap();
+        assert!((before + 60_000..=after + 60_000).contains(&ours), "{ours}");
+        assert!(pttl(&mut conn, &k.holders).await > 59_000);
+    }
+    // A member of ours whose expiry has passed is no hold: that permit is another's now.
+    hold(&mut conn, &permit, OURS, ms - 1).await;
+    hold(&mut conn, &permit, THEIRS, ms + 5_000).await;
+    let reply = acquire(&mut conn, &[&permit], (OURS, 60_000, NOT_YET)).await;
+    assert_eq!(held(&reply).map(|h| h.0), Some(1));
+    assert_eq!(members(&mut conn, &permit).await, [permit.member(THEIRS)]);
 }
 
 // ---- release.lua ----
@@ -531,10 +911,10 @@ async fn a_release_of_our_unmarked_lock_deletes_it_without_a_word() {
         &mut conn,
         &k,
         FIRST,
-        Some(format!("{} 2000 ab", ms + 60_000)),
+        &entry(ms + 60_000, 2_000, "ab", EXCLUSIVE),
     )
     .await;
-    let released: i64 = release(&mut conn, &k, (OURS, "0", "PUBLISH", "0")).await;
+    let released = release(&mut conn, &[&k], (OURS, NOT_QUEUED, WAITED_ON)).await;
     assert_eq!(released, 1);
     assert_eq!(get(&mut conn, &k.lock).await, None);
     assert_eq!(channel.published(&mut conn).await, Vec::<String>::new());
@@ -549,13 +929,13 @@ async fn a_release_of_our_marked_lock_deletes_and_announces_it() {
     let k = keys("marked");
     let mut channel = Channel::subscribe(&server, &k.lock).await;
     set_px(&mut conn, &k.lock, &format!("~{OURS}"), 30_000).await;
-    let released: i64 = release(&mut conn, &k, (OURS, "0", "PUBLISH", "0")).await;
+    let released = release(&mut conn, &[&k], (OURS, NOT_QUEUED, WAITED_ON)).await;
     assert_eq!(released, 1);
     assert_eq!(get(&mut conn, &k.lock).await, None);
     assert_eq!(channel.published(&mut conn).await, [""]);
     // A quorum's release announces itself, marked or not.
     set_px(&mut conn, &k.lock, OURS, 30_000).await;
-    let released: i64 = release(&mut conn, &k, (OURS, "0", "PUBLISH", "1")).await;
+    let released = release(&mut conn, &[&k], (OURS, NOT_QUEUED, ALWAYS)).await;
     assert_eq!(released, 1);
     assert_eq!(get(&mut conn, &k.lock).await, None);
     assert_eq!(channel.published(&mut conn).await, [""]);
@@ -572,7 +952,7 @@ async fn a_release_never_touches_a_lock_another_owner_holds() {
         &mut conn,
         &k,
         FIRST,
-        Some(format!("{} 2000 ab", ms + 60_000)),
+        &entry(ms + 60_000, 2_000, "ab", EXCLUSIVE),
     )
     .await;
     // Held by another owner, plain and marked; and one whose token starts with ours.
@@ -583,8 +963,8 @@ async fn a_release_never_touches_a_lock_another_owner_holds() {
         format!("~~{OURS}"),
     ] {
         set_px(&mut conn, &k.lock, &value, 30_000).await;
-        for always in ["0", "1"] {
-            let released: i64 = release(&mut conn, &k, (OURS, "0", "PUBLISH", always)).await;
+        for announce in [WAITED_ON, ALWAYS] {
+            let released = release(&mut conn, &[&k], (OURS, NOT_QUEUED, announce)).await;
             assert_eq!(released, 0, "{value}");
             assert_eq!(get(&mut conn, &k.lock).await, Some(value.clone()));
             assert!(pttl(&mut conn, &k.lock).await > 29_000);
@@ -594,7 +974,7 @@ async fn a_release_never_touches_a_lock_another_owner_holds() {
     assert_eq!(queue(&mut conn, &k).await.0, [FIRST]);
     // Free: nothing released, nothing created.
     let _: i64 = conn.del(&k.lock).await.unwrap();
-    let released: i64 = release(&mut conn, &k, (OURS, "0", "PUBLISH", "1")).await;
+    let released = release(&mut conn, &[&k], (OURS, NOT_QUEUED, ALWAYS)).await;
     assert_eq!(released, 0);
     assert_eq!(get(&mut conn, &k.lock).await, None);
 }
@@ -613,18 +993,18 @@ async fn a_release_hands_a_marked_lock_to_the_live_fair_waiter_with_a_signed_mes
         &mut conn,
         &k,
         FIRST,
-        Some(format!("{} 1500 {secret}", ms + 60_000)),
+        &entry(ms + 60_000, 1_500, secret, EXCLUSIVE),
     )
     .await;
     enqueue(
         &mut conn,
         &k,
         SECOND,
-        Some(format!("{} 1500 00", ms + 60_000)),
+        &entry(ms + 60_000, 1_500, "00", EXCLUSIVE),
     )
     .await;
 
-    let released: i64 = release(&mut conn, &k, (OURS, "0", "PUBLISH", "0")).await;
+    let released = release(&mut conn, &[&k], (OURS, NOT_QUEUED, WAITED_ON)).await;
     assert_eq!(released, 1);
     // The first waiter holds it for its claim, marked: the second still waits behind it.
     assert_eq!(get(&mut conn, &k.lock).await, Some(format!("~{FIRST}")));
@@ -658,26 +1038,26 @@ async fn a_release_skips_expired_and_dead_waiters_and_announces_when_none_is_lef
     let mut channel = Channel::subscribe(&server, &k.lock).await;
     let (_, ms) = now(&mut conn).await;
     // The head's wait has passed; the second left no entry (a dead waiter); the third lives.
-    enqueue(&mut conn, &k, FIRST, Some(format!("{} 2000 aa", ms - 1))).await;
-    enqueue(&mut conn, &k, SECOND, None).await;
+    enqueue(&mut conn, &k, FIRST, &entry(ms - 1, 2_000, "aa", EXCLUSIVE)).await;
+    let _: i64 = conn.rpush(&k.queue, SECOND).await.unwrap(); // no entry
     enqueue(
         &mut conn,
         &k,
         THIRD,
-        Some(format!("{} 2000 cc", ms + 60_000)),
+        &entry(ms + 60_000, 2_000, "cc", EXCLUSIVE),
     )
     .await;
     // An entry without its place in the queue (its waiter is gone) is never served.
     let _: i64 = conn
-        .hset(&k.waiters, OURS, format!("{} 2000 dd", ms + 60_000))
+        .hset(&k.waiters, OURS, entry(ms + 60_000, 2_000, "dd", EXCLUSIVE))
         .await
         .unwrap();
     set_px(&mut conn, &k.lock, &format!("~{OURS}"), 30_000).await;
 
-    let released: i64 = release(&mut conn, &k, (THEIRS, "0", "PUBLISH", "0")).await;
+    let released = release(&mut conn, &[&k], (THEIRS, NOT_QUEUED, WAITED_ON)).await;
     assert_eq!(released, 0, "not THEIRS's lock");
     // Released by its owner, who is not the stray entry's waiter either.
-    let released: i64 = release(&mut conn, &k, (OURS, "0", "PUBLISH", "0")).await;
+    let released = release(&mut conn, &[&k], (OURS, NOT_QUEUED, WAITED_ON)).await;
     assert_eq!(released, 1);
     assert_eq!(get(&mut conn, &k.lock).await, Some(format!("~{THIRD}")));
     let published = channel.published(&mut conn).await;
@@ -689,10 +1069,10 @@ async fn a_release_skips_expired_and_dead_waiters_and_announces_when_none_is_lef
 
     // Only expired or dead waiters: deleted and announced, the queue emptied.
     let _: i64 = conn.del(&k.waiters).await.unwrap();
-    enqueue(&mut conn, &k, FIRST, Some(format!("{} 2000 aa", ms - 1))).await;
-    enqueue(&mut conn, &k, SECOND, None).await;
-    enqueue(&mut conn, &k, THIRD, Some("not an entry".to_owned())).await;
-    let released: i64 = release(&mut conn, &k, (THIRD, "0", "PUBLISH", "0")).await;
+    enqueue(&mut conn, &k, FIRST, &entry(ms - 1, 2_000, "aa", EXCLUSIVE)).await;
+    let _: i64 = conn.rpush(&k.queue, SECOND).await.unwrap(); // no entry
+    enqueue(&mut conn, &k, THIRD, "not an entry").await;
+    let released = release(&mut conn, &[&k], (THIRD, NOT_QUEUED, WAITED_ON)).await;
     assert_eq!(released, 1);
     assert_eq!(get(&mut conn, &k.lock).await, None);
     assert_eq!(channel.published(&mut conn).await, [""]);
@@ -715,16 +1095,16 @@ async fn a_release_that_may_have_queued_its_owner_takes_it_off_the_queue() {
             &mut conn,
             &k,
             token,
-            Some(format!("{} 2000 ab", ms + 60_000)),
+            &entry(ms + 60_000, 2_000, "ab", EXCLUSIVE),
         )
         .await;
     }
     // Not queued: the queue stays as it is.
-    let released: i64 = release(&mut conn, &k, (OURS, "0", "PUBLISH", "0")).await;
+    let released = release(&mut conn, &[&k], (OURS, NOT_QUEUED, WAITED_ON)).await;
     assert_eq!(released, 0);
     assert_eq!(queue(&mut conn, &k).await.0, [FIRST, OURS, SECOND]);
     // Maybe queued (a fair waiter that gives up): it leaves, the others keep their places.
-    let released: i64 = release(&mut conn, &k, (OURS, "1", "PUBLISH", "0")).await;
+    let released = release(&mut conn, &[&k], (OURS, MAYBE_QUEUED, WAITED_ON)).await;
     assert_eq!(released, 0);
     let (list, entries) = queue(&mut conn, &k).await;
     assert_eq!(list, [FIRST, SECOND]);
@@ -743,13 +1123,7 @@ async fn a_release_of_several_keys_releases_ours_and_skips_the_rest() {
     set_px(&mut conn, &c.lock, THEIRS, 30_000).await;
     // Overwritten by another program: not ours, and no reason to leave the others held.
     let _: i64 = conn.rpush(&d.lock, "x").await.unwrap();
-    let mut all = Vec::new();
-    for key in [&a, &d, &b, &c] {
-        all.extend(key.for_release());
-    }
-    let released: i64 = run(&mut conn, "release", &all, (OURS, "0", "PUBLISH", "0"))
-        .await
-        .unwrap();
+    let released = release(&mut conn, &[&a, &d, &b, &c], (OURS, NOT_QUEUED, WAITED_ON)).await;
     assert_eq!(released, 2);
     assert_eq!(get(&mut conn, &a.lock).await, None);
     assert_eq!(get(&mut conn, &b.lock).await, None);
@@ -758,91 +1132,372 @@ async fn a_release_of_several_keys_releases_ours_and_skips_the_rest() {
     assert_eq!(channel.published(&mut conn).await, [""]);
 }
 
+#[tokio::test]
+async fn a_shared_release_removes_only_its_own_member() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let k = keys("reader-leaves").held(SHARED);
+    let taking = (OURS, NOT_QUEUED, WAITED_ON);
+    let (_, ms) = now(&mut conn).await;
+    hold(&mut conn, &k, THEIRS, ms + 20_000).await;
+    hold(&mut conn, &k, OURS, ms + 30_000).await;
+    hold(&mut conn, &k, FIRST, ms + 40_000).await;
+    assert_eq!(release(&mut conn, &[&k], taking).await, 1);
+    assert_eq!(members(&mut conn, &k).await, [THEIRS, FIRST]);
+    assert_eq!(expiry(&mut conn, &k, THEIRS).await, Some(ms + 20_000));
+    assert_eq!(expiry(&mut conn, &k, FIRST).await, Some(ms + 40_000));
+    // Released already, or never held: nothing more.
+    assert_eq!(release(&mut conn, &[&k], taking).await, 0);
+    assert_eq!(
+        release(&mut conn, &[&k], (SECOND, NOT_QUEUED, WAITED_ON)).await,
+        0
+    );
+    // A member whose expiry has passed goes, but it held nothing any more.
+    hold(&mut conn, &k, OURS, ms - 1).await;
+    assert_eq!(release(&mut conn, &[&k], taking).await, 0);
+    assert_eq!(members(&mut conn, &k).await, [THEIRS, FIRST]);
+}
+
+#[tokio::test]
+async fn the_last_readers_release_hands_the_key_to_the_queued_writer() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let k = keys("last-reader").held(SHARED);
+    let mut channel = Channel::subscribe(&server, &k.lock).await;
+    let (clock, ms) = now(&mut conn).await;
+    set_px(&mut conn, &k.fence, &clock.to_string(), 30_000).await;
+    hold(&mut conn, &k, OURS, ms + 30_000).await;
+    hold(&mut conn, &k, THIRD, ms + 30_000).await;
+    // A reader whose lease expired is in nobody's way.
+    hold(&mut conn, &k, THEIRS, ms - 1).await;
+    let secret = "5ec7e7";
+    enqueue(
+        &mut conn,
+        &k,
+        FIRST,
+        &entry(ms + 60_000, 1_500, secret, EXCLUSIVE),
+    )
+    .await;
+    enqueue(
+        &mut conn,
+        &k,
+        SECOND,
+        &entry(ms + 60_000, 1_500, "bb", SHARED),
+    )
+    .await;
+    // Another reader still holds it: the writer waits, and nothing is said.
+    let released = release(&mut conn, &[&k], (THIRD, NOT_QUEUED, WAITED_ON)).await;
+    assert_eq!(released, 1);
+    assert_eq!(get(&mut conn, &k.lock).await, None);
+    assert_eq!(queue(&mut conn, &k).await.0, [FIRST, SECOND]);
+    assert_eq!(channel.published(&mut conn).await, Vec::<String>::new());
+
+    // The last reader leaves: the writer holds it for its claim, marked for those behind it.
+    let released = release(&mut conn, &[&k], (OURS, NOT_QUEUED, WAITED_ON)).await;
+    assert_eq!(released, 1);
+    assert_eq!(get(&mut conn, &k.lock).await, Some(format!("~{FIRST}")));
+    let claim = pttl(&mut conn, &k.lock).await;
+    assert!((1_000..=1_500).contains(&claim), "{claim}");
+    assert!(!exists(&mut conn, &k.holders).await);
+    let published = channel.published(&mut conn).await;
+    assert_eq!(published.len(), 1, "{published:?}");
+    let handoff = handoff(&published[0], secret);
+    assert_eq!((handoff.token.as_str(), handoff.claim_ms), (FIRST, 1_500));
+    assert!(handoff.fence > clock, "{handoff:?}");
+    assert_eq!(
+        get(&mut conn, &k.fence).await,
+        Some(handoff.fence.to_string())
+    );
+    // The reader queued behind the writer waits for it.
+    assert_eq!(queue(&mut conn, &k).await.0, [SECOND]);
+}
+
+#[tokio::test]
+async fn a_writers_release_hands_the_key_to_every_reader_at_the_head_up_to_the_next_writer() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let k = keys("writer-leaves");
+    let readers = k.held(SHARED);
+    let mut channel = Channel::subscribe(&server, &k.lock).await;
+    set_px(&mut conn, &k.lock, &format!("~{OURS}"), 30_000).await;
+    let (clock, ms) = now(&mut conn).await;
+    set_px(&mut conn, &k.fence, &clock.to_string(), 30_000).await;
+    enqueue(
+        &mut conn,
+        &k,
+        FIRST,
+        &entry(ms + 60_000, 1_500, "aa", SHARED),
+    )
+    .await;
+    enqueue(
+        &mut conn,
+        &k,
+        SECOND,
+        &entry(ms + 60_000, 2_500, "bb", SHARED),
+    )
+    .await;
+    enqueue(
+        &mut conn,
+        &k,
+        THIRD,
+        &entry(ms + 60_000, 1_500, "cc", EXCLUSIVE),
+    )
+    .await;
+    enqueue(
+        &mut conn,
+        &k,
+        THEIRS,
+        &entry(ms + 60_000, 1_500, "dd", SHARED),
+    )
+    .await;
+    let (_, before) = now(&mut conn).await;
+    let released = release(&mut conn, &[&k], (OURS, NOT_QUEUED, WAITED_ON)).await;
+    let (_, after) = now(&mut conn).await;
+    assert_eq!(released, 1);
+    // Read by both readers now, each for its own claim; written by nobody.
+    assert_eq!(get(&mut conn, &k.lock).await, None);
+    assert_eq!(members(&mut conn, &readers).await, [FIRST, SECOND]);
+    let first = expiry(&mut conn, &readers, FIRST).await.unwrap();
+    assert!((before + 1_500..=after + 1_500).contains(&first), "{first}");
+    let second = expiry(&mut conn, &readers, SECOND).await.unwrap();
+    assert!(
+        (before + 2_500..=after + 2_500).contains(&second),
+        "{second}"
+    );
+    // The holders key lives as long as the longest claim.
+    let kept = pttl(&mut conn, &k.holders).await;
+    assert!((2_000..=2_500).contains(&kept), "{kept}");
+    // Each is told by a message signed with its own secret, with a fencing token of its own.
+    let published = channel.published(&mut conn).await;
+    assert_eq!(published.len(), 2, "{published:?}");
+    let (first, second) = (handoff(&published[0], "aa"), handoff(&published[1], "bb"));
+    assert_eq!((first.token.as_str(), first.claim_ms), (FIRST, 1_500));
+    assert_eq!((second.token.as_str(), second.claim_ms), (SECOND, 2_500));
+    assert!(
+        clock < first.fence && first.fence < second.fence,
+        "{first:?} {second:?}"
+    );
+    assert_eq!(
+        get(&mut conn, &k.fence).await,
+        Some(second.fence.to_string())
+    );
+    // The writer behind them waits for them, and the reader behind it for the writer.
+    assert_eq!(queue(&mut conn, &k).await.0, [THIRD, THEIRS]);
+}
+
+#[tokio::test]
+async fn a_permits_release_hands_it_to_the_queued_permit_waiter_and_no_further() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let k = keys("permit-leaves").held("2");
+    let mut channel = Channel::subscribe(&server, &k.lock).await;
+    let (_, ms) = now(&mut conn).await;
+    hold(&mut conn, &k, OURS, ms + 30_000).await;
+    hold(&mut conn, &k, THEIRS, ms + 30_000).await;
+    enqueue(&mut conn, &k, FIRST, &entry(ms + 60_000, 1_500, "aa", "2")).await;
+    enqueue(&mut conn, &k, SECOND, &entry(ms + 60_000, 1_500, "bb", "2")).await;
+    let (_, before) = now(&mut conn).await;
+    let released = release(&mut conn, &[&k], (OURS, NOT_QUEUED, WAITED_ON)).await;
+    let (_, after) = now(&mut conn).await;
+    assert_eq!(released, 1);
+    // The first permit waiter holds the freed permit for its claim.
+    assert_eq!(
+        members(&mut conn, &k).await,
+        [k.member(FIRST), k.member(THEIRS)]
+    );
+    let first = expiry(&mut conn, &k, FIRST).await.unwrap();
+    assert!((before + 1_500..=after + 1_500).contains(&first), "{first}");
+    let published = channel.published(&mut conn).await;
+    assert_eq!(published.len(), 1, "{published:?}");
+    assert_eq!(handoff(&published[0], "aa").token, FIRST);
+    // Both permits are held again: the second waiter waits.
+    assert_eq!(queue(&mut conn, &k).await.0, [SECOND]);
+    assert_eq!(get(&mut conn, &k.lock).await, None);
+}
+
+#[tokio::test]
+async fn a_release_that_made_room_and_served_nobody_announces_it_and_one_that_made_none_does_not() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let reader = keys("announced-reader").held(SHARED);
+    let permit = keys("announced-permit").held("2");
+    let mut readers = Channel::subscribe(&server, &reader.lock).await;
+    let mut permits = Channel::subscribe(&server, &permit.lock).await;
+    let (_, ms) = now(&mut conn).await;
+    hold(&mut conn, &reader, OURS, ms + 30_000).await;
+    hold(&mut conn, &reader, THEIRS, ms + 30_000).await;
+    // Another reader stays: no room made for a writer, nothing said.
+    let released = release(&mut conn, &[&reader], (OURS, NOT_QUEUED, WAITED_ON)).await;
+    assert_eq!(released, 1);
+    assert_eq!(readers.published(&mut conn).await, Vec::<String>::new());
+    // A quorum's release announces itself all the same.
+    hold(&mut conn, &reader, OURS, ms + 30_000).await;
+    let released = release(&mut conn, &[&reader], (OURS, NOT_QUEUED, ALWAYS)).await;
+    assert_eq!(released, 1);
+    assert_eq!(readers.published(&mut conn).await, [""]);
+    // The last reader leaves, nobody queued: announced, for writers that are not fair.
+    let released = release(&mut conn, &[&reader], (THEIRS, NOT_QUEUED, WAITED_ON)).await;
+    assert_eq!(released, 1);
+    assert_eq!(readers.published(&mut conn).await, [""]);
+
+    // A permit's release makes room, whoever else holds one.
+    hold(&mut conn, &permit, OURS, ms + 30_000).await;
+    hold(&mut conn, &permit, THEIRS, ms + 30_000).await;
+    let released = release(&mut conn, &[&permit], (OURS, NOT_QUEUED, WAITED_ON)).await;
+    assert_eq!(released, 1);
+    assert_eq!(members(&mut conn, &permit).await, [permit.member(THEIRS)]);
+    assert_eq!(permits.published(&mut conn).await, [""]);
+}
+
 // ---- extend.lua ----
 
 #[tokio::test]
 async fn extend_prolongs_each_lease_that_holds_all_its_keys_and_touches_no_other() {
     let server = RedisServer::start();
     let mut conn = server.client().await;
-    let names = ["e1", "e2", "e3", "e4", "e5", "e6", "e7"];
-    let k: Vec<String> = names.iter().map(|n| keys(n).lock).collect();
-    set_px(&mut conn, &k[0], OURS, 1_000).await; // ours, plain
-    set_px(&mut conn, &k[1], &format!("~{OURS}"), 1_000).await; // ours, marked
-    set_px(&mut conn, &k[2], THEIRS, 1_000).await; // another owner's
-                                                   // k[3] is gone
-    let _: i64 = conn.rpush(&k[4], "x").await.unwrap(); // another program's list
-    set_px(&mut conn, &k[5], &format!("~{FIRST}"), 1_000).await; // FIRST's, marked
-    set_px(&mut conn, &k[6], FIRST, 1_000).await; // FIRST's, plain
-                                                  // Lease 1: ours, on a plain and a marked key. Lease 2: ours, and one key another owner
-                                                  // holds. Lease 3: a gone key. Lease 4: a list. Lease 5: FIRST's two keys, one marked.
-    let keys: Vec<&str> = [0, 1, 0, 2, 3, 4, 5, 6]
-        .iter()
-        .map(|&i| k[i].as_str())
+    let k: Vec<Keys> = ["e1", "e2", "e3", "e4", "e5", "e6", "e7"]
+        .into_iter()
+        .map(keys)
         .collect();
-    let args = (
-        (OURS, 60_000, 2),
-        (OURS, 60_000, 2),
-        (SECOND, 60_000, 1),
-        (THIRD, 60_000, 1),
-        (FIRST, 60_000, 2),
-    );
-    let extended: Vec<i64> = run(&mut conn, "extend", &keys, args).await.unwrap();
+    set_px(&mut conn, &k[0].lock, OURS, 1_000).await; // ours, plain
+    set_px(&mut conn, &k[1].lock, &format!("~{OURS}"), 1_000).await; // ours, marked
+    set_px(&mut conn, &k[2].lock, THEIRS, 1_000).await; // another owner's
+    let _: i64 = conn.rpush(&k[4].lock, "x").await.unwrap(); // another program's list
+    set_px(&mut conn, &k[5].lock, &format!("~{FIRST}"), 1_000).await; // FIRST's, marked
+    set_px(&mut conn, &k[6].lock, FIRST, 1_000).await; // FIRST's, plain
+
+    // Ours, on a plain and a marked key; ours, with a key another owner holds; a gone key
+    // (k[3]); a list; FIRST's two keys, one marked.
+    let leases = [
+        (OURS, vec![&k[0], &k[1]]),
+        (OURS, vec![&k[0], &k[2]]),
+        (SECOND, vec![&k[3]]),
+        (THIRD, vec![&k[4]]),
+        (FIRST, vec![&k[5], &k[6]]),
+    ];
+    let extended = extend(&mut conn, 60_000, &leases).await;
     assert_eq!(extended, [1, 0, 0, 0, 1]);
     for i in [0, 1, 5, 6] {
-        assert!(pttl(&mut conn, &k[i]).await > 59_000, "{}", names[i]);
+        assert!(pttl(&mut conn, &k[i].lock).await > 59_000, "{}", k[i].lock);
     }
     // Untouched: another owner's key keeps its ttl, a gone key stays gone, a list stays.
-    assert!(pttl(&mut conn, &k[2]).await <= 1_000);
-    assert_eq!(get(&mut conn, &k[2]).await.as_deref(), Some(THEIRS));
-    assert_eq!(get(&mut conn, &k[3]).await, None);
-    assert_eq!(pttl(&mut conn, &k[4]).await, -1);
+    assert!(pttl(&mut conn, &k[2].lock).await <= 1_000);
+    assert_eq!(get(&mut conn, &k[2].lock).await.as_deref(), Some(THEIRS));
+    assert_eq!(get(&mut conn, &k[3].lock).await, None);
+    assert_eq!(pttl(&mut conn, &k[4].lock).await, -1);
     // A lease with one key lost is not extended at all, not even its key that is still held.
-    set_px(&mut conn, &k[0], OURS, 1_000).await;
-    let extended: Vec<i64> = run(&mut conn, "extend", &[&*k[0], &k[2]], (OURS, 60_000, 2))
-        .await
-        .unwrap();
+    set_px(&mut conn, &k[0].lock, OURS, 1_000).await;
+    let extended = extend(&mut conn, 60_000, &[(OURS, vec![&k[0], &k[2]])]).await;
     assert_eq!(extended, [0]);
-    assert!(pttl(&mut conn, &k[0]).await <= 1_000);
+    assert!(pttl(&mut conn, &k[0].lock).await <= 1_000);
     // Another owner's token never extends ours, marked or not.
-    let extended: Vec<i64> = run(
+    let extended = extend(
         &mut conn,
-        "extend",
-        &[&*k[0], &k[1]],
-        ((THEIRS, 60_000, 1), (THEIRS, 60_000, 1)),
+        60_000,
+        &[(THEIRS, vec![&k[0]]), (THEIRS, vec![&k[1]])],
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(extended, [0, 0]);
 }
 
-// ---- fair/acquire.lua ----
-
-/// `fair_acquire`'s arguments for `token`: ttl 30 s, claim 2 s, `wait` ms, its secret.
-fn fair_args(
-    token: &'static str,
-    wait: u64,
-    secret: &'static str,
-    waited: &'static str,
-) -> impl ToRedisArgs {
-    (token, 30_000, 2_000, wait, secret, "PUBLISH", waited)
+#[tokio::test]
+async fn extend_prolongs_a_live_shared_or_permit_member_and_its_holders_key() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let (reader, permit) = (
+        keys("renewed-reader").held(SHARED),
+        keys("renewed-permit").held("3"),
+    );
+    let (_, ms) = now(&mut conn).await;
+    for k in [&reader, &permit] {
+        hold(&mut conn, k, OURS, ms + 5_000).await;
+        hold(&mut conn, k, THEIRS, ms + 5_000).await;
+        let _: bool = conn.pexpire(&k.holders, 5_000).await.unwrap();
+    }
+    let (_, before) = now(&mut conn).await;
+    let leases = [(OURS, vec![&reader]), (OURS, vec![&permit])];
+    let extended = extend(&mut conn, 60_000, &leases).await;
+    let (_, after) = now(&mut conn).await;
+    assert_eq!(extended, [1, 1]);
+    for k in [&reader, &permit] {
+        let ours = expiry(&mut conn, k, OURS).await.unwrap();
+        assert!((before + 60_000..=after + 60_000).contains(&ours), "{ours}");
+        // Only its own member: the other lease's expiry stays.
+        assert_eq!(expiry(&mut conn, k, THEIRS).await, Some(ms + 5_000));
+        assert!(pttl(&mut conn, &k.holders).await > 59_000, "{}", k.mode);
+    }
 }
+
+#[tokio::test]
+async fn extend_never_revives_an_expired_member_nor_creates_a_missing_one() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let k = keys("not-revived").held(SHARED);
+    let (_, ms) = now(&mut conn).await;
+    // Ours has expired (not yet dropped); another reader keeps the holders key alive.
+    hold(&mut conn, &k, OURS, ms - 1).await;
+    hold(&mut conn, &k, THEIRS, ms + 60_000).await;
+    // Another program's string where the holders would be.
+    let odd = keys("not-revived-odd").held(SHARED);
+    let _: () = conn.set(&odd.holders, "x").await.unwrap();
+    let leases = [
+        (OURS, vec![&k]),
+        (FIRST, vec![&k]),
+        (OURS, vec![&odd]),
+        (THEIRS, vec![&k]),
+    ];
+    let extended = extend(&mut conn, 60_000, &leases).await;
+    assert_eq!(extended, [0, 0, 0, 1]);
+    assert_eq!(expiry(&mut conn, &k, OURS).await, Some(ms - 1));
+    assert_eq!(expiry(&mut conn, &k, FIRST).await, None);
+    assert_eq!(get(&mut conn, &odd.holders).await.as_deref(), Some("x"));
+}
+
+#[tokio::test]
+async fn extend_of_a_lease_with_an_exclusive_and_a_shared_key_needs_both_held() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let (a, b) = (keys("renewed-a"), keys("renewed-b").held(SHARED));
+    let lease = [(OURS, vec![&a, &b])];
+    let (_, ms) = now(&mut conn).await;
+    set_px(&mut conn, &a.lock, OURS, 1_000).await;
+    hold(&mut conn, &b, OURS, ms + 10_000).await;
+    let (_, before) = now(&mut conn).await;
+    assert_eq!(extend(&mut conn, 60_000, &lease).await, [1]);
+    let (_, after) = now(&mut conn).await;
+    assert!(pttl(&mut conn, &a.lock).await > 59_000);
+    let ours = expiry(&mut conn, &b, OURS).await.unwrap();
+    assert!((before + 60_000..=after + 60_000).contains(&ours), "{ours}");
+    // b's share expired: a is not extended either.
+    set_px(&mut conn, &a.lock, OURS, 1_000).await;
+    hold(&mut conn, &b, OURS, ms - 1).await;
+    assert_eq!(extend(&mut conn, 60_000, &lease).await, [0]);
+    assert!(pttl(&mut conn, &a.lock).await <= 1_000);
+    // a lost to another owner: b's share is not extended either.
+    set_px(&mut conn, &a.lock, THEIRS, 1_000).await;
+    hold(&mut conn, &b, OURS, ms + 10_000).await;
+    assert_eq!(extend(&mut conn, 60_000, &lease).await, [0]);
+    assert_eq!(expiry(&mut conn, &b, OURS).await, Some(ms + 10_000));
+}
+
+// ---- fair/acquire.lua ----
 
 #[tokio::test]
 async fn a_fair_acquire_of_a_free_key_with_nobody_queued_takes_it() {
     let server = RedisServer::start();
     let mut conn = server.client().await;
     let k = keys("fair-free");
-    let reply: Value = fair_acquire(&mut conn, &k, fair_args(OURS, 5_000, "aa", NOT_YET)).await;
+    let reply = fair_acquire(&mut conn, &k, (OURS, 5_000, "aa", NOT_YET)).await;
     let token = token_of(&reply);
     assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some(OURS));
     assert!(pttl(&mut conn, &k.lock).await > 29_000);
     assert_eq!(get(&mut conn, &k.fence).await, Some(token.to_string()));
     // One that has waited takes it marked.
     let _: i64 = conn.del(&k.lock).await.unwrap();
-    let reply: Value = fair_acquire(&mut conn, &k, fair_args(OURS, 5_000, "aa", WAITED)).await;
+    let reply = fair_acquire(&mut conn, &k, (OURS, 5_000, "aa", WAITED)).await;
     assert!(token_of(&reply) > token);
     assert_eq!(get(&mut conn, &k.lock).await, Some(format!("~{OURS}")));
-    assert!(!conn.exists::<_, bool>(&k.queue).await.unwrap());
+    assert!(!exists(&mut conn, &k.queue).await);
 }
 
 #[tokio::test]
@@ -852,39 +1507,37 @@ async fn a_fair_acquire_of_a_held_key_queues_once_and_marks_the_holder() {
     let k = keys("fair-held");
     set_px(&mut conn, &k.lock, THEIRS, 5_000).await;
     // A try (no wait left): neither queued nor marking.
-    let reply: Value = fair_acquire(&mut conn, &k, fair_args(OURS, 0, "aa", NOT_YET)).await;
-    let fields: Vec<i64> = FromRedisValue::from_redis_value(reply).unwrap();
-    assert_eq!(fields[0], 0);
-    assert!((4_000..=5_000).contains(&fields[1]));
+    let reply = fair_acquire(&mut conn, &k, (OURS, 0, "aa", NOT_YET)).await;
+    let (remaining, _) = queued(reply);
+    assert!((4_000..=5_000).contains(&remaining));
     assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some(THEIRS));
     assert!(queue(&mut conn, &k).await.0.is_empty());
 
     let (_, before) = now(&mut conn).await;
-    let reply: Value = fair_acquire(&mut conn, &k, fair_args(OURS, 10_000, "aa", NOT_YET)).await;
-    let fields: Vec<i64> = FromRedisValue::from_redis_value(reply).unwrap();
+    let reply = fair_acquire(&mut conn, &k, (OURS, 10_000, "aa", NOT_YET)).await;
+    let (remaining, server_ms) = queued(reply);
     let (_, after) = now(&mut conn).await;
-    assert_eq!(fields[0], 0);
-    assert!((4_000..=5_000).contains(&fields[1]));
-    let server_ms = u64::try_from(fields[2]).unwrap();
+    assert!((4_000..=5_000).contains(&remaining));
     assert!((before..=after).contains(&server_ms));
     assert_eq!(get(&mut conn, &k.lock).await, Some(format!("~{THEIRS}")));
     assert!((4_000..=5_000).contains(&pttl(&mut conn, &k.lock).await));
     let (list, entries) = queue(&mut conn, &k).await;
     assert_eq!(list, [OURS]);
-    assert_eq!(entries[OURS], format!("{} 2000 aa", server_ms + 10_000));
+    // Its entry: deadline, claim, secret, and the mode it waits for.
+    assert_eq!(entries[OURS], format!("{} 2000 aa x", server_ms + 10_000));
     // The queue lives as long as the wait and a claim.
     for key in [&k.queue, &k.waiters] {
         assert!((11_000..=12_000).contains(&pttl(&mut conn, key).await));
     }
     // A later attempt keeps its place, with its new secret, and does not mark twice.
     set_px(&mut conn, &k.lock, &format!("~{THEIRS}"), 5_000).await;
-    let _: Value = fair_acquire(&mut conn, &k, fair_args(OURS, 9_000, "bb", WAITED)).await;
+    let _ = fair_acquire(&mut conn, &k, (OURS, 9_000, "bb", WAITED)).await;
     let (list, entries) = queue(&mut conn, &k).await;
     assert_eq!(list, [OURS]);
-    assert!(entries[OURS].ends_with(" 2000 bb"), "{entries:?}");
+    assert!(entries[OURS].ends_with(" 2000 bb x"), "{entries:?}");
     assert_eq!(get(&mut conn, &k.lock).await, Some(format!("~{THEIRS}")));
     // Another waiter queues behind.
-    let _: Value = fair_acquire(&mut conn, &k, fair_args(SECOND, 20_000, "cc", NOT_YET)).await;
+    let _ = fair_acquire(&mut conn, &k, (SECOND, 20_000, "cc", NOT_YET)).await;
     assert_eq!(queue(&mut conn, &k).await.0, [OURS, SECOND]);
     assert!(pttl(&mut conn, &k.queue).await > 21_000);
 }
@@ -896,20 +1549,19 @@ async fn a_fair_acquire_of_a_free_key_serves_the_first_live_waiter_before_itself
     let k = keys("fair-line");
     let mut channel = Channel::subscribe(&server, &k.lock).await;
     let (_, ms) = now(&mut conn).await;
-    enqueue(&mut conn, &k, FIRST, Some(format!("{} 1500 aa", ms - 1))).await; // expired
+    enqueue(&mut conn, &k, FIRST, &entry(ms - 1, 1_500, "aa", EXCLUSIVE)).await; // expired
     enqueue(
         &mut conn,
         &k,
         SECOND,
-        Some(format!("{} 1500 bb", ms + 60_000)),
+        &entry(ms + 60_000, 1_500, "bb", EXCLUSIVE),
     )
     .await;
-    let reply: Value = fair_acquire(&mut conn, &k, fair_args(OURS, 10_000, "cc", NOT_YET)).await;
-    let fields: Vec<i64> = FromRedisValue::from_redis_value(reply).unwrap();
-    assert_eq!(fields[0], 0);
+    let reply = fair_acquire(&mut conn, &k, (OURS, 10_000, "cc", NOT_YET)).await;
+    let (remaining, _) = queued(reply);
     // Handed to the live waiter that was first in line; the caller queued behind it.
     assert_eq!(get(&mut conn, &k.lock).await, Some(format!("~{SECOND}")));
-    assert!((1_000..=1_500).contains(&fields[1]), "{fields:?}");
+    assert!((1_000..=1_500).contains(&remaining), "{remaining}");
     let published = channel.published(&mut conn).await;
     assert_eq!(published.len(), 1, "{published:?}");
     let handoff = handoff(&published[0], "bb");
@@ -923,7 +1575,7 @@ async fn a_fair_acquire_of_a_free_key_serves_the_first_live_waiter_before_itself
     // Free again (the claim lapsed), the caller first in line: taken, marked for those who
     // may queue behind it, and nothing published.
     let _: i64 = conn.del(&k.lock).await.unwrap();
-    let reply: Value = fair_acquire(&mut conn, &k, fair_args(OURS, 10_000, "ee", NOT_YET)).await;
+    let reply = fair_acquire(&mut conn, &k, (OURS, 10_000, "ee", NOT_YET)).await;
     assert!(token_of(&reply) > handoff.fence);
     assert_eq!(get(&mut conn, &k.lock).await, Some(format!("~{OURS}")));
     assert!(pttl(&mut conn, &k.lock).await > 29_000);
@@ -950,15 +1602,212 @@ async fn a_fair_acquire_confirms_a_hand_off_with_a_greater_token_and_its_own_ttl
         30_000,
     )
     .await;
-    let reply: Value = fair_acquire(&mut conn, &k, fair_args(OURS, 10_000, "aa", NOT_YET)).await;
+    let reply = fair_acquire(&mut conn, &k, (OURS, 10_000, "aa", NOT_YET)).await;
     assert_eq!(token_of(&reply), clock + 1_000_001);
     assert_eq!(get(&mut conn, &k.lock).await, Some(format!("~{OURS}")));
     assert!(pttl(&mut conn, &k.lock).await > 29_000);
     // Ours unmarked (a retried request): taken as it is.
     set_px(&mut conn, &k.lock, OURS, 2_000).await;
-    let reply: Value = fair_acquire(&mut conn, &k, fair_args(OURS, 10_000, "aa", NOT_YET)).await;
+    let reply = fair_acquire(&mut conn, &k, (OURS, 10_000, "aa", NOT_YET)).await;
     assert_eq!(token_of(&reply), clock + 1_000_002);
     assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some(OURS));
+}
+
+#[tokio::test]
+async fn a_fair_reader_joins_the_readers_when_nobody_is_queued() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let k = keys("fair-readers").held(SHARED);
+    let (_, ms) = now(&mut conn).await;
+    hold(&mut conn, &k, THEIRS, ms + 5_000).await;
+    let (_, before) = now(&mut conn).await;
+    let reply = fair_acquire(&mut conn, &k, (OURS, 10_000, "aa", NOT_YET)).await;
+    let (_, after) = now(&mut conn).await;
+    let token = token_of(&reply);
+    assert_eq!(members(&mut conn, &k).await, [THEIRS, OURS]);
+    let ours = expiry(&mut conn, &k, OURS).await.unwrap();
+    assert!((before + 30_000..=after + 30_000).contains(&ours), "{ours}");
+    assert!(pttl(&mut conn, &k.holders).await > 29_000);
+    assert_eq!(get(&mut conn, &k.fence).await, Some(token.to_string()));
+    assert_eq!(get(&mut conn, &k.lock).await, None);
+    assert!(!exists(&mut conn, &k.queue).await);
+}
+
+#[tokio::test]
+async fn a_fair_reader_queues_behind_a_queued_writer_though_only_readers_hold_the_key() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let k = keys("fair-behind").held(SHARED);
+    let (_, ms) = now(&mut conn).await;
+    hold(&mut conn, &k, THEIRS, ms + 5_000).await;
+    enqueue(
+        &mut conn,
+        &k,
+        FIRST,
+        &entry(ms + 60_000, 2_000, "aa", EXCLUSIVE),
+    )
+    .await;
+    let reply = fair_acquire(&mut conn, &k, (OURS, 10_000, "bb", NOT_YET)).await;
+    let (remaining, server_ms) = queued(reply);
+    // It can read once the writer has had the key: after the reader's expiry at the earliest.
+    assert!((4_000..=5_000).contains(&remaining), "{remaining}");
+    assert_eq!(members(&mut conn, &k).await, [THEIRS]);
+    assert_eq!(get(&mut conn, &k.lock).await, None);
+    let (list, entries) = queue(&mut conn, &k).await;
+    assert_eq!(list, [FIRST, OURS]);
+    // Its entry carries its mode, for the release that will serve it.
+    assert_eq!(entries[OURS], format!("{} 2000 bb r", server_ms + 10_000));
+}
+
+#[tokio::test]
+async fn a_fair_reader_that_waits_for_a_writer_marks_it_and_queues() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let k = keys("fair-reader-waits").held(SHARED);
+    set_px(&mut conn, &k.lock, THEIRS, 5_000).await;
+    let reply = fair_acquire(&mut conn, &k, (OURS, 10_000, "aa", NOT_YET)).await;
+    let (remaining, server_ms) = queued(reply);
+    assert!((4_000..=5_000).contains(&remaining), "{remaining}");
+    // Marked, so that the writer's release hands the key over.
+    assert_eq!(get(&mut conn, &k.lock).await, Some(format!("~{THEIRS}")));
+    assert!(!exists(&mut conn, &k.holders).await);
+    let (list, entries) = queue(&mut conn, &k).await;
+    assert_eq!(list, [OURS]);
+    assert_eq!(entries[OURS], format!("{} 2000 aa r", server_ms + 10_000));
+}
+
+#[tokio::test]
+async fn a_fair_reader_first_in_line_takes_the_key_and_the_readers_behind_it_are_handed_it_too() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let k = keys("fair-head").held(SHARED);
+    let mut channel = Channel::subscribe(&server, &k.lock).await;
+    let (_, ms) = now(&mut conn).await;
+    enqueue(
+        &mut conn,
+        &k,
+        OURS,
+        &entry(ms + 60_000, 2_000, "aa", SHARED),
+    )
+    .await;
+    enqueue(
+        &mut conn,
+        &k,
+        SECOND,
+        &entry(ms + 60_000, 1_500, "bb", SHARED),
+    )
+    .await;
+    enqueue(
+        &mut conn,
+        &k,
+        THIRD,
+        &entry(ms + 60_000, 1_500, "cc", EXCLUSIVE),
+    )
+    .await;
+    let (_, before) = now(&mut conn).await;
+    let reply = fair_acquire(&mut conn, &k, (OURS, 10_000, "aa", WAITED)).await;
+    let (_, after) = now(&mut conn).await;
+    let token = token_of(&reply);
+    // Its own attempt takes it, for its ttl, not for a claim.
+    let ours = expiry(&mut conn, &k, OURS).await.unwrap();
+    assert!((before + 30_000..=after + 30_000).contains(&ours), "{ours}");
+    // The reader behind it is handed it for its claim, told by a message signed with its
+    // secret; no message for the caller.
+    let second = expiry(&mut conn, &k, SECOND).await.unwrap();
+    assert!(
+        (before + 1_500..=after + 1_500).contains(&second),
+        "{second}"
+    );
+    let published = channel.published(&mut conn).await;
+    assert_eq!(published.len(), 1, "{published:?}");
+    let handoff = handoff(&published[0], "bb");
+    assert_eq!((handoff.token.as_str(), handoff.claim_ms), (SECOND, 1_500));
+    assert!(token > handoff.fence, "{token} {handoff:?}");
+    assert_eq!(get(&mut conn, &k.fence).await, Some(token.to_string()));
+    // The writer behind them waits for them.
+    assert_eq!(queue(&mut conn, &k).await.0, [THIRD]);
+    assert_eq!(get(&mut conn, &k.lock).await, None);
+}
+
+#[tokio::test]
+async fn a_fair_reader_confirms_its_handed_share_before_a_queued_writer_unless_it_lapsed() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let k = keys("fair-reader-confirm").held(SHARED);
+    let (clock, ms) = now(&mut conn).await;
+    // Handed to us for a claim of 2 s, with the hand-off's token in the counter; a writer has
+    // queued since, and waits for us.
+    hold(&mut conn, &k, OURS, ms + 2_000).await;
+    set_px(
+        &mut conn,
+        &k.fence,
+        &(clock + 1_000_000).to_string(),
+        30_000,
+    )
+    .await;
+    enqueue(
+        &mut conn,
+        &k,
+        FIRST,
+        &entry(ms + 60_000, 1_500, "aa", EXCLUSIVE),
+    )
+    .await;
+    let (_, before) = now(&mut conn).await;
+    let reply = fair_acquire(&mut conn, &k, (OURS, 10_000, "bb", WAITED)).await;
+    let (_, after) = now(&mut conn).await;
+    // Ours already: held for the ttl, with a token above the hand-off's.
+    assert_eq!(token_of(&reply), clock + 1_000_001);
+    let ours = expiry(&mut conn, &k, OURS).await.unwrap();
+    assert!((before + 30_000..=after + 30_000).contains(&ours), "{ours}");
+    assert!(pttl(&mut conn, &k.holders).await > 29_000);
+    assert_eq!(queue(&mut conn, &k).await.0, [FIRST]);
+
+    // A claim that lapsed before its confirmation holds nothing: the writer is served first.
+    hold(&mut conn, &k, OURS, ms - 1).await;
+    let reply = fair_acquire(&mut conn, &k, (OURS, 10_000, "bb", WAITED)).await;
+    queued(reply);
+    assert_eq!(get(&mut conn, &k.lock).await, Some(format!("~{FIRST}")));
+    assert_eq!(expiry(&mut conn, &k, OURS).await, None);
+    assert_eq!(queue(&mut conn, &k).await.0, [OURS]);
+}
+
+#[tokio::test]
+async fn a_fair_permit_request_queues_at_n_with_its_mode_and_takes_a_permit_freed_at_its_turn() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let k = keys("fair-permits").held("2");
+    let mut channel = Channel::subscribe(&server, &k.lock).await;
+    let (_, ms) = now(&mut conn).await;
+    hold(&mut conn, &k, THEIRS, ms + 5_000).await;
+    hold(&mut conn, &k, FIRST, ms + 9_000).await;
+    let reply = fair_acquire(&mut conn, &k, (OURS, 10_000, "aa", NOT_YET)).await;
+    let (remaining, server_ms) = queued(reply);
+    // A permit is freed by the first holder's expiry.
+    assert!((4_000..=5_000).contains(&remaining), "{remaining}");
+    assert_eq!(expiry(&mut conn, &k, OURS).await, None);
+    let (list, entries) = queue(&mut conn, &k).await;
+    assert_eq!(list, [OURS]);
+    assert_eq!(entries[OURS], format!("{} 2000 aa 2", server_ms + 10_000));
+
+    // The first holder's lease ended: the caller, first in line, takes the permit at its next
+    // attempt, itself, with no message.
+    hold(&mut conn, &k, THEIRS, ms - 1).await;
+    let (_, before) = now(&mut conn).await;
+    let reply = fair_acquire(&mut conn, &k, (OURS, 9_000, "bb", WAITED)).await;
+    let (_, after) = now(&mut conn).await;
+    token_of(&reply);
+    assert_eq!(
+        members(&mut conn, &k).await,
+        [k.member(FIRST), k.member(OURS)]
+    );
+    let ours = expiry(&mut conn, &k, OURS).await.unwrap();
+    assert!((before + 30_000..=after + 30_000).contains(&ours), "{ours}");
+    let (list, entries) = queue(&mut conn, &k).await;
+    assert!(
+        list.is_empty() && entries.is_empty(),
+        "{list:?} {entries:?}"
+    );
+    assert_eq!(channel.published(&mut conn).await, Vec::<String>::new());
 }
 
 // ---- raise.lua ----
@@ -1001,45 +1850,91 @@ async fn inspect_reads_a_lock_without_its_mark_and_changes_nothing() {
     let server = RedisServer::start();
     let mut conn = server.client().await;
     let k = keys("seen");
-    let read = [&*k.lock, &k.fence, &k.waiters];
-    let free: Value = run(&mut conn, "inspect", &read, NO_ARGS).await.unwrap();
-    assert_eq!(free, Value::Nil);
+    assert!(inspect(&mut conn, &k).await.is_none());
     let (_, ms) = now(&mut conn).await;
     enqueue(
         &mut conn,
         &k,
         FIRST,
-        Some(format!("{} 2000 aa", ms + 60_000)),
+        &entry(ms + 60_000, 2_000, "aa", EXCLUSIVE),
     )
     .await;
     enqueue(
         &mut conn,
         &k,
         SECOND,
-        Some(format!("{} 2000 bb", ms + 60_000)),
+        &entry(ms + 60_000, 2_000, "bb", SHARED),
     )
     .await;
     set_px(&mut conn, &k.fence, "1234", 60_000).await;
     for value in [THEIRS.to_owned(), format!("~{THEIRS}")] {
         set_px(&mut conn, &k.lock, &value, 5_000).await;
-        let (owner, remaining, counter, waiters): (String, i64, String, i64) =
-            run(&mut conn, "inspect", &read, NO_ARGS).await.unwrap();
-        assert_eq!(owner, THEIRS, "{value}");
-        assert!((4_000..=5_000).contains(&remaining));
-        assert_eq!((counter.as_str(), waiters), ("1234", 2));
+        let seen = inspect(&mut conn, &k).await.expect("held");
+        assert_eq!(seen.kind, "x", "{value}");
+        assert!((4_000..=5_000).contains(&seen.remaining), "{seen:?}");
+        assert_eq!((seen.counter.as_str(), seen.waiters), ("1234", 2));
+        assert_eq!((seen.holders, seen.members), (1, vec![THEIRS.to_owned()]));
         assert_eq!(get(&mut conn, &k.lock).await, Some(value));
     }
     // Counter and entries of other types read as none; a lock of another type as free.
     let _: i64 = conn.del(&[&k.fence, &k.waiters]).await.unwrap();
     let _: i64 = conn.rpush(&k.fence, "x").await.unwrap();
     let _: i64 = conn.rpush(&k.waiters, "x").await.unwrap();
-    let (_, _, counter, waiters): (String, i64, String, i64) =
-        run(&mut conn, "inspect", &read, NO_ARGS).await.unwrap();
-    assert_eq!((counter.as_str(), waiters), ("", 0));
+    let seen = inspect(&mut conn, &k).await.expect("held");
+    assert_eq!((seen.counter.as_str(), seen.waiters), ("", 0));
     let _: i64 = conn.del(&k.lock).await.unwrap();
     let _: i64 = conn.rpush(&k.lock, "x").await.unwrap();
-    let odd: Value = run(&mut conn, "inspect", &read, NO_ARGS).await.unwrap();
-    assert_eq!(odd, Value::Nil);
+    assert!(inspect(&mut conn, &k).await.is_none());
+}
+
+#[tokio::test]
+async fn inspect_lists_the_live_members_of_a_shared_or_permit_key_by_expiry_and_writes_nothing() {
+    // Redis refuses any write from a script so flagged.
+    assert!(script("inspect").starts_with("#!lua flags=no-writes\n"));
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let reader = keys("seen-reader").held(SHARED);
+    let (_, ms) = now(&mut conn).await;
+    hold(&mut conn, &reader, THEIRS, ms + 9_000).await;
+    hold(&mut conn, &reader, OURS, ms + 3_000).await;
+    hold(&mut conn, &reader, FIRST, ms - 1).await; // expired
+    set_px(&mut conn, &reader.fence, "1234", 60_000).await;
+    enqueue(
+        &mut conn,
+        &reader,
+        SECOND,
+        &entry(ms + 60_000, 2_000, "aa", EXCLUSIVE),
+    )
+    .await;
+    let seen = inspect(&mut conn, &reader).await.expect("read");
+    assert_eq!(seen.kind, "s");
+    // Held until the last member's expiry.
+    assert!((8_000..=9_000).contains(&seen.remaining), "{seen:?}");
+    assert_eq!((seen.counter.as_str(), seen.waiters), ("1234", 1));
+    assert_eq!(
+        (seen.holders, seen.members),
+        (2, vec![OURS.to_owned(), THEIRS.to_owned()])
+    );
+    // The expired member is left where it was.
+    assert_eq!(expiry(&mut conn, &reader, FIRST).await, Some(ms - 1));
+
+    let permit = keys("seen-permit").held("2");
+    hold(&mut conn, &permit, OURS, ms + 5_000).await;
+    hold(&mut conn, &permit, THEIRS, ms + 4_000).await;
+    let seen = inspect(&mut conn, &permit).await.expect("held");
+    assert_eq!(seen.kind, "s");
+    assert!((4_000..=5_000).contains(&seen.remaining), "{seen:?}");
+    assert_eq!((seen.counter.as_str(), seen.waiters), ("", 0));
+    assert_eq!(
+        (seen.holders, seen.members),
+        (2, vec![permit.member(THEIRS), permit.member(OURS)])
+    );
+
+    // Only expired members: free.
+    let gone = keys("seen-gone").held(SHARED);
+    hold(&mut conn, &gone, OURS, ms - 1).await;
+    assert!(inspect(&mut conn, &gone).await.is_none());
+    assert_eq!(expiry(&mut conn, &gone, OURS).await, Some(ms - 1));
 }
 
 // ---- force_release.lua ----
@@ -1050,35 +1945,25 @@ async fn force_release_deletes_whoever_holds_and_hands_over_to_a_live_waiter() {
     let mut conn = server.client().await;
     let k = keys("forced");
     let mut channel = Channel::subscribe(&server, &k.lock).await;
-    let force = |conn: &mut MultiplexedConnection| {
-        let mut conn = conn.clone();
-        let keys = k.for_release().map(str::to_owned);
-        async move {
-            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-            run::<i64>(&mut conn, "force_release", &keys, "PUBLISH")
-                .await
-                .unwrap()
-        }
-    };
-    assert_eq!(force(&mut conn).await, 0);
+    assert_eq!(force_release(&mut conn, &k).await, 0);
     for value in [THEIRS.to_owned(), format!("~{THEIRS}")] {
         set_px(&mut conn, &k.lock, &value, 30_000).await;
-        assert_eq!(force(&mut conn).await, 1);
+        assert_eq!(force_release(&mut conn, &k).await, 1);
         assert_eq!(get(&mut conn, &k.lock).await, None);
         assert_eq!(channel.published(&mut conn).await, [""]);
     }
     // A live waiter (behind an expired one) is handed the lock.
     let (_, ms) = now(&mut conn).await;
-    enqueue(&mut conn, &k, FIRST, Some(format!("{} 1500 aa", ms - 1))).await;
+    enqueue(&mut conn, &k, FIRST, &entry(ms - 1, 1_500, "aa", EXCLUSIVE)).await;
     enqueue(
         &mut conn,
         &k,
         SECOND,
-        Some(format!("{} 1500 bb", ms + 60_000)),
+        &entry(ms + 60_000, 1_500, "bb", EXCLUSIVE),
     )
     .await;
     set_px(&mut conn, &k.lock, THEIRS, 30_000).await;
-    assert_eq!(force(&mut conn).await, 1);
+    assert_eq!(force_release(&mut conn, &k).await, 1);
     assert_eq!(get(&mut conn, &k.lock).await, Some(format!("~{SECOND}")));
     let published = channel.published(&mut conn).await;
     assert_eq!(published.len(), 1, "{published:?}");
@@ -1089,6 +1974,49 @@ async fn force_release_deletes_whoever_holds_and_hands_over_to_a_live_waiter() {
         Some(handoff.fence.to_string())
     );
     assert!(queue(&mut conn, &k).await.0.is_empty());
+}
+
+#[tokio::test]
+async fn force_release_of_a_shared_key_drops_every_member_and_serves_the_queue() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let k = keys("forced-shared");
+    let (reader, permit) = (k.held(SHARED), k.held("3"));
+    let mut channel = Channel::subscribe(&server, &k.lock).await;
+    // Only an expired member: free, and left as it is.
+    let (_, ms) = now(&mut conn).await;
+    hold(&mut conn, &reader, OURS, ms - 1).await;
+    assert_eq!(force_release(&mut conn, &k).await, 0);
+    assert_eq!(expiry(&mut conn, &reader, OURS).await, Some(ms - 1));
+    assert_eq!(channel.published(&mut conn).await, Vec::<String>::new());
+
+    // Two readers and a permit holder, a writer queued: every member goes, the writer is
+    // handed the key.
+    hold(&mut conn, &reader, OURS, ms + 30_000).await;
+    hold(&mut conn, &reader, THEIRS, ms + 30_000).await;
+    hold(&mut conn, &permit, THIRD, ms + 30_000).await;
+    enqueue(
+        &mut conn,
+        &k,
+        FIRST,
+        &entry(ms + 60_000, 1_500, "aa", EXCLUSIVE),
+    )
+    .await;
+    assert_eq!(force_release(&mut conn, &k).await, 1);
+    assert!(!exists(&mut conn, &k.holders).await);
+    assert_eq!(get(&mut conn, &k.lock).await, Some(format!("~{FIRST}")));
+    let published = channel.published(&mut conn).await;
+    assert_eq!(published.len(), 1, "{published:?}");
+    assert_eq!(handoff(&published[0], "aa").token, FIRST);
+    assert!(queue(&mut conn, &k).await.0.is_empty());
+
+    // Readers, nobody queued: dropped, and announced.
+    let _: i64 = conn.del(&k.lock).await.unwrap();
+    hold(&mut conn, &reader, OURS, ms + 30_000).await;
+    hold(&mut conn, &reader, THEIRS, ms + 30_000).await;
+    assert_eq!(force_release(&mut conn, &k).await, 1);
+    assert!(!exists(&mut conn, &k.holders).await);
+    assert_eq!(channel.published(&mut conn).await, [""]);
 }
 
 // ---- check.lua ----
@@ -1103,6 +2031,7 @@ async fn check_finds_nothing_missing_for_a_full_user_and_names_what_a_limited_on
         &k.fence,
         &k.queue,
         &k.waiters,
+        &k.holders,
         "PUBLISH",
         "SUBSCRIBE",
         "UNSUBSCRIBE",
@@ -1120,6 +2049,7 @@ async fn check_finds_nothing_missing_for_a_full_user_and_names_what_a_limited_on
         "~*",
         "+@all",
         "-hset",
+        "-zadd",
         "-select",
         "resetchannels",
     ]);
@@ -1133,7 +2063,11 @@ async fn check_finds_nothing_missing_for_a_full_user_and_names_what_a_limited_on
         run(&mut limited, "check", &[], args).await.unwrap();
     assert_eq!(
         missing,
-        [format!("HSET {}", k.waiters), "SELECT 0".to_owned()]
+        [
+            format!("HSET {}", k.waiters),
+            format!("ZADD {}", k.holders),
+            "SELECT 0".to_owned()
+        ]
     );
     assert_eq!((publish, subscribe), (0, 0));
     // It writes nothing.
@@ -1150,17 +2084,20 @@ async fn key_types_names_each_keys_type() {
     let _: () = conn.set("s", "x").await.unwrap();
     let _: i64 = conn.hset("h", "f", "x").await.unwrap();
     let _: i64 = conn.rpush("l", "x").await.unwrap();
-    let _: i64 = conn.sadd("z", "x").await.unwrap();
+    let _: usize = conn.zadd("z", "x", 1).await.unwrap();
+    let _: i64 = conn.sadd("set", "x").await.unwrap();
     let types: Vec<String> = run(
         &mut conn,
         "key_types",
-        &["gone", "s", "h", "l", "z"],
+        &["gone", "s", "h", "l", "z", "set"],
         NO_ARGS,
     )
     .await
     .unwrap();
-    assert_eq!(types, ["none", "string", "hash", "list", "other"]);
+    assert_eq!(types, ["none", "string", "hash", "list", "zset", "other"]);
     // And changes none of them.
     let list: Vec<String> = conn.lrange("l", 0, -1).await.unwrap();
     assert_eq!(list, ["x"]);
+    let zset: Vec<String> = conn.zrange("z", 0, -1).await.unwrap();
+    assert_eq!(zset, ["x"]);
 }

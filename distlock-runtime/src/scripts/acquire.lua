@@ -1,8 +1,8 @@
 -- ACQUIRE: takes every lock key at once, each in its mode, or none: the acquire of every
 -- request that is not fair, for one key or several.
 -- KEYS: the lock keys L1..Ln (sorted, de-duplicated), then their fencing counters F1..Fn (see
---   draw.lua), their holders H1..Hn (scripts/holders.lua) and their fair queues Q1..Qn (see
---   fair/head_live.lua), in the same order.
+--   draw.lua), their holders H1..Hn (scripts/holders.lua), their fair queues Q1..Qn and the
+--   queues' entries W1..Wn (see fair/head_live.lua), in the same order.
 -- ARGV[1]: the owner token.
 -- ARGV[2]: the ttl in ms.
 -- ARGV[3]: whether this request waits (`Waiting` in scripts/mod.rs): WAITED ('1') when it has
@@ -14,23 +14,24 @@
 -- ARGV[5] (optional): a proposed fencing token, the least one drawn (draw's floor).
 -- A key is free for an exclusive lease when no other owner holds it exclusively and no live
 -- member holds it shared or as a permit; for a shared one when no other owner holds it
--- exclusively and no fair waiter is queued (readers that are not fair do not overtake a queued
--- writer); for one of N permits when, besides, fewer than N live members hold it.
+-- exclusively and no live fair waiter is queued (readers that are not fair do not overtake a
+-- queued writer; waiters whose wait has passed are dropped from the queue); for one of N
+-- permits when, besides, fewer than N live members hold it.
 -- Returns the fencing token (its decimal digits) when every key was free (or already held by
 -- this token, so a retried request after a lost answer is harmless) and is now taken for the
 -- ttl; {0, i, pttl} when some key is not free, where i is the 1-based index of the first such
 -- key and pttl the longest time in ms until the keys not free make room (-1 when one has no
--- expiry, or only fair waiters are in the way). No key is taken then; the first key held
--- exclusively by another owner is marked as waited on (see scripts/mod.rs, "Waited on"),
--- since that is the key a waiter waits for (a release of shared holders or permits announces
--- itself anyway). A retried request that finds its own token takes the key as it is, with a
+-- expiry, or only fair waiters are in the way). No key is taken then; the first key not free
+-- is marked as waited on (see scripts/mod.rs, "Waited on") when another owner holds it
+-- exclusively, since that is the key a waiter waits for (a release of shared holders or
+-- permits announces itself anyway, and fair waiters are handed the key by message). A retried request that finds its own token takes the key as it is, with a
 -- new fencing token.
 -- A lock key of another type (another program's) fails the script with WRONGTYPE, no key
 -- taken (a held key before it may have been marked); a counter of another type is overwritten
 -- (draw.lua).
 -- ARGV[3]'s values that the script tells apart, and the exclusive mode.
 local WAITED, NEVER, EXCLUSIVE = '1', '-', 'x'
-local n = #KEYS / 4
+local n = #KEYS / 5
 local token, marked = ARGV[1], '~' .. ARGV[1]
 -- What a free key is set to.
 local value = ARGV[3] == WAITED and marked or token
@@ -52,8 +53,8 @@ if n == 1 and ARGV[4] == EXCLUSIVE and redis.call('EXISTS', KEYS[3]) == 0 then
   if owner then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
   return draw(KEYS, 2, 2, ARGV[2], redis.call('TIME'), ARGV[5])
 end
--- The holders' functions, put here by the composition (lua_spliced! in scripts/mod.rs): the
--- common case above spends nothing on them.
+-- The holders' functions and head_live, put here by the composition (lua_spliced! in
+-- scripts/mod.rs): the common case above spends nothing on them.
 --[[ holders ]]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -62,7 +63,7 @@ for word in string.gmatch(ARGV[4], '%S+') do modes[#modes + 1] = word end
 -- Whether key i is ours already, and else how long until it is free (ms, -1 for no expiry),
 -- or nil when it is free now; and its exclusive owner, if another.
 local function blocked(i)
-  local L, H, Q, mode = KEYS[i], KEYS[2 * n + i], KEYS[3 * n + i], modes[i]
+  local L, H, Q, W, mode = KEYS[i], KEYS[2 * n + i], KEYS[3 * n + i], KEYS[4 * n + i], modes[i]
   local owner = redis.call('GET', L)
   if mode == EXCLUSIVE then
     if owner == token or owner == marked then return nil end
@@ -73,7 +74,7 @@ local function blocked(i)
   if owner then return redis.call('PTTL', L), owner end
   local score = redis.call('ZSCORE', H, member(mode, token))
   if score and tonumber(score) > now then return nil end
-  if redis.call('EXISTS', Q) == 1 then
+  if redis.call('EXISTS', Q) == 1 and head_live(Q, W, now) then
     local left = until_free(mode, H, now)
     return left > 0 and left or -1
   end

@@ -59,7 +59,7 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(lua_spliced!(
         "#!lua";
         "scripts/mark.lua", "scripts/draw.lua", "scripts/acquire.lua" at "--[[ holders ]]";
-        lua!("scripts/holders.lua")
+        lua!("scripts/holders.lua", "fair/head_live.lua")
     ))
 });
 
@@ -105,7 +105,7 @@ pub(crate) fn acquire_call(
     waiting: Waiting,
     (publish, announce): (&'static str, Announce),
 ) -> ScriptCall {
-    let mut call = ScriptCall::new("acquire", &ACQUIRE, Kind::Read, 4 * indices.len());
+    let mut call = ScriptCall::new("acquire", &ACQUIRE, Kind::Read, 5 * indices.len());
     for &i in &indices {
         call.key(redis_keys[i].lock());
     }
@@ -117,6 +117,9 @@ pub(crate) fn acquire_call(
     }
     for &i in &indices {
         call.key(redis_keys[i].queue());
+    }
+    for &i in &indices {
+        call.key(redis_keys[i].waiters());
     }
     let modes = Words(indices.iter().map(|&i| redis_keys[i].mode()));
     call.arg(&**token).arg(millis(ttl)).arg(waiting).arg(modes);
