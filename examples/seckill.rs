@@ -310,7 +310,7 @@ async fn load(args: &LoadArgs, strategy: Option<Strategy>) -> Result<LoadReport,
     let first = args.targets.first().ok_or("give at least one --target")?;
     let created = client
         .post(format!("{first}/products/{}", args.product))
-        .json(&CreateProduct { stock: args.stock })
+        .json(&CreateProduct::with_stock(args.stock))
         .send()
         .await
         .map_err(|e| format!("cannot reach {first}: {e}"))?;

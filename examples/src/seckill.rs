@@ -31,7 +31,33 @@
 //!
 //! This is the pattern to copy: the lock makes buyers take turns, the fencing token makes a
 //! turn that ran out harmless.
+//!
+//! # Reading while a restock writes
+//!
+//! A product also has a price and a batch number. A restock ([`Shop::restock`],
+//! `POST /products/{id}/restock`) adds units at a new price and starts the product's next
+//! batch, in two writes: the price first, then, after an await, the units and the batch number.
+//! That is deliberately not atomic (like the purchase's read-check-write): in between, the
+//! product is half-written, the new batch's price beside the old batch's stock and number. The
+//! read path ([`Shop::offer`], `GET /products/{id}/offer`: price, stock and batch) takes the
+//! product's key shared (`#[distributed_lock(read = "seckill:{product_id}")]`), the restock
+//! takes it exclusively: readers run side by side, and never while a restock holds the key, so
+//! none sees a half-written product. A `lock` purchase keeps taking the key exclusively,
+//! because it writes the stock: it waits for the readers in the section, and they for it.
+//!
+//! The restock's two writes are fenced like the purchase's (each refused once a newer lease has
+//! used the product, and each recording its token). The read is checked against the product's
+//! `fence` but records nothing (readers do not exclude one another). A reader whose lease ran
+//! out while it was paused, and in the meantime a restock began, is refused instead of reading
+//! the half-written product: by the runtime, which finds the lease lost, or, for a read
+//! already sent, by the fence ([`ShopError::Stale`]). Fencing cannot undo a first write,
+//! though: a restock that dies between its two writes, or whose lease runs out there while a
+//! newer holder uses the product, leaves the product half-written until the next restock. The
+//! `none` strategy takes no lock and no fencing on this path either (readers then do see
+//! half-written products); every other strategy reads and restocks under the read-write lock.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Duration;
 
@@ -96,8 +122,27 @@ struct ShopInner {
     pool: deadpool_redis::Pool,
     strategy: Strategy,
     prefix: String,
-    /// Test-only: runs just before a purchase writes (see [`Shop::pause_before_write`]).
-    pause_before_write: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Test-only: hooks that run at the points a [`Pause`] names (see [`Shop::pause_at`]).
+    pauses: [OnceLock<Hook>; Pause::COUNT],
+}
+
+/// A test's hook: the future it returns is awaited where the hook runs.
+type Hook = Box<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// Test-only: the points of a request where [`Shop::pause_at`] runs a hook.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pause {
+    /// A purchase, between its checks and its write.
+    PurchaseWrite,
+    /// A read of the product's offer, inside its lock (if any), just before it reads.
+    OfferRead,
+    /// A restock, between its first write (the price) and its second (units and batch).
+    RestockSecondWrite,
+}
+
+impl Pause {
+    const COUNT: usize = 3;
 }
 
 /// What a purchase came to.
@@ -131,13 +176,14 @@ pub enum ShopError {
     /// The optimistic strategy kept conflicting until its deadline.
     #[error("too many conflicting buyers; try again")]
     Busy,
-    /// The `lock` strategy's lease ran out before its read or write reached the product, and a
-    /// newer lease has used the product since: the product refused this stale access and
-    /// nothing was bought. Trying again is safe.
+    /// The request's lease ran out before its read or write reached the product, and a newer
+    /// lease has used the product since: the product refused this stale access. A refused
+    /// purchase bought nothing and a refused read read nothing; a restock refused at its second
+    /// write has written its price already. Trying again is safe.
     #[error(
-        "product {product}: this purchase's lease ran out and a newer holder (fencing token \
-         {newest}) has used the product since, so its access with token {token} was refused and \
-         nothing was bought; try again"
+        "product {product}: this request's lease ran out and a newer holder (fencing token \
+         {newest}) has used the product since, so its access with token {token} was refused \
+         (a refused purchase bought nothing); try again"
     )]
     Stale {
         /// The product.
@@ -212,18 +258,24 @@ impl Shop {
                 pool,
                 strategy,
                 prefix: prefix.to_owned(),
-                pause_before_write: OnceLock::new(),
+                pauses: Default::default(),
             }),
         })
     }
 
-    /// Test-only: `hook` runs on the purchase's thread between a purchase's checks and its
-    /// write (at most one hook per shop; later calls are ignored). A hook that blocks the thread
-    /// plays a holder paused past its lease (GC pause, SIGSTOP), which the fencing must make
-    /// harmless: see `examples/tests/seckill.rs`.
+    /// Test-only: `hook` runs at the point `at` of every request that passes it, on the
+    /// request's thread, and the future it returns is awaited there (at most one hook per point
+    /// and shop; later calls are ignored). A hook that blocks the thread plays a holder paused
+    /// past its lease (GC pause, SIGSTOP), which the fencing must make harmless; one whose
+    /// future sleeps plays a slow request: see `examples/tests/seckill.rs`.
     #[doc(hidden)]
-    pub fn pause_before_write(&self, hook: impl Fn() + Send + Sync + 'static) {
-        let _ = self.inner.pause_before_write.set(Box::new(hook));
+    pub fn pause_at<F, Fut>(&self, at: Pause, hook: F)
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let hook: Hook = Box::new(move || Box::pin(hook()));
+        let _ = self.inner.pauses[at as usize].set(hook);
     }
 
     /// This shop's strategy.
@@ -236,6 +288,8 @@ impl Shop {
         Router::new()
             .route("/products/{id}", post(create_product).get(show_product))
             .route("/products/{id}/buy", post(buy))
+            .route("/products/{id}/offer", get(show_offer))
+            .route("/products/{id}/restock", post(restock))
             .route("/metrics", get(metrics))
             .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route") })
             .method_not_allowed_fallback(|| async {
@@ -247,23 +301,28 @@ impl Shop {
             .with_state(self.clone())
     }
 
-    /// Creates (or resets) a product with `stock` units. A reset keeps the product's `fence`, so
-    /// a holder whose lease ran out before the reset still cannot write after it.
+    /// Creates (or resets) a product: `product.stock` units at `product.price_cents`, batch 0.
+    /// A reset keeps the product's `fence`, so a holder whose lease ran out before the reset
+    /// still cannot write after it.
     ///
     /// # Errors
     /// When Redis fails.
-    pub async fn create(&self, product_id: u64, stock: u32) -> Result<(), ShopError> {
+    pub async fn create(&self, product_id: u64, product: CreateProduct) -> Result<(), ShopError> {
         let keys = self.inner.keys(product_id);
         let mut conn = self.inner.conn.clone();
+        let price = i64::try_from(product.price_cents).unwrap_or(i64::MAX);
         redis::pipe()
             .atomic()
             .del(&keys.buyers)
             .hset_multiple(
                 &keys.product,
                 &[
-                    ("stock", i64::from(stock)),
-                    ("initial", i64::from(stock)),
+                    ("stock", i64::from(product.stock)),
+                    ("initial", i64::from(product.stock)),
+                    ("restocked", 0),
                     ("sold", 0),
+                    ("price", price),
+                    ("batch", 0),
                 ],
             )
             .exec_async(&mut conn)
@@ -281,21 +340,64 @@ impl Shop {
         let (fields, buyers): (Vec<Option<i64>>, u64) = redis::pipe()
             .cmd("HMGET")
             .arg(&keys.product)
-            .arg(&["stock", "sold", "initial"])
+            .arg(&["stock", "sold", "initial", "restocked"])
             .scard(&keys.buyers)
             .query_async(&mut conn)
             .await?;
-        let [Some(stock), Some(sold), Some(initial)] = fields[..] else {
+        let [Some(stock), Some(sold), Some(initial), restocked] = fields[..] else {
             return Ok(None);
         };
+        let restocked = restocked.unwrap_or(0);
         Ok(Some(ProductReport {
             product: product_id,
             stock,
             sold,
             initial,
-            oversold: (sold - initial).max(0),
+            restocked,
+            oversold: (sold - initial - restocked).max(0),
             buyers,
         }))
+    }
+
+    /// The product's offer (price, stock and the batch they belong to), or `None` if there is
+    /// no such product. Under every strategy but `none`, read under the product's key held
+    /// shared: beside other readers, never during a restock (or a `lock` purchase).
+    ///
+    /// # Errors
+    /// [`ShopError::Lock`] when the shared lock could not be had (a restock or purchase held it
+    /// throughout the wait, or Redis is down) or was lost; [`ShopError::Stale`] when this
+    /// read's lease ran out and a newer holder used the product first; Redis errors.
+    pub async fn offer(&self, product_id: u64) -> Result<Option<Offer>, ShopError> {
+        let shop = &*self.inner;
+        match shop.strategy {
+            Strategy::None => shop.read_offer(product_id, None).await,
+            Strategy::Lock | Strategy::Optimistic | Strategy::Lua => {
+                offer_locked(shop, product_id).await
+            }
+        }
+    }
+
+    /// Adds `restock.units` at `restock.price_cents` and starts the product's next batch;
+    /// returns the offer as this restock left it, or `None` if there is no such product. Two
+    /// writes, deliberately not atomic (see the module docs); under every strategy but `none`,
+    /// made under the product's key held exclusively, so no reader sees the product between
+    /// them.
+    ///
+    /// # Errors
+    /// As [`Shop::offer`]; a restock refused as [`ShopError::Stale`] at its second write has
+    /// written its price already.
+    pub async fn restock(
+        &self,
+        product_id: u64,
+        restock: Restock,
+    ) -> Result<Option<Offer>, ShopError> {
+        let shop = &*self.inner;
+        match shop.strategy {
+            Strategy::None => shop.restock_in_two_writes(product_id, restock, None).await,
+            Strategy::Lock | Strategy::Optimistic | Strategy::Lua => {
+                restock_locked(shop, product_id, restock).await
+            }
+        }
     }
 
     /// One purchase of one unit by `user_id`, with this shop's strategy.
@@ -331,10 +433,94 @@ async fn purchase_locked(
         .await
 }
 
+/// The read of the product's offer under its key held shared: beside other readers, never
+/// while a restock (or a purchase) holds the key. The lease's fencing token makes the product
+/// refuse this read once a newer lease has used it (see the module docs).
+#[distributed_lock(read = "seckill:{product_id}", ttl = 5, manager = &shop.locks)]
+async fn offer_locked(shop: &ShopInner, product_id: u64) -> Result<Option<Offer>, ShopError> {
+    let token = distlock_runtime::current_fencing_token(&format!("seckill:{product_id}"))
+        .expect("a #[distributed_lock] body runs under the lease on its key");
+    shop.read_offer(product_id, Some(token)).await
+}
+
+/// The restock under the product's key held exclusively: no reader, purchase or other restock
+/// runs between its two writes while its lease holds; its fencing token makes the product refuse
+/// each write once a newer lease has used it.
+#[distributed_lock("seckill:{product_id}", ttl = 5, manager = &shop.locks)]
+async fn restock_locked(
+    shop: &ShopInner,
+    product_id: u64,
+    restock: Restock,
+) -> Result<Option<Offer>, ShopError> {
+    let token = distlock_runtime::current_fencing_token(&format!("seckill:{product_id}"))
+        .expect("a #[distributed_lock] body runs under the lease on its key");
+    shop.restock_in_two_writes(product_id, restock, Some(token))
+        .await
+}
+
 struct Keys {
     product: String,
     buyers: String,
 }
+
+/// A read of the offer under a shared lease: refused once a newer lease used the product,
+/// else the product's price, stock and batch, in one command. Records nothing: readers do not
+/// exclude one another, and a later writer's token is greater than every reader's before it.
+///
+/// KEYS[1]: the product hash. ARGV[1]: the lease's fencing token, in decimal.
+/// Returns `{0, newest, false, false}` when the product's `fence` holds a newer token,
+/// `newest` (nothing read); else `{1, price, stock, batch}` (stock nil: no such product).
+static FENCED_OFFER: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
+local newest = redis.call('HGET', KEYS[1], 'fence')
+if newest and tonumber(newest) > tonumber(ARGV[1]) then return {0, newest, false, false} end
+local offer = redis.call('HMGET', KEYS[1], 'price', 'stock', 'batch')
+return {1, offer[1], offer[2], offer[3]}
+",
+    )
+});
+
+/// A restock's first write: the new price, unless a newer lease used the product.
+///
+/// KEYS[1]: the product hash. ARGV[1]: the lease's fencing token, in decimal; ARGV[2]: the
+/// price in cents.
+/// Returns `{0, newest}` when the product's `fence` holds a newer token, `newest` (nothing
+/// written); `{1, 0}` when there is no such product (nothing written); `{2, 0}` once the price
+/// is written and the token recorded in `fence`.
+static FENCED_PRICE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
+local newest = redis.call('HGET', KEYS[1], 'fence')
+if newest and tonumber(newest) > tonumber(ARGV[1]) then return {0, newest} end
+if redis.call('HEXISTS', KEYS[1], 'stock') == 0 then return {1, 0} end
+redis.call('HSET', KEYS[1], 'price', ARGV[2], 'fence', ARGV[1])
+return {2, 0}
+",
+    )
+});
+
+/// A restock's second write: the units and the next batch, unless a newer lease used the
+/// product since the restock's [`FENCED_PRICE`].
+///
+/// KEYS[1]: the product hash. ARGV[1]: the lease's fencing token, in decimal; ARGV[2]: the
+/// units added.
+/// Returns `{0, newest, 0}` when the product's `fence` holds a newer token, `newest` (nothing
+/// written); else `{1, stock, batch}` once `stock` and `restocked` grew by the units, `batch`
+/// by one, and the token is recorded in `fence`.
+static FENCED_UNITS: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
+local newest = redis.call('HGET', KEYS[1], 'fence')
+if newest and tonumber(newest) > tonumber(ARGV[1]) then return {0, newest, 0} end
+local stock = redis.call('HINCRBY', KEYS[1], 'stock', ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'restocked', ARGV[2])
+local batch = redis.call('HINCRBY', KEYS[1], 'batch', 1)
+redis.call('HSET', KEYS[1], 'fence', ARGV[1])
+return {1, stock, batch}
+",
+    )
+});
 
 /// The `lock` strategy's read: refused once a newer lease used the product, else records this
 /// lease's token in the product's `fence`, so that older leases are refused from then on.
@@ -386,6 +572,141 @@ impl ShopInner {
             product: format!("{}product:{product_id}", self.prefix),
             buyers: format!("{}product:{product_id}:buyers", self.prefix),
         }
+    }
+
+    /// Runs the test's hook for `at`, if it set one.
+    async fn pause(&self, at: Pause) {
+        if let Some(hook) = self.pauses[at as usize].get() {
+            hook().await;
+        }
+    }
+
+    /// The product's price, stock and batch, in one command. With a fencing token, through
+    /// [`FENCED_OFFER`], which refuses it (as [`ShopError::Stale`]) once a newer token has used
+    /// the product.
+    async fn read_offer(
+        &self,
+        product_id: u64,
+        fencing_token: Option<u64>,
+    ) -> Result<Option<Offer>, ShopError> {
+        self.pause(Pause::OfferRead).await;
+        let keys = self.keys(product_id);
+        let mut conn = self.conn.clone();
+        let (price, stock, batch): (Option<u64>, Option<i64>, Option<u64>) = match fencing_token {
+            None => {
+                redis::cmd("HMGET")
+                    .arg(&keys.product)
+                    .arg(&["price", "stock", "batch"])
+                    .query_async(&mut conn)
+                    .await?
+            }
+            Some(token) => {
+                // The second value is the price when read, the newest token when refused.
+                let (read, price, stock, batch): (i64, Option<u64>, Option<i64>, Option<u64>) =
+                    FENCED_OFFER
+                        .key(&keys.product)
+                        .arg(token)
+                        .invoke_async(&mut conn)
+                        .await?;
+                if read == 0 {
+                    return Err(ShopError::Stale {
+                        product: product_id,
+                        token,
+                        newest: price.unwrap_or_default(),
+                    });
+                }
+                (price, stock, batch)
+            }
+        };
+        Ok(stock.map(|stock| Offer {
+            product: product_id,
+            price_cents: price.unwrap_or_default(),
+            stock,
+            batch: batch.unwrap_or_default(),
+        }))
+    }
+
+    /// The restock: the price, then (after an await) the units and the next batch. Two writes,
+    /// deliberately not atomic: correct only when nobody reads or writes the product between
+    /// them. With a fencing token, they go through [`FENCED_PRICE`] and [`FENCED_UNITS`], which
+    /// refuse them (as [`ShopError::Stale`]) once a newer token has used the product.
+    async fn restock_in_two_writes(
+        &self,
+        product_id: u64,
+        restock: Restock,
+        fencing_token: Option<u64>,
+    ) -> Result<Option<Offer>, ShopError> {
+        let keys = self.keys(product_id);
+        let mut conn = self.conn.clone();
+        let stale = |token, newest| ShopError::Stale {
+            product: product_id,
+            token,
+            newest,
+        };
+        match fencing_token {
+            None => {
+                let exists: bool = redis::cmd("HEXISTS")
+                    .arg(&keys.product)
+                    .arg("stock")
+                    .query_async(&mut conn)
+                    .await?;
+                if !exists {
+                    return Ok(None);
+                }
+                redis::cmd("HSET")
+                    .arg(&keys.product)
+                    .arg("price")
+                    .arg(restock.price_cents)
+                    .exec_async(&mut conn)
+                    .await?;
+            }
+            Some(token) => {
+                let (written, newest): (i64, u64) = FENCED_PRICE
+                    .key(&keys.product)
+                    .arg(token)
+                    .arg(restock.price_cents)
+                    .invoke_async(&mut conn)
+                    .await?;
+                match written {
+                    0 => return Err(stale(token, newest)),
+                    1 => return Ok(None),
+                    _ => {}
+                }
+            }
+        }
+        // The new batch is counted in: other requests run meanwhile.
+        tokio::task::yield_now().await;
+        self.pause(Pause::RestockSecondWrite).await;
+        let (stock, batch): (i64, u64) = match fencing_token {
+            None => {
+                let (stock, _, batch): (i64, i64, u64) = redis::pipe()
+                    .hincr(&keys.product, "stock", restock.units)
+                    .hincr(&keys.product, "restocked", restock.units)
+                    .hincr(&keys.product, "batch", 1)
+                    .query_async(&mut conn)
+                    .await?;
+                (stock, batch)
+            }
+            Some(token) => {
+                // The second value is the stock when written, the newest token when refused.
+                let (written, value, batch): (i64, i64, u64) = FENCED_UNITS
+                    .key(&keys.product)
+                    .arg(token)
+                    .arg(restock.units)
+                    .invoke_async(&mut conn)
+                    .await?;
+                if written == 0 {
+                    return Err(stale(token, u64::try_from(value).unwrap_or_default()));
+                }
+                (value, batch)
+            }
+        };
+        Ok(Some(Offer {
+            product: product_id,
+            price_cents: restock.price_cents,
+            stock,
+            batch,
+        }))
     }
 
     /// Read the stock, check it and the buyer, write the new stock: correct only when nobody
@@ -442,9 +763,7 @@ impl ShopInner {
         }
         // The order is "processed" here: other buyers run meanwhile.
         tokio::task::yield_now().await;
-        if let Some(pause) = self.pause_before_write.get() {
-            pause();
-        }
+        self.pause(Pause::PurchaseWrite).await;
         let remaining = stock - 1;
         match fencing_token {
             None => {
@@ -569,7 +888,10 @@ pub struct ProductReport {
     pub sold: i64,
     /// Units the product was created with.
     pub initial: i64,
-    /// Units sold beyond the initial stock.
+    /// Units added by restocks since.
+    #[serde(default)]
+    pub restocked: i64,
+    /// Units sold beyond those the product was created with and restocked.
     pub oversold: i64,
     /// Distinct buyers.
     pub buyers: u64,
@@ -580,6 +902,49 @@ pub struct ProductReport {
 pub struct CreateProduct {
     /// Units for sale.
     pub stock: u32,
+    /// The price of a unit, in cents; [`CreateProduct::DEFAULT_PRICE_CENTS`] if left out.
+    #[serde(default = "CreateProduct::default_price_cents")]
+    pub price_cents: u64,
+}
+
+impl CreateProduct {
+    /// The price of a product created without one: 1.00.
+    pub const DEFAULT_PRICE_CENTS: u64 = 100;
+
+    /// `stock` units at the default price.
+    pub fn with_stock(stock: u32) -> Self {
+        Self {
+            stock,
+            price_cents: Self::DEFAULT_PRICE_CENTS,
+        }
+    }
+
+    fn default_price_cents() -> u64 {
+        Self::DEFAULT_PRICE_CENTS
+    }
+}
+
+/// `POST /products/{id}/restock` body.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Restock {
+    /// Units added to the stock.
+    pub units: u32,
+    /// The price of a unit from this batch on, in cents.
+    pub price_cents: u64,
+}
+
+/// `GET /products/{id}/offer` and the `POST /products/{id}/restock` answer: what a product sells
+/// at, read together.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Offer {
+    /// Product id.
+    pub product: u64,
+    /// The price of a unit, in cents, as the batch `batch` set it.
+    pub price_cents: u64,
+    /// Units left.
+    pub stock: i64,
+    /// The batch: 0 when the product was created, one more at each restock.
+    pub batch: u64,
 }
 
 /// `POST /products/{id}/buy` body.
@@ -647,10 +1012,14 @@ async fn create_product(
         (Ok(id), Ok(body)) => (id, body),
         (Err(rejected), _) | (_, Err(rejected)) => return rejected.into_response(),
     };
-    match shop.create(id, body.stock).await {
+    match shop.create(id, body).await {
         Ok(()) => (
             StatusCode::CREATED,
-            Json(serde_json::json!({ "product": id, "stock": body.stock })),
+            Json(serde_json::json!({
+                "product": id,
+                "stock": body.stock,
+                "price_cents": body.price_cents,
+            })),
         )
             .into_response(),
         Err(e) => failed(&e),
@@ -667,6 +1036,34 @@ async fn show_product(
     };
     match shop.report(id).await {
         Ok(Some(report)) => Json(report).into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, format!("no product {id}")),
+        Err(e) => failed(&e),
+    }
+}
+
+async fn show_offer(State(shop): State<Shop>, path: Result<Path<u64>, PathRejection>) -> Response {
+    let id = match product_id(path) {
+        Ok(id) => id,
+        Err(rejected) => return rejected.into_response(),
+    };
+    match shop.offer(id).await {
+        Ok(Some(offer)) => Json(offer).into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, format!("no product {id}")),
+        Err(e) => failed(&e),
+    }
+}
+
+async fn restock(
+    State(shop): State<Shop>,
+    path: Result<Path<u64>, PathRejection>,
+    body: Result<Json<Restock>, JsonRejection>,
+) -> Response {
+    let (id, body) = match (product_id(path), json_body(body)) {
+        (Ok(id), Ok(body)) => (id, body),
+        (Err(rejected), _) | (_, Err(rejected)) => return rejected.into_response(),
+    };
+    match shop.restock(id, body).await {
+        Ok(Some(offer)) => Json(offer).into_response(),
         Ok(None) => error(StatusCode::NOT_FOUND, format!("no product {id}")),
         Err(e) => failed(&e),
     }
@@ -712,13 +1109,14 @@ async fn buy(
     }
 }
 
-/// The error answer for a failed request, with the status [`failure`] gives.
+/// The error answer for a failed request, with the status and word [`failure`] gives.
 fn failed(e: &ShopError) -> Response {
-    let (status, _) = failure(e);
+    let (status, word) = failure(e);
     if status.is_server_error() {
         tracing::warn!(error = %e, "seckill request failed");
     }
-    error(status, e.to_string())
+    let body = serde_json::json!({ "status": word, "message": e.to_string() });
+    (status, Json(body)).into_response()
 }
 
 /// The answer to a purchase that failed, by the kind of failure (see `ErrorClass` in the
