@@ -6,33 +6,61 @@
 //! - `uncontended`: one task, `acquire` + `release` on one key (fencing token included), with
 //!   `fair(false)`.
 //! - `uncontended-fair`: the same with `fair(true)` (the default).
+//! - `shared`, `shared-fair`: the same two with the key held shared (`read_lock`).
+//! - `permit`, `permit-fair`: the same two with the key held as one of 1 permit (`permits(1)`).
 //! - `macro`: the fair cycle through a `#[distributed_lock]` fn (fair, the default), compared
 //!   with `uncontended-fair`.
 //! - `contended`: W workers (across P processes with `--procs`; fair with `--fair`) on one key,
-//!   each critical section checking exclusion with a `SET NX` marker. A one-worker phase with
-//!   the same options runs first, and the contended rate is reported as a ratio of it; with
-//!   `--rounds R` the two phases alternate R times and the median of the per-round ratios is
-//!   reported (the machine's speed drifts between phases).
-//! - `held`: K leases held (and renewed) at once for a while.
+//!   each critical section holding it `--body-ms` (0 by default) between round trips to Redis
+//!   that would show a broken lock, counted as violations. `--mode`:
+//!   - `exclusive` (the default): a `SET NX` marker. A one-worker phase with the same options
+//!     runs first, and the contended rate is reported as a ratio of it.
+//!   - `shared`: readers count themselves in and check the writers' count is 0; writers count
+//!     themselves in and check theirs is 1 and the readers' 0. All readers: an exclusive phase
+//!     (the same workers as writers, same body) runs first, and the readers' rate is reported
+//!     as a ratio of it. `--writers W`: W of the workers are writers, the rest readers; every
+//!     writer's wait is judged against the requests ahead of it (arrived before it, by an
+//!     `INCR` just before the acquire, and not out yet when it arrived; wall clock timestamps
+//!     compare across the processes, all on one machine): its wait over the last exit among
+//!     them, writers entered before by a later arrival, and the bound 1.2 x their bodies.
+//!   - `permits` (`--permits N`, 8 by default): holders count themselves in and check the count
+//!     is at most N; reports the permits busy on average (the holds, acquire returned to release
+//!     called, over the wall time from the first arrival to the last exit) and at most.
 //!
-//! `--compare` runs `raw`, `uncontended`, `macro` and `uncontended-fair` interleaved (50
-//! rounds, each scenario back to back in every round) and prints the median of the per-round
-//! throughput ratios. `--compare --topology cluster|sentinel|quorum` instead starts that
-//! topology's servers locally and compares its uncontended cycle with one Redis's (and, for a
-//! cluster or Sentinel, the cycle with `min_replicas(1)` with the cycle without).
+//!   With `--rounds R` the phases alternate R times and the median of the per-round ratios is
+//!   reported (the machine's speed drifts between phases). Every mode reports Redis commands
+//!   per acquisition (all, scripts' own included; and the lock's, less the bench's checks) and
+//!   client requests (EVALSHA + EVAL) per acquisition.
+//! - `held`: K leases held (and renewed) at once for a while.
+//! - `growth`: how the cost grows with keys per request and leases held.
+//!
+//! `--compare` runs `raw`, `uncontended`, `macro`, `uncontended-fair`, `shared`, `shared-fair`,
+//! `permit` and `permit-fair` interleaved (50 rounds, each scenario back to back in every
+//! round) and prints the median of the per-round throughput ratios, the modes' against the
+//! exclusive cycle of the same fairness. `--compare --topology cluster|sentinel|quorum` instead
+//! starts that topology's servers locally and compares its uncontended cycle with one Redis's
+//! (and, for a cluster or Sentinel, the cycle with `min_replicas(1)` with the cycle without).
 //! Redis: `--redis-url`, else as the seckill demo finds one (REDIS_URL, 127.0.0.1:6379, or a
 //! throwaway redis-server). Attempts per acquisition (`contended`) are the managers' own count
-//! of acquire requests sent ([`LockManager::stats`]); renewal round trips (`held`) are read
-//! from the server's `INFO commandstats`: give the bench a Redis of its own, or other clients'
-//! commands count too.
+//! of acquire requests sent ([`LockManager::stats`]); commands (`contended`) and renewal round
+//! trips (`held`) are read from the server's `INFO commandstats`: give the bench a Redis of its
+//! own, or other clients' commands count too.
+//!
+//! The read-write lock and semaphore figures:
+//! ```text
+//! cargo run --release --example bench -- --compare --cycles 10000
+//! cargo run --release --example bench -- contended --mode shared --workers 64 --procs 3 --seconds 5
+//! cargo run --release --example bench -- contended --mode permits --permits 8 --workers 64 --procs 3 --body-ms 10 --seconds 5
+//! cargo run --release --example bench -- contended --mode shared --writers 4 --workers 64 --procs 3 --body-ms 5 --fair --seconds 5
+//! ```
 
 use std::collections::HashMap;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
 use distlock_examples::local_redis::LocalRedis;
-use distlock_runtime::{distributed_lock, LockError, LockManager};
+use distlock_runtime::{distributed_lock, LockError, LockManager, LockRequest};
 use redis::aio::MultiplexedConnection;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -47,13 +75,13 @@ struct Cli {
     /// What to measure (omit with --compare).
     #[arg(value_enum)]
     scenario: Option<Scenario>,
-    /// Run raw, uncontended and macro interleaved and print their ratios.
+    /// Run the cycle scenarios interleaved and print their ratios.
     #[arg(long)]
     compare: bool,
     /// Print one JSON line instead of a table.
     #[arg(long)]
     json: bool,
-    /// Lock cycles per measurement (raw, uncontended, macro).
+    /// Lock cycles per measurement (the cycle scenarios).
     #[arg(long, default_value_t = 20_000)]
     cycles: u32,
     /// Workers in all (contended), shared out among the processes.
@@ -68,10 +96,22 @@ struct Cli {
     /// Seconds of contention (contended, per round) or of holding (held).
     #[arg(long, default_value_t = 5)]
     seconds: u64,
-    /// Rounds (contended): each runs the one-worker phase and then the contended one, and the
-    /// median of the per-round ratios is reported.
+    /// Rounds (contended): each runs the baseline phase (if the mode has one) and then the
+    /// contended one, and the median of the per-round ratios is reported.
     #[arg(long, default_value_t = 1)]
     rounds: u32,
+    /// How the contended workers hold the key.
+    #[arg(long, value_enum, default_value_t = Mode::Exclusive)]
+    mode: Mode,
+    /// Permits of the key (contended --mode permits).
+    #[arg(long, default_value_t = 8)]
+    permits: u32,
+    /// Writers among the workers (contended --mode shared); the others are readers.
+    #[arg(long, default_value_t = 0)]
+    writers: u32,
+    /// How long each critical section holds the key, in milliseconds (contended).
+    #[arg(long, default_value_t = 0)]
+    body_ms: u64,
     /// Leases held at once (held).
     #[arg(long, default_value_t = 10_000)]
     leases: u32,
@@ -87,6 +127,9 @@ struct Cli {
     /// Internal: run contended workers in this process and print their records as JSON.
     #[arg(long, hide = true)]
     worker_base: Option<u32>,
+    /// Internal: number each request's arrival (mixed readers and writers).
+    #[arg(long, hide = true)]
+    arrivals: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -95,11 +138,30 @@ enum Scenario {
     Uncontended,
     /// `uncontended` with `fair(true)`.
     UncontendedFair,
+    /// `uncontended` with the key held shared (`read_lock`).
+    Shared,
+    /// `shared` with `fair(true)`.
+    SharedFair,
+    /// `uncontended` with the key held as one of 1 permit (`permits(1)`).
+    Permit,
+    /// `permit` with `fair(true)`.
+    PermitFair,
     Macro,
     Contended,
     Held,
     /// How the cost grows with keys per request and leases held.
     Growth,
+}
+
+/// How the contended workers hold the key (`--mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    /// Each worker alone (`lock`).
+    Exclusive,
+    /// Readers (`read_lock`); with `--writers W`, W of the workers are writers (`lock`).
+    Shared,
+    /// Each worker as one of `--permits` holders (`lock(..).permits(n)`).
+    Permits,
 }
 
 #[tokio::main]
@@ -127,7 +189,7 @@ async fn main() -> ExitCode {
         (None, false, Some(Scenario::Growth)) => growth(&cli, &url).await,
         (None, false, Some(scenario)) => single(&cli, &url, scenario).await,
         (None, false, None) => Err(
-            "name a scenario (raw, uncontended, macro, contended, held) or pass --compare".into(),
+            "name a scenario (raw, uncontended, shared, permit, macro, contended, held, growth) or pass --compare".into(),
         ),
     };
     match outcome {
@@ -249,13 +311,20 @@ async fn raw_cycles(conn: &mut MultiplexedConnection, n: u32) -> Fallible<Cycles
     Ok(cycles)
 }
 
-async fn uncontended_cycles(locks: &LockManager, n: u32, fair: bool) -> Fallible<Cycles> {
+/// `n` cycles of acquire + release on `key` held as `role`, by one task.
+async fn uncontended_cycles(
+    locks: &LockManager,
+    key: &str,
+    role: Role,
+    n: u32,
+    fair: bool,
+) -> Fallible<Cycles> {
     let mut cycles = Cycles::default();
     let started = Instant::now();
     for _ in 0..n {
         let t = Instant::now();
-        let lease = locks
-            .lock("uncontended")
+        let lease = role
+            .request(locks, key)
             .fair(fair)
             .acquire()
             .await
@@ -294,8 +363,16 @@ async fn run_scenario(
 ) -> Fallible<Cycles> {
     match scenario {
         Scenario::Raw => raw_cycles(conn, n).await,
-        Scenario::Uncontended => uncontended_cycles(locks, n, false).await,
-        Scenario::UncontendedFair => uncontended_cycles(locks, n, true).await,
+        Scenario::Uncontended => {
+            uncontended_cycles(locks, "uncontended", Role::Exclusive, n, false).await
+        }
+        Scenario::UncontendedFair => {
+            uncontended_cycles(locks, "uncontended", Role::Exclusive, n, true).await
+        }
+        Scenario::Shared => uncontended_cycles(locks, "shared", Role::Reader, n, false).await,
+        Scenario::SharedFair => uncontended_cycles(locks, "shared", Role::Reader, n, true).await,
+        Scenario::Permit => uncontended_cycles(locks, "permit", Role::Permit(1), n, false).await,
+        Scenario::PermitFair => uncontended_cycles(locks, "permit", Role::Permit(1), n, true).await,
         Scenario::Macro => macro_cycles(locks, n).await,
         Scenario::Contended | Scenario::Held | Scenario::Growth => {
             Err("not a cycle scenario".into())
@@ -308,6 +385,10 @@ fn scenario_name(s: Scenario) -> &'static str {
         Scenario::Raw => "raw",
         Scenario::Uncontended => "uncontended",
         Scenario::UncontendedFair => "uncontended-fair",
+        Scenario::Shared => "shared",
+        Scenario::SharedFair => "shared-fair",
+        Scenario::Permit => "permit",
+        Scenario::PermitFair => "permit-fair",
         Scenario::Macro => "macro",
         Scenario::Contended => "contended",
         Scenario::Held => "held",
@@ -336,7 +417,12 @@ async fn measure(
             total.add_round(run_scenario(*s, &mut conn, &locks, per_round).await?);
         }
     }
-    remove_counters(&mut conn, locks.prefix(), ["uncontended", "macro"]).await?;
+    remove_counters(
+        &mut conn,
+        locks.prefix(),
+        ["uncontended", "macro", "shared", "permit"],
+    )
+    .await?;
     Ok(results)
 }
 
@@ -378,45 +464,68 @@ async fn single(cli: &Cli, url: &str, scenario: Scenario) -> Fallible<()> {
 }
 
 async fn compare(cli: &Cli, url: &str) -> Fallible<()> {
-    let results = measure(
-        cli,
-        url,
-        &[
-            Scenario::Raw,
-            Scenario::Uncontended,
-            Scenario::Macro,
-            Scenario::UncontendedFair,
-        ],
-    )
-    .await?;
+    let scenarios = [
+        Scenario::Raw,
+        Scenario::Uncontended,
+        Scenario::Macro,
+        Scenario::UncontendedFair,
+        Scenario::Shared,
+        Scenario::SharedFair,
+        Scenario::Permit,
+        Scenario::PermitFair,
+    ];
+    let results = measure(cli, url, &scenarios).await?;
     // The machine's speed drifts (other tenants, frequency scaling); scenarios run back to back
     // in every round, so the median of the per-round ratios is the robust comparison.
-    let ratio = |a: usize, b: usize| {
-        let mut ratios: Vec<f64> = results[a]
+    let ratio = |a: Scenario, b: Scenario| {
+        let at = |s: Scenario| scenarios.iter().position(|&x| x == s).unwrap_or(0);
+        let mut ratios: Vec<f64> = results[at(a)]
             .1
             .round_rates
             .iter()
-            .zip(&results[b].1.round_rates)
+            .zip(&results[at(b)].1.round_rates)
             .map(|(x, y)| x / y)
             .collect();
         ratios.sort_by(f64::total_cmp);
         ratios.get(ratios.len() / 2).copied().unwrap_or(f64::NAN)
     };
-    let (uncontended, via_macro, fair) = (ratio(1, 0), ratio(2, 3), ratio(3, 0));
+    use Scenario::{
+        Macro, Permit, PermitFair, Raw, Shared, SharedFair, Uncontended, UncontendedFair,
+    };
+    let (uncontended, via_macro, fair) = (
+        ratio(Uncontended, Raw),
+        ratio(Macro, UncontendedFair),
+        ratio(UncontendedFair, Raw),
+    );
+    // The modes against the exclusive cycle with the same fairness (the goal: each >= 0.9).
+    let modes = [
+        (Shared, Uncontended),
+        (Permit, Uncontended),
+        (SharedFair, UncontendedFair),
+        (PermitFair, UncontendedFair),
+    ]
+    .map(|(a, b)| (a, b, ratio(a, b)));
     if cli.json {
-        println!(
-            "{}",
-            json!({
-                "scenario": "compare",
-                "raw": cycle_row("raw", &results[0].1),
-                "uncontended": cycle_row("uncontended", &results[1].1),
-                "macro": cycle_row("macro", &results[2].1),
-                "uncontended_fair": cycle_row("uncontended-fair", &results[3].1),
-                "uncontended_over_raw": uncontended,
-                "macro_over_uncontended_fair": via_macro,
-                "uncontended_fair_over_raw": fair,
-            })
-        );
+        let mut row = json!({
+            "scenario": "compare",
+            "uncontended_over_raw": uncontended,
+            "macro_over_uncontended_fair": via_macro,
+            "uncontended_fair_over_raw": fair,
+        });
+        let fields = row.as_object_mut().ok_or("a row is an object")?;
+        for (s, c) in &results {
+            fields.insert(
+                scenario_name(*s).replace('-', "_"),
+                cycle_row(scenario_name(*s), c),
+            );
+        }
+        for (a, b, r) in &modes {
+            fields.insert(
+                format!("{}_over_{}", scenario_name(*a), scenario_name(*b)).replace('-', "_"),
+                json!(r),
+            );
+        }
+        println!("{row}");
     } else {
         print_cycles(&results);
         println!();
@@ -425,6 +534,9 @@ async fn compare(cli: &Cli, url: &str) -> Fallible<()> {
         );
         println!("macro / uncontended-fair = {via_macro:.3}");
         println!("uncontended-fair / raw = {fair:.3}");
+        for (a, b, r) in &modes {
+            println!("{} / {} = {r:.3}", scenario_name(*a), scenario_name(*b));
+        }
     }
     Ok(())
 }
@@ -472,14 +584,23 @@ async fn compare_topology(cli: &Cli, url: &str) -> Fallible<()> {
         ));
     }
     for (_, locks) in &managers {
-        uncontended_cycles(locks, 1_000.min(cli.cycles), false).await?;
+        uncontended_cycles(
+            locks,
+            "uncontended",
+            Role::Exclusive,
+            1_000.min(cli.cycles),
+            false,
+        )
+        .await?;
     }
     let rounds = 50;
     let per_round = (cli.cycles / rounds).max(1);
     let mut results: Vec<Cycles> = managers.iter().map(|_| Cycles::default()).collect();
     for _ in 0..rounds {
         for ((_, locks), total) in managers.iter().zip(&mut results) {
-            total.add_round(uncontended_cycles(locks, per_round, false).await?);
+            total.add_round(
+                uncontended_cycles(locks, "uncontended", Role::Exclusive, per_round, false).await?,
+            );
         }
     }
     let mut conn = connection(url).await?;
@@ -539,15 +660,71 @@ async fn compare_topology(cli: &Cli, url: &str) -> Fallible<()> {
     Ok(())
 }
 
+/// How a request holds its key, in the cycle scenarios and in `contended`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Alone (`lock`), checked with a marker (`--mode exclusive`).
+    Exclusive,
+    /// Shared with other readers (`read_lock`).
+    Reader,
+    /// Alone (`lock`), among readers (`--mode shared`): checked with the readers' counters.
+    Writer,
+    /// As one of `n` permits (`lock(..).permits(n)`).
+    Permit(u32),
+}
+
+impl Role {
+    fn request(self, locks: &LockManager, key: &str) -> LockRequest {
+        match self {
+            Role::Exclusive | Role::Writer => locks.lock(key),
+            Role::Reader => locks.read_lock(key),
+            Role::Permit(n) => locks.lock(key).permits(n),
+        }
+    }
+}
+
+/// The role of worker `w` of this process: in `--mode shared`, `cli.writers` of the workers,
+/// evenly spaced, are writers.
+fn role_of(cli: &Cli, w: u32) -> Role {
+    let (w, writers, workers) = (
+        u64::from(w),
+        u64::from(cli.writers),
+        u64::from(cli.workers.max(1)),
+    );
+    match cli.mode {
+        Mode::Exclusive => Role::Exclusive,
+        Mode::Permits => Role::Permit(cli.permits),
+        // Exactly `writers` of 0..workers pass this test, spread evenly.
+        Mode::Shared if w * writers % workers < writers => Role::Writer,
+        Mode::Shared => Role::Reader,
+    }
+}
+
 /// One acquisition in the contended scenario.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 struct Acquisition {
     /// Order of entry into the critical section (from `INCR`).
     seq: u64,
-    /// The lease's fencing token: must increase with `seq`.
+    /// The lease's fencing token: must increase with `seq` (for a writer: against every other
+    /// entry; readers enter together).
     fencing_token: u64,
     worker: u32,
+    /// Held alone: `--mode exclusive`, or a writer.
+    exclusive: bool,
+    /// Order of arrival, from an `INCR` just before the acquire (with `--writers` only).
+    arrival: Option<u64>,
+    /// Wall clock just before the acquire, in µs since the epoch: the bench's processes run on
+    /// one machine and share it, so arrivals and exits compare across them.
+    arrived_us: u64,
     wait_us: u64,
+    /// From the acquire returning to calling release.
+    hold_us: u64,
+}
+
+impl Acquisition {
+    fn exited_us(&self) -> u64 {
+        self.arrived_us + self.wait_us + self.hold_us
+    }
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -559,6 +736,10 @@ struct WorkerReport {
     acquire_requests: u64,
     /// Acquisitions by hand-off (fair), from the managers' stats.
     handed_over: u64,
+    /// The most holders inside at once (readers, permit holders), from the `INCR` replies.
+    max_inside: i64,
+    /// Commands the bench itself sent (checks, sequence numbers): the rest are the lock's.
+    probe_commands: u64,
 }
 
 impl WorkerReport {
@@ -568,10 +749,149 @@ impl WorkerReport {
         self.timeouts += part.timeouts;
         self.acquire_requests += part.acquire_requests;
         self.handed_over += part.handed_over;
+        self.max_inside = self.max_inside.max(part.max_inside);
+        self.probe_commands += part.probe_commands;
     }
 }
 
 const CONTENDED_KEY: &str = "contended";
+
+/// The bench's own keys in one phase of `contended`, under the phase's prefix.
+struct ProbeKeys {
+    marker: String,
+    seq: String,
+    readers: String,
+    writers: String,
+    inside: String,
+    arrivals: String,
+}
+
+impl ProbeKeys {
+    fn new(prefix: &str) -> Self {
+        Self {
+            marker: format!("{prefix}marker"),
+            seq: format!("{prefix}seq"),
+            readers: format!("{prefix}readers"),
+            writers: format!("{prefix}writers"),
+            inside: format!("{prefix}inside"),
+            arrivals: format!("{prefix}arrivals"),
+        }
+    }
+
+    fn all(&self) -> [&str; 6] {
+        [
+            &self.marker,
+            &self.seq,
+            &self.readers,
+            &self.writers,
+            &self.inside,
+            &self.arrivals,
+        ]
+    }
+}
+
+/// A worker's connection for its own commands, counted: the phase's command count less these
+/// is the lock's.
+struct Probe {
+    conn: MultiplexedConnection,
+    commands: u64,
+}
+
+impl Probe {
+    async fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> Fallible<T> {
+        self.commands += 1;
+        cmd.query_async(&mut self.conn)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// What one critical section saw.
+struct Entered {
+    seq: u64,
+    violated: bool,
+    /// Holders inside with it (its own `INCR` reply; 1 for `Role::Exclusive`).
+    inside: i64,
+}
+
+/// The critical section: separate round trips to Redis, so another holder that should not be
+/// there could run in between and be seen, around `body` of holding.
+async fn critical_section(
+    role: Role,
+    probe: &mut Probe,
+    keys: &ProbeKeys,
+    worker: u32,
+    body: Duration,
+) -> Fallible<Entered> {
+    let hold = move || async move {
+        if !body.is_zero() {
+            tokio::time::sleep(body).await;
+        }
+    };
+    let incr = |key: &str| redis::cmd("INCR").arg(key).clone();
+    let decr = |key: &str| redis::cmd("DECR").arg(key).clone();
+    let get = |key: &str| redis::cmd("GET").arg(key).clone();
+    Ok(match role {
+        Role::Exclusive => {
+            // A second holder would find the marker set.
+            let entered: Option<String> = probe
+                .query(redis::cmd("SET").arg(&keys.marker).arg(worker).arg("NX"))
+                .await?;
+            let seq = probe.query(&incr(&keys.seq)).await?;
+            hold().await;
+            let _: i64 = probe.query(redis::cmd("DEL").arg(&keys.marker)).await?;
+            Entered {
+                seq,
+                violated: entered.is_none(),
+                inside: 1,
+            }
+        }
+        Role::Reader => {
+            // Each side counts itself in before it looks at the other: of a reader and a writer
+            // inside together, at least one sees the other.
+            let readers: i64 = probe.query(&incr(&keys.readers)).await?;
+            let writers: Option<i64> = probe.query(&get(&keys.writers)).await?;
+            let seq = probe.query(&incr(&keys.seq)).await?;
+            hold().await;
+            let _: i64 = probe.query(&decr(&keys.readers)).await?;
+            Entered {
+                seq,
+                violated: writers.unwrap_or(0) != 0,
+                inside: readers,
+            }
+        }
+        Role::Writer => {
+            let writers: i64 = probe.query(&incr(&keys.writers)).await?;
+            let readers: Option<i64> = probe.query(&get(&keys.readers)).await?;
+            let seq = probe.query(&incr(&keys.seq)).await?;
+            hold().await;
+            let _: i64 = probe.query(&decr(&keys.writers)).await?;
+            Entered {
+                seq,
+                violated: writers != 1 || readers.unwrap_or(0) != 0,
+                inside: writers,
+            }
+        }
+        Role::Permit(n) => {
+            let inside: i64 = probe.query(&incr(&keys.inside)).await?;
+            let seq = probe.query(&incr(&keys.seq)).await?;
+            hold().await;
+            let _: i64 = probe.query(&decr(&keys.inside)).await?;
+            Entered {
+                seq,
+                violated: inside > i64::from(n),
+                inside,
+            }
+        }
+    })
+}
+
+/// Microseconds since the epoch: one clock for all the bench's processes (on one machine).
+fn wall_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
 
 /// Runs `cli.workers` workers in this process until `cli.seconds` pass.
 async fn run_workers(cli: &Cli, url: &str, base: u32, prefix: &str) -> Fallible<WorkerReport> {
@@ -583,18 +903,33 @@ async fn run_workers(cli: &Cli, url: &str, base: u32, prefix: &str) -> Fallible<
         .map_err(|e| e.to_string())?;
     let conn = connection(url).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(cli.seconds.min(86_400));
-    let marker = format!("{prefix}marker");
-    let seq_key = format!("{prefix}seq");
-    let fair = cli.fair;
+    let keys = std::sync::Arc::new(ProbeKeys::new(prefix));
+    let (fair, arrivals) = (cli.fair, cli.arrivals);
+    let body = Duration::from_millis(cli.body_ms);
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..cli.workers {
-        let (locks, mut conn, marker, seq_key) =
-            (locks.clone(), conn.clone(), marker.clone(), seq_key.clone());
+        let role = role_of(cli, w);
+        let (locks, keys) = (locks.clone(), std::sync::Arc::clone(&keys));
+        let mut probe = Probe {
+            conn: conn.clone(),
+            commands: 0,
+        };
         tasks.spawn(async move {
             let mut report = WorkerReport::default();
             while tokio::time::Instant::now() < deadline {
+                let arrival = if arrivals {
+                    Some(probe.query(redis::cmd("INCR").arg(&keys.arrivals)).await?)
+                } else {
+                    None
+                };
+                let arrived_us = wall_us();
                 let t = Instant::now();
-                let lease = match locks.lock(CONTENDED_KEY).fair(fair).acquire().await {
+                let lease = match role
+                    .request(&locks, CONTENDED_KEY)
+                    .fair(fair)
+                    .acquire()
+                    .await
+                {
                     Ok(lease) => lease,
                     Err(e) if e.is_contention() => {
                         report.timeouts += 1;
@@ -602,39 +937,27 @@ async fn run_workers(cli: &Cli, url: &str, base: u32, prefix: &str) -> Fallible<
                     }
                     Err(e) => return Err(e.to_string()),
                 };
-                let wait = t.elapsed();
-                // Three separate round trips, so another holder could run in between them if
-                // exclusion failed: the marker would then be found set.
-                let entered: Option<String> = redis::cmd("SET")
-                    .arg(&marker)
-                    .arg(w)
-                    .arg("NX")
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let seq: u64 = redis::cmd("INCR")
-                    .arg(&seq_key)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let _: i64 = redis::cmd("DEL")
-                    .arg(&marker)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if entered.is_none() {
-                    report.violations += 1;
-                }
+                let entered_at = Instant::now();
+                let entered = critical_section(role, &mut probe, &keys, w, body).await?;
+                let hold = entered_at.elapsed();
                 let fencing_token = lease.fencing_token();
                 lease.release().await.map_err(|e| e.to_string())?;
+                report.violations += u64::from(entered.violated);
+                report.max_inside = report.max_inside.max(entered.inside);
+                let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
                 report.acquisitions.push(Acquisition {
-                    seq,
+                    seq: entered.seq,
                     fencing_token,
                     worker: base + w,
-                    wait_us: u64::try_from(wait.as_micros()).unwrap_or(u64::MAX),
+                    exclusive: matches!(role, Role::Exclusive | Role::Writer),
+                    arrival,
+                    arrived_us,
+                    wait_us: micros(entered_at - t),
+                    hold_us: micros(hold),
                 });
             }
-            Ok(report)
+            report.probe_commands = probe.commands;
+            Fallible::Ok(report)
         });
     }
     let mut all = WorkerReport::default();
@@ -658,9 +981,9 @@ async fn contended_worker(cli: &Cli, url: &str, base: u32) -> Fallible<()> {
     Ok(())
 }
 
-/// The `calls` of every command in `INFO commandstats`, summed: everything Redis ran, the
-/// commands scripts call included. Give the bench a Redis of its own.
-async fn all_command_calls(conn: &mut MultiplexedConnection) -> Fallible<u64> {
+/// `calls` of each command in `INFO commandstats`, by its lower-case name (`evalsha`, `get`):
+/// everything Redis ran, the commands scripts call included. Give the bench a Redis of its own.
+async fn commandstats(conn: &mut MultiplexedConnection) -> Fallible<HashMap<String, u64>> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
@@ -668,79 +991,63 @@ async fn all_command_calls(conn: &mut MultiplexedConnection) -> Fallible<u64> {
         .map_err(|e| e.to_string())?;
     Ok(info
         .lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(":calls="))
-        .filter_map(|(_, rest)| rest.split(',').next()?.parse::<u64>().ok())
-        .sum())
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            Some((name.to_owned(), rest.split(',').next()?.parse().ok()?))
+        })
+        .collect())
 }
 
 /// `calls` of one command in `INFO commandstats`.
 async fn command_calls(conn: &mut MultiplexedConnection, command: &str) -> Fallible<u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .map_err(|e| e.to_string())?;
-    let prefix = format!("cmdstat_{command}:calls=");
-    Ok(info
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0))
+    Ok(commandstats(conn).await?.get(command).copied().unwrap_or(0))
 }
 
-/// One round of `contended`: a one-worker phase, then the contended phase, each `cli.seconds`.
-struct Round {
+/// One phase of `contended`: the workers on one key for `cli.seconds`.
+struct Phase {
     report: WorkerReport,
     elapsed: Duration,
-    sequential_per_s: f64,
-    /// Redis commands run in the contended phase (scripts' own included).
+    /// Redis commands run in the phase: the lock's, its scripts' own and the bench's probes.
     commands: u64,
-    /// Entries into the critical section in `seq` order whose fencing token did not rise.
-    fence_inversions: usize,
-    /// Consecutive entries by different workers.
-    handoffs: usize,
+    /// Client requests for the lock: EVALSHA and EVAL calls.
+    script_calls: u64,
 }
 
-async fn contended_round(cli: &Cli, url: &str, round: u32) -> Fallible<Round> {
-    let prefix = format!("distlock-bench:{}:{round}:", std::process::id());
-    let mut conn = connection(url).await?;
-    // The same round's sequential rate: one worker, one process, same lock options.
-    let sequential = Cli {
-        workers: 1,
-        ..cli.clone()
-    };
-    let started = Instant::now();
-    let single = run_workers(&sequential, url, 0, &format!("{prefix}w1:")).await?;
-    let sequential_per_s = single.acquisitions.len() as f64 / started.elapsed().as_secs_f64();
-    let _: () = redis::cmd("DEL")
-        .arg(format!("{prefix}w1:seq"))
-        .arg(format!("{prefix}w1:fence:{{{CONTENDED_KEY}}}"))
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| e.to_string())?;
+impl Phase {
+    fn per_second(&self) -> f64 {
+        self.report.acquisitions.len() as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
 
-    let commands_before = all_command_calls(&mut conn).await?;
+async fn contended_phase(cli: &Cli, url: &str, prefix: &str) -> Fallible<Phase> {
+    let mut conn = connection(url).await?;
+    let before = commandstats(&mut conn).await?;
     let started = Instant::now();
     let mut report = WorkerReport::default();
     if cli.procs <= 1 {
-        report = run_workers(cli, url, 0, &prefix).await?;
+        report = run_workers(cli, url, 0, prefix).await?;
     } else {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut children = Vec::new();
         let mut base = 0;
+        // The W workers, and the writers among them, are shared out among the processes.
+        let share = |n: u32, p: u32| n / cli.procs + u32::from(p < n % cli.procs);
         for p in 0..cli.procs {
-            // The W workers are shared out among the processes.
-            let here = cli.workers / cli.procs + u32::from(p < cli.workers % cli.procs);
+            let here = share(cli.workers, p);
             children.push(
                 tokio::process::Command::new(&exe)
                     .arg("contended")
                     .args(["--workers", &here.to_string()])
                     .args(["--seconds", &cli.seconds.to_string()])
+                    .args(["--mode", mode_name(cli.mode)])
+                    .args(["--permits", &cli.permits.to_string()])
+                    .args(["--writers", &share(cli.writers, p).to_string()])
+                    .args(["--body-ms", &cli.body_ms.to_string()])
                     .args(["--redis-url", url])
                     .args(["--worker-base", &base.to_string()])
                     .args(cli.fair.then_some("--fair"))
-                    .env("DISTLOCK_BENCH_PREFIX", &prefix)
+                    .args(cli.arrivals.then_some("--arrivals"))
+                    .env("DISTLOCK_BENCH_PREFIX", prefix)
                     .stdout(std::process::Stdio::piped())
                     .kill_on_drop(true)
                     .spawn()
@@ -759,66 +1066,315 @@ async fn contended_round(cli: &Cli, url: &str, round: u32) -> Fallible<Round> {
         }
     }
     let elapsed = started.elapsed();
-    // Every command Redis ran, those inside scripts included (the body's three too), less the
-    // INFO calls that read the counts.
-    let commands = all_command_calls(&mut conn)
-        .await?
-        .saturating_sub(commands_before)
+    let after = commandstats(&mut conn).await?;
+    let calls = |stats: &HashMap<String, u64>, scripts_only: bool| -> u64 {
+        stats
+            .iter()
+            .filter(|(name, _)| !scripts_only || matches!(name.as_str(), "evalsha" | "eval"))
+            .map(|(_, calls)| calls)
+            .sum()
+    };
+    // Less the INFO call that read the counts before.
+    let commands = calls(&after, false)
+        .saturating_sub(calls(&before, false))
         .saturating_sub(1);
+    let script_calls = calls(&after, true).saturating_sub(calls(&before, true));
+    let keys = ProbeKeys::new(prefix);
     let _: () = redis::cmd("DEL")
-        .arg(format!("{prefix}seq"))
+        .arg(&keys.all()[..])
         .arg(format!("{prefix}fence:{{{CONTENDED_KEY}}}"))
         .query_async(&mut conn)
         .await
         .map_err(|e| e.to_string())?;
-    report.acquisitions.sort_by_key(|a| a.seq);
-    // Entries into the critical section in order must carry increasing fencing tokens.
-    let fence_inversions = report
-        .acquisitions
-        .windows(2)
-        .filter(|w| w[1].fencing_token <= w[0].fencing_token)
-        .count();
-    let handoffs = report
-        .acquisitions
-        .windows(2)
-        .filter(|w| w[0].worker != w[1].worker)
-        .count();
-    Ok(Round {
+    Ok(Phase {
         report,
         elapsed,
-        sequential_per_s,
         commands,
-        fence_inversions,
-        handoffs,
+        script_calls,
     })
 }
 
-/// `contended`: `cli.rounds` rounds, each a one-worker phase and then the contended one; the
-/// ratio of their rates is taken per round (the machine's speed drifts) and its median reported.
+/// The phase each round runs before the contended one, as its yardstick, and its name: one
+/// worker with the same options (exclusive), or the same workers holding the key exclusively
+/// with the same body (all readers). Permits and mixed readers and writers have none.
+fn baseline_of(cli: &Cli) -> Option<(Cli, &'static str)> {
+    match cli.mode {
+        Mode::Exclusive => Some((
+            Cli {
+                workers: 1,
+                procs: 1,
+                ..cli.clone()
+            },
+            "w1",
+        )),
+        Mode::Shared if cli.writers == 0 => Some((
+            Cli {
+                writers: cli.workers,
+                ..cli.clone()
+            },
+            "exclusive",
+        )),
+        Mode::Shared | Mode::Permits => None,
+    }
+}
+
+/// One round of `contended`: the baseline phase, if the mode has one, then the contended one.
+struct Round {
+    phase: Phase,
+    baseline: Option<Phase>,
+    /// Entries whose fencing token disagrees with their order of entry (none for permits,
+    /// whose holders enter together in any order).
+    fence_inversions: Option<usize>,
+    /// Consecutive entries by different workers.
+    handoffs: usize,
+    /// The sum of the holds, and the wall time from the first arrival to the last exit.
+    held: Duration,
+    window: Duration,
+    writer_waits: Vec<WriterWait>,
+}
+
+async fn contended_round(cli: &Cli, url: &str, round: u32) -> Fallible<Round> {
+    let prefix = format!("distlock-bench:{}:{round}:", std::process::id());
+    let baseline = match baseline_of(cli) {
+        Some((base, name)) => Some(contended_phase(&base, url, &format!("{prefix}{name}:")).await?),
+        None => None,
+    };
+    let mut phase = contended_phase(cli, url, &prefix).await?;
+    let by_entry = &mut phase.report.acquisitions;
+    by_entry.sort_by_key(|a| a.seq);
+    let fence_inversions = match cli.mode {
+        // Entries into the critical section in order must carry increasing fencing tokens.
+        Mode::Exclusive => Some(
+            by_entry
+                .windows(2)
+                .filter(|w| w[1].fencing_token <= w[0].fencing_token)
+                .count(),
+        ),
+        Mode::Shared => Some(exclusive_fence_inversions(by_entry)),
+        Mode::Permits => None,
+    };
+    let handoffs = by_entry
+        .windows(2)
+        .filter(|w| w[0].worker != w[1].worker)
+        .count();
+    let first = by_entry.iter().map(|a| a.arrived_us).min().unwrap_or(0);
+    let last = by_entry
+        .iter()
+        .map(Acquisition::exited_us)
+        .max()
+        .unwrap_or(0);
+    let held = by_entry.iter().map(|a| a.hold_us).sum();
+    let writer_waits = if cli.arrivals {
+        writer_waits(by_entry)
+    } else {
+        Vec::new()
+    };
+    Ok(Round {
+        phase,
+        baseline,
+        fence_inversions,
+        handoffs,
+        held: Duration::from_micros(held),
+        window: Duration::from_micros(last.saturating_sub(first)),
+        writer_waits,
+    })
+}
+
+/// Writers (entries held exclusively) whose fencing token is not above every earlier entry's
+/// and below every later one's, in `by_entry` (entry order). Readers enter together, in any
+/// order among themselves, but never across a writer.
+fn exclusive_fence_inversions(by_entry: &[Acquisition]) -> usize {
+    let mut later_min = vec![u64::MAX; by_entry.len() + 1];
+    for (i, a) in by_entry.iter().enumerate().rev() {
+        later_min[i] = later_min[i + 1].min(a.fencing_token);
+    }
+    let mut earlier_max: Option<u64> = None;
+    let mut inversions = 0;
+    for (i, a) in by_entry.iter().enumerate() {
+        let token = a.fencing_token;
+        if a.exclusive && (earlier_max.is_some_and(|m| m >= token) || later_min[i + 1] <= token) {
+            inversions += 1;
+        }
+        earlier_max = earlier_max.max(Some(token));
+    }
+    inversions
+}
+
+/// One writer's wait (`--writers`), against the requests ahead of it: those that arrived before
+/// it (by the arrival sequence number) and had not exited when it arrived.
+struct WriterWait {
+    wait_us: u64,
+    ahead: usize,
+    /// The latest exit among those ahead, less the writer's arrival: what it had to wait.
+    ahead_span_us: u64,
+    /// The sum of the bodies (holds) of those ahead.
+    ahead_bodies_us: u64,
+    /// Entered before it by a request that arrived after it: how much later the last of those
+    /// arrived (by the shared wall clock; may be negative for two arrivals a round trip apart).
+    overtaken_by_us: Option<i64>,
+}
+
+fn writer_waits(by_entry: &[Acquisition]) -> Vec<WriterWait> {
+    let mut waits = Vec::new();
+    // The latest arrival among the entries so far: (arrival number, wall clock).
+    let mut latest: Option<(u64, u64)> = None;
+    for a in by_entry {
+        let Some(arrival) = a.arrival else { continue };
+        if a.exclusive {
+            let ahead: Vec<&Acquisition> = by_entry
+                .iter()
+                .filter(|r| r.arrival.is_some_and(|s| s < arrival) && r.exited_us() > a.arrived_us)
+                .collect();
+            let last_exit = ahead.iter().map(|r| r.exited_us()).max();
+            waits.push(WriterWait {
+                wait_us: a.wait_us,
+                ahead: ahead.len(),
+                ahead_span_us: last_exit.map_or(0, |e| e - a.arrived_us),
+                ahead_bodies_us: ahead.iter().map(|r| r.hold_us).sum(),
+                overtaken_by_us: latest
+                    .filter(|&(s, _)| s > arrival)
+                    .map(|(_, us)| us as i64 - a.arrived_us as i64),
+            });
+        }
+        if latest.is_none_or(|(s, _)| s < arrival) {
+            latest = Some((arrival, a.arrived_us));
+        }
+    }
+    waits
+}
+
+/// What the writers' waits say, over all rounds.
+fn writers_summary(waits: &[WriterWait]) -> serde_json::Value {
+    let with_ahead: Vec<&WriterWait> = waits.iter().filter(|w| w.ahead > 0).collect();
+    let alone_wait_max = waits
+        .iter()
+        .filter(|w| w.ahead == 0)
+        .map(|w| w.wait_us)
+        .max();
+    let ms_of = |us: f64| us / 1000.0;
+    let sorted = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let at = |v: &[f64], q: f64| {
+        let i = ((v.len().saturating_sub(1)) as f64 * q).round() as usize;
+        v.get(i).copied()
+    };
+    let ratios = sorted(
+        with_ahead
+            .iter()
+            .map(|w| w.wait_us as f64 / w.ahead_span_us as f64)
+            .collect(),
+    );
+    let worst = with_ahead
+        .iter()
+        .max_by(|a, b| {
+            let r = |w: &&&WriterWait| w.wait_us as f64 / w.ahead_span_us as f64;
+            r(a).total_cmp(&r(b))
+        })
+        .map(|w| json!({"wait_ms": ms_of(w.wait_us as f64), "ahead_span_ms": ms_of(w.ahead_span_us as f64), "ahead": w.ahead}));
+    let excess = sorted(
+        with_ahead
+            .iter()
+            .map(|w| ms_of(w.wait_us as f64 - w.ahead_span_us as f64))
+            .collect(),
+    );
+    let within_bound = with_ahead
+        .iter()
+        .filter(|w| w.wait_us as f64 <= 1.2 * w.ahead_bodies_us as f64)
+        .count();
+    let over_bodies = with_ahead
+        .iter()
+        .map(|w| w.wait_us as f64 / (w.ahead_bodies_us as f64).max(1.0))
+        .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))));
+    let overtaken: Vec<i64> = waits.iter().filter_map(|w| w.overtaken_by_us).collect();
+    let writer_waits = sorted(waits.iter().map(|w| ms_of(w.wait_us as f64)).collect());
+    json!({
+        "writer_acquisitions": waits.len(),
+        "wait_mean_ms": writer_waits.iter().sum::<f64>() / (writer_waits.len().max(1) as f64),
+        "wait_p99_ms": at(&writer_waits, 0.99),
+        "wait_max_ms": at(&writer_waits, 1.0),
+        "nobody_ahead": waits.len() - with_ahead.len(),
+        "nobody_ahead_wait_max_ms": alone_wait_max.map(|us| ms_of(us as f64)),
+        "wait_over_ahead_span_max": at(&ratios, 1.0),
+        "wait_over_ahead_span_p99": at(&ratios, 0.99),
+        "wait_over_ahead_span_p50": at(&ratios, 0.5),
+        "worst": worst,
+        "excess_over_ahead_span_max_ms": at(&excess, 1.0),
+        "excess_over_ahead_span_p99_ms": at(&excess, 0.99),
+        "excess_over_ahead_span_p50_ms": at(&excess, 0.5),
+        "within_1_2x_bodies_ahead": within_bound,
+        "with_someone_ahead": with_ahead.len(),
+        "wait_over_bodies_ahead_max": over_bodies,
+        "overtaken": overtaken.len(),
+        "overtaken_by_max_ms": overtaken.iter().max().map(|&us| ms_of(us as f64)),
+    })
+}
+
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Exclusive => "exclusive",
+        Mode::Shared => "shared",
+        Mode::Permits => "permits",
+    }
+}
+
+/// `contended`: `cli.rounds` rounds, each the baseline phase (if the mode has one) and then the
+/// contended one; the ratio of their rates is taken per round (the machine's speed drifts) and
+/// its median reported.
 async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
+    if cli.writers > 0 && cli.mode != Mode::Shared {
+        return Err("--writers needs --mode shared".into());
+    }
+    if cli.writers > cli.workers {
+        return Err(format!(
+            "--writers {} is more than the {} workers",
+            cli.writers, cli.workers
+        ));
+    }
+    if cli.mode == Mode::Permits && cli.permits == 0 {
+        return Err("--permits must be at least 1".into());
+    }
+    let mixed = cli.mode == Mode::Shared && cli.writers > 0;
+    let cli = &Cli {
+        arrivals: mixed,
+        ..cli.clone()
+    };
     let mut report = WorkerReport::default();
-    let (mut elapsed, mut commands, mut fence_inversions, mut handoffs) =
-        (Duration::ZERO, 0u64, 0usize, 0usize);
-    let mut sequential = Vec::new();
-    let mut ratios = Vec::new();
-    let mut tails = Vec::new();
+    let (mut elapsed, mut commands, mut script_calls, mut handoffs) =
+        (Duration::ZERO, 0u64, 0u64, 0usize);
+    let (mut held, mut window) = (Duration::ZERO, Duration::ZERO);
+    let mut fence_inversions: Option<usize> = None;
+    let mut base = WorkerReport::default();
+    let (mut base_commands, mut base_script_calls) = (0u64, 0u64);
+    let (mut baseline_rates, mut ratios, mut tails) = (Vec::new(), Vec::new(), Vec::new());
+    let mut writer_waits = Vec::new();
     for round in 0..cli.rounds.max(1) {
         let r = contended_round(cli, url, round).await?;
-        let n = r.report.acquisitions.len();
-        ratios.push(n as f64 / r.elapsed.as_secs_f64() / r.sequential_per_s.max(1e-9));
-        tails.push(p99_over_mean(&r.report.acquisitions));
-        sequential.push(r.sequential_per_s);
-        elapsed += r.elapsed;
-        commands += r.commands;
-        fence_inversions += r.fence_inversions;
+        if let Some(b) = r.baseline {
+            ratios.push(r.phase.per_second() / b.per_second().max(1e-9));
+            baseline_rates.push(b.per_second());
+            base_commands += b.commands;
+            base_script_calls += b.script_calls;
+            base.merge(b.report);
+        }
+        tails.push(p99_over_mean(&r.phase.report.acquisitions));
+        elapsed += r.phase.elapsed;
+        commands += r.phase.commands;
+        script_calls += r.phase.script_calls;
         handoffs += r.handoffs;
-        report.merge(r.report);
+        held += r.held;
+        window += r.window;
+        if let Some(n) = r.fence_inversions {
+            fence_inversions = Some(fence_inversions.unwrap_or(0) + n);
+        }
+        writer_waits.extend(r.writer_waits);
+        report.merge(r.phase.report);
     }
     let median = |values: &mut Vec<f64>| {
         values.sort_by(f64::total_cmp);
         values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
     };
-    let sequential_per_s = median(&mut sequential);
     let n = report.acquisitions.len();
     let mut per_worker: HashMap<u32, f64> = HashMap::new();
     for a in &report.acquisitions {
@@ -834,25 +1390,31 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
     };
     let (waits, mean_wait) = wait_times(&report.acquisitions);
     let acquisitions_per_s = n as f64 / elapsed.as_secs_f64();
-    let attempts = report.acquire_requests as f64 / (n.max(1) as f64);
-    let commands_per_acquisition = commands as f64 / (n.max(1) as f64);
+    let per_acquisition = |count: u64, n: usize| count as f64 / (n.max(1) as f64);
+    let attempts = per_acquisition(report.acquire_requests, n);
+    let commands_per_acquisition = per_acquisition(commands, n);
+    let lock_commands = per_acquisition(commands.saturating_sub(report.probe_commands), n);
+    let client_requests = per_acquisition(script_calls, n);
     let handoff_share = handoffs as f64 / (n.saturating_sub(1).max(1) as f64);
+    let inside_mean = held.as_secs_f64() / window.as_secs_f64().max(1e-9);
     // Per round, like the rate: a slow round's waits are all longer, which would widen a
     // distribution pooled over rounds.
     let pooled_p99_over_mean = p99_over_mean(&report.acquisitions);
     let p99_over_mean = median(&mut tails);
-    let vs_sequential = median(&mut ratios);
-    let row = json!({
+    let vs_baseline = median(&mut ratios);
+    let baseline_per_s = median(&mut baseline_rates);
+    let base_n = base.acquisitions.len();
+    let mut row = json!({
         "scenario": "contended",
+        "mode": mode_name(cli.mode),
         "fair": cli.fair,
         "workers": cli.workers,
         "procs": cli.procs.max(1),
         "seconds": cli.seconds,
         "rounds": cli.rounds.max(1),
+        "body_ms": cli.body_ms,
         "acquisitions": n,
         "acquisitions_per_s": acquisitions_per_s.round(),
-        "sequential_per_s": sequential_per_s.round(),
-        "vs_sequential": vs_sequential,
         "handed_over": report.handed_over,
         "wait_p99_over_mean": p99_over_mean,
         "wait_p99_over_mean_pooled": pooled_p99_over_mean,
@@ -860,51 +1422,171 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         "wait_p50_ms": ms(quantile(&waits, 0.5)),
         "wait_p99_ms": ms(quantile(&waits, 0.99)),
         "wait_max_ms": ms(quantile(&waits, 1.0)),
+        "holders_inside_mean": inside_mean,
         "attempts_per_acquisition": attempts,
         "redis_commands_per_acquisition": commands_per_acquisition,
+        "lock_commands_per_acquisition": lock_commands,
+        "client_requests_per_acquisition": client_requests,
         "handoff_share": handoff_share,
         "jain_fairness": jain,
         "violations": report.violations,
         "fencing_inversions": fence_inversions,
         "timeouts": report.timeouts,
     });
+    let fields = row.as_object_mut().ok_or("a row is an object")?;
+    match cli.mode {
+        Mode::Exclusive => {
+            fields.insert("sequential_per_s".into(), json!(baseline_per_s.round()));
+            fields.insert("vs_sequential".into(), json!(vs_baseline));
+        }
+        Mode::Shared if !mixed => {
+            fields.insert("exclusive_per_s".into(), json!(baseline_per_s.round()));
+            fields.insert("vs_exclusive".into(), json!(vs_baseline));
+            fields.insert(
+                "exclusive_lock_commands_per_acquisition".into(),
+                json!(per_acquisition(
+                    base_commands.saturating_sub(base.probe_commands),
+                    base_n
+                )),
+            );
+            fields.insert(
+                "exclusive_client_requests_per_acquisition".into(),
+                json!(per_acquisition(base_script_calls, base_n)),
+            );
+            fields.insert("exclusive_violations".into(), json!(base.violations));
+            fields.insert("readers_inside_max".into(), json!(report.max_inside));
+        }
+        Mode::Shared => {
+            fields.insert("writers".into(), json!(cli.writers));
+            fields.insert("writer_waits".into(), writers_summary(&writer_waits));
+        }
+        Mode::Permits => {
+            fields.insert("permits".into(), json!(cli.permits));
+            fields.insert("permits_inside_max".into(), json!(report.max_inside));
+        }
+    }
     if cli.json {
         println!("{row}");
-    } else {
-        println!(
-            "contended{}: {} workers in {} process(es), {} round(s) of {} s on one key",
-            if cli.fair { " (fair)" } else { "" },
-            cli.workers,
-            cli.procs.max(1),
-            cli.rounds.max(1),
-            cli.seconds
-        );
-        println!("  acquisitions            {n} ({acquisitions_per_s:.0}/s)");
-        println!(
-            "  1 worker, same rounds   {sequential_per_s:.0}/s  (ratio {vs_sequential:.2}, median of rounds)"
-        );
-        println!(
-            "  wait mean/p50/p99/max   {:.1} / {:.1} / {:.1} / {:.1} ms",
-            ms(mean_wait),
-            ms(quantile(&waits, 0.5)),
-            ms(quantile(&waits, 0.99)),
-            ms(quantile(&waits, 1.0))
-        );
-        println!(
-            "  p99 / mean wait         {p99_over_mean:.2}  (median of rounds; {pooled_p99_over_mean:.2} pooled)"
-        );
-        println!("  attempts/acquisition    {attempts:.2}");
-        println!(
-            "  Redis commands/acq.     {commands_per_acquisition:.1}  (scripts' own included)"
-        );
-        println!("  by hand-off             {}", report.handed_over);
-        println!("  hand-off share          {handoff_share:.3}");
-        println!("  Jain fairness           {jain:.3}");
-        println!("  violations              {}", report.violations);
-        println!("  fencing inversions      {fence_inversions}");
-        println!("  timeouts                {}", report.timeouts);
+        return Ok(());
+    }
+    println!(
+        "contended{}, {}{}: {} workers in {} process(es), {} round(s) of {} s on one key, body {} ms",
+        if cli.fair { " (fair)" } else { "" },
+        mode_name(cli.mode),
+        match cli.mode {
+            Mode::Permits => format!(" ({} permits)", cli.permits),
+            Mode::Shared if mixed => format!(" ({} writers)", cli.writers),
+            Mode::Shared | Mode::Exclusive => String::new(),
+        },
+        cli.workers,
+        cli.procs.max(1),
+        cli.rounds.max(1),
+        cli.seconds,
+        cli.body_ms
+    );
+    println!("  acquisitions            {n} ({acquisitions_per_s:.0}/s)");
+    match cli.mode {
+        Mode::Exclusive => println!(
+            "  1 worker, same rounds   {baseline_per_s:.0}/s  (ratio {vs_baseline:.2}, median of rounds)"
+        ),
+        Mode::Shared if !mixed => {
+            println!(
+                "  exclusive, same workers {baseline_per_s:.0}/s  (readers / exclusive {vs_baseline:.2}, median of rounds)"
+            );
+            println!(
+                "  exclusive phase         {:.1} lock commands, {:.2} client requests per acquisition; {} violations",
+                per_acquisition(base_commands.saturating_sub(base.probe_commands), base_n),
+                per_acquisition(base_script_calls, base_n),
+                base.violations
+            );
+        }
+        Mode::Shared | Mode::Permits => {}
+    }
+    println!(
+        "  wait mean/p50/p99/max   {:.1} / {:.1} / {:.1} / {:.1} ms",
+        ms(mean_wait),
+        ms(quantile(&waits, 0.5)),
+        ms(quantile(&waits, 0.99)),
+        ms(quantile(&waits, 1.0))
+    );
+    println!(
+        "  p99 / mean wait         {p99_over_mean:.2}  (median of rounds; {pooled_p99_over_mean:.2} pooled)"
+    );
+    match cli.mode {
+        Mode::Permits => println!(
+            "  permits busy            {inside_mean:.2} of {} on average, {} at most",
+            cli.permits, report.max_inside
+        ),
+        Mode::Shared if !mixed => println!(
+            "  readers inside          {inside_mean:.1} on average, {} at most",
+            report.max_inside
+        ),
+        Mode::Shared | Mode::Exclusive => {
+            println!("  holders inside          {inside_mean:.2} on average")
+        }
+    }
+    println!("  attempts/acquisition    {attempts:.2}");
+    println!(
+        "  Redis commands/acq.     {commands_per_acquisition:.1}  (scripts' own and the bench's checks included)"
+    );
+    println!("  lock's commands/acq.    {lock_commands:.1}  (scripts' own included)");
+    println!("  client requests/acq.    {client_requests:.2}  (EVALSHA + EVAL)");
+    println!("  by hand-off             {}", report.handed_over);
+    println!("  hand-off share          {handoff_share:.3}");
+    println!("  Jain fairness           {jain:.3}");
+    println!("  violations              {}", report.violations);
+    println!(
+        "  fencing inversions      {}",
+        fence_inversions.map_or_else(|| "-".to_owned(), |n| n.to_string())
+    );
+    println!("  timeouts                {}", report.timeouts);
+    if mixed {
+        print_writers(&writers_summary(&writer_waits));
     }
     Ok(())
+}
+
+/// The writers' lines of a mixed `contended` run, from [`writers_summary`].
+fn print_writers(s: &serde_json::Value) {
+    let f = |key: &str| s[key].as_f64().unwrap_or(f64::NAN);
+    let u = |key: &str| s[key].as_u64().unwrap_or(0);
+    println!(
+        "  writers                 {} acquisitions, wait mean/p99/max {:.1} / {:.1} / {:.1} ms",
+        u("writer_acquisitions"),
+        f("wait_mean_ms"),
+        f("wait_p99_ms"),
+        f("wait_max_ms")
+    );
+    println!(
+        "  ahead of a writer       those arrived before it and not yet out; {} writers had nobody ahead (wait max {:.1} ms)",
+        u("nobody_ahead"),
+        f("nobody_ahead_wait_max_ms")
+    );
+    println!(
+        "  wait / ahead's last exit max {:.2} (wait {:.1} ms for {:.1} ms), p99 {:.2}, p50 {:.2}",
+        f("wait_over_ahead_span_max"),
+        s["worst"]["wait_ms"].as_f64().unwrap_or(f64::NAN),
+        s["worst"]["ahead_span_ms"].as_f64().unwrap_or(f64::NAN),
+        f("wait_over_ahead_span_p99"),
+        f("wait_over_ahead_span_p50")
+    );
+    println!(
+        "  wait - ahead's last exit max {:.2} ms, p99 {:.2} ms, p50 {:.2} ms",
+        f("excess_over_ahead_span_max_ms"),
+        f("excess_over_ahead_span_p99_ms"),
+        f("excess_over_ahead_span_p50_ms")
+    );
+    println!(
+        "  wait <= 1.2 x bodies ahead  {} of {} writers with someone ahead (max wait / bodies {:.2})",
+        u("within_1_2x_bodies_ahead"),
+        u("with_someone_ahead"),
+        f("wait_over_bodies_ahead_max")
+    );
+    println!(
+        "  overtaken               {} writers entered after a later arrival (latest by {:.2} ms)",
+        u("overtaken"),
+        f("overtaken_by_max_ms")
+    );
 }
 
 /// The waits of `acquisitions`, and their mean.

@@ -62,7 +62,7 @@ end
 if not owner and not queued then
   -- Free of a writer, and nobody queued: taken if the holders leave room.
   if mode == EXCLUSIVE then
-    if live(H, now) == 0 then
+    if redis.call('EXISTS', H) == 0 or live(H, now) == 0 then
       redis.call('SET', L, waited and '~' .. token or token, 'PX', ttl)
       return draw(KEYS, 4, 4, ttl, t)
     end

@@ -40,7 +40,7 @@ for a = 1, #ARGV, 3 do
       else
         redis.call('ZADD', key, 'XX', now + tonumber(ttl),
           mode == 'r' and token or mode .. ' ' .. token)
-        if redis.call('PTTL', key) < tonumber(ttl) then redis.call('PEXPIRE', key, ttl) end
+        if redis.call('PEXPIRE', key, ttl, 'NX') == 0 then redis.call('PEXPIRE', key, ttl, 'GT') end
       end
     end
   end

@@ -16,9 +16,10 @@ local function live(H, now)
   redis.call('ZREMRANGEBYSCORE', H, '-inf', now)
   return redis.call('ZCARD', H)
 end
--- keep(H, ms): H lives at least ms more (a new or renewed member's lifetime).
+-- keep(H, ms): H lives at least ms more (a new or renewed member's lifetime): its expiry is set
+-- if it has none, else raised if it is sooner.
 local function keep(H, ms)
-  if redis.call('PTTL', H) < tonumber(ms) then redis.call('PEXPIRE', H, ms) end
+  if redis.call('PEXPIRE', H, ms, 'NX') == 0 then redis.call('PEXPIRE', H, ms, 'GT') end
 end
 -- until_free(mode, H, now): how long until live holders make room for a lease in mode, in ms
 -- (-1 when none holds): the last one's expiry for an exclusive lease or a reader (queued
