@@ -27,12 +27,12 @@ mod tests {
     /// shows here, and is made on purpose.
     const PINNED: [(&str, &str); 9] = [
         ("acquire", "91f10a7072943ad7d3d74b603c20ade45ca000df"),
-        ("release", "0d36dbaa5e3b2f31c1c976280020b6edf6331136"),
+        ("release", "720649c13b8b632b80bcdda8eeb44ba53b0eeb8d"),
         ("extend", "08ece2b68350fe7779bf900e958d97f94c9dd019"),
         ("fair_acquire", "e06763873bca22600341a3687ecf7dc5a839900a"),
         ("raise", "ae177c3820fd89219691cdc41181d774fa6ba1f1"),
         ("inspect", "05b98341403e378d6d05491e22d62ef448d276d7"),
-        ("force_release", "a57bbec5af3753e1cd59c4756ba80b884c4891b8"),
+        ("force_release", "8ffabc849ff64ddcc9187641d8c1978dbea77fe3"),
         ("check", "2a6bf874967811fc7e6a3c8894bb79590245840d"),
         ("key_types", "0f78f49b3902f1c2da6260e309797d0462609281"),
     ];

@@ -36,7 +36,9 @@ pub struct LockInfo {
     /// How long the lock is held for at most (its expiry in Redis, unless renewed).
     pub remaining: Duration,
     /// The last fencing token drawn for the key: the holder's (or, after a hand-off that its
-    /// recipient has not yet confirmed, the hand-off's).
+    /// recipient has not yet confirmed, the hand-off's). Of a key held shared or as permits,
+    /// that of the latest lease granted, which may have left since: every holder's token is at
+    /// most this one.
     pub fencing_token: u64,
     /// Fair waiters queued for the key.
     pub waiters: usize,

@@ -238,7 +238,7 @@
 //! | [`url`](LockManagerBuilder::url) / [`pool`](LockManagerBuilder::pool): one server | everything above, while that server keeps its data | a restart without persistence frees every lock (fencing tokens still rise) |
 //! | [`sentinel`](LockManagerBuilder::sentinel) | the primary is followed across failovers: on `READONLY`, a broken connection or `+switch-master`, the command and subscriber connections are replaced | replication is asynchronous: a failover can lose a lock just acquired, and two holders overlap, unless [`min_replicas`](LockManagerBuilder::min_replicas) is set |
 //! | [`cluster`](LockManagerBuilder::cluster) | each lock lives in its key's slot; `MOVED`, `ASK` and failovers are followed; keys in several slots are taken slot by slot, all or nothing | the same asynchronous-replication caveat per slot; a multi-slot acquire is not one atomic step (it takes slots in one global order and undoes what it took if a later slot is held) |
-//! | [`quorum`](LockManagerBuilder::quorum) | a lock is held when a majority of independent primaries granted it; a minority of nodes down or hung changes nothing | fair requests are refused; needs the restart rule below |
+//! | [`quorum`](LockManagerBuilder::quorum) | a lock is held when a majority of independent primaries granted it; a minority of nodes down or hung changes nothing | fair requests and semaphores of more than one permit are refused; needs the restart rule below |
 //!
 //! **Server side.** With Sentinel or a cluster, set `min-replicas-to-write` on the primaries
 //! (or [`min_replicas`](LockManagerBuilder::min_replicas) on the manager, which makes each

@@ -492,7 +492,14 @@ enum Event {
 
 impl Event {
     fn log(&self, keys: &[LockKeys]) {
-        let keys: Vec<&str> = keys.iter().map(|k| k.lock()).collect();
+        // Each key as the lease holds it: its lock key, or its holders when shared or a permit.
+        let keys: Vec<String> = keys
+            .iter()
+            .map(|k| match k.mode() {
+                crate::mode::LockMode::Exclusive => k.lease_key().to_owned(),
+                mode => format!("{} ({mode})", k.lease_key()),
+            })
+            .collect();
         match self {
             Self::NotOwned => tracing::warn!(
                 ?keys,

@@ -116,9 +116,11 @@ impl<'a> Waiter<'a> {
         }
     }
 
-    /// After an attempt that took the keys: a release announcement this waiter took was used.
-    pub(crate) fn took(&self) {
-        if let Some(ticket) = &self.ticket {
+    /// After an attempt that took the keys: a release announcement this waiter took was used,
+    /// unless it took them `shared` (or as a permit): others waiting here may fit beside it,
+    /// so the announcement goes on to the next waiter when this one leaves.
+    pub(crate) fn took(&self, shared: bool) {
+        if let Some(ticket) = self.ticket.as_ref().filter(|_| !shared) {
             ticket.discharge();
         }
     }
@@ -197,7 +199,14 @@ impl<'a> Waiter<'a> {
             }
             let (until, watched) = self.claims.wake_at(ticket.watch(), holder_until);
             tokio::select! {
-                plain = ticket.woken() => if plain { return Wake::Retry },
+                plain = ticket.woken() => if plain {
+                    // A release may hand this waiter the key and announce itself at once (it
+                    // let readers in): the hand-off, which needs no attempt, comes first.
+                    if let Some(handoff) = ticket.take_handed() {
+                        return Wake::Handed(handoff);
+                    }
+                    return Wake::Retry;
+                },
                 () = tokio::time::sleep_until(until) => {
                     let now = Instant::now();
                     if self.claims.woke(watched, ticket.watch(), now, holder_until) {

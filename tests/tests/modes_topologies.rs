@@ -18,8 +18,8 @@ fn members(server: &RedisServer, key: &str) -> usize {
 }
 
 /// The modes every topology must serve alike: readers share, a writer is kept out until they
-/// leave, a semaphore admits `n`, and tokens rise.
-async fn every_mode_works(a: &LockManager, b: &LockManager) {
+/// leave, a semaphore admits `permits`, and tokens rise.
+async fn every_mode_works(a: &LockManager, b: &LockManager, permits: u32) {
     let first = a.read_lock("m-doc").ttl(LONG).acquire().await.unwrap();
     let second = b
         .read_lock("m-doc")
@@ -44,32 +44,40 @@ async fn every_mode_works(a: &LockManager, b: &LockManager) {
     assert!(reader.is_err(), "{reader:?}");
     writer.release().await.unwrap();
 
-    let p1 = a.lock("m-pool").permits(2).acquire().await.unwrap();
-    let p2 = b.lock("m-pool").permits(2).acquire().await.unwrap();
-    let p3 = a
+    let mut held = Vec::new();
+    for _ in 0..permits {
+        held.push(a.lock("m-pool").permits(permits).acquire().await.unwrap());
+    }
+    let over = b
         .lock("m-pool")
-        .permits(2)
+        .permits(permits)
         .wait(Duration::ZERO)
         .acquire()
         .await;
-    assert!(matches!(p3, Err(LockError::NotAcquired { .. })), "{p3:?}");
+    assert!(
+        matches!(over, Err(LockError::NotAcquired { .. })),
+        "{over:?}"
+    );
     // A waiter for a permit is woken by the release (the leases run 30 s).
     let waiter = {
-        let a = a.clone();
-        tokio::spawn(async move { a.lock("m-pool").permits(2).wait(LONG).acquire().await })
+        let b = b.clone();
+        tokio::spawn(async move { b.lock("m-pool").permits(permits).wait(LONG).acquire().await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     let released = tokio::time::Instant::now();
-    p1.release().await.unwrap();
-    let p3 = waiter.await.unwrap().unwrap();
+    let last = held.last().map(|l| l.fencing_token()).unwrap();
+    held.remove(0).release().await.unwrap();
+    let woken = waiter.await.unwrap().unwrap();
     assert!(
         released.elapsed() < Duration::from_secs(2),
         "{:?}",
         released.elapsed()
     );
-    assert!(p3.fencing_token() > p2.fencing_token());
-    p2.release().await.unwrap();
-    p3.release().await.unwrap();
+    assert!(woken.fencing_token() > last);
+    held.push(woken);
+    for lease in held {
+        lease.release().await.unwrap();
+    }
     assert!(a.inspect("m-pool").await.unwrap().is_none());
 }
 
@@ -159,7 +167,7 @@ async fn a_cluster_takes_shared_and_exclusive_keys_in_different_slots_together_o
     read.release().await.unwrap();
     assert!(a.stats().handed_over >= 1);
 
-    every_mode_works(&a, &b).await;
+    every_mode_works(&a, &b, 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,7 +183,7 @@ async fn sentinel_serves_every_mode() {
             .build()
             .unwrap()
     };
-    every_mode_works(&manager(), &manager()).await;
+    every_mode_works(&manager(), &manager(), 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,7 +200,20 @@ async fn a_quorum_needs_a_majority_for_each_mode() {
             .unwrap()
     };
     let (a, b) = (manager(&servers), manager(&servers));
-    every_mode_works(&a, &b).await;
+    every_mode_works(&a, &b, 1).await;
+    // A semaphore of more permits is refused: each node counts the holders it granted, and
+    // holders granted by different majorities could outnumber the permits.
+    let refused = a.lock("m-pool").permits(2).acquire().await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::InvalidConfig {
+                what: "permits",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
 
     // Two of five down: readers still share on the three left, a writer is still kept out.
     servers[1].kill();
@@ -222,7 +243,7 @@ async fn a_quorum_needs_a_majority_for_each_mode() {
         "refused reads undone"
     );
     writer.release().await.unwrap();
-    // A semaphore of 1 on the three nodes left: one holder at a time.
+    // A semaphore of one permit on the three nodes left: one holder at a time.
     let permit = a.lock("q-pool").permits(1).acquire().await.unwrap();
     let second = b
         .lock("q-pool")

@@ -41,6 +41,7 @@ use crate::mode::LockMode;
 use crate::release::{release_in_background, Leaving};
 use crate::scripts::{Acquire, Waiting};
 use crate::telemetry::{self, Tags};
+use crate::topology::Grant;
 use crate::validity::LeaseState;
 use crate::wait::{Wait, Waiter, Wake};
 
@@ -164,6 +165,20 @@ impl<'a> Acquiring<'a> {
             Waiting::NotYet
         };
         let route = context.redis();
+        let semaphore = ask
+            .modes
+            .iter()
+            .any(|m| matches!(m, LockMode::Permits(n) if *n > 1));
+        if semaphore && matches!(route.grant(), Grant::Majority { .. }) {
+            return Err(LockError::InvalidConfig {
+                what: "permits",
+                reason: "a semaphore of more than one permit cannot be held on a quorum: each \
+                         node counts the holders it granted, and holders granted by different \
+                         majorities could outnumber the permits; use one server, Sentinel or a \
+                         cluster for semaphores, or permits(1)"
+                    .to_owned(),
+            });
+        }
         let attempts_by = match ask.fairness {
             Fairness::Fair => {
                 if let Some(reason) = route.refuses_fair() {
@@ -263,7 +278,8 @@ impl<'a> Acquiring<'a> {
         self.exposure = self.between;
         match taken.answer {
             Acquire::Acquired { fencing_token } => {
-                self.waiter.took();
+                let shared = self.ask.modes.iter().any(|&m| m != LockMode::Exclusive);
+                self.waiter.took(shared);
                 self.holding.took(sent, self.ask.ttl);
                 if taken.late {
                     // Were this lease to end unheld (answered too late), its late grants too.

@@ -1,6 +1,6 @@
 -- FORCE_RELEASE: frees a lock whoever holds it, in whatever mode, as a release would: every
 -- holder is dropped (a shared or permit holder learns it at its next renewal), then its fair
--- queue is served (admit), else the release is announced to waiters.
+-- queue is served (admit), and the release announced to waiters unless a writer was handed it.
 -- KEYS: the lock key L, its queue Q, its queue's entries W (see fair/head_live.lua), its
 --   fencing counter F, its holders H (scripts/holders.lua).
 -- ARGV[1]: the command that announces a release (PUBLISH, or SPUBLISH on a cluster).
@@ -20,5 +20,7 @@ if redis.pcall('EXISTS', Q) == 1 and type(redis.pcall('LLEN', Q)) == 'number' th
   local _
   _, served = admit(publish, L, Q, W, F, H, t, now)
 end
-if not served then redis.pcall(publish, L, '') end
+-- Announced unless handed to a writer: waiters that are not fair may fit beside readers or
+-- permits the queue was served to.
+if not served or redis.call('EXISTS', L) == 0 then redis.pcall(publish, L, '') end
 return 1

@@ -13,12 +13,14 @@
 -- ARGV[5]: the keys' modes, one word each, space-separated: 'x', 'r' or N (scripts/holders.lua).
 -- Returns the number of lock keys this owner held. An exclusive one that nobody waited on
 -- (unmarked, see scripts/mod.rs, "Waited on") is deleted. A marked one is deleted and its fair
--- queue served (admit: `h ...` messages on the key's channel), or, with nobody to serve,
--- announced with an empty message on the key's channel, for waiters (an announcement Redis
--- refuses, to an ACL user without channel rights, is skipped). A shared or permit lease's
--- member leaves the holders; the queue is then served if nobody holds the key exclusively,
--- and a release that made room (the last reader's, any permit's) is announced if it served
--- nobody. A key that is not of its type (overwritten by someone) is not ours and is skipped
+-- queue served (admit: `h ...` messages on the key's channel). A shared or permit lease's
+-- member leaves the holders, and the queue is served if nobody holds the key exclusively; so
+-- is it when a fair waiter leaves the queue (it may have been the head others waited behind).
+-- Unless the key was then handed to a writer, the release is announced with an empty message
+-- on the key's channel, for waiters that are not fair, when it served someone (readers or
+-- permits: others may fit beside them) or made room: a marked key's, the last reader's, any
+-- permit's, a leaving waiter's that emptied the queue (an announcement Redis refuses, to an ACL user without channel rights, is
+-- skipped). A key that is not of its type (overwritten by someone) is not ours and is skipped
 -- (pcall), so it cannot keep the others from being released; a queue key of another type
 -- holds no waiter.
 local QUEUED, ALWAYS, EXCLUSIVE = '1', '1', 'x'
@@ -44,7 +46,12 @@ local released = 0
 for i = 1, #KEYS, 5 do
   local L, Q, W, F, H = KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3], KEYS[i + 4]
   local mode = modes[(i + 4) / 5]
-  if queued and redis.pcall('HDEL', W, token) == 1 then redis.call('LREM', Q, 1, token) end
+  -- A fair waiter that leaves may have been the head others wait behind.
+  local left = queued and redis.pcall('HDEL', W, token) == 1
+  if left then redis.call('LREM', Q, 1, token) end
+  -- Whether this release may have made room: then the queue is served, and it is announced
+  -- when `announce` (someone may wait) and nobody was handed the key exclusively.
+  local room, announce = left, left and redis.call('EXISTS', Q) == 0
   if mode == EXCLUSIVE then
     local owner = redis.pcall('GET', L)
     if owner == token and not always then
@@ -54,8 +61,7 @@ for i = 1, #KEYS, 5 do
     elseif owner == token or owner == '~' .. token then
       released = released + 1
       redis.call('DEL', L)
-      -- pcall: a user without channel rights still releases; its waiters poll.
-      if not serve(L, Q, W, F, H) then redis.pcall(publish, L, '') end
+      room, announce = true, true
     end
   else
     local t = redis.call('TIME')
@@ -67,12 +73,20 @@ for i = 1, #KEYS, 5 do
       redis.call('ZREM', H, m)
       if tonumber(score) > now then
         released = released + 1
-        -- Room made for a writer (the last reader left) or a permit: served, or announced.
-        if redis.call('EXISTS', L) == 0 and not serve(L, Q, W, F, H)
-          and (always or mode ~= 'r' or redis.call('ZCOUNT', H, '(' .. now, '+inf') == 0) then
-          redis.pcall(publish, L, '')
-        end
+        -- Room for a writer (the last reader left) or a permit.
+        room = true
+        announce = announce or always or mode ~= 'r'
+          or redis.call('ZCOUNT', H, '(' .. now, '+inf') == 0
       end
+    end
+  end
+  if room and redis.call('EXISTS', L) == 0 then
+    local served = serve(L, Q, W, F, H)
+    -- Not handed to a writer: waiters that are not fair may fit now, beside readers or
+    -- permits the queue was served to, or in the room this release made. pcall: a user
+    -- without channel rights still releases; its waiters poll.
+    if redis.call('EXISTS', L) == 0 and (served or announce) then
+      redis.pcall(publish, L, '')
     end
   end
 end
