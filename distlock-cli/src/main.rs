@@ -113,9 +113,9 @@ impl Row {
             key: info.key.clone(),
             held: true,
             mode: Some(match info.mode {
+                LockMode::Exclusive => "exclusive",
                 LockMode::Shared => "shared",
                 LockMode::Permits(_) => "permits",
-                _ => "exclusive",
             }),
             permits: match info.mode {
                 LockMode::Permits(n) => Some(n),

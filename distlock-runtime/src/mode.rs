@@ -22,8 +22,9 @@ use redis::{RedisWrite, ToRedisArgs};
 /// (a semaphore; see [`LockRequest::permits`](crate::LockRequest::permits) for callers that
 /// disagree on `n`). `docs/modes.md` in the repository says how the modes are served in order,
 /// and what unfair requests do.
+///
+/// Not `#[non_exhaustive]`: a `match` on the three modes needs no wildcard arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
 pub enum LockMode {
     /// One holder, and nobody else (a mutex, or a read-write lock's writer).
     Exclusive,

@@ -750,3 +750,62 @@ async fn an_unfair_writer_is_kept_out_while_readers_keep_overlapping() {
         reader.await.unwrap();
     }
 }
+
+/// A program written against the contract's names alone (`DESIGN.md`, "Read-write locks and
+/// semaphores"): the attribute's `read` and `permits`, `read_lock`, `read_keys`, `permits`,
+/// `UpgradeNotSupported`, and `LockInfo::{mode, holders}` matched on every `LockMode`.
+mod contract {
+    use distlock_runtime::{distributed_lock, LockError, LockManager, LockMode};
+
+    #[distributed_lock(read = "doc:{id}", manager = locks)]
+    pub async fn read(locks: &LockManager, id: u64) -> Result<usize, LockError> {
+        Ok(locks
+            .inspect(&format!("doc:{id}"))
+            .await?
+            .map_or(0, |i| i.holders))
+    }
+
+    #[distributed_lock("report:{id}", read = ["doc:{id}"], manager = locks)]
+    pub async fn write_report(locks: &LockManager, id: u64) -> Result<LockMode, LockError> {
+        let info = locks.inspect(&format!("report:{id}")).await?;
+        Ok(info.map_or(LockMode::Shared, |i| i.mode))
+    }
+
+    #[distributed_lock("pool", permits = 2, manager = locks)]
+    pub async fn export(locks: &LockManager) -> Result<String, LockError> {
+        let info = locks.inspect("pool").await?.expect("held");
+        Ok(match info.mode {
+            LockMode::Exclusive => "exclusive".to_owned(),
+            LockMode::Shared => "shared".to_owned(),
+            LockMode::Permits(n) => format!("{} of {n}", info.holders),
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_program_written_against_the_contract_compiles_and_passes() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    assert_eq!(contract::read(&locks, 1).await.unwrap(), 1);
+    assert_eq!(
+        contract::write_report(&locks, 1).await.unwrap(),
+        LockMode::Exclusive
+    );
+    assert_eq!(contract::export(&locks).await.unwrap(), "1 of 2");
+    let both = locks
+        .lock_all(["a"])
+        .read_keys(["b"])
+        .acquire()
+        .await
+        .unwrap();
+    let upgrade = locks
+        .read_lock("c")
+        .run(async { locks.lock("c").run(async {}).await })
+        .await
+        .unwrap();
+    assert!(matches!(upgrade, Err(LockError::UpgradeNotSupported { ref key }) if key == "c"));
+    both.release().await.unwrap();
+    let permit = locks.lock("pool").permits(2).acquire().await.unwrap();
+    permit.release().await.unwrap();
+}
