@@ -170,9 +170,32 @@ impl RedisServer {
     /// the fair queue's commands and the rest), so each distlock request counts once. A test's
     /// own commands of those kinds are not counted either.
     pub fn requests(&self) -> u64 {
-        const PARTS: [&str; 17] = [
-            "get", "set", "pttl", "del", "pexpire", "publish", "info", "exists", "time", "hdel",
-            "hget", "hset", "hexists", "lrem", "lpop", "lindex", "rpush",
+        const PARTS: [&str; 25] = [
+            "get",
+            "set",
+            "pttl",
+            "del",
+            "pexpire",
+            "publish",
+            "info",
+            "exists",
+            "time",
+            "hdel",
+            "hget",
+            "hset",
+            "hexists",
+            "lrem",
+            "lpop",
+            "lindex",
+            "llen",
+            "rpush",
+            "zadd",
+            "zcard",
+            "zcount",
+            "zrange",
+            "zrem",
+            "zremrangebyscore",
+            "zscore",
         ];
         let info = self.command(&["INFO", "commandstats"]);
         info.lines()

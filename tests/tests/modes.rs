@@ -809,3 +809,31 @@ async fn a_program_written_against_the_contract_compiles_and_passes() {
     let permit = locks.lock("pool").permits(2).acquire().await.unwrap();
     permit.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_shared_or_permit_lease_takes_one_round_trip_to_acquire_and_one_to_release() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    distlock_tests::warm_up(&locks).await;
+    fn shared(locks: &LockManager) -> distlock_runtime::LockRequest {
+        locks.read_lock("trip")
+    }
+    fn permit(locks: &LockManager) -> distlock_runtime::LockRequest {
+        locks.lock("trip").permits(3)
+    }
+    type Request = fn(&LockManager) -> distlock_runtime::LockRequest;
+    for fair in [true, false] {
+        for request in [shared as Request, permit] {
+            // Scripts loaded first: a lock cycle is what is counted.
+            let lease = request(&locks).fair(fair).acquire().await.unwrap();
+            lease.release().await.unwrap();
+            let before = server.requests();
+            let lease = request(&locks).fair(fair).acquire().await.unwrap();
+            assert_eq!(server.requests() - before, 1, "acquire, fair {fair}");
+            let before = server.requests();
+            lease.release().await.unwrap();
+            assert_eq!(server.requests() - before, 1, "release, fair {fair}");
+        }
+    }
+}
