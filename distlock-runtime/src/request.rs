@@ -498,6 +498,14 @@ fn prepare_keys(
             LockMode::Permits(n)
         }
     };
+    if read.is_empty() {
+        // One mode for every key (the common case): sorted as they are.
+        let mut keys = keys;
+        keys.sort_unstable();
+        keys.dedup();
+        let modes = vec![exclusive; keys.len()];
+        return Ok((keys.into(), modes.into()));
+    }
     let mut asked: Vec<(String, LockMode)> = keys
         .into_iter()
         .map(|key| (key, exclusive))

@@ -1,8 +1,9 @@
 -- ACQUIRE: takes every lock key at once, each in its mode, or none: the acquire of every
 -- request that is not fair, for one key or several.
 -- KEYS: the lock keys L1..Ln (sorted, de-duplicated), then their fencing counters F1..Fn (see
---   draw.lua), their holders H1..Hn (scripts/holders.lua), their fair queues Q1..Qn and the
---   queues' entries W1..Wn (see fair/head_live.lua), in the same order.
+--   draw.lua) and their holders H1..Hn (scripts/holders.lua), then, unless every key is taken
+--   exclusively, their fair queues Q1..Qn and the queues' entries W1..Wn (see
+--   fair/head_live.lua), in the same order.
 -- ARGV[1]: the owner token.
 -- ARGV[2]: the ttl in ms.
 -- ARGV[3]: whether this request waits (`Waiting` in scripts/mod.rs): WAITED ('1') when it has
@@ -31,7 +32,6 @@
 -- (draw.lua).
 -- ARGV[3]'s values that the script tells apart, and the exclusive mode.
 local WAITED, NEVER, EXCLUSIVE = '1', '-', 'x'
-local n = #KEYS / 5
 local token, marked = ARGV[1], '~' .. ARGV[1]
 -- What a free key is set to.
 local value = ARGV[3] == WAITED and marked or token
@@ -42,7 +42,7 @@ local function mark(key, owner)
     redis.call('SET', key, '~' .. owner, 'KEEPTTL')
   end
 end
-if n == 1 and ARGV[4] == EXCLUSIVE and redis.call('EXISTS', KEYS[3]) == 0 then
+if ARGV[4] == EXCLUSIVE and redis.call('EXISTS', KEYS[3]) == 0 then
   -- One key, exclusive, with no shared holder: take it if free, in one command.
   local owner = redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2], 'GET')
   if owner and owner ~= token and owner ~= marked then
@@ -60,6 +60,7 @@ local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local modes = {}
 for word in string.gmatch(ARGV[4], '%S+') do modes[#modes + 1] = word end
+local n = #modes
 -- Whether key i is ours already, and else how long until it is free (ms, -1 for no expiry),
 -- or nil when it is free now; and its exclusive owner, if another.
 local function blocked(i)

@@ -41,7 +41,7 @@ use std::time::Duration;
 
 use crate::call::{Kind, ScriptCall, Taking};
 use crate::keys::LockKeys;
-use crate::mode::Words;
+use crate::mode::{LockMode, Words};
 use crate::time::millis;
 
 pub(crate) mod flags;
@@ -105,21 +105,26 @@ pub(crate) fn acquire_call(
     waiting: Waiting,
     (publish, announce): (&'static str, Announce),
 ) -> ScriptCall {
-    let mut call = ScriptCall::new("acquire", &ACQUIRE, Kind::Read, 5 * indices.len());
-    for &i in &indices {
-        call.key(redis_keys[i].lock());
-    }
-    for &i in &indices {
-        call.key(redis_keys[i].fence());
-    }
-    for &i in &indices {
-        call.key(redis_keys[i].holders());
-    }
-    for &i in &indices {
-        call.key(redis_keys[i].queue());
-    }
-    for &i in &indices {
-        call.key(redis_keys[i].waiters());
+    // The queue keys only when some key is shared: an exclusive request never looks at them.
+    let exclusive = indices
+        .iter()
+        .all(|&i| redis_keys[i].mode() == LockMode::Exclusive);
+    let kinds: &[fn(&LockKeys) -> &str] = if exclusive {
+        &[LockKeys::lock, LockKeys::fence, LockKeys::holders]
+    } else {
+        &[
+            LockKeys::lock,
+            LockKeys::fence,
+            LockKeys::holders,
+            LockKeys::queue,
+            LockKeys::waiters,
+        ]
+    };
+    let mut call = ScriptCall::new("acquire", &ACQUIRE, Kind::Read, kinds.len() * indices.len());
+    for kind in kinds {
+        for &i in &indices {
+            call.key(kind(&redis_keys[i]));
+        }
     }
     let modes = Words(indices.iter().map(|&i| redis_keys[i].mode()));
     call.arg(&**token).arg(millis(ttl)).arg(waiting).arg(modes);
@@ -150,12 +155,11 @@ pub(crate) fn release_call<'a>(
             .key(keys.fence())
             .key(keys.holders());
     }
-    let modes = Words(keys.map(LockKeys::mode));
-    call.arg(token)
-        .arg(queued)
-        .arg(publish)
-        .arg(announce)
-        .arg(modes);
+    call.arg(token).arg(queued).arg(publish).arg(announce);
+    // Without modes, the script holds every key exclusive: the common case sends none.
+    if keys.clone().any(|k| k.mode() != LockMode::Exclusive) {
+        call.arg(Words(keys.map(LockKeys::mode)));
+    }
     call
 }
 

@@ -10,7 +10,8 @@
 -- ARGV[4]: ALWAYS ('1') to treat every key as waited on (a quorum's: see
 --   `Route::announces`); '0' to announce only the release of a key marked as waited on
 --   (`Announce` in scripts/mod.rs).
--- ARGV[5]: the keys' modes, one word each, space-separated: 'x', 'r' or N (scripts/holders.lua).
+-- ARGV[5] (optional): the keys' modes, one word each, space-separated: 'x', 'r' or N
+--   (scripts/holders.lua); every key is held exclusively when it is absent.
 -- Returns the number of lock keys this owner held. An exclusive one that nobody waited on
 -- (unmarked, see scripts/mod.rs, "Waited on") is deleted. A marked one is deleted and its fair
 -- queue served (admit: `h ...` messages on the key's channel). A shared or permit lease's
@@ -26,7 +27,7 @@
 local QUEUED, ALWAYS, EXCLUSIVE = '1', '1', 'x'
 local token, queued, publish, always = ARGV[1], ARGV[2] == QUEUED, ARGV[3], ARGV[4] == ALWAYS
 local modes = {}
-for word in string.gmatch(ARGV[5], '%S+') do modes[#modes + 1] = word end
+for word in string.gmatch(ARGV[5] or '', '%S+') do modes[#modes + 1] = word end
 -- Serves L's fair queue after a release (admit); returns whether it handed the key to anyone.
 -- The fair queue's and the holders' functions are defined in it, so that a release that
 -- serves no queue spends nothing on them: the composition (lua_spliced! in scripts/mod.rs)
@@ -45,7 +46,7 @@ end
 local released = 0
 for i = 1, #KEYS, 5 do
   local L, Q, W, F, H = KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3], KEYS[i + 4]
-  local mode = modes[(i + 4) / 5]
+  local mode = modes[(i + 4) / 5] or EXCLUSIVE
   -- A fair waiter that leaves may have been the head others wait behind.
   local left = queued and redis.pcall('HDEL', W, token) == 1
   if left then redis.call('LREM', Q, 1, token) end
