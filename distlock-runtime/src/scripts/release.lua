@@ -29,15 +29,15 @@ local token, queued, publish, always = ARGV[1], ARGV[2] == QUEUED, ARGV[3], ARGV
 local modes = {}
 for word in string.gmatch(ARGV[5] or '', '%S+') do modes[#modes + 1] = word end
 -- Serves L's fair queue after a release (admit); returns whether it handed the key to anyone.
--- The fair queue's and the holders' functions are defined in it, so that a release that
--- serves no queue spends nothing on them: the composition (lua_spliced! in scripts/mod.rs)
--- puts them in place of the marker below.
+-- The fair queue's and the holders' functions are defined in it once a queue is found, so that
+-- a release that serves no queue spends nothing on them: the composition (lua_spliced! in
+-- scripts/mod.rs) puts them in place of the marker below.
 local function serve(L, Q, W, F, H)
-  --[[ queue functions ]]
   -- pcall: a queue key of another type holds no waiter.
   if redis.pcall('EXISTS', Q) == 0 or type(redis.pcall('LLEN', Q)) ~= 'number' then
     return false
   end
+  --[[ queue functions ]]
   local t = redis.call('TIME')
   local now = t[1] * 1000 + math.floor(t[2] / 1000)
   local _, any = admit(publish, L, Q, W, F, H, t, now)
