@@ -27,12 +27,12 @@ mod tests {
     /// shows here, and is made on purpose.
     const PINNED: [(&str, &str); 9] = [
         ("acquire", "aab3f92e484c154454fb6586dad3535a9d2d747c"),
-        ("release", "ea11cda6d570547686e10ff3b122b8669ee99c23"),
+        ("release", "bdde4ea6f465bf9cbf52385e13e3cdf44667e4db"),
         ("extend", "08ece2b68350fe7779bf900e958d97f94c9dd019"),
         ("fair_acquire", "e06763873bca22600341a3687ecf7dc5a839900a"),
         ("raise", "ae177c3820fd89219691cdc41181d774fa6ba1f1"),
         ("inspect", "05b98341403e378d6d05491e22d62ef448d276d7"),
-        ("force_release", "8ffabc849ff64ddcc9187641d8c1978dbea77fe3"),
+        ("force_release", "8e687a1e0787b8ccb8ecbc383fe1a980e81d5ce6"),
         ("check", "2a6bf874967811fc7e6a3c8894bb79590245840d"),
         ("key_types", "0f78f49b3902f1c2da6260e309797d0462609281"),
     ];

@@ -20,7 +20,9 @@ if redis.pcall('EXISTS', Q) == 1 and type(redis.pcall('LLEN', Q)) == 'number' th
   local _
   _, served = admit(publish, L, Q, W, F, H, t, now)
 end
--- Announced unless handed to a writer: waiters that are not fair may fit beside readers or
--- permits the queue was served to.
-if not served or redis.call('EXISTS', L) == 0 then redis.pcall(publish, L, '') end
+-- Announced unless handed to a writer or to readers or permits with fair waiters still queued:
+-- waiters that are not fair may fit beside those the queue was served to once nobody is queued.
+if not served or (redis.call('EXISTS', L) == 0 and redis.call('EXISTS', Q) == 0) then
+  redis.pcall(publish, L, '')
+end
 return 1

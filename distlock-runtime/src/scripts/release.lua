@@ -18,12 +18,12 @@
 -- member leaves the holders, and the queue is served if nobody holds the key exclusively; so
 -- is it when a fair waiter leaves the queue (it may have been the head others waited behind).
 -- Unless the key was then handed to a writer, the release is announced with an empty message
--- on the key's channel, for waiters that are not fair, when it served someone (readers or
--- permits: others may fit beside them) or made room: a marked key's, the last reader's, any
--- permit's, a leaving waiter's that emptied the queue (an announcement Redis refuses, to an ACL user without channel rights, is
--- skipped). A key that is not of its type (overwritten by someone) is not ours and is skipped
--- (pcall), so it cannot keep the others from being released; a queue key of another type
--- holds no waiter.
+-- on the key's channel, for waiters that are not fair, when it served the whole queue to
+-- readers or permits (others may fit beside them), or served nobody and made room: a marked
+-- key's, the last reader's, any permit's, a leaving waiter's that emptied the queue (an
+-- announcement Redis refuses, to an ACL user without channel rights, is skipped). A key that
+-- is not of its type (overwritten by someone) is not ours and is skipped (pcall), so it cannot
+-- keep the others from being released; a queue key of another type holds no waiter.
 local QUEUED, ALWAYS, EXCLUSIVE = '1', '1', 'x'
 local token, queued, publish, always = ARGV[1], ARGV[2] == QUEUED, ARGV[3], ARGV[4] == ALWAYS
 local modes = {}
@@ -83,10 +83,12 @@ for i = 1, #KEYS, 5 do
   end
   if room and redis.call('EXISTS', L) == 0 then
     local served = serve(L, Q, W, F, H)
-    -- Not handed to a writer: waiters that are not fair may fit now, beside readers or
-    -- permits the queue was served to, or in the room this release made. pcall: a user
-    -- without channel rights still releases; its waiters poll.
-    if redis.call('EXISTS', L) == 0 and (served or announce) then
+    -- Not handed to a writer: waiters that are not fair may fit now, in the room this release
+    -- made, or beside the readers or permits the queue was served to once nobody is left
+    -- queued (while a fair waiter is, they wait for it). pcall: a user without channel rights
+    -- still releases; its waiters poll.
+    if redis.call('EXISTS', L) == 0
+      and ((served and redis.call('EXISTS', Q) == 0) or (announce and not served)) then
       redis.pcall(publish, L, '')
     end
   end
