@@ -27,12 +27,12 @@ mod tests {
     /// shows here, and is made on purpose.
     const PINNED: [(&str, &str); 9] = [
         ("acquire", "aab3f92e484c154454fb6586dad3535a9d2d747c"),
-        ("release", "bdde4ea6f465bf9cbf52385e13e3cdf44667e4db"),
+        ("release", "ea266c2230e93b3a674ec9acd114d3410a4b7350"),
         ("extend", "08ece2b68350fe7779bf900e958d97f94c9dd019"),
-        ("fair_acquire", "e06763873bca22600341a3687ecf7dc5a839900a"),
+        ("fair_acquire", "9eb8c32402db37abe882e47329f9db6bf01d44fc"),
         ("raise", "ae177c3820fd89219691cdc41181d774fa6ba1f1"),
         ("inspect", "05b98341403e378d6d05491e22d62ef448d276d7"),
-        ("force_release", "8e687a1e0787b8ccb8ecbc383fe1a980e81d5ce6"),
+        ("force_release", "29beb55498fc7f60a1544d5e005f3dd505871f5c"),
         ("check", "2a6bf874967811fc7e6a3c8894bb79590245840d"),
         ("key_types", "0f78f49b3902f1c2da6260e309797d0462609281"),
     ];

@@ -19,7 +19,7 @@ local function admit(publish, L, Q, W, F, H, t, now, self, ttl)
     if not head then break end
     local fits
     if mode == 'x' then
-      fits = live(H, now) == 0
+      fits = redis.call('EXISTS', H) == 0 or live(H, now) == 0
     elseif mode == 'r' then
       fits = true
     else
@@ -39,6 +39,8 @@ local function admit(publish, L, Q, W, F, H, t, now, self, ttl)
     else
       hand(publish, L, F, H, head, claim, secret, mode, t, now)
     end
+    -- After a writer, nothing more fits.
+    if mode == 'x' then break end
   end
   return admitted, any
 end

@@ -16,7 +16,8 @@ redis.call('DEL', L, H)
 -- The fair queue's functions, put here by the composition, as in release.lua.
 --[[ queue functions ]]
 local served = false
-if redis.pcall('EXISTS', Q) == 1 and type(redis.pcall('LLEN', Q)) == 'number' then
+local waiting = redis.pcall('LLEN', Q)
+if type(waiting) == 'number' and waiting > 0 then
   local _
   _, served = admit(publish, L, Q, W, F, H, t, now)
 end

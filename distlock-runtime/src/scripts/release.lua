@@ -34,9 +34,8 @@ for word in string.gmatch(ARGV[5] or '', '%S+') do modes[#modes + 1] = word end
 -- scripts/mod.rs) puts them in place of the marker below.
 local function serve(L, Q, W, F, H)
   -- pcall: a queue key of another type holds no waiter.
-  if redis.pcall('EXISTS', Q) == 0 or type(redis.pcall('LLEN', Q)) ~= 'number' then
-    return false
-  end
+  local waiting = redis.pcall('LLEN', Q)
+  if type(waiting) ~= 'number' or waiting == 0 then return false end
   --[[ queue functions ]]
   local t = redis.call('TIME')
   local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -53,6 +52,8 @@ for i = 1, #KEYS, 5 do
   -- Whether this release may have made room: then the queue is served, and it is announced
   -- when `announce` (someone may wait) and nobody was handed the key exclusively.
   local room, announce = left, left and redis.call('EXISTS', Q) == 0
+  -- Whether the key is free of a writer, when known.
+  local free = nil
   if mode == EXCLUSIVE then
     local owner = redis.pcall('GET', L)
     if owner == token and not always then
@@ -62,7 +63,7 @@ for i = 1, #KEYS, 5 do
     elseif owner == token or owner == '~' .. token then
       released = released + 1
       redis.call('DEL', L)
-      room, announce = true, true
+      room, announce, free = true, true, true
     end
   else
     local t = redis.call('TIME')
@@ -81,7 +82,7 @@ for i = 1, #KEYS, 5 do
       end
     end
   end
-  if room and redis.call('EXISTS', L) == 0 then
+  if room and (free or redis.call('EXISTS', L) == 0) then
     local served = serve(L, Q, W, F, H)
     -- Not handed to a writer: waiters that are not fair may fit now, in the room this release
     -- made, or beside the readers or permits the queue was served to once nobody is left
