@@ -61,14 +61,14 @@ if not owner and queued then
 end
 if not owner and not queued then
   -- Free of a writer, and nobody queued: taken if the holders leave room.
+  local fits
   if mode == EXCLUSIVE then
-    if redis.call('EXISTS', H) == 0 or live(H, now) == 0 then
-      redis.call('SET', L, waited and '~' .. token or token, 'PX', ttl)
-      return draw(KEYS, 4, 4, ttl, t)
-    end
-  elseif mode == 'r' or live(H, now) < tonumber(mode) then
-    redis.call('ZADD', H, now + tonumber(ttl), member(mode, token))
-    keep(H, ttl)
+    fits = redis.call('EXISTS', H) == 0 or live(H, now) == 0
+  else
+    fits = mode == 'r' or live(H, now) < tonumber(mode)
+  end
+  if fits then
+    hold(L, H, mode, token, ttl, now, waited)
     return draw(KEYS, 4, 4, ttl, t)
   end
 end

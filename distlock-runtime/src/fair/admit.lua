@@ -11,7 +11,7 @@
 --     entry, when it comes up, is taken for it at once with its ttl, not handed by message;
 --     its attempt draws its token), and its ttl in ms.
 -- Returns whether the caller was admitted, and whether anyone was. Calls head_live, take_head,
--- hand, live and member.
+-- hand, live and hold.
 local function admit(publish, L, Q, W, F, H, t, now, self, ttl)
   local admitted, any = false, false
   while redis.call('EXISTS', L) == 0 do
@@ -30,12 +30,8 @@ local function admit(publish, L, Q, W, F, H, t, now, self, ttl)
     any = true
     if head == self then
       admitted = true
-      if mode == 'x' then
-        redis.call('SET', L, '~' .. self, 'PX', ttl)
-      else
-        redis.call('ZADD', H, now + tonumber(ttl), member(mode, self))
-        keep(H, ttl)
-      end
+      -- Marked: others may be queued behind it.
+      hold(L, H, mode, self, ttl, now, true)
     else
       hand(publish, L, F, H, head, claim, secret, mode, t, now)
     end

@@ -9,15 +9,11 @@
 -- Publishes on L's channel (the key's name) `h <token> <fence> <now> <claim> <mac>`, where <mac>
 -- is sha1hex(secret .. ' ' .. fields .. ' ' .. secret) over the fields before it: the secret
 -- signs the message and is never published.
--- Returns nothing. Calls draw, member and keep.
+-- Returns nothing. Calls draw and hold.
 local function hand(publish, L, F, H, head, claim, secret, mode, t, now)
   local fence = draw({F}, 1, 1, claim, t)
-  if mode == 'x' then
-    redis.call('SET', L, '~' .. head, 'PX', claim)
-  else
-    redis.call('ZADD', H, now + tonumber(claim), member(mode, head))
-    keep(H, claim)
-  end
+  -- Marked as waited on: more waiters may be queued behind it.
+  hold(L, H, mode, head, claim, now, true)
   local signed = string.format('%s %s %.0f %s', head, fence, now, claim)
   -- pcall: a user without channel rights still hands over; its waiters poll.
   redis.pcall(publish, L,

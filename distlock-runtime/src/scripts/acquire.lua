@@ -96,13 +96,8 @@ end
 if first > 0 then return {0, first, longest} end
 for i = 1, n do
   local L, H, mode = KEYS[i], KEYS[2 * n + i], modes[i]
-  if mode == EXCLUSIVE then
-    -- A key of ours already marked as waited on stays marked.
-    local owner = redis.call('GET', L)
-    redis.call('SET', L, owner == marked and owner or value, 'PX', ARGV[2])
-  else
-    redis.call('ZADD', H, now + tonumber(ARGV[2]), member(mode, token))
-    keep(H, ARGV[2])
-  end
+  -- A key of ours already marked as waited on stays marked.
+  local mark = ARGV[3] == WAITED or (mode == EXCLUSIVE and redis.call('GET', L) == marked)
+  hold(L, H, mode, token, ARGV[2], now, mark)
 end
 return draw(KEYS, n + 1, 2 * n, ARGV[2], t, ARGV[5])

@@ -21,6 +21,17 @@ end
 local function keep(H, ms)
   if redis.call('PEXPIRE', H, ms, 'NX') == 0 then redis.call('PEXPIRE', H, ms, 'GT') end
 end
+-- hold(L, H, mode, token, ms, now, marked): the lease `token` holds the lock key L in `mode`
+-- for ms from now (Redis time, ms): L set to the token (with the mark of a key waited on when
+-- `marked`, see scripts/mod.rs) when exclusive, else its member added to L's holders H.
+local function hold(L, H, mode, token, ms, now, marked)
+  if mode == 'x' then
+    redis.call('SET', L, marked and '~' .. token or token, 'PX', ms)
+  else
+    redis.call('ZADD', H, now + tonumber(ms), member(mode, token))
+    keep(H, ms)
+  end
+end
 -- until_free(mode, H, now): how long until live holders make room for a lease in mode, in ms
 -- (-1 when none holds): the last one's expiry for an exclusive lease or a reader (queued
 -- behind a writer that waits for them), the first one's for a permit.
