@@ -837,3 +837,33 @@ async fn a_shared_or_permit_lease_takes_one_round_trip_to_acquire_and_one_to_rel
         }
     }
 }
+
+#[tokio::test]
+async fn a_reader_handed_the_key_keeps_it_past_the_claim() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let conn = server.client().await;
+    let writer = locks.lock("doc").ttl(LONG).acquire().await.unwrap();
+    let reader = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .read_lock("doc")
+                .ttl(Duration::from_secs(6))
+                .wait(LONG)
+                .run(async {
+                    // Longer than the hand-off's claim (2 s): renewal takes it to the ttl.
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                })
+                .await
+        })
+    };
+    distlock_tests::until_queued(&conn, "doc", 1).await;
+    writer.release().await.unwrap();
+    reader
+        .await
+        .unwrap()
+        .expect("the handed share outlives its claim");
+    assert!(locks.stats().handed_over >= 1);
+}
