@@ -201,28 +201,15 @@
 //! [`LockError::UpgradeNotSupported`].
 //!
 //! ```no_run
-//! use distlock_runtime::{distributed_lock, LockError, LockManager};
-//!
-//! // Many readers at once; a restock waits for them, and they for it.
-//! #[distributed_lock(read = "product:{id}")]
-//! async fn price(id: u64) -> Result<u64, LockError> {
-//!     Ok(42)
-//! }
-//!
-//! #[distributed_lock("product:{id}")]
-//! async fn restock(id: u64, units: u64) -> Result<(), LockError> {
-//!     Ok(())
-//! }
-//!
-//! // At most 8 exports at once, across the fleet.
-//! #[distributed_lock("exports", permits = 8)]
-//! async fn export(day: u32) -> Result<(), LockError> {
-//!     Ok(())
-//! }
-//! # async fn demo(locks: LockManager) -> Result<(), LockError> {
-//! // The same by hand: write a report from two inputs read shared, all taken together.
+//! # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+//! // Readers of a product run side by side; its restock waits for them, and they for it.
+//! let offer = locks.read_lock("product:7").run(async { (42, 3) }).await?;
+//! locks.lock("product:7").run(async { /* write price, then stock */ }).await?;
+//! // A report written from two inputs read shared: the three keys taken together.
 //! locks.lock("report:7").read_keys(["sales:7", "stock:7"]).run(async {}).await?;
-//! # let _ = (price(1).await, restock(1, 2).await, export(3).await);
+//! // No more than 8 exports at a time in the fleet.
+//! locks.lock("exports").permits(8).run(async {}).await?;
+//! # let _ = offer;
 //! # Ok(()) }
 //! ```
 //!

@@ -7,10 +7,10 @@ use redis::{RedisWrite, ToRedisArgs};
 /// How a lease holds a key: alone, shared with other readers, or as one of a semaphore's
 /// permits.
 ///
-/// One request can hold some keys exclusively and others shared
+/// A request may mix exclusive and shared keys
 /// ([`LockRequest::read_keys`](crate::LockRequest::read_keys)); a semaphore is one key
-/// ([`LockRequest::permits`](crate::LockRequest::permits)). Each lease has its own owner token,
-/// ttl, renewal and fencing token, whatever its mode.
+/// ([`LockRequest::permits`](crate::LockRequest::permits)). Whatever its mode, a lease is renewed,
+/// released and fenced on its own.
 ///
 /// | a lease in this mode | is granted when the key is held by |
 /// |---|---|
