@@ -53,8 +53,31 @@ if ARGV[4] == EXCLUSIVE and redis.call('EXISTS', KEYS[3]) == 0 then
   if owner then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
   return draw(KEYS, 2, 2, ARGV[2], redis.call('TIME'), ARGV[5])
 end
+local permits = tonumber(ARGV[4])
+if (ARGV[4] == 'r' or permits) and redis.call('EXISTS', KEYS[1]) == 0
+  and redis.call('EXISTS', KEYS[4]) == 0 then
+  -- One key, shared or a permit, with no writer and nobody queued: a reader joins the holders
+  -- at once, a permit holder if fewer than N live members hold it (expired ones are dropped).
+  -- A retried request finds its own member, whose expiry counts from now (a permit's retry
+  -- that finds N held, itself among them, goes on below).
+  local t = redis.call('TIME')
+  local now = t[1] * 1000 + math.floor(t[2] / 1000)
+  local fits = true
+  if permits then
+    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+    fits = redis.call('ZCARD', KEYS[3]) < permits
+  end
+  if fits then
+    local member = permits and ARGV[4] .. ' ' .. token or token
+    redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), member)
+    if redis.call('PEXPIRE', KEYS[3], ARGV[2], 'NX') == 0 then
+      redis.call('PEXPIRE', KEYS[3], ARGV[2], 'GT')
+    end
+    return draw(KEYS, 2, 2, ARGV[2], t, ARGV[5])
+  end
+end
 -- The holders' functions and head_live, put here by the composition (lua_spliced! in
--- scripts/mod.rs): the common case above spends nothing on them.
+-- scripts/mod.rs): the common cases above spend nothing on them.
 --[[ holders ]]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
