@@ -85,7 +85,7 @@ pub(crate) struct Found {
     wanted: Vec<(u64, String)>,
     /// The mode each wanted key is held in.
     held_modes: Vec<LockMode>,
-    missing: Vec<(String, LockMode)>,
+    missing: KeyModes,
 }
 
 /// A `run`'s place on the current task: the keys it borrowed (held until this is dropped) and
@@ -120,41 +120,40 @@ pub(crate) fn first_held(manager_id: u64, keys: &[String]) -> Option<&str> {
         .map(String::as_str)
 }
 
-/// Looks up `keys` (sorted) for a `run` through `manager_id` on the current task: which an
-/// enclosing body holds, which are missing.
+/// Looks up the keys `asked` (sorted, each with its mode) for a `run` through `manager_id` on the
+/// current task: which an enclosing body holds, which are missing.
 ///
 /// # Errors
 /// [`LockError::UpgradeNotSupported`] for a key held in a mode that does not cover the one
 /// asked (an exclusive call inside a shared or permit hold): waiting for it would deadlock two
 /// readers that both asked.
-pub(crate) fn find(
-    manager_id: u64,
-    keys: &[String],
-    modes: &[LockMode],
-) -> Result<Found, LockError> {
-    let asked = keys.iter().cloned().zip(modes.iter().copied());
+pub(crate) fn find(manager_id: u64, asked: &KeyModes) -> Result<Found, LockError> {
     let Some(innermost) = innermost() else {
+        // Nothing held on this task: every key is missing, as asked.
         return Ok(Found {
             manager_id,
             parent: None,
             wanted: Vec::new(),
             held_modes: Vec::new(),
-            missing: asked.collect(),
+            missing: asked.clone(),
         });
     };
     let mut wanted = Vec::new();
     let mut held_modes = Vec::new();
-    let mut missing = Vec::new();
-    for (key, mode) in asked {
-        match innermost.holder(manager_id, &key) {
+    let (mut missing, mut missing_modes) = (Vec::new(), Vec::new());
+    for (key, &mode) in asked.0.iter().zip(asked.1.iter()) {
+        match innermost.holder(manager_id, key) {
             Some((_, held)) if !held.covers(mode) => {
-                return Err(LockError::UpgradeNotSupported { key });
+                return Err(LockError::UpgradeNotSupported { key: key.clone() });
             }
             Some((frame, held)) => {
-                wanted.push((frame.id, key));
+                wanted.push((frame.id, key.clone()));
                 held_modes.push(held);
             }
-            None => missing.push((key, mode)),
+            None => {
+                missing.push(key.clone());
+                missing_modes.push(mode);
+            }
         }
     }
     Ok(Found {
@@ -162,7 +161,7 @@ pub(crate) fn find(
         parent: Some(innermost),
         wanted,
         held_modes,
-        missing,
+        missing: (missing.into(), missing_modes.into()),
     })
 }
 
@@ -170,7 +169,7 @@ impl Found {
     /// The keys no enclosing body holds: they need a lease of their own, taken before the held
     /// keys are borrowed, so that no loan is kept while waiting on Redis (a sibling using a
     /// held key could be waiting for a key of this request's lease).
-    pub(crate) fn missing(&self) -> &[(String, LockMode)] {
+    pub(crate) fn missing(&self) -> &KeyModes {
         &self.missing
     }
 

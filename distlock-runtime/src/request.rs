@@ -14,6 +14,7 @@ use crate::error::LockError;
 use crate::lease::Lease;
 use crate::mode::{KeyModes, LockMode};
 use crate::reentrancy;
+use crate::telemetry::Tags;
 use crate::validity::check_ttl;
 use crate::wait::Wait;
 
@@ -261,12 +262,12 @@ impl LockRequest {
         let wait = Wait::new(Instant::now(), self.wait);
         let ask = Ask {
             keys,
-            modes,
+            modes: Arc::clone(&modes),
             ttl: self.ttl,
             wait,
             renew: self.renew,
             fairness: fair,
-            label: self.label,
+            tags: Tags::new(self.label, &modes),
         };
         acquire::acquire(&self.manager, ask).await
     }
@@ -317,13 +318,14 @@ impl LockRequest {
         let fair = fair_for(&self.manager, self.fair, &keys)?;
         let manager = self.manager;
         let wait = Wait::new(Instant::now(), self.wait);
-        let found = reentrancy::find(manager.id, &keys, &modes)?;
-        if found.missing().is_empty() {
+        let asked = (Arc::clone(&keys), Arc::clone(&modes));
+        let found = reentrancy::find(manager.id, &asked)?;
+        if found.missing().0.is_empty() {
             let entry = found.borrow(wait).await?;
             return Ok(entry.scope(None, body).await);
         }
         let label = self.label;
-        let tags = crate::telemetry::Tags::new(label, &modes);
+        let tags = Tags::new(label, &modes);
         let span = tracing::debug_span!(
             "distlock",
             template = label,
@@ -332,16 +334,15 @@ impl LockRequest {
             outcome = tracing::field::Empty,
         );
         async move {
-            let (missing, modes): (Vec<String>, Vec<LockMode>) =
-                found.missing().iter().cloned().unzip();
+            let (missing, modes) = found.missing().clone();
             let ask = Ask {
-                keys: missing.into(),
-                modes: modes.into(),
+                tags: Tags::new(label, &modes),
+                keys: missing,
+                modes,
                 ttl: self.ttl,
                 wait,
                 renew: self.renew,
                 fairness: fair,
-                label,
             };
             // Boxed: the acquire's state is large, and a nested `run` would carry it inline.
             let lease = match Box::pin(acquire::acquire(&manager, ask)).await {

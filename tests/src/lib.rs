@@ -614,6 +614,30 @@ pub async fn run_processes(exe: &str, args: &[&str], count: usize) {
     }
 }
 
+/// Starts `exe` (the `lock_worker` binary) with `args`, a command that takes a lock and holds
+/// it until killed, and returns the process once it printed `acquired`.
+///
+/// # Panics
+/// If it cannot be started, or says anything else first, or nothing within 10 s.
+pub async fn holder_process(exe: &str, args: &[&str]) -> tokio::process::Child {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(exe)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {exe}: {e}"));
+    let stdout = child.stdout.take().expect("the child's stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("the child acquired in time")
+        .expect("the child's output")
+        .expect("a line from the child");
+    assert!(line.starts_with("acquired"), "{line}");
+    child
+}
+
 /// How many fair waiters are queued in Redis for `key` (default prefix).
 ///
 /// # Panics

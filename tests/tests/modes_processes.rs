@@ -6,26 +6,12 @@ use std::time::Duration;
 
 use distlock_runtime::{LockError, LockManager};
 use distlock_tests::RedisServer;
-use tokio::io::AsyncBufReadExt;
 use tokio::process::Child;
 use tokio::time::Instant;
 
 /// A `lock_worker` process started with `args`, once it printed `acquired`.
 async fn holder(args: &[&str]) -> Child {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lock_worker"))
-        .args(args)
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
-        .await
-        .expect("the child acquired in time")
-        .unwrap()
-        .unwrap();
-    assert!(line.starts_with("acquired"), "{line}");
-    child
+    distlock_tests::holder_process(env!("CARGO_BIN_EXE_lock_worker"), args).await
 }
 
 async fn kill(mut child: Child) -> Instant {

@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 use distlock_runtime::{LockError, LockManager};
 use distlock_tests::{exists, until_gone, RedisServer};
 use redis::AsyncCommands;
-use tokio::io::AsyncBufReadExt;
 
 #[tokio::test]
 async fn a_non_owner_release_and_extend_change_nothing() {
@@ -123,19 +122,11 @@ async fn a_holder_process_killed_with_sigkill_frees_the_lock_within_its_ttl() {
     let _load = distlock_tests::timed().await;
     let server = RedisServer::start();
     let locks = server.manager();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lock_worker"))
-        .args(["hold", &server.url(), "killed", "1000"])
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
-        .await
-        .expect("child acquired in time")
-        .unwrap()
-        .unwrap();
-    assert!(line.starts_with("acquired"), "{line}");
+    let mut child = distlock_tests::holder_process(
+        env!("CARGO_BIN_EXE_lock_worker"),
+        &["hold", &server.url(), "killed", "1000"],
+    )
+    .await;
     // Held (and renewed) by the child.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let held = locks.try_lock("killed").acquire().await;

@@ -60,8 +60,8 @@ pub(crate) struct Ask {
     pub(crate) wait: Wait,
     pub(crate) renew: bool,
     pub(crate) fairness: Fairness,
-    /// Names the request in metrics (its key template).
-    pub(crate) label: &'static str,
+    /// Names the request in metrics (its key template, and its keys' modes).
+    pub(crate) tags: Tags,
 }
 
 /// How waiters of a request are served.
@@ -75,7 +75,7 @@ pub(crate) enum Fairness {
 
 /// Takes the locks `ask` asks for: the loop behind every request, fair or not.
 pub(crate) async fn acquire(context: &Arc<Context>, ask: Ask) -> Result<Lease, LockError> {
-    let (started, tags) = (ask.wait.started, Tags::new(ask.label, &ask.modes));
+    let (started, tags) = (ask.wait.started, ask.tags);
     let mut attempts = 0;
     let outcome = match Acquiring::new(context, ask) {
         Ok(mut acquiring) => {
@@ -415,7 +415,7 @@ impl<'a> Acquiring<'a> {
             .stats
             .handed_over
             .fetch_add(1, Ordering::Relaxed);
-        telemetry::handed_over(Tags::new(self.ask.label, &self.ask.modes));
+        telemetry::handed_over(self.ask.tags);
         Stage::Holding {
             fencing_token: handoff.fencing_token,
             sent,

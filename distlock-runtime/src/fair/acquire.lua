@@ -34,21 +34,17 @@ local publish, waited, mode = ARGV[6], ARGV[7] == WAITED, ARGV[8]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local owner = redis.call('GET', L)
+-- Ours already (a hand-off, or a retried request): the ttl counts from now, and a mark stays.
+local ours
 if mode == EXCLUSIVE then
-  if owner == token or owner == '~' .. token then
-    -- Ours already (a hand-off, or a retried request): the ttl counts from now, and a mark
-    -- stays.
-    redis.call('SET', L, owner, 'PX', ttl)
-    return draw(KEYS, 4, 4, ttl, t)
-  end
+  ours = owner == token or owner == '~' .. token
 else
   local score = redis.call('ZSCORE', H, member(mode, token))
-  if score and tonumber(score) > now then
-    -- Ours already: the same, for a member.
-    redis.call('ZADD', H, now + tonumber(ttl), member(mode, token))
-    keep(H, ttl)
-    return draw(KEYS, 4, 4, ttl, t)
-  end
+  ours = score and tonumber(score) > now
+end
+if ours then
+  hold(L, H, mode, token, ttl, now, owner ~= token)
+  return draw(KEYS, 4, 4, ttl, t)
 end
 local queued = redis.call('EXISTS', Q) == 1
 if not owner and queued then

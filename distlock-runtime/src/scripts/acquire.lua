@@ -120,7 +120,7 @@ if first > 0 then return {0, first, longest} end
 for i = 1, n do
   local L, H, mode = KEYS[i], KEYS[2 * n + i], modes[i]
   -- A key of ours already marked as waited on stays marked.
-  local mark = ARGV[3] == WAITED or (mode == EXCLUSIVE and redis.call('GET', L) == marked)
-  hold(L, H, mode, token, ARGV[2], now, mark)
+  local waited_on = ARGV[3] == WAITED or (mode == EXCLUSIVE and redis.call('GET', L) == marked)
+  hold(L, H, mode, token, ARGV[2], now, waited_on)
 end
 return draw(KEYS, n + 1, 2 * n, ARGV[2], t, ARGV[5])

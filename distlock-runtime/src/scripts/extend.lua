@@ -8,7 +8,7 @@
 -- marked as waited on or not; a member whose expiry has not passed) and now lives ttl more;
 -- 0 when some key is gone, owned by another token or no longer of its type (pcall: one broken
 -- lease never fails the batch), in which case none of that lease's keys is touched (a lost
--- lock is never re-created or prolonged).
+-- lock is never re-created or prolonged). Calls member and keep (scripts/holders.lua).
 local EXCLUSIVE = 'x'
 local now = nil
 local results = {}
@@ -28,7 +28,7 @@ for a = 1, #ARGV, 3 do
         local t = redis.call('TIME')
         now = t[1] * 1000 + math.floor(t[2] / 1000)
       end
-      local score = redis.pcall('ZSCORE', key, mode == 'r' and token or mode .. ' ' .. token)
+      local score = redis.pcall('ZSCORE', key, member(mode, token))
       if type(score) ~= 'string' or tonumber(score) <= now then owned = 0 break end
     end
   end
@@ -38,9 +38,8 @@ for a = 1, #ARGV, 3 do
       if mode == EXCLUSIVE then
         redis.call('PEXPIRE', key, ttl)
       else
-        redis.call('ZADD', key, 'XX', now + tonumber(ttl),
-          mode == 'r' and token or mode .. ' ' .. token)
-        if redis.call('PEXPIRE', key, ttl, 'NX') == 0 then redis.call('PEXPIRE', key, ttl, 'GT') end
+        redis.call('ZADD', key, 'XX', now + tonumber(ttl), member(mode, token))
+        keep(key, ttl)
       end
     end
   end

@@ -93,7 +93,8 @@ pub(crate) use queue_functions;
 
 /// Extends several leases in one call, each only if its owner still holds every one of its
 /// keys: `extend.lua`.
-pub(crate) static EXTEND: LazyLock<Lua> = LazyLock::new(|| Lua::new(lua!("scripts/extend.lua")));
+pub(crate) static EXTEND: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(lua!("scripts/holders.lua", "scripts/extend.lua")));
 
 /// The acquire of the keys of `redis_keys` at `indices` (which share a shard) by `token`, for
 /// `ttl`: [`ACQUIRE`]'s call. `announce` and `publish` say how its undo announces itself.
