@@ -415,9 +415,13 @@ async fn a_late_clean_up_of_a_hung_round_never_releases_the_lease_a_later_round_
     held.release().await.unwrap();
     let lease = waiting.await.unwrap().unwrap();
     assert!(started.elapsed() < TIMEOUT * 2, "{:?}", started.elapsed());
-    // Past every clean-up the first round could have left behind.
+    // Held on every node the later round took: all five, or a majority when the holder's
+    // release (which returns once a majority answered) had not yet reached the others.
+    let took = holders(&servers, "q-late");
+    assert!(took >= 3, "{took}");
+    // Past every clean-up the first round could have left behind: not one node lost.
     tokio::time::sleep(TIMEOUT * 3).await;
-    assert_eq!(holders(&servers, "q-late"), 5);
+    assert_eq!(holders(&servers, "q-late"), took);
     let other = locks[2].try_lock("q-late").acquire().await;
     assert!(
         matches!(other, Err(LockError::NotAcquired { .. })),
