@@ -29,7 +29,7 @@ mod tests {
         ("acquire", "eac1fd5bb00d6ae3d363e14a382e9a6b619dd8ec"),
         ("release", "18d3b743e9856048de4f2f4d2a52b37ac809a493"),
         ("extend", "27101bc7ab84902e7ba5b65a2a21f7bdf9102222"),
-        ("fair_acquire", "b1d06188cf8caa47c1abfda166f990190e165b45"),
+        ("fair_acquire", "5938519ad021e21347e7086e15a87a5450a1c977"),
         ("raise", "ae177c3820fd89219691cdc41181d774fa6ba1f1"),
         ("inspect", "05b98341403e378d6d05491e22d62ef448d276d7"),
         ("force_release", "f546e77d1818cb82aa280044827771e839937632"),

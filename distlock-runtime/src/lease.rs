@@ -325,13 +325,13 @@ impl Lease {
 
     /// Why the lease was lost, for the log line of a `run` it stopped.
     pub(crate) fn loss(&self) -> &'static str {
-        if self.state.was_taken() {
-            "distlock lease lost: the lock was deleted or taken by another owner; the body was stopped"
-        } else if self.state.renews() {
-            "distlock lease lost: it expired before a renewal got through (Redis unreachable, hung or slow); the body was stopped"
-        } else {
-            "distlock lease reached its ttl without renewal (renew = false); the body was stopped"
-        }
+        self.state.cause()
+    }
+
+    /// The lease's validity and loss signal, which outlive the lease (an election watches a
+    /// term's loss while its leader's future owns the term).
+    pub(crate) fn state(&self) -> &Arc<LeaseState> {
+        &self.state
     }
 
     pub(crate) fn shared_keys(&self) -> &Arc<[String]> {

@@ -352,6 +352,7 @@ mod call;
 mod catalog;
 mod context;
 mod diagnose;
+mod election;
 mod error;
 mod failed;
 mod fair;
@@ -378,6 +379,7 @@ mod validity;
 mod wait;
 
 pub use builder::LockManagerBuilder;
+pub use election::{Election, LeaderInfo, Term};
 pub use error::{ErrorClass, LockError, Misconfiguration};
 pub use fair::HANDOFF_CLAIM;
 pub use inspect::LockInfo;

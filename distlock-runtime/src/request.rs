@@ -379,7 +379,7 @@ impl LockRequest {
             };
             let Some(output) = output else {
                 let keys = lease.keys().to_vec();
-                tracing::warn!(?keys, "{}", lease.loss());
+                tracing::warn!(?keys, "distlock lease lost: {}; the body was stopped", lease.loss());
                 // Return now: Redis may be what failed, and the caller must not wait on it.
                 // Dropping the lease releases it in the background (a key still held by this
                 // owner, after renewal failed, is freed before its ttl once Redis answers).

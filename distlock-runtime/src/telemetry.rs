@@ -11,12 +11,14 @@
 //! | `distlock_handoffs_total` | counter | `template`, `mode` | fair leases handed over by a release |
 //! | `distlock_renewals_total` | counter | `outcome` (`ok`, `failed`) | renewal round trips |
 //! | `distlock_subscriber_reconnects_total` | counter | | subscriber connections opened after the first |
+//! | `distlock_terms_started_total` | counter | `election` | terms this process began leading ([`Election`](crate::Election)) |
+//! | `distlock_terms_lost_total` | counter | `election` | terms lost while held (renewal failed past the validity, or the key was taken or force-released); a resigned or dropped term is not lost |
 //!
 //! `template` is the attribute's key template (`order:{order_id}`), or the label given to
 //! [`LockRequest::metrics_label`](crate::LockRequest::metrics_label), else `manual`: never a
 //! rendered key, which would make one series per order. `mode` is how the request holds its
 //! keys: `exclusive`, `shared`, `permits`, or `mixed` (exclusive and shared keys in one
-//! request).
+//! request). `election` is the election's name (a role, such as `scheduler`: few per fleet).
 
 use std::time::Duration;
 
@@ -95,6 +97,22 @@ pub(crate) fn handed_over(tags: Tags) {
         .increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = tags;
+}
+
+/// A term of the election `name` began in this process.
+pub(crate) fn term_started(name: &str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("distlock_terms_started_total", "election" => name.to_owned()).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = name;
+}
+
+/// A term of the election `name` held by this process was lost.
+pub(crate) fn term_lost(name: &str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("distlock_terms_lost_total", "election" => name.to_owned()).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = name;
 }
 
 /// One renewal round trip, and whether it failed.

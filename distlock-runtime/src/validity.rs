@@ -144,6 +144,17 @@ impl LeaseState {
         self.renews
     }
 
+    /// Why the lease was lost, for a log line.
+    pub(crate) fn cause(&self) -> &'static str {
+        if self.was_taken() {
+            "the lock was deleted or taken by another owner"
+        } else if self.renews() {
+            "it expired before a renewal got through (Redis unreachable, hung or slow)"
+        } else {
+            "it reached its ttl without renewal (renew = false)"
+        }
+    }
+
     /// Whether the lease was lost because Redis found its lock gone or someone else's.
     pub(crate) fn was_taken(&self) -> bool {
         self.taken.load(std::sync::atomic::Ordering::Relaxed)

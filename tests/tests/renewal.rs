@@ -632,7 +632,9 @@ async fn a_stopped_body_is_logged_with_why_its_lease_was_lost() {
         "{outcome:?}"
     );
     assert_eq!(
-        logs.count("reached its ttl without renewal (renew = false); the body was stopped"),
+        logs.count(
+            "lost: it reached its ttl without renewal (renew = false); the body was stopped"
+        ),
         1,
         "{}",
         logs.text()

@@ -6,7 +6,8 @@
 -- ARGV[1]: the owner token.
 -- ARGV[2]: the ttl in ms.
 -- ARGV[3]: the claim time of a hand-off to this caller, in ms.
--- ARGV[4]: how much longer this caller waits, in ms (0: it does not wait).
+-- ARGV[4]: how long this caller's queue entry lasts from now, in ms: the wait it has left, at
+--   most its presence (fair/request.rs); 0: it does not wait.
 -- ARGV[5]: this attempt's secret (hex), which a hand-off to this caller will show.
 -- ARGV[6]: the command that announces a hand-off (PUBLISH, or SPUBLISH on a cluster).
 -- ARGV[7]: WAITED ('1') when this caller has waited already (a key it takes exclusively is
@@ -17,9 +18,9 @@
 -- without parsing an array) when the caller holds the key now for the ttl: it was free for the
 -- mode and the caller first in line, or it had been handed to the caller (whose attempt
 -- confirms the hand-off and draws a new fencing token, greater than the hand-off's).
--- {0, pttl, now_ms} when the caller is queued (once, keeping its place and its deadline on
--- later attempts) behind what holds the key, which frees room for it in pttl ms (-1: no
--- expiry); an exclusive holder's value is then marked as waited on (see scripts/mod.rs,
+-- {0, pttl, now_ms} when the caller is queued (once, keeping its place on later attempts,
+-- which move its deadline to ARGV[4] from now) behind what holds the key, which frees room for
+-- it in pttl ms (-1: no expiry); an exclusive holder's value is then marked as waited on (see scripts/mod.rs,
 -- "Waited on"; a release of shared or permit holders always looks at the queue). A caller that
 -- does not wait (ARGV[4] is 0) is neither queued nor marks. An exclusive lock this caller takes
 -- from its queue's head, or is handed, is marked too: others may be queued behind it. If the
@@ -81,16 +82,15 @@ else
 end
 if wait <= 0 then return {0, pttl, now} end
 local entry = string.format('%.0f %s %s %s', now + wait, claim, secret, mode)
-if redis.call('HSET', W, token, entry) == 1 then
-  -- New in the queue (a later attempt keeps its place, and its deadline): the queue keys live
-  -- until this waiter's wait and a claim are over.
-  local keep_ms = string.format('%.0f', wait + tonumber(claim))
-  if redis.call('RPUSH', Q, token) == 1 then
-    redis.call('PEXPIRE', Q, keep_ms)
-    redis.call('PEXPIRE', W, keep_ms)
-  else
-    redis.call('PEXPIRE', Q, keep_ms, 'GT')
-    redis.call('PEXPIRE', W, keep_ms, 'GT')
-  end
+-- The queue keys live until this waiter's wait and a claim are over; a later attempt keeps the
+-- waiter's place and moves its deadline on (ARGV[4] is at most the waiter's presence, see
+-- fair/request.rs: a waiter that stops trying drops out).
+local keep_ms = string.format('%.0f', wait + tonumber(claim))
+if redis.call('HSET', W, token, entry) == 1 and redis.call('RPUSH', Q, token) == 1 then
+  redis.call('PEXPIRE', Q, keep_ms)
+  redis.call('PEXPIRE', W, keep_ms)
+else
+  redis.call('PEXPIRE', Q, keep_ms, 'GT')
+  redis.call('PEXPIRE', W, keep_ms, 'GT')
 end
 return {0, pttl, now}

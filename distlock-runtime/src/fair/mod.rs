@@ -15,6 +15,10 @@
 //! 1. **Queue.** A fair waiter that finds the key held joins the key's queue (see
 //!    `acquire.lua`): a list of tokens in arrival order, and a hash of each token's entry
 //!    (deadline, claim time, secret). A free key is taken only if no live waiter queued first.
+//!    An entry's deadline is the end of the waiter's wait, but no more than its presence (twice
+//!    its ttl, at least 10 s) after its latest attempt; a waiter tries again before half of that
+//!    has passed, so a crashed waiter leaves the queue within its presence, and one that waits
+//!    for ever (an election's candidate) keeps its place.
 //! 2. **Hand-off.** A release with a live waiter queued sets the key to that waiter's token for
 //!    a claim time ([`HANDOFF_CLAIM`]), draws its fencing token, and publishes
 //!    `h <token> <fence> <redis_ms> <claim_ms> <mac>` on the key's channel, where `<mac>` is

@@ -17,6 +17,19 @@ use crate::scripts::{Acquire, Waiting};
 use crate::topology::Route;
 use crate::validity::validity;
 
+/// How long the queue keeps a fair waiter's entry after each of its attempts: twice the ttl,
+/// and at least [`PRESENCE_FLOOR`]. A waiter tries again (which renews its entry) at its
+/// holder's expiry and at the latest after half of it, so a live waiter stays queued however
+/// long it waits (an election's candidate waits for ever), and a crashed one is dropped from
+/// the queue within it instead of at the end of its wait.
+pub(crate) fn presence(ttl: Duration) -> Duration {
+    (ttl * 2).max(PRESENCE_FLOOR)
+}
+
+/// The least [`presence`]: a waiter asking for a short ttl behind a long-lived holder does not
+/// renew its entry more often than every 5 s.
+const PRESENCE_FLOOR: Duration = Duration::from_secs(10);
+
 /// The attempts of one fair request on one key.
 pub(crate) struct FairAttempts {
     call: FairRequest,
@@ -27,6 +40,8 @@ pub(crate) struct FairAttempts {
     /// When the latest queueing attempt was sent, and Redis's clock when it ran: dates a
     /// hand-off.
     calibration: Option<(Instant, u64)>,
+    /// How long the queue keeps this waiter's entry after each attempt ([`presence`]).
+    presence: Duration,
 }
 
 impl FairAttempts {
@@ -37,6 +52,7 @@ impl FairAttempts {
             first_secret: Some(first_secret),
             secret: None,
             calibration: None,
+            presence: presence(ttl),
         }
     }
 
@@ -71,7 +87,9 @@ impl FairAttempts {
         waiting: Waiting,
     ) -> Result<Acquire, Failed> {
         let secret = self.secret.as_deref().unwrap_or_default();
-        let wait_left = deadline.saturating_duration_since(sent);
+        // The entry lasts until the wait ends, or until the presence has passed without another
+        // attempt (a crashed waiter leaves the queue by itself).
+        let wait_left = deadline.saturating_duration_since(sent).min(self.presence);
         let answer = self
             .call
             .send(route, token, secret, wait_left, waiting)
@@ -83,9 +101,11 @@ impl FairAttempts {
                 server_ms,
             } => {
                 self.calibration = Some((sent, server_ms));
+                // The waiter tries again at the holder's expiry, and no later than half its
+                // presence: a live waiter's entry never lapses.
                 Acquire::Held {
                     first_held: 0,
-                    remaining,
+                    remaining: remaining.map(|r| r.min(self.presence / 2)),
                 }
             }
         })

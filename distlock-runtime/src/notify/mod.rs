@@ -156,6 +156,9 @@ struct Slot {
     woken: AtomicBool,
     /// What a fair waiter keeps for hand-offs; `None` for other waiters.
     fair: Option<FairWaiter>,
+    /// An observer (an election's watch), not a waiter: woken by every message on the key,
+    /// it never takes a notification meant for a waiter.
+    observer: bool,
 }
 
 /// A waiter's place in a key's queue; leaving it (drop) passes on a notification it did not
@@ -214,6 +217,28 @@ impl Notifications {
 }
 
 impl Notifications {
+    /// Starts observing the lock key `channel`: the ticket keeps the key subscribed, and is
+    /// woken by every message on it (a release, a hand-off), while the key's waiters still
+    /// get every notification as if it were not there.
+    pub(crate) fn observe(&self, channel: &str) -> Ticket {
+        let slot = Arc::new(Slot {
+            observer: true,
+            ..Slot::default()
+        });
+        lock(&self.hub.state)
+            .channels
+            .entry(channel.to_owned())
+            .or_default()
+            .join(Arc::clone(&slot));
+        Ticket {
+            hub: Arc::clone(&self.hub),
+            channel: channel.to_owned(),
+            slot,
+            joined: Instant::now(),
+            owed: AtomicBool::new(false),
+        }
+    }
+
     /// Whether notifications for the lock key `channel` reach this manager now.
     pub(crate) fn subscribed(&self, channel: &str) -> bool {
         self.hub.subscribed_since(channel).is_some()
@@ -673,6 +698,9 @@ fn receive(hub: &Hub, message: Message) {
         return;
     };
     channel.message(Instant::now().into_std());
+    for observer in channel.waiters().filter(|s| s.observer) {
+        observer.wake.notify_one();
+    }
     match handoff {
         None => wake_one(channel),
         Some(handoff) => {
@@ -718,9 +746,12 @@ fn wake_all(channel: &Channel) {
     }
 }
 
-/// Wakes the oldest waiter of `channel` that has no notification pending.
+/// Wakes the oldest waiter of `channel` that has no notification pending (observers aside).
 fn wake_one(channel: &Channel) {
-    if let Some(slot) = channel.waiters().find(|s| !s.woken.load(Ordering::SeqCst)) {
+    if let Some(slot) = channel
+        .waiters()
+        .find(|s| !s.observer && !s.woken.load(Ordering::SeqCst))
+    {
         slot.woken.store(true, Ordering::SeqCst);
         slot.wake.notify_one();
     }

@@ -1,0 +1,548 @@
+//! Leader election: one leader per name across the fleet ([`Election`]), a leader's time in
+//! office ([`Term`]), and who leads now ([`LeaderInfo`]).
+//!
+//! An election is a fair, renewed lock on the key `election:NAME` (under the manager's prefix):
+//! its holder leads, its fair waiters are the candidates, in arrival order. Everything a lease
+//! guarantees holds for a term: at most one valid term at a time, a fencing token greater than
+//! every earlier term's (also after Redis lost its data), loss when renewal fails past the
+//! validity or the key is taken or force-released. A leader that resigns (or whose term is
+//! dropped) releases the key, which hands it to the oldest live candidate at once; one that dies
+//! leaves its key to expire, and the candidates, who wake at its expiry, take it then.
+//!
+//! Waiting costs no polling: a candidate is a queued fair waiter, woken by the hand-off that
+//! makes it leader, and otherwise trying again only at the leader's expiry (each try renews its
+//! place in the queue). Observers ([`Election::watch`]) follow the key's release notifications,
+//! and read the leader again every renewal interval (a third of the ttl), which is how an
+//! expiry and a take-over without a release are seen.
+//!
+//! On a topology that cannot serve fair locks (a quorum, or `min_replicas`), candidates wait as
+//! unfair waiters: a resigning leader's release wakes them, and whoever asks first leads.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::LockError;
+use crate::lease::Lease;
+use crate::manager::LockManager;
+use crate::sync::lock;
+use crate::validity::LeaseState;
+
+/// The lock key of the election `name`, without the manager's prefix.
+fn election_key(name: &str) -> String {
+    format!("election:{name}")
+}
+
+/// The metrics and spans label of an election's lock requests.
+const LABEL: &str = "election";
+
+/// The first pause before [`Election::run`] campaigns again after Redis failed; it doubles up
+/// to a third of the ttl.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+
+/// How long [`Election::run`] waits before it campaigns again after the leader's function
+/// returned by itself (so one that returns at once does not spin on Redis).
+const AFTER_RETURN: Duration = Duration::from_secs(1);
+
+/// After a release notification found no leader, how soon an observer reads again (a candidate
+/// woken by the release is about to take over), up to [`SETTLE_READS`] times.
+const SETTLE: Duration = Duration::from_millis(50);
+const SETTLE_READS: u32 = 10;
+
+/// A leader election: at most one candidate of the fleet leads `name` at a time, for a term
+/// that ends when it resigns, dies, or loses its lease. Made by [`LockManager::election`];
+/// cheap to clone, and every method takes `&self`. The manager's
+/// [`holder_label`](crate::LockManagerBuilder::holder_label) names the candidate to observers.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// # async fn tick(_fencing_token: u64) {}
+/// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+/// // Every instance runs this; one at a time ticks. A leader that dies is replaced within
+/// // 15 s (plus a renewal interval, 5 s); one that stops (or panics) hands over at once.
+/// let election = locks.election("scheduler").ttl(Duration::from_secs(15));
+/// let never = election
+///     .run(|term| async move {
+///         loop {
+///             tick(term.fencing_token()).await;
+///             tokio::time::sleep(Duration::from_secs(1)).await;
+///         }
+///     })
+///     .await; // returns only for a misconfiguration: Err(e) with e.is_misconfigured()
+/// # let _ = never;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Election {
+    manager: LockManager,
+    name: Arc<str>,
+    ttl: Duration,
+    /// The observer task's channel, shared by clones made after [`ttl`](Self::ttl).
+    watcher: Arc<Mutex<Option<watch::Sender<Option<LeaderInfo>>>>>,
+}
+
+/// A candidate's time as leader, from [`Election::campaign`] (or handed to the function of
+/// [`Election::run`]): valid until it is lost or resigned. Its lease is renewed every third of
+/// the election's ttl. Dropping it resigns (from a background task); [`resign`](Self::resign)
+/// waits for Redis.
+#[must_use = "dropping a Term resigns at once; keep it while leading"]
+#[derive(Debug)]
+pub struct Term {
+    lease: Lease,
+    election: Arc<str>,
+    /// Cancelled when the term ends by itself (resigned or dropped): its loss is no longer
+    /// watched.
+    ended: Ended,
+}
+
+/// Cancels its token when dropped: a term that ends ends the watch of its loss.
+#[derive(Debug)]
+struct Ended(CancellationToken);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// Who leads an election, from [`Election::leader`] and [`Election::watch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaderInfo {
+    /// The election's name.
+    pub election: String,
+    /// The leader's [`holder_label`](crate::LockManagerBuilder::holder_label), if its manager
+    /// set one.
+    pub label: Option<String>,
+    /// The first 8 hex digits of the leader's owner token: tells leaders apart when no label
+    /// does, without letting anyone release its term.
+    pub token_prefix: String,
+    /// The fencing token of the leader's term: a new leader always has a greater one.
+    pub fencing_token: u64,
+    /// How long the term lasts at most unless renewed (its key's expiry in Redis), when read.
+    pub remaining: Duration,
+    /// Candidates queued to lead next (0 where candidates do not queue: a quorum).
+    pub candidates: usize,
+}
+
+impl LeaderInfo {
+    /// Whether `other` describes the same term (same leader, same fencing token), whatever
+    /// either's `remaining`.
+    pub fn same_term(&self, other: &LeaderInfo) -> bool {
+        self.fencing_token == other.fencing_token && self.token_prefix == other.token_prefix
+    }
+}
+
+impl LockManager {
+    /// The election `name`: one leader at a time across every process that campaigns for it
+    /// with a manager on the same Redis and prefix. Its ttl is the manager's default ttl until
+    /// [`Election::ttl`] sets it. No I/O until a method is awaited.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// let election = locks.election("billing-scheduler");
+    /// if let Some(leader) = election.leader().await? {
+    ///     println!("led by {:?} (term {})", leader.label, leader.fencing_token);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn election(&self, name: impl Into<String>) -> Election {
+        Election {
+            ttl: self.context().default_ttl,
+            manager: self.clone(),
+            name: name.into().into(),
+            watcher: Arc::default(),
+        }
+    }
+}
+
+impl Election {
+    /// The term's lease length: a leader that dies is replaced within it (plus one renewal
+    /// interval, a third of it); a live leader renews every third of it. Default: the manager's
+    /// default ttl. From [`MIN_TTL`](crate::MIN_TTL) to [`MAX_TTL`](crate::MAX_TTL) (checked
+    /// when campaigning).
+    ///
+    /// ```no_run
+    /// # fn demo(locks: distlock_runtime::LockManager) {
+    /// let election = locks.election("warmer").ttl(std::time::Duration::from_secs(10));
+    /// # }
+    /// ```
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self.watcher = Arc::default();
+        self
+    }
+
+    /// The election's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The lock key behind the election (`election:NAME`, without the manager's prefix): what
+    /// [`LockManager::inspect`] and the `distlock` tool show. Lock it only through the
+    /// election.
+    pub fn key(&self) -> String {
+        election_key(&self.name)
+    }
+
+    /// Waits until this candidate leads, in arrival order among the candidates, for as long as
+    /// it takes.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// let term = locks.election("compactor").campaign().await?;
+    /// tokio::select! {
+    ///     () = term.lost() => println!("lost the lead: stopped"),
+    ///     () = async { /* compact, passing term.fencing_token() to storage */ } => {}
+    /// }
+    /// term.resign().await?; // the next candidate leads now
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::InvalidKey`] for an empty name; [`LockError::InvalidConfig`] for a ttl out
+    /// of range; [`LockError::Redis`] / [`LockError::RedisTimeout`] (and the other errors of
+    /// [`LockRequest::acquire`](crate::LockRequest::acquire)) when Redis fails while this
+    /// candidate waits: it has left the queue, and may campaign again.
+    pub async fn campaign(&self) -> Result<Term, LockError> {
+        if self.name.is_empty() {
+            return Err(LockError::InvalidKey {
+                key: String::new(),
+                reason: "an election needs a name",
+            });
+        }
+        let fair = self.manager.context().redis().refuses_fair().is_none();
+        let lease = self
+            .manager
+            .lock(self.key())
+            .ttl(self.ttl)
+            .wait(Duration::MAX)
+            .renew(true)
+            .fair(fair)
+            .metrics_label(LABEL)
+            .acquire()
+            .await?;
+        Ok(Term::new(lease, Arc::clone(&self.name)))
+    }
+
+    /// Serves for the process's life: campaigns, calls `lead(term)` while this candidate leads,
+    /// stops that future (drops it at its next await point) when the term is lost, logs the
+    /// loss once, and campaigns again. If `lead` returns, its term is resigned (handed to the
+    /// next candidate) and this candidate campaigns again a second later. A panic in `lead`
+    /// unwinds through `run`, and resigns on the way.
+    ///
+    /// Redis failing while it campaigns is retried (the pause doubling from 100 ms to a third
+    /// of the ttl), logged at `warn` each time.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) {
+    /// let error = locks
+    ///     .election("mailer")
+    ///     .run(|term| async move {
+    ///         println!("leading with fencing token {}", term.fencing_token());
+    ///         std::future::pending::<()>().await // lead until the term is lost
+    ///     })
+    ///     .await
+    ///     .unwrap_err();
+    /// eprintln!("cannot campaign: {error}"); // a misconfiguration, retrying would not help
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// Only an error that retrying cannot fix: [`LockError::is_misconfigured`] (refused
+    /// credentials or ACL rights, a ttl out of range, ...) or [`LockError::is_caller_bug`] (an
+    /// empty name, a `run` inside a body that holds the election's key).
+    pub async fn run<F, Fut>(&self, mut lead: F) -> Result<Infallible, LockError>
+    where
+        F: FnMut(Term) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let mut pause = RETRY_FIRST;
+        loop {
+            let term = match self.campaign().await {
+                Ok(term) => term,
+                Err(error) if error.is_misconfigured() || error.is_caller_bug() => {
+                    return Err(error)
+                }
+                Err(error) => {
+                    tracing::warn!(election = %self.name, %error, retry_in = ?pause, "distlock could not campaign; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min((self.ttl / 3).max(RETRY_FIRST));
+                    continue;
+                }
+            };
+            pause = RETRY_FIRST;
+            // The term's own watcher logs its loss; this only stops the leader's future.
+            let state = Arc::clone(term.lease.state());
+            tokio::select! {
+                biased;
+                () = state.lost() => {}
+                () = lead(term) => {
+                    tracing::debug!(election = %self.name, "distlock leader returned; its term was resigned");
+                    tokio::time::sleep(AFTER_RETURN).await;
+                }
+            }
+        }
+    }
+
+    /// Who leads now; `None` when nobody does. Reads only (one script call).
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// match locks.election("scheduler").leader().await? {
+    ///     Some(leader) => println!(
+    ///         "{} leads, term {}, {:?} left unless renewed",
+    ///         leader.label.as_deref().unwrap_or(&leader.token_prefix),
+    ///         leader.fencing_token,
+    ///         leader.remaining
+    ///     ),
+    ///     None => println!("no leader"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// Those of [`LockManager::inspect`].
+    pub async fn leader(&self) -> Result<Option<LeaderInfo>, LockError> {
+        if self.name.is_empty() {
+            return Err(LockError::InvalidKey {
+                key: String::new(),
+                reason: "an election needs a name",
+            });
+        }
+        let info = self.manager.inspect(&self.key()).await?;
+        Ok(info.map(|info| LeaderInfo {
+            election: self.name.to_string(),
+            label: info.holder,
+            token_prefix: info.token_prefix,
+            fencing_token: info.fencing_token,
+            remaining: info.remaining,
+            candidates: info.waiters,
+        }))
+    }
+
+    /// Follows who leads: the receiver holds the latest [`leader`](Self::leader) and changes
+    /// when the leader (or its term) does. A resignation is seen at once (through the key's
+    /// release notifications, when the manager has them), any other change within a renewal
+    /// interval (a third of the ttl). Between changes, `remaining` is refreshed without waking
+    /// the receivers. While Redis cannot be read, the last leader stays until its `remaining`
+    /// has passed, then `None`.
+    ///
+    /// One background task per election (shared by its clones) reads for every receiver; it
+    /// stops when the last receiver is dropped. Call it inside a Tokio runtime: outside one,
+    /// the receiver stays at `None`.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) {
+    /// let mut leaders = locks.election("scheduler").watch();
+    /// while leaders.changed().await.is_ok() {
+    ///     match &*leaders.borrow_and_update() {
+    ///         Some(leader) => println!("now led by {:?}", leader.label),
+    ///         None => println!("no leader"),
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub fn watch(&self) -> watch::Receiver<Option<LeaderInfo>> {
+        let mut watcher = lock(&self.watcher);
+        if let Some(sender) = watcher.as_ref().filter(|s| !s.is_closed()) {
+            return sender.subscribe();
+        }
+        let (sender, receiver) = watch::channel(None);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(election = %self.name, "distlock Election::watch called outside a Tokio runtime: the receiver will not follow the leader");
+            return receiver;
+        };
+        *watcher = Some(sender.clone());
+        runtime.spawn(follow(self.clone(), sender));
+        receiver
+    }
+}
+
+/// The observer task of [`Election::watch`]: reads the leader after each message on the key's
+/// channel, every renewal interval, and at the leader's expiry; stops with the last receiver.
+async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
+    let every = (election.ttl / 3).max(crate::MIN_TTL);
+    let channel = election
+        .manager
+        .context()
+        .lock_keys(&election.key())
+        .lock()
+        .to_owned();
+    let ticket = election
+        .manager
+        .context()
+        .notifications
+        .as_ref()
+        .map(|notifications| notifications.observe(&channel));
+    // Until when the last leader read stands while Redis cannot be read.
+    let mut stands_until: Option<Instant> = None;
+    let mut settling = 0;
+    loop {
+        let now = Instant::now();
+        if let Some(ticket) = &ticket {
+            if ticket.subscribed_since().is_none() {
+                ticket.subscribe(now + every).await;
+            }
+        }
+        let read = election.leader().await;
+        let now = Instant::now();
+        let mut next = now + every;
+        match read {
+            Ok(leader) => {
+                if let Some(leader) = &leader {
+                    stands_until = Some(now + leader.remaining);
+                    next = next.min(now + leader.remaining + Duration::from_millis(1));
+                    settling = 0;
+                } else if settling > 0 {
+                    settling -= 1;
+                    next = now + SETTLE;
+                }
+                publish(&sender, leader);
+            }
+            Err(error) => {
+                tracing::debug!(election = %election.name, %error, "distlock could not read the leader; trying again");
+                if stands_until.is_some_and(|until| until <= now) {
+                    stands_until = None;
+                    publish(&sender, None);
+                }
+            }
+        }
+        tokio::select! {
+            () = sender.closed() => {
+                let mut watcher = lock(&election.watcher);
+                if sender.receiver_count() == 0 {
+                    if watcher.as_ref().is_some_and(|s| s.same_channel(&sender)) {
+                        *watcher = None;
+                    }
+                    return;
+                }
+            }
+            _ = async {
+                match &ticket {
+                    Some(ticket) => ticket.woken().await,
+                    None => std::future::pending().await,
+                }
+            } => settling = SETTLE_READS,
+            () = tokio::time::sleep_until(next) => {}
+        }
+    }
+}
+
+/// Sends `leader` to the receivers: waking them when it is another term (or none), else only
+/// refreshing its `remaining`.
+fn publish(sender: &watch::Sender<Option<LeaderInfo>>, leader: Option<LeaderInfo>) {
+    sender.send_if_modified(|current| {
+        let changed = match (&*current, &leader) {
+            (Some(was), Some(now)) => !was.same_term(now),
+            (None, None) => false,
+            _ => true,
+        };
+        *current = leader;
+        changed
+    });
+}
+
+impl Term {
+    fn new(lease: Lease, election: Arc<str>) -> Self {
+        let ended = CancellationToken::new();
+        let fencing_token = lease.fencing_token();
+        tracing::info!(%election, fencing_token, "distlock leads the election");
+        crate::telemetry::term_started(&election);
+        let watched = watch_loss(
+            Arc::clone(lease.state()),
+            Arc::clone(&election),
+            fencing_token,
+            ended.clone(),
+        );
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(watched);
+            }
+            Err(_) => ended.cancel(),
+        }
+        Self {
+            lease,
+            election,
+            ended: Ended(ended),
+        }
+    }
+
+    /// The fencing token of this term: greater than every earlier term's of the election (also
+    /// after Redis lost its data). Pass it to storage that refuses writes with a smaller token
+    /// than it has seen, so a leader that lost its term (paused, cut off) cannot overwrite its
+    /// successor's work.
+    ///
+    /// ```no_run
+    /// # async fn demo(term: distlock_runtime::Term) {
+    /// let token = term.fencing_token();
+    /// let write = format!(
+    ///     "UPDATE schedule SET next_run = now() + interval '1 minute', fence = {token} \
+    ///      WHERE job = 'report' AND fence < {token}"
+    /// );
+    /// # }
+    /// ```
+    pub fn fencing_token(&self) -> u64 {
+        self.lease.fencing_token()
+    }
+
+    /// The election's name.
+    pub fn election(&self) -> &str {
+        &self.election
+    }
+
+    /// Resolves when the term is lost: renewal found the key gone or taken by someone else
+    /// (force-released), or kept failing until the term's validity ran out. Never resolves while
+    /// the term stays valid.
+    pub async fn lost(&self) {
+        self.lease.lost().await;
+    }
+
+    /// True once the term is known to be lost, or its validity has run out without renewal:
+    /// stop acting as leader.
+    pub fn is_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// How much longer the term is valid unless renewed (see [`Lease::remaining`]).
+    pub fn remaining(&self) -> Duration {
+        self.lease.remaining()
+    }
+
+    /// Steps down: releases the election's key, which hands it at once to the oldest waiting
+    /// candidate.
+    ///
+    /// # Errors
+    /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked (the
+    /// release is retried in the background, and the key expires at its ttl at the latest).
+    pub async fn resign(self) -> Result<(), LockError> {
+        self.ended.0.cancel();
+        tracing::info!(election = %self.election, fencing_token = self.fencing_token(), "distlock resigns the election");
+        let Term { lease, .. } = self;
+        lease.release().await
+    }
+}
+
+/// Reports a term's loss once (a warning and the `distlock_terms_lost_total` metric), unless
+/// the term ends first.
+async fn watch_loss(
+    state: Arc<LeaseState>,
+    election: Arc<str>,
+    fencing_token: u64,
+    ended: CancellationToken,
+) {
+    tokio::select! {
+        biased;
+        () = ended.cancelled() => {}
+        () = state.lost() => {
+            let why = state.cause();
+            tracing::warn!(%election, fencing_token, "distlock term lost: {why}; no longer the leader");
+            crate::telemetry::term_lost(&election);
+        }
+    }
+}
