@@ -4,6 +4,7 @@
 //! distlock --url redis://127.0.0.1:6379 inspect order:42 order:43
 //! distlock --url redis://127.0.0.1:6379 list 'order:*'
 //! distlock --url redis://127.0.0.1:6379 release order:42 --force
+//! distlock --url redis://127.0.0.1:6379 leader scheduler mailer
 //! distlock --cluster redis://10.0.0.5:7000 --cluster redis://10.0.0.6:7000 list --json
 //! ```
 //!
@@ -15,13 +16,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use distlock_runtime::{LockError, LockInfo, LockManager, LockManagerBuilder, LockMode};
+use distlock_runtime::{
+    LeaderInfo, LockError, LockInfo, LockManager, LockManagerBuilder, LockMode,
+};
 use serde::Serialize;
 
 #[derive(Parser)]
 #[command(
     name = "distlock",
-    about = "Who holds a distlock lock, which are held, and breaking one by hand"
+    about = "Who holds distlock's locks, who leads its elections, and breaking a lock by hand"
 )]
 struct Cli {
     /// One Redis: `redis://[user:password@]host[:port][/db]` (or `rediss://`).
@@ -85,6 +88,13 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Who leads each election, in which term (its fencing token), for how long, and how many
+    /// candidates queue.
+    Leader {
+        /// Election names, as the services name them (`scheduler`, not `election:scheduler`).
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
 }
 
 /// One lock, as printed.
@@ -98,6 +108,8 @@ struct Row {
     permits: Option<u32>,
     /// How many leases hold it.
     holders: Option<usize>,
+    /// The election's name, for a held `election:NAME` key (its holder leads it).
+    election: Option<String>,
     /// Every holder's label, where set.
     holder_labels: Vec<String>,
     holder: Option<String>,
@@ -122,10 +134,11 @@ impl Row {
                 _ => None,
             },
             holders: Some(info.holders),
+            election: info.key.strip_prefix(ELECTION_KEY).map(str::to_owned),
             holder_labels: info.holder_labels.clone(),
             holder: info.holder.clone(),
             token_prefix: Some(info.token_prefix.clone()),
-            remaining_ms: Some(u64::try_from(info.remaining.as_millis()).unwrap_or(u64::MAX)),
+            remaining_ms: Some(millis(info.remaining)),
             fencing_token: Some(info.fencing_token),
             waiters: Some(info.waiters),
         }
@@ -138,12 +151,59 @@ impl Row {
             mode: None,
             permits: None,
             holders: None,
+            election: None,
             holder_labels: Vec::new(),
             holder: None,
             token_prefix: None,
             remaining_ms: None,
             fencing_token: None,
             waiters: None,
+        }
+    }
+}
+
+/// What the runtime puts before an election's name to make its lock key
+/// ([`Election::key`](distlock_runtime::Election::key)).
+const ELECTION_KEY: &str = "election:";
+
+/// One election, as printed.
+#[derive(Serialize)]
+struct LeaderRow {
+    election: String,
+    /// Whether anyone leads it.
+    led: bool,
+    /// The leader's holder label, where set.
+    label: Option<String>,
+    token_prefix: Option<String>,
+    /// The term's fencing token.
+    fencing_token: Option<u64>,
+    remaining_ms: Option<u64>,
+    /// Candidates queued to lead next.
+    candidates: Option<usize>,
+}
+
+impl LeaderRow {
+    fn led(info: &LeaderInfo) -> Self {
+        Self {
+            election: info.election.clone(),
+            led: true,
+            label: info.label.clone(),
+            token_prefix: Some(info.token_prefix.clone()),
+            fencing_token: Some(info.fencing_token),
+            remaining_ms: Some(millis(info.remaining)),
+            candidates: Some(info.candidates),
+        }
+    }
+
+    fn unled(name: &str) -> Self {
+        Self {
+            election: name.to_owned(),
+            led: false,
+            label: None,
+            token_prefix: None,
+            fencing_token: None,
+            remaining_ms: None,
+            candidates: None,
         }
     }
 }
@@ -269,8 +329,27 @@ async fn run(cli: &Cli, locks: &LockManager) -> Result<(), Failure> {
                 println!("{key} was not held");
             }
         }
+        Command::Leader { names } => {
+            let mut rows = Vec::with_capacity(names.len());
+            for name in names {
+                rows.push(match locks.election(name.as_str()).leader().await? {
+                    Some(info) => LeaderRow::led(&info),
+                    None => LeaderRow::unled(name),
+                });
+            }
+            print_leaders(cli.json, &rows);
+        }
     }
     Ok(())
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `1.5s`, as the tables show a remaining ttl.
+fn seconds(ms: u64) -> String {
+    format!("{:.1}s", ms as f64 / 1000.0)
 }
 
 fn print_rows(json: bool, rows: &[Row]) {
@@ -295,12 +374,11 @@ fn print_rows(json: bool, rows: &[Row]) {
             println!("{:<width$}  {:>10}", row.key, "free");
             continue;
         }
-        let remaining = row
-            .remaining_ms
-            .map_or_else(String::new, |ms| format!("{:.1}s", ms as f64 / 1000.0));
-        let mode = match (row.mode, row.permits) {
-            (Some("permits"), Some(n)) => format!("{n} permits"),
-            (mode, _) => mode.unwrap_or("").to_owned(),
+        let remaining = row.remaining_ms.map_or_else(String::new, seconds);
+        let mode = match (row.mode, row.permits, &row.election) {
+            (_, _, Some(_)) => "election".to_owned(),
+            (Some("permits"), Some(n), None) => format!("{n} permits"),
+            (mode, _, None) => mode.unwrap_or("").to_owned(),
         };
         // A shared key or a semaphore: every holder's label, the first holder's otherwise.
         let holder = if row.holder_labels.len() > 1 {
@@ -318,6 +396,41 @@ fn print_rows(json: bool, rows: &[Row]) {
             row.waiters.unwrap_or(0),
             row.token_prefix.as_deref().unwrap_or(""),
             holder,
+        );
+    }
+}
+
+fn print_leaders(json: bool, rows: &[LeaderRow]) {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(rows).unwrap_or_else(|_| "[]".to_owned())
+        );
+        return;
+    }
+    let width = rows
+        .iter()
+        .map(|r| r.election.len())
+        .max()
+        .unwrap_or(8)
+        .max(8);
+    println!(
+        "{:<width$}  {:>10}  {:>18}  {:>10}  {:<8}  leader",
+        "election", "remaining", "fencing token", "candidates", "token"
+    );
+    for row in rows {
+        if !row.led {
+            println!("{:<width$}  {:>10}", row.election, "no leader");
+            continue;
+        }
+        println!(
+            "{:<width$}  {:>10}  {:>18}  {:>10}  {:<8}  {}",
+            row.election,
+            row.remaining_ms.map_or_else(String::new, seconds),
+            row.fencing_token.unwrap_or(0),
+            row.candidates.unwrap_or(0),
+            row.token_prefix.as_deref().unwrap_or(""),
+            row.label.as_deref().unwrap_or("-"),
         );
     }
 }

@@ -1,5 +1,6 @@
 //! The `distlock` binary against a real Redis: inspect, list and release, as tables and JSON;
-//! on a cluster, a Sentinel-named primary, a quorum, and under a custom key prefix.
+//! an election's leader; on a cluster, a Sentinel-named primary, a quorum, and under a custom
+//! key prefix.
 
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -129,6 +130,139 @@ async fn shared_keys_and_semaphores_show_their_mode_and_every_holder() {
     assert!(released.status.success(), "{released:?}");
     assert!(web.inspect("doc:7").await.unwrap().is_none());
     drop((a, b, p));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_shows_an_elections_leader_and_term_and_list_marks_the_election() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let labelled = |label: &str| {
+        server
+            .manager_builder()
+            .holder_label(label)
+            .build()
+            .unwrap()
+    };
+    let ttl = Duration::from_secs(3);
+    let alpha = labelled("alpha").election("scheduler").ttl(ttl);
+    let term = alpha.campaign().await.unwrap();
+    let first = term.fencing_token();
+    // A second candidate queues behind the leader.
+    let beta = labelled("beta").election("scheduler").ttl(ttl);
+    let queued = beta.clone();
+    let next = tokio::spawn(async move { queued.campaign().await.unwrap() });
+    let candidate_queued = distlock_tests::eventually(Duration::from_secs(5), || async {
+        alpha
+            .leader()
+            .await
+            .unwrap()
+            .is_some_and(|leader| leader.candidates == 1)
+    })
+    .await;
+    assert!(candidate_queued.is_some(), "beta queues as a candidate");
+    let _order = labelled("worker-7")
+        .lock("order:42")
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+
+    let shown = distlock(&["--url", &url, "leader", "scheduler", "idle"]);
+    assert!(shown.status.success(), "{shown:?}");
+    let table = stdout(&shown);
+    let led = table.lines().find(|l| l.starts_with("scheduler")).unwrap();
+    assert!(
+        led.ends_with("  alpha") && led.contains(&format!("  {first}  ")),
+        "{table}"
+    );
+    let idle = table.lines().find(|l| l.starts_with("idle")).unwrap();
+    assert!(idle.contains("no leader"), "{table}");
+
+    let rows = distlock_json(
+        &["--url".to_owned(), url.clone()],
+        &["leader", "scheduler", "idle"],
+    );
+    assert_eq!(rows[0]["election"], "scheduler", "{rows}");
+    assert_eq!(rows[0]["led"], true, "{rows}");
+    assert_eq!(rows[0]["label"], "alpha", "{rows}");
+    assert_eq!(rows[0]["fencing_token"].as_u64(), Some(first), "{rows}");
+    assert_eq!(rows[0]["candidates"], 1, "{rows}");
+    assert_eq!(
+        rows[0]["token_prefix"].as_str().map(str::len),
+        Some(8),
+        "{rows}"
+    );
+    let remaining = rows[0]["remaining_ms"].as_u64().unwrap();
+    assert!(remaining > 0 && remaining <= 3_000, "{rows}");
+    assert_eq!(rows[1]["election"], "idle", "{rows}");
+    assert_eq!(rows[1]["led"], false, "{rows}");
+    assert!(
+        rows[1]["label"].is_null() && rows[1]["fencing_token"].is_null(),
+        "{rows}"
+    );
+
+    // `list` marks the election's key, and only it.
+    let listed = distlock(&["--url", &url, "list"]);
+    assert!(listed.status.success(), "{listed:?}");
+    let table = stdout(&listed);
+    let election = table
+        .lines()
+        .find(|l| l.starts_with("election:scheduler"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        election.contains("  election  ") && election.ends_with("  alpha"),
+        "{table}"
+    );
+    let order = table.lines().find(|l| l.starts_with("order:42")).unwrap();
+    assert!(
+        order.contains("  exclusive  ") && !order.contains("election"),
+        "{table}"
+    );
+    let rows = distlock_json(&["--url".to_owned(), url.clone()], &["list"]);
+    let rows = rows.as_array().unwrap();
+    let election = rows
+        .iter()
+        .find(|r| r["key"] == "election:scheduler")
+        .unwrap_or_else(|| panic!("{rows:?}"));
+    assert_eq!(election["election"], "scheduler", "{election}");
+    assert_eq!(election["mode"], "exclusive", "{election}");
+    assert_eq!(election["holder"], "alpha", "{election}");
+    let order = rows.iter().find(|r| r["key"] == "order:42").unwrap();
+    assert!(order["election"].is_null(), "{order}");
+
+    // Resigning hands the lead to beta at once, in a later term.
+    term.resign().await.unwrap();
+    let term = tokio::time::timeout(Duration::from_secs(5), next)
+        .await
+        .expect("beta leads after alpha resigned")
+        .unwrap();
+    assert!(term.fencing_token() > first);
+    let rows = distlock_json(&["--url".to_owned(), url.clone()], &["leader", "scheduler"]);
+    assert_eq!(rows[0]["label"], "beta", "{rows}");
+    assert_eq!(
+        rows[0]["fencing_token"].as_u64(),
+        Some(term.fencing_token()),
+        "{rows}"
+    );
+    assert_eq!(rows[0]["candidates"], 0, "{rows}");
+
+    // Once the last candidate resigns, nobody leads.
+    term.resign().await.unwrap();
+    let shown = distlock(&["--url", &url, "leader", "scheduler"]);
+    assert!(shown.status.success(), "{shown:?}");
+    let table = stdout(&shown);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("scheduler") && l.contains("no leader")),
+        "{table}"
+    );
+    let rows = distlock_json(&["--url".to_owned(), url.clone()], &["leader", "scheduler"]);
+    assert_eq!(rows[0]["led"], false, "{rows}");
+    assert!(rows[0]["label"].is_null(), "{rows}");
+    assert!(beta.leader().await.unwrap().is_none());
+    let listed = stdout(&distlock(&["--url", &url, "list"]));
+    assert!(!listed.contains("election"), "{listed}");
 }
 
 #[test]

@@ -5,12 +5,13 @@
 use crate::scripts::{self, Lua};
 
 /// Every script distlock sends, by the name of its file (without `.lua`).
-pub(crate) fn all() -> [(&'static str, &'static Lua); 9] {
+pub(crate) fn all() -> [(&'static str, &'static Lua); 10] {
     [
         ("acquire", &scripts::ACQUIRE),
         ("release", &scripts::RELEASE),
         ("extend", &scripts::EXTEND),
         ("fair_acquire", &crate::fair::ACQUIRE_FAIR),
+        ("fair_refresh", &crate::fair::REFRESH_FAIR),
         ("raise", &crate::fence::RAISE),
         ("inspect", &crate::inspect::INSPECT),
         ("force_release", &crate::inspect::FORCE_RELEASE),
@@ -25,11 +26,12 @@ mod tests {
 
     /// The SHA1 of every composed script, as `EVALSHA` names it: a change to a script's text
     /// shows here, and is made on purpose.
-    const PINNED: [(&str, &str); 9] = [
+    const PINNED: [(&str, &str); 10] = [
         ("acquire", "eac1fd5bb00d6ae3d363e14a382e9a6b619dd8ec"),
         ("release", "18d3b743e9856048de4f2f4d2a52b37ac809a493"),
-        ("extend", "27101bc7ab84902e7ba5b65a2a21f7bdf9102222"),
+        ("extend", "9a9a5f34115e2b12dca1cd75ef2a7095eb8ea3d7"),
         ("fair_acquire", "5938519ad021e21347e7086e15a87a5450a1c977"),
+        ("fair_refresh", "a81229fcdf502dc02dd17b132fe14ffd35deaf93"),
         ("raise", "ae177c3820fd89219691cdc41181d774fa6ba1f1"),
         ("inspect", "05b98341403e378d6d05491e22d62ef448d276d7"),
         ("force_release", "f546e77d1818cb82aa280044827771e839937632"),

@@ -170,11 +170,12 @@ mod tests {
     /// purpose), so `ping` cannot pass a user a lock then fails.
     #[test]
     fn the_check_covers_every_command_every_script_runs() {
-        let scripts: [&Lua; 7] = [
+        let scripts: [&Lua; 8] = [
             &crate::scripts::ACQUIRE,
             &crate::scripts::RELEASE,
             &crate::scripts::EXTEND,
             &crate::fair::ACQUIRE_FAIR,
+            &crate::fair::REFRESH_FAIR,
             &crate::fence::RAISE,
             &crate::inspect::INSPECT,
             &crate::inspect::FORCE_RELEASE,

@@ -536,13 +536,14 @@ async fn watch_loss(
     fencing_token: u64,
     ended: CancellationToken,
 ) {
+    // Lost first: `run` drops a term it saw lost, so both may be ready at once.
     tokio::select! {
         biased;
-        () = ended.cancelled() => {}
         () = state.lost() => {
             let why = state.cause();
             tracing::warn!(%election, fencing_token, "distlock term lost: {why}; no longer the leader");
             crate::telemetry::term_lost(&election);
         }
+        () = ended.cancelled() => {}
     }
 }

@@ -5,8 +5,8 @@
 //! | Redis key | what it holds | lives |
 //! |---|---|---|
 //! | `distlock:lock:{order:42}` | the owner's token, `~`-prefixed once someone waits for it (also the release notification channel) | the lease's ttl |
-//! | `distlock:fence:{order:42}` | the last fencing token drawn for it | the ttl after the last draw |
-//! | `distlock:queue:{order:42}` | fair waiters' tokens, in arrival order | until the last waiter's wait ends |
+//! | `distlock:fence:{order:42}` | the last fencing token drawn for it | the ttl after the last draw or renewal |
+//! | `distlock:queue:{order:42}` | fair waiters' tokens, in arrival order | until the last waiter's wait ends, or its presence passes unkept (`fair/`) |
 //! | `distlock:waiters:{order:42}` | each fair waiter's deadline, claim time, secret and mode | likewise |
 //! | `distlock:holders:{order:42}` | the leases that hold it shared or as permits, each scored by its expiry | until the last one's expiry |
 //!

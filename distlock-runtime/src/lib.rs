@@ -216,6 +216,27 @@
 //! `docs/modes.md` in the repository says how readers, writers and permits are served in
 //! arrival order, what unfair requests do, and how each topology holds them.
 //!
+//! # Leader election
+//! [`LockManager::election`] elects one leader per name across the fleet: [`Election::run`]
+//! serves for the process's life, calling its function with a [`Term`] while this candidate
+//! leads and stopping it when the term is lost; a leader that dies is replaced within the ttl, one
+//! that resigns, stops or panics hands over at once, to the next candidate in arrival order.
+//! [`Election::leader`] and [`Election::watch`] tell anyone who leads. A term is a renewed lease
+//! on the key `election:NAME`, with its guarantees: at most one valid term at a time, and a
+//! fencing token above every earlier term's. The repository's `docs/elections.md` has the
+//! timings, and what waiting candidates cost.
+//!
+//! ```no_run
+//! # async fn tick(_fencing_token: u64) {}
+//! # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+//! let never = locks
+//!     .election("scheduler")
+//!     .run(|term| async move { loop { tick(term.fencing_token()).await } })
+//!     .await;
+//! # let _ = never;
+//! # Ok(()) }
+//! ```
+//!
 //! # Topologies
 //! A manager talks to exactly one deployment, chosen on its builder (two, or none, is
 //! [`LockError::InvalidConfig`]); the attribute and every request work the same on each.
@@ -302,17 +323,21 @@
 //!
 //! | name | kind | labels | what |
 //! |---|---|---|---|
-//! | `distlock_acquisitions_total` | counter | `template`, `outcome` | acquire requests by outcome: `acquired` (at once), `contended` (after waiting), `timed_out`, `not_acquired` (a try-lock that found it held), `error` |
-//! | `distlock_wait_seconds` | histogram | `template` | time from asking to holding (acquired and contended) |
-//! | `distlock_hold_seconds` | histogram | `template` | time a `run` body held the lock |
-//! | `distlock_leases_lost_total` | counter | `template` | leases lost while their body ran |
-//! | `distlock_handoffs_total` | counter | `template` | fair leases handed over by a release |
+//! | `distlock_acquisitions_total` | counter | `template`, `mode`, `outcome` | acquire requests by outcome: `acquired` (at once), `contended` (after waiting), `timed_out`, `not_acquired` (a try-lock that found it held), `error` |
+//! | `distlock_wait_seconds` | histogram | `template`, `mode` | time from asking to holding (acquired and contended) |
+//! | `distlock_hold_seconds` | histogram | `template`, `mode` | time a `run` body held the lock |
+//! | `distlock_leases_lost_total` | counter | `template`, `mode` | leases lost while their body ran |
+//! | `distlock_handoffs_total` | counter | `template`, `mode` | fair leases handed over by a release |
 //! | `distlock_renewals_total` | counter | `outcome` (`ok`, `failed`) | renewal round trips |
 //! | `distlock_subscriber_reconnects_total` | counter | | subscriber connections opened after the first |
+//! | `distlock_terms_started_total` | counter | `election` | terms of an [`Election`] this process began leading |
+//! | `distlock_terms_lost_total` | counter | `election` | terms lost while held (renewal failed past the validity, or the key was taken or force-released); a resigned or dropped term is not lost |
 //!
 //! `template` is the attribute's key template (`order:{order_id}`), or the label given to
-//! [`LockRequest::metrics_label`], else `manual`: never a
-//! rendered key, which would make one series per order.
+//! [`LockRequest::metrics_label`] (`election` for an election's requests), else `manual`: never a
+//! rendered key, which would make one series per order. `mode` is how the request holds its keys:
+//! `exclusive`, `shared`, `permits`, or `mixed`. `election` is the election's name (a role, few
+//! per fleet).
 //!
 //! Every `run` (and annotated call) runs in a `debug` span named `distlock` with the fields
 //! `template`, `keys`, `fencing_token` and `outcome` (`ok`, `lease_lost`, `timed_out`,

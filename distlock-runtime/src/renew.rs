@@ -590,11 +590,12 @@ async fn extend_calls(
     }
     // One call per shard: every entry's keys, then every entry's arguments.
     let calls = shards.into_iter().map(|(_, entries)| {
-        let key_count = entries.iter().map(|(_, group)| group.len()).sum();
+        let key_count = entries.iter().map(|(_, group)| 2 * group.len()).sum();
         let mut call = ScriptCall::new(op, &scripts::EXTEND, Kind::Extend, key_count);
         for (i, group) in &entries {
             for &k in group {
-                call.key(leases[*i].0[k].lease_key());
+                let keys = &leases[*i].0[k];
+                call.key(keys.lease_key()).key(keys.fence());
             }
         }
         for (i, group) in &entries {

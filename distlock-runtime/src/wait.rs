@@ -12,7 +12,10 @@
 //!
 //! A fair waiter is queued in Redis by its attempt, and is woken by the hand-off that makes it
 //! the owner (no further attempt needed), or, when it watches the current hand-off, at the end
-//! of its claim (in case that recipient is gone), besides the holder's expiry and the deadline.
+//! of its claim (in case that recipient is gone), besides the deadline and the holder's expiry.
+//! Only the first fair waiter of a key in each process wakes at the holder's expiry (and, since
+//! its attempt then renews its own place in the queue, renews the others' too: see `fair/`);
+//! the others sleep until a hand-off, a notification or that first waiter's leaving wakes them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -110,8 +113,12 @@ impl<'a> Waiter<'a> {
         }
         if let (Some(notifications), Some(token)) = (self.notifications, &self.fair) {
             if self.ticket.is_none() && notifications.subscribed(key) {
-                self.ticket =
-                    Some(notifications.enqueue(key, Some(Arc::clone(token)), self.secret.clone()));
+                self.ticket = Some(notifications.enqueue(
+                    key,
+                    Some(Arc::clone(token)),
+                    self.secret.clone(),
+                    self.deadline,
+                ));
             }
         }
     }
@@ -162,7 +169,12 @@ impl<'a> Waiter<'a> {
         };
         if self.ticket.as_ref().is_none_or(|t| t.channel() != key) {
             self.ticket = None;
-            self.ticket = Some(notifications.enqueue(key, self.fair.clone(), self.secret.clone()));
+            self.ticket = Some(notifications.enqueue(
+                key,
+                self.fair.clone(),
+                self.secret.clone(),
+                self.deadline,
+            ));
         }
         let Some(ticket) = &self.ticket else {
             return self.back_off(holder_remaining).await;
@@ -197,7 +209,14 @@ impl<'a> Waiter<'a> {
             if let Some(handoff) = ticket.take_handed() {
                 return Wake::Handed(handoff);
             }
-            let (until, watched) = self.claims.wake_at(ticket.watch(), holder_until);
+            // A fair waiter behind another of this process sleeps through the holder's expiry:
+            // the first one tries then, and keeps it queued (it is woken when that one leaves).
+            let expiry = if ticket.watches_holder() {
+                holder_until
+            } else {
+                self.deadline
+            };
+            let (until, watched) = self.claims.wake_at(ticket.watch(), expiry);
             tokio::select! {
                 plain = ticket.woken() => if plain {
                     // A release may hand this waiter the key and announce itself at once (it
@@ -209,11 +228,28 @@ impl<'a> Waiter<'a> {
                 },
                 () = tokio::time::sleep_until(until) => {
                     let now = Instant::now();
-                    if self.claims.woke(watched, ticket.watch(), now, holder_until) {
+                    if self.claims.woke(watched, ticket.watch(), now, expiry) {
                         return Wake::Retry;
                     }
                 }
             }
+        }
+    }
+
+    /// The other fair waiters of the key this waiter waits for in this process (owner token
+    /// and deadline), when it is the first of them and so keeps them queued; else none.
+    pub(crate) fn fair_siblings(&self) -> Vec<(Arc<str>, Instant)> {
+        self.ticket
+            .as_ref()
+            .map(Ticket::fair_siblings)
+            .unwrap_or_default()
+    }
+
+    /// Wakes the fair waiters of this process whose owner tokens are `tokens` (no longer
+    /// queued) to try again.
+    pub(crate) fn wake_fair(&self, tokens: &[String]) {
+        if let Some(ticket) = &self.ticket {
+            ticket.wake_fair(tokens);
         }
     }
 

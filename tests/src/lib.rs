@@ -1259,4 +1259,5 @@ impl std::future::Future for Tripwire {
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/topologies.md")]
 #[doc = include_str!("../../docs/operations.md")]
+#[doc = include_str!("../../docs/elections.md")]
 pub struct DocsDoctests;

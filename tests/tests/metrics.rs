@@ -339,3 +339,29 @@ async fn every_series_of_a_request_carries_its_mode() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terms_started_and_lost_are_counted_per_election_and_a_resignation_is_not_a_loss() {
+    let _serial = serial().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let (started, lost) = ("distlock_terms_started_total", "distlock_terms_lost_total");
+    let election = locks.election("metered").ttl(Duration::from_millis(600));
+    let labels = [("election", "metered")];
+    let (started_before, lost_before) = (counter(started, &labels), counter(lost, &labels));
+    // A term resigned: started, not lost.
+    let term = election.campaign().await.expect("leads");
+    term.resign().await.expect("resign");
+    assert_eq!(counter(started, &labels), started_before + 1.0);
+    // A term whose key an operator breaks: started and lost (seen at its next renewal).
+    let term = election.campaign().await.expect("leads again");
+    assert!(locks
+        .force_release("election:metered")
+        .await
+        .expect("force"));
+    until_counter(lost, &labels, |n| n == lost_before + 1.0).await;
+    assert!(term.is_lost());
+    assert_eq!(counter(started, &labels), started_before + 2.0);
+    // Another election's series is its own.
+    assert_eq!(counter(started, &[("election", "other")]), 0.0);
+}

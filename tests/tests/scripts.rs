@@ -47,11 +47,12 @@ const ALWAYS: &str = "1";
 const NO_ARGS: &[&str] = &[];
 
 /// Every script this file runs: a script added to the runtime must be added here, with tests.
-const COVERED: [&str; 9] = [
+const COVERED: [&str; 10] = [
     "acquire",
     "release",
     "extend",
     "fair_acquire",
+    "fair_refresh",
     "raise",
     "inspect",
     "force_release",
@@ -204,7 +205,7 @@ async fn extend(
 ) -> Vec<i64> {
     let keys: Vec<&str> = leases
         .iter()
-        .flat_map(|(_, locks)| locks.iter().map(|k| k.lease()))
+        .flat_map(|(_, locks)| locks.iter().flat_map(|k| [k.lease(), &*k.fence]))
         .collect();
     let args: Vec<(&str, u64, String)> = leases
         .iter()
@@ -1367,6 +1368,9 @@ async fn extend_prolongs_each_lease_that_holds_all_its_keys_and_touches_no_other
     let _: i64 = conn.rpush(&k[4].lock, "x").await.unwrap(); // another program's list
     set_px(&mut conn, &k[5].lock, &format!("~{FIRST}"), 1_000).await; // FIRST's, marked
     set_px(&mut conn, &k[6].lock, FIRST, 1_000).await; // FIRST's, plain
+                                                       // The fencing counters of ours and of another owner's key, as the draws left them.
+    set_px(&mut conn, &k[0].fence, "1795000000000001", 1_000).await;
+    set_px(&mut conn, &k[2].fence, "1795000000000002", 1_000).await;
 
     // Ours, on a plain and a marked key; ours, with a key another owner holds; a gone key
     // (k[3]); a list; FIRST's two keys, one marked.
@@ -1382,8 +1386,11 @@ async fn extend_prolongs_each_lease_that_holds_all_its_keys_and_touches_no_other
     for i in [0, 1, 5, 6] {
         assert!(pttl(&mut conn, &k[i].lock).await > 59_000, "{}", k[i].lock);
     }
+    // An extended lease's fencing counter lives as long: its token stays known.
+    assert!(pttl(&mut conn, &k[0].fence).await > 59_000);
     // Untouched: another owner's key keeps its ttl, a gone key stays gone, a list stays.
     assert!(pttl(&mut conn, &k[2].lock).await <= 1_000);
+    assert!(pttl(&mut conn, &k[2].fence).await <= 1_000);
     assert_eq!(get(&mut conn, &k[2].lock).await.as_deref(), Some(THEIRS));
     assert_eq!(get(&mut conn, &k[3].lock).await, None);
     assert_eq!(pttl(&mut conn, &k[4].lock).await, -1);
@@ -1542,6 +1549,79 @@ async fn a_fair_acquire_of_a_held_key_queues_once_and_marks_the_holder() {
     let _ = fair_acquire(&mut conn, &k, (SECOND, 20_000, "cc", NOT_YET)).await;
     assert_eq!(queue(&mut conn, &k).await.0, [OURS, SECOND]);
     assert!(pttl(&mut conn, &k.queue).await > 21_000);
+    // A later attempt that waits longer (its presence moved on) moves its deadline on, and
+    // the queue keys' life with it; its place stays.
+    let (_, before) = now(&mut conn).await;
+    let _ = fair_acquire(&mut conn, &k, (OURS, 60_000, "dd", WAITED)).await;
+    let (list, entries) = queue(&mut conn, &k).await;
+    assert_eq!(list, [OURS, SECOND]);
+    let deadline: u64 = entries[OURS].split(' ').next().unwrap().parse().unwrap();
+    assert!(deadline >= before + 60_000, "{entries:?}");
+    for key in [&k.queue, &k.waiters] {
+        assert!(pttl(&mut conn, key).await > 61_000);
+    }
+}
+
+// ---- fair/refresh.lua ----
+
+/// FAIR_REFRESH of `k`'s queue with a claim of 2 s for `waiters` (token, ms to keep): the
+/// tokens no longer queued.
+async fn fair_refresh(
+    conn: &mut MultiplexedConnection,
+    k: &Keys,
+    waiters: &[(&str, u64)],
+) -> Vec<String> {
+    let args: Vec<(&str, u64)> = waiters.to_vec();
+    run(
+        conn,
+        "fair_refresh",
+        &[&*k.queue, &k.waiters],
+        (2_000, args),
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_refresh_moves_live_entries_deadlines_on_and_names_the_waiters_no_longer_queued() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let k = keys("fair-refresh");
+    let (_, at) = now(&mut conn).await;
+    enqueue(&mut conn, &k, OURS, &entry(at + 1_000, 2_000, "aa", "x")).await;
+    enqueue(&mut conn, &k, SECOND, &entry(at - 1, 2_000, "bb", "r")).await;
+    for key in [&k.queue, &k.waiters] {
+        let _: bool = conn.pexpire(key, 3_000).await.unwrap();
+    }
+    // THEIRS was handed the lock (no entry), SECOND's wait passed.
+    let gone = fair_refresh(
+        &mut conn,
+        &k,
+        &[(OURS, 30_000), (SECOND, 30_000), (THEIRS, 30_000)],
+    )
+    .await;
+    assert_eq!(gone, [SECOND, THEIRS]);
+    let (list, entries) = queue(&mut conn, &k).await;
+    assert_eq!(list, [OURS, SECOND], "places never change");
+    let (deadline, rest) = entries[OURS].split_once(' ').unwrap();
+    assert!(
+        deadline.parse::<u64>().unwrap() >= at + 30_000,
+        "{entries:?}"
+    );
+    assert_eq!(rest, "2000 aa x", "claim, secret and mode are kept");
+    assert_eq!(
+        entries[SECOND],
+        entry(at - 1, 2_000, "bb", "r"),
+        "a lapsed entry is not revived"
+    );
+    // The queue keys live as long as the longest entry and a claim.
+    for key in [&k.queue, &k.waiters] {
+        assert!((31_000..=32_000).contains(&pttl(&mut conn, key).await));
+    }
+    // Nobody left to keep: nothing changes, and every token is named.
+    let gone = fair_refresh(&mut conn, &k, &[(THEIRS, 1_000)]).await;
+    assert_eq!(gone, [THEIRS]);
+    assert!(pttl(&mut conn, &k.queue).await > 30_000);
 }
 
 #[tokio::test]

@@ -380,12 +380,29 @@ impl<'a> Acquiring<'a> {
             .get(first_held)
             .map_or("", |k| k.lock());
         match self.waiter.wait(held_key, remaining, sent).await {
-            Wake::Retry => Ok(Stage::Attempting),
+            Wake::Retry => {
+                self.keep_siblings_queued().await;
+                Ok(Stage::Attempting)
+            }
             Wake::Deadline => Err(LockError::Timeout {
                 key: self.key(first_held),
                 waited: self.ask.wait.started.elapsed(),
             }),
             Wake::Handed(handoff) => Ok(self.handed(&handoff, sent)),
+        }
+    }
+
+    /// A fair waiter that is the first of its key in this process keeps the others queued (see
+    /// `fair/mod.rs`, "Queue"), before its own attempt, within its deadline.
+    async fn keep_siblings_queued(&mut self) {
+        let Attempts::Fair(fair) = &mut self.attempts_by else {
+            return;
+        };
+        let siblings = self.waiter.fair_siblings();
+        let route = self.context.redis();
+        let keeping = fair.keep_queued(route, &siblings, Instant::now());
+        if let Ok(gone) = tokio::time::timeout_at(self.ask.wait.deadline(), keeping).await {
+            self.waiter.wake_fair(&gone);
         }
     }
 

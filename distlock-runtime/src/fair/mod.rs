@@ -56,7 +56,7 @@ mod request;
 mod waiter;
 
 pub(crate) use message::Handoff;
-pub(crate) use queue::ACQUIRE_FAIR;
+pub(crate) use queue::{ACQUIRE_FAIR, REFRESH_FAIR};
 pub(crate) use request::{claim_renewal, ClaimRenewal, FairAttempts};
 pub(crate) use waiter::{deliver, pass_on_watch, ClaimWatch, FairWaiter};
 

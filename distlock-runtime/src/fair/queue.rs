@@ -1,6 +1,6 @@
 //! The fair acquire's script call, built once per request, and its answer.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use super::HANDOFF_CLAIM;
@@ -23,6 +23,10 @@ pub(crate) static ACQUIRE_FAIR: LazyLock<Lua> = LazyLock::new(|| {
         lua!("fair/acquire.lua")
     ))
 });
+
+/// Moves the deadlines of a process's queued fair waiters of one key on: `fair/refresh.lua`.
+pub(crate) static REFRESH_FAIR: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(lua!("#!lua"; "fair/refresh.lua")));
 
 /// A fair request's queueing script call, built once per acquire: the keys and fixed arguments;
 /// the token, the wait left and the attempt's secret are added per attempt.
@@ -89,6 +93,25 @@ impl FairRequest {
             .arg(waiting)
             .arg(Words(std::iter::once(self.mode)));
         redis.call(&invocation).await
+    }
+}
+
+impl FairRequest {
+    /// Keeps `waiters` (each an owner token and how long its entry is to last from now) in the
+    /// queue; the tokens of those no longer in it.
+    pub(crate) async fn refresh(
+        &self,
+        redis: &dyn Route,
+        waiters: &[(Arc<str>, Duration)],
+    ) -> Result<Vec<String>, Failed> {
+        let mut call = ScriptCall::new("refresh", &REFRESH_FAIR, Kind::Fair, 2);
+        call.key(&self.keys[1])
+            .key(&self.keys[2])
+            .arg(self.claim_ms);
+        for (token, keep) in waiters {
+            call.arg(&**token).arg(millis(*keep));
+        }
+        redis.call(&call).await
     }
 }
 

@@ -30,6 +30,11 @@ pub(crate) fn presence(ttl: Duration) -> Duration {
 /// renew its entry more often than every 5 s.
 const PRESENCE_FLOOR: Duration = Duration::from_secs(10);
 
+/// How long the Redis time of a waiter's latest attempt dates a hand-off: a waiter that has
+/// not attempted for longer (one kept queued by another waiter of its process) confirms a
+/// hand-off by an attempt instead.
+const CALIBRATION_FOR: Duration = Duration::from_secs(30);
+
 /// The attempts of one fair request on one key.
 pub(crate) struct FairAttempts {
     call: FairRequest,
@@ -42,6 +47,8 @@ pub(crate) struct FairAttempts {
     calibration: Option<(Instant, u64)>,
     /// How long the queue keeps this waiter's entry after each attempt ([`presence`]).
     presence: Duration,
+    /// When this waiter last kept the other fair waiters of its process queued.
+    refreshed: Option<Instant>,
 }
 
 impl FairAttempts {
@@ -53,6 +60,43 @@ impl FairAttempts {
             secret: None,
             calibration: None,
             presence: presence(ttl),
+            refreshed: None,
+        }
+    }
+
+    /// Keeps `siblings` (the other fair waiters of the key in this process, each with its
+    /// owner token and deadline) queued, when a quarter of this waiter's presence has passed
+    /// since it last did: each entry then lasts the presence (or the sibling's wait left). The
+    /// tokens of siblings no longer queued (handed the lock, or dropped), to be woken; none
+    /// when Redis failed (the next time tries again; an entry lapses only after a presence).
+    pub(crate) async fn keep_queued(
+        &mut self,
+        route: &dyn Route,
+        siblings: &[(Arc<str>, Instant)],
+        now: Instant,
+    ) -> Vec<String> {
+        if siblings.is_empty()
+            || self
+                .refreshed
+                .is_some_and(|at| now.saturating_duration_since(at) < self.presence / 4)
+        {
+            return Vec::new();
+        }
+        self.refreshed = Some(now);
+        let keep: Vec<(Arc<str>, Duration)> = siblings
+            .iter()
+            .map(|(token, deadline)| {
+                let left = deadline.saturating_duration_since(now).min(self.presence);
+                (Arc::clone(token), left)
+            })
+            .filter(|(_, left)| !left.is_zero())
+            .collect();
+        match self.call.refresh(route, &keep).await {
+            Ok(gone) => gone,
+            Err(failed) => {
+                tracing::debug!(error = %failed.error, "distlock could not keep its fair waiters queued; trying again later");
+                Vec::new()
+            }
         }
     }
 
@@ -122,7 +166,11 @@ impl FairAttempts {
     /// claim's validity not yet over. `None` (undated, or learned too late to trust): an attempt
     /// confirms the hand-off instead, or queues again if the claim lapsed.
     pub(crate) fn trust(&self, handoff: &Handoff) -> Option<Instant> {
-        handoff_start(self.calibration, handoff.server_ms).filter(|start| {
+        // An old calibration would carry the clocks' drift since: not trusted.
+        let calibration = self
+            .calibration
+            .filter(|(sent, _)| sent.elapsed() <= CALIBRATION_FOR);
+        handoff_start(calibration, handoff.server_ms).filter(|start| {
             *start + validity(handoff.claim) > Instant::now() + Duration::from_millis(1)
         })
     }

@@ -14,6 +14,8 @@ use crate::sync::lock;
 /// its attempts' secrets (a real hand-off shows one) and the news hand-offs brought it.
 pub(crate) struct FairWaiter {
     token: Arc<str>,
+    /// When its wait ends: its queue entry is never kept past it.
+    deadline: Instant,
     secrets: Mutex<Secrets>,
     news: Mutex<News>,
 }
@@ -43,16 +45,28 @@ struct News {
 }
 
 impl FairWaiter {
-    /// The waiter of `token`, whose latest attempt stored `secret`.
-    pub(crate) fn new(token: Arc<str>, secret: Option<Arc<str>>) -> Self {
+    /// The waiter of `token`, whose latest attempt stored `secret`, and which waits until
+    /// `deadline`.
+    pub(crate) fn new(token: Arc<str>, secret: Option<Arc<str>>, deadline: Instant) -> Self {
         Self {
             token,
+            deadline,
             secrets: Mutex::new(Secrets {
                 latest: secret,
                 earlier: None,
             }),
             news: Mutex::new(News::default()),
         }
+    }
+
+    /// Its owner token.
+    pub(crate) fn token(&self) -> &Arc<str> {
+        &self.token
+    }
+
+    /// When its wait ends.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.deadline
     }
 
     /// From now on, a hand-off must be signed with `secret` (a new attempt stored it); one
@@ -216,7 +230,7 @@ mod tests {
 
     #[test]
     fn only_a_hand_off_signed_with_the_latest_secret_reaches_its_waiter() {
-        let waiter = FairWaiter::new("w1".into(), Some("s1".into()));
+        let waiter = FairWaiter::new("w1".into(), Some("s1".into()), Instant::now());
         let wake = Notify::new();
         let signed = "w1 7 1 2000";
         let handoff = |mac: String| Handoff::parse(format!("h {signed} {mac}").as_bytes());
@@ -273,9 +287,9 @@ mod tests {
     #[test]
     fn a_leaving_watcher_passes_its_watch_to_the_oldest_waiter_left() {
         let (leaving, heir, other) = (
-            FairWaiter::new("a".into(), None),
-            FairWaiter::new("b".into(), None),
-            FairWaiter::new("c".into(), None),
+            FairWaiter::new("a".into(), None, Instant::now()),
+            FairWaiter::new("b".into(), None, Instant::now()),
+            FairWaiter::new("c".into(), None, Instant::now()),
         );
         let wake = Notify::new();
         let until = Instant::now() + Duration::from_secs(1);

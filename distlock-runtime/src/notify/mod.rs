@@ -188,17 +188,18 @@ impl Notifications {
         }
     }
 
-    /// Joins the queue of waiters for the lock key `channel`; a fair waiter gives its owner
-    /// `token` and its latest attempt's `secret`, so hand-off messages naming it (and showing
-    /// the secret) reach it.
+    /// Joins the queue of waiters for the lock key `channel`, until `deadline`; a fair waiter
+    /// gives its owner `token` and its latest attempt's `secret`, so hand-off messages naming
+    /// it (and showing the secret) reach it.
     pub(crate) fn enqueue(
         &self,
         channel: &str,
         token: Option<Arc<str>>,
         secret: Option<Arc<str>>,
+        deadline: Instant,
     ) -> Ticket {
         let slot = Arc::new(Slot {
-            fair: token.map(|token| FairWaiter::new(token, secret)),
+            fair: token.map(|token| FairWaiter::new(token, secret, deadline)),
             ..Slot::default()
         });
         lock(&self.hub.state)
@@ -293,7 +294,7 @@ impl Ticket {
     pub(crate) async fn woken(&self) -> bool {
         self.slot.wake.notified().await;
         let plain = self.slot.woken.swap(false, Ordering::SeqCst);
-        if plain {
+        if plain && !self.slot.observer {
             self.owed.store(true, Ordering::SeqCst);
         }
         plain
@@ -317,6 +318,63 @@ impl Ticket {
         self.slot.fair.as_ref()?.take_handed()
     }
 
+    /// Whether this waiter watches its key's holder for this process: every waiter but a fair
+    /// one behind another fair waiter of this process (see `fair/mod.rs`, "Queue").
+    pub(crate) fn watches_holder(&self) -> bool {
+        if self.slot.fair.is_none() {
+            return true;
+        }
+        let state = lock(&self.hub.state);
+        state
+            .channels
+            .get(&self.channel)
+            .and_then(first_fair)
+            .is_none_or(|first| Arc::ptr_eq(first, &self.slot))
+    }
+
+    /// The other fair waiters of this key in this process, each with its owner token and
+    /// deadline, when this one is the first of them (it keeps them queued); else none.
+    pub(crate) fn fair_siblings(&self) -> Vec<(Arc<str>, Instant)> {
+        if self.slot.fair.is_none() {
+            return Vec::new();
+        }
+        let state = lock(&self.hub.state);
+        let Some(channel) = state.channels.get(&self.channel) else {
+            return Vec::new();
+        };
+        if !first_fair(channel).is_some_and(|first| Arc::ptr_eq(first, &self.slot)) {
+            return Vec::new();
+        }
+        channel
+            .waiters()
+            .filter(|s| !Arc::ptr_eq(s, &self.slot))
+            .filter_map(|s| s.fair.as_ref())
+            .map(|f| (Arc::clone(f.token()), f.deadline()))
+            .collect()
+    }
+
+    /// Wakes the fair waiters of this key in this process whose owner tokens are `tokens`, to
+    /// try again (they are no longer queued).
+    pub(crate) fn wake_fair(&self, tokens: &[String]) {
+        if tokens.is_empty() {
+            return;
+        }
+        let state = lock(&self.hub.state);
+        let Some(channel) = state.channels.get(&self.channel) else {
+            return;
+        };
+        for slot in channel.waiters() {
+            if slot
+                .fair
+                .as_ref()
+                .is_some_and(|f| tokens.iter().any(|t| **t == **f.token()))
+            {
+                slot.woken.store(true, Ordering::SeqCst);
+                slot.wake.notify_one();
+            }
+        }
+    }
+
     /// When this waiter should look at the latest hand-off's claim, if it watches one.
     pub(crate) fn watch(&self) -> Option<tokio::time::Instant> {
         self.slot.fair.as_ref()?.watch()
@@ -331,8 +389,15 @@ impl Drop for Ticket {
         let Some(channel) = state.channels.get_mut(&self.channel) else {
             return;
         };
+        let was_first_fair = first_fair(channel).is_some_and(|s| Arc::ptr_eq(s, &self.slot));
         // The last waiter to leave a subscribed key unsubscribes it.
         let action = channel.leave(|slot| Arc::ptr_eq(slot, &self.slot), &at);
+        if was_first_fair {
+            // The next fair waiter watches the holder (and keeps the others queued) now.
+            if let Some(next) = first_fair(channel) {
+                next.wake.notify_one();
+            }
+        }
         if self.slot.woken.load(Ordering::SeqCst) || self.owed.load(Ordering::SeqCst) {
             // This waiter leaves with a notification it did not use (or one whose attempt
             // neither took the key nor marked its holder): the next one gets it.
@@ -736,6 +801,11 @@ impl Drop for Watching {
         };
         hub.close(&mut state, self.id, next);
     }
+}
+
+/// The first (oldest) fair waiter of `channel` in this process.
+fn first_fair(channel: &Channel) -> Option<&Arc<Slot>> {
+    channel.waiters().find(|s| s.fair.is_some())
 }
 
 /// Wakes every waiter of `channel`, each with a notification to take: they try again.

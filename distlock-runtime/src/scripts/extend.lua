@@ -1,7 +1,9 @@
 -- EXTEND: extends several leases in one call, each only if its owner still holds every one of
 -- its keys.
--- KEYS: the keys of every lease in the batch, lease after lease: for each of its keys, the lock
---   key when held exclusively, its holders (scripts/holders.lua) when shared or a permit.
+-- KEYS: the keys of every lease in the batch, lease after lease: for each of its keys, two:
+--   the lock key when held exclusively, its holders (scripts/holders.lua) when shared or a
+--   permit; then its fencing counter (scripts/draw.lua), which lives as long as the leases
+--   whose token it holds, so that inspecting a lock held for long still shows its token.
 -- ARGV: for each lease, three values: owner token, new ttl in ms, and its keys' modes, one word
 --   per key, space-separated ('x', 'r' or N, scripts/holders.lua).
 -- Returns one integer per lease: 1 when every key was held by the token (an exclusive one
@@ -19,7 +21,7 @@ for a = 1, #ARGV, 3 do
   for word in string.gmatch(ARGV[a + 2], '%S+') do modes[#modes + 1] = word end
   local owned = 1
   for j, mode in ipairs(modes) do
-    local key = KEYS[k + j - 1]
+    local key = KEYS[k + 2 * (j - 1)]
     if mode == EXCLUSIVE then
       local owner = redis.pcall('GET', key)
       if owner ~= token and owner ~= '~' .. token then owned = 0 break end
@@ -34,16 +36,17 @@ for a = 1, #ARGV, 3 do
   end
   if owned == 1 then
     for j, mode in ipairs(modes) do
-      local key = KEYS[k + j - 1]
+      local key = KEYS[k + 2 * (j - 1)]
       if mode == EXCLUSIVE then
         redis.call('PEXPIRE', key, ttl)
       else
         redis.call('ZADD', key, 'XX', now + tonumber(ttl), member(mode, token))
         keep(key, ttl)
       end
+      redis.call('PEXPIRE', KEYS[k + 2 * (j - 1) + 1], ttl, 'GT')
     end
   end
   results[#results + 1] = owned
-  k = k + #modes
+  k = k + 2 * #modes
 end
 return results
