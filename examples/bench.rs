@@ -33,6 +33,14 @@
 //!   client requests (EVALSHA + EVAL) per acquisition.
 //! - `held`: K leases held (and renewed) at once for a while.
 //! - `growth`: how the cost grows with keys per request and leases held.
+//! - `election`: what waiting election candidates cost Redis. `--candidates N` (100) in
+//!   `--procs P` processes, each process's share tasks of one manager calling `Election::run`
+//!   (ttl `--ttl-ms`); once one leads and the rest are queued, and one ttl later, it counts for
+//!   `--seconds` the client requests (every command but INFO and those scripts run inside, the
+//!   test harness's `RedisServer::requests` rule), the script calls (EVALSHA + EVAL) and all
+//!   commands (scripts' own included) per second, in all and per waiting candidate. With
+//!   `--poll-ms MS` it then measures the same candidates each looping `try_lock` + a sleep of
+//!   MS instead, and the ratio. It starts a redis-server of its own unless given `--redis-url`.
 //!
 //! `--compare` runs `raw`, `uncontended`, `macro`, `uncontended-fair`, `shared`, `shared-fair`,
 //! `permit` and `permit-fair` interleaved (50 rounds, each scenario back to back in every
@@ -52,6 +60,12 @@
 //! cargo run --release --example bench -- contended --mode shared --workers 64 --procs 3 --seconds 5
 //! cargo run --release --example bench -- contended --mode permits --permits 8 --workers 64 --procs 3 --body-ms 10 --seconds 5
 //! cargo run --release --example bench -- contended --mode shared --writers 4 --workers 64 --procs 3 --body-ms 5 --fair --seconds 5
+//! ```
+//!
+//! The election figures:
+//! ```text
+//! cargo run --release --example bench -- election --candidates 100 --procs 3 --ttl-ms 3000 --seconds 20 --poll-ms 100
+//! cargo run --release --example bench -- election --candidates 100 --procs 3 --ttl-ms 30000 --seconds 120
 //! ```
 
 use std::collections::HashMap;
@@ -87,13 +101,20 @@ struct Cli {
     /// Workers in all (contended), shared out among the processes.
     #[arg(long, default_value_t = 64)]
     workers: u32,
-    /// Processes (contended).
+    /// Candidates in all (election), shared out among the processes: one leads, the rest wait.
+    #[arg(long, default_value_t = 100)]
+    candidates: u32,
+    /// Also measure candidates that each loop `try_lock` + a sleep of this many milliseconds
+    /// instead of campaigning (election), and the ratio.
+    #[arg(long)]
+    poll_ms: Option<u64>,
+    /// Processes (contended, election).
     #[arg(long, default_value_t = 1)]
     procs: u32,
     /// Fair locking (contended): waiters queue and each release hands the lock to the oldest.
     #[arg(long)]
     fair: bool,
-    /// Seconds of contention (contended, per round) or of holding (held).
+    /// Seconds of contention (contended, per round), of holding (held) or of waiting (election).
     #[arg(long, default_value_t = 5)]
     seconds: u64,
     /// Rounds (contended): each runs the baseline phase (if the mode has one) and then the
@@ -115,7 +136,7 @@ struct Cli {
     /// Leases held at once (held).
     #[arg(long, default_value_t = 10_000)]
     leases: u32,
-    /// Lease ttl in milliseconds (held; renewal every ttl/3).
+    /// Lease ttl in milliseconds (held, election; renewal every ttl/3).
     #[arg(long, default_value_t = 3_000)]
     ttl_ms: u64,
     /// Redis URL.
@@ -130,6 +151,9 @@ struct Cli {
     /// Internal: number each request's arrival (mixed readers and writers).
     #[arg(long, hide = true)]
     arrivals: bool,
+    /// Internal: the holder label of this process's candidates (election-worker).
+    #[arg(long, hide = true)]
+    label: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -151,6 +175,11 @@ enum Scenario {
     Held,
     /// How the cost grows with keys per request and leases held.
     Growth,
+    /// What waiting election candidates cost Redis.
+    Election,
+    /// Internal: one process's candidates of `election` (polling with `--poll-ms`).
+    #[value(hide = true)]
+    ElectionWorker,
 }
 
 /// How the contended workers hold the key (`--mode`).
@@ -167,9 +196,11 @@ enum Mode {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let redis = match &cli.redis_url {
-        Some(url) => Ok((url.clone(), None)),
-        None => LocalRedis::find_or_start().map(|r| (r.url.clone(), Some(r))),
+    let redis = match (&cli.redis_url, cli.scenario) {
+        (Some(url), _) => Ok((url.clone(), None)),
+        // It counts every command the server runs: a shared Redis's other clients would count.
+        (None, Some(Scenario::Election)) => LocalRedis::start().map(|r| (r.url.clone(), Some(r))),
+        (None, _) => LocalRedis::find_or_start().map(|r| (r.url.clone(), Some(r))),
     };
     let (url, _server) = match redis {
         Ok(found) => found,
@@ -187,9 +218,11 @@ async fn main() -> ExitCode {
         (None, false, Some(Scenario::Contended)) => contended(&cli, &url).await,
         (None, false, Some(Scenario::Held)) => held(&cli, &url).await,
         (None, false, Some(Scenario::Growth)) => growth(&cli, &url).await,
+        (None, false, Some(Scenario::Election)) => election(&cli, &url).await,
+        (None, false, Some(Scenario::ElectionWorker)) => election_worker(&cli, &url).await,
         (None, false, Some(scenario)) => single(&cli, &url, scenario).await,
         (None, false, None) => Err(
-            "name a scenario (raw, uncontended, shared, permit, macro, contended, held, growth) or pass --compare".into(),
+            "name a scenario (raw, uncontended, shared, permit, macro, contended, held, growth, election) or pass --compare".into(),
         ),
     };
     match outcome {
@@ -374,9 +407,11 @@ async fn run_scenario(
         Scenario::Permit => uncontended_cycles(locks, "permit", Role::Permit(1), n, false).await,
         Scenario::PermitFair => uncontended_cycles(locks, "permit", Role::Permit(1), n, true).await,
         Scenario::Macro => macro_cycles(locks, n).await,
-        Scenario::Contended | Scenario::Held | Scenario::Growth => {
-            Err("not a cycle scenario".into())
-        }
+        Scenario::Contended
+        | Scenario::Held
+        | Scenario::Growth
+        | Scenario::Election
+        | Scenario::ElectionWorker => Err("not a cycle scenario".into()),
     }
 }
 
@@ -393,6 +428,8 @@ fn scenario_name(s: Scenario) -> &'static str {
         Scenario::Contended => "contended",
         Scenario::Held => "held",
         Scenario::Growth => "growth",
+        Scenario::Election => "election",
+        Scenario::ElectionWorker => "election-worker",
     }
 }
 
@@ -989,13 +1026,17 @@ async fn commandstats(conn: &mut MultiplexedConnection) -> Fallible<HashMap<Stri
         .query_async(conn)
         .await
         .map_err(|e| e.to_string())?;
-    Ok(info
-        .lines()
+    Ok(command_calls_in(&info))
+}
+
+/// `calls` of each command in the `commandstats` section of an INFO reply, by name.
+fn command_calls_in(info: &str) -> HashMap<String, u64> {
+    info.lines()
         .filter_map(|l| {
             let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
             Some((name.to_owned(), rest.split(',').next()?.parse().ok()?))
         })
-        .collect())
+        .collect()
 }
 
 /// `calls` of one command in `INFO commandstats`.
@@ -1735,6 +1776,454 @@ async fn held(cli: &Cli, url: &str) -> Fallible<()> {
         }
         if let Some(rss) = m.rss {
             println!("  client RSS              {rss:.1} MiB");
+        }
+    }
+    Ok(())
+}
+
+/// The election the `election` scenario's candidates campaign for, and the key its polling
+/// candidates (`--poll-ms`) try instead.
+const ELECTION: &str = "bench";
+const POLLED_KEY: &str = "leader";
+
+/// The commands distlock's scripts run inside them, and INFO: the test harness's
+/// `distlock_tests::RedisServer::requests` counts every other command as a client request, so
+/// each distlock request counts once. The same list as there.
+const NOT_REQUESTS: [&str; 25] = [
+    "get",
+    "set",
+    "pttl",
+    "del",
+    "pexpire",
+    "publish",
+    "info",
+    "exists",
+    "time",
+    "hdel",
+    "hget",
+    "hset",
+    "hexists",
+    "lrem",
+    "lpop",
+    "lindex",
+    "llen",
+    "rpush",
+    "zadd",
+    "zcard",
+    "zcount",
+    "zrange",
+    "zrem",
+    "zremrangebyscore",
+    "zscore",
+];
+
+/// How the candidates of `election` wait for the lead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waiting {
+    /// `Election::run`: queued fair waiters.
+    Campaign,
+    /// A loop of `try_lock` and a sleep of this long, what a service does without elections.
+    Poll(Duration),
+}
+
+impl Waiting {
+    fn of(cli: &Cli) -> Self {
+        cli.poll_ms.map_or(Waiting::Campaign, |ms| {
+            Waiting::Poll(Duration::from_millis(ms))
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Waiting::Campaign => "campaign",
+            Waiting::Poll(_) => "poll",
+        }
+    }
+}
+
+/// `election-worker`: this process's `--candidates` candidates, tasks of one manager labelled
+/// `--label`, which serve until the process is killed. Prints `ready` once they are started.
+async fn election_worker(cli: &Cli, url: &str) -> Fallible<()> {
+    let prefix =
+        std::env::var("DISTLOCK_BENCH_PREFIX").map_err(|_| "missing DISTLOCK_BENCH_PREFIX")?;
+    let locks = LockManager::builder()
+        .url(url)
+        .prefix(prefix)
+        .holder_label(
+            cli.label
+                .clone()
+                .unwrap_or_else(|| std::process::id().to_string()),
+        )
+        .build()
+        .map_err(|e| e.to_string())?;
+    let ttl = Duration::from_millis(cli.ttl_ms);
+    let election = locks.election(ELECTION).ttl(ttl);
+    let mut candidates = tokio::task::JoinSet::new();
+    for _ in 0..cli.candidates {
+        match Waiting::of(cli) {
+            Waiting::Campaign => {
+                let election = election.clone();
+                candidates.spawn(async move {
+                    // The leader keeps its term, and so the lead, for ever.
+                    let lead = |term| async move {
+                        let _term = term;
+                        std::future::pending::<()>().await
+                    };
+                    match election.run(lead).await {
+                        Ok(never) => match never {},
+                        Err(e) => Fallible::Err(e.to_string()),
+                    }
+                });
+            }
+            Waiting::Poll(every) => {
+                candidates.spawn(poll_for_lead(locks.clone(), ttl, every));
+            }
+        }
+    }
+    println!("ready");
+    match candidates.join_next().await {
+        Some(Ok(Err(e))) => Err(e),
+        Some(Err(e)) => Err(e.to_string()),
+        _ => Err("a candidate stopped".into()),
+    }
+}
+
+/// A candidate without elections: tries the lock every `every`, and keeps it (renewed) once it
+/// has it, until it is lost.
+async fn poll_for_lead(locks: LockManager, ttl: Duration, every: Duration) -> Fallible<()> {
+    loop {
+        match locks.try_lock(POLLED_KEY).ttl(ttl).acquire().await {
+            Ok(lease) => lease.lost().await,
+            Err(e) if e.is_contention() => {}
+            Err(e) => return Err(e.to_string()),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// The server's counters at one moment, from one `INFO stats commandstats`.
+struct ServerCounts {
+    /// `total_commands_processed`: every command, those scripts run included.
+    commands: u64,
+    calls: HashMap<String, u64>,
+}
+
+impl ServerCounts {
+    async fn read(conn: &mut MultiplexedConnection) -> Fallible<Self> {
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .arg("commandstats")
+            .query_async(conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        let commands = info
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("total_commands_processed:")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .ok_or("INFO stats has no total_commands_processed")?;
+        Ok(Self {
+            commands,
+            calls: command_calls_in(&info),
+        })
+    }
+
+    fn calls(&self, counted: impl Fn(&str) -> bool) -> u64 {
+        self.calls
+            .iter()
+            .filter(|(name, _)| counted(name))
+            .map(|(_, calls)| calls)
+            .sum()
+    }
+
+    fn requests(&self) -> u64 {
+        self.calls(|name| !NOT_REQUESTS.contains(&name))
+    }
+
+    fn script_calls(&self) -> u64 {
+        self.calls(|name| matches!(name, "evalsha" | "eval"))
+    }
+
+    /// Every command but INFO (the counts of a reply leave out its own INFO).
+    fn commands_but_info(&self) -> u64 {
+        self.commands
+            .saturating_sub(self.calls(|name| name == "info"))
+    }
+}
+
+/// What one phase's waiting candidates cost Redis, per second.
+struct WaitingCost {
+    requests: f64,
+    script_calls: f64,
+    commands: f64,
+    /// The same leader (owner token) before and after the window.
+    leader_kept: bool,
+    /// Fair waiters queued after the window.
+    queued_at_end: usize,
+}
+
+impl WaitingCost {
+    fn figures(&self) -> [(&'static str, f64); 3] {
+        [
+            ("client_requests_per_s", self.requests),
+            ("script_calls_per_s", self.script_calls),
+            ("redis_commands_per_s", self.commands),
+        ]
+    }
+
+    fn row(&self, waiting_candidates: f64) -> serde_json::Value {
+        let mut row = json!({
+            "leader_kept": self.leader_kept,
+            "queued_at_end": self.queued_at_end,
+        });
+        if let Some(fields) = row.as_object_mut() {
+            for (name, per_s) in self.figures() {
+                fields.insert(name.into(), json!(per_s));
+                fields.insert(
+                    format!("{name}_per_waiting_candidate"),
+                    json!(per_s / waiting_candidates),
+                );
+            }
+        }
+        row
+    }
+}
+
+/// Fails if one of the candidate processes has stopped.
+fn all_running(children: &mut [tokio::process::Child]) -> Fallible<()> {
+    for (p, child) in children.iter_mut().enumerate() {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            return Err(format!("candidate process p{p} stopped: {status}"));
+        }
+    }
+    Ok(())
+}
+
+/// Deletes every key under `prefix`.
+async fn remove_prefixed(conn: &mut MultiplexedConnection, prefix: &str) -> Fallible<()> {
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        if !keys.is_empty() {
+            redis::cmd("DEL")
+                .arg(&keys)
+                .exec_async(conn)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
+/// One phase of `election`: starts the candidates in `--procs` processes of this program,
+/// waits until one leads (and, campaigning, the others are queued) and one ttl more, counts the
+/// server's commands for `--seconds`, and stops them.
+async fn measure_waiting(cli: &Cli, url: &str, waiting: Waiting) -> Fallible<WaitingCost> {
+    use tokio::io::AsyncBufReadExt;
+    let prefix = format!("distlock-bench:{}:{}:", std::process::id(), waiting.name());
+    // For the key names only: it sends nothing.
+    let names = LockManager::builder()
+        .url(url)
+        .prefix(&prefix)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let key = match waiting {
+        Waiting::Campaign => names.election(ELECTION).key(),
+        Waiting::Poll(_) => POLLED_KEY.to_owned(),
+    };
+    let (lock_key, queue_key) = (names.redis_key(&key), format!("{prefix}queue:{{{key}}}"));
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let procs = cli.procs.max(1);
+    let mut children = Vec::new();
+    for p in 0..procs {
+        let here = cli.candidates / procs + u32::from(p < cli.candidates % procs);
+        let poll = match waiting {
+            Waiting::Poll(every) => vec!["--poll-ms".to_owned(), every.as_millis().to_string()],
+            Waiting::Campaign => Vec::new(),
+        };
+        let mut child = tokio::process::Command::new(&exe)
+            .arg("election-worker")
+            .args(["--candidates", &here.to_string()])
+            .args(["--ttl-ms", &cli.ttl_ms.to_string()])
+            .args(["--redis-url", url])
+            .args(["--label", &format!("p{p}")])
+            .args(poll)
+            .env("DISTLOCK_BENCH_PREFIX", &prefix)
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let said = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
+        if !matches!(said, Ok(Ok(Some(ref line))) if line == "ready") {
+            return Err(format!("candidate process p{p} did not start"));
+        }
+        children.push(child);
+    }
+    let mut conn = connection(url).await?;
+    let queued = match waiting {
+        Waiting::Campaign => Some(cli.candidates as usize - 1),
+        Waiting::Poll(_) => None,
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (held, in_queue): (bool, usize) = redis::pipe()
+            .exists(&lock_key)
+            .llen(&queue_key)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        if held && queued.is_none_or(|n| n == in_queue) {
+            break;
+        }
+        all_running(&mut children)?;
+        if Instant::now() > deadline {
+            return Err(format!(
+                "after 30 s: key held {held}, {in_queue} candidates queued (expected {queued:?})"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ttl = Duration::from_millis(cli.ttl_ms);
+    tokio::time::sleep(ttl).await;
+    // The owner token, without the mark a waiter puts before it.
+    let leader = |conn: &mut MultiplexedConnection| {
+        let mut conn = conn.clone();
+        let lock_key = lock_key.clone();
+        async move {
+            let value: Option<String> = redis::cmd("GET")
+                .arg(&lock_key)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            Fallible::Ok(value.map(|v| v.trim_start_matches('~').to_owned()))
+        }
+    };
+    let leader_before = leader(&mut conn).await?;
+    let (before, started) = (ServerCounts::read(&mut conn).await?, Instant::now());
+    tokio::time::sleep(Duration::from_secs(cli.seconds.min(86_400))).await;
+    let (after, took) = (ServerCounts::read(&mut conn).await?, started.elapsed());
+    let leader_after = leader(&mut conn).await?;
+    let queued_at_end: usize = redis::cmd("LLEN")
+        .arg(&queue_key)
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    all_running(&mut children)?;
+    for child in &mut children {
+        child.kill().await.map_err(|e| e.to_string())?;
+    }
+    remove_prefixed(&mut conn, &prefix).await?;
+    let per_s = |a: u64, b: u64| a.saturating_sub(b) as f64 / took.as_secs_f64();
+    Ok(WaitingCost {
+        requests: per_s(after.requests(), before.requests()),
+        script_calls: per_s(after.script_calls(), before.script_calls()),
+        commands: per_s(after.commands_but_info(), before.commands_but_info()),
+        leader_kept: leader_before.is_some() && leader_before == leader_after,
+        queued_at_end,
+    })
+}
+
+/// `election`: what `--candidates` candidates cost Redis while one leads, campaigning and, with
+/// `--poll-ms`, polling.
+async fn election(cli: &Cli, url: &str) -> Fallible<()> {
+    if cli.candidates < 2 {
+        return Err("--candidates must be at least 2: one leads, the others wait".into());
+    }
+    let waiting_candidates = f64::from(cli.candidates - 1);
+    let campaign = measure_waiting(cli, url, Waiting::Campaign).await?;
+    let poll = match Waiting::of(cli) {
+        Waiting::Poll(every) => Some((
+            every,
+            measure_waiting(cli, url, Waiting::Poll(every)).await?,
+        )),
+        Waiting::Campaign => None,
+    };
+    if cli.json {
+        let mut row = json!({
+            "scenario": "election",
+            "candidates": cli.candidates,
+            "procs": cli.procs.max(1),
+            "ttl_ms": cli.ttl_ms,
+            "seconds": cli.seconds,
+            "campaign": campaign.row(waiting_candidates),
+        });
+        if let (Some(fields), Some((every, poll))) = (row.as_object_mut(), &poll) {
+            fields.insert("poll_ms".into(), json!(every.as_millis()));
+            fields.insert("poll".into(), poll.row(waiting_candidates));
+            for ((name, polled), (_, campaigned)) in
+                poll.figures().into_iter().zip(campaign.figures())
+            {
+                fields.insert(
+                    format!("poll_over_campaign_{name}"),
+                    json!(polled / campaigned),
+                );
+            }
+        }
+        println!("{row}");
+        return Ok(());
+    }
+    println!(
+        "election: {} candidates ({} waiting) in {} process(es), ttl {} ms, {} s measured one ttl after they settled",
+        cli.candidates,
+        cli.candidates - 1,
+        cli.procs.max(1),
+        cli.ttl_ms,
+        cli.seconds
+    );
+    let labels = [
+        "client requests",
+        "script calls (EVALSHA + EVAL)",
+        "Redis commands (scripts' own incl.)",
+    ];
+    let print = |title: &str, cost: &WaitingCost| {
+        println!(
+            "{title:<38} {:>12} {:>24}",
+            "per second", "per waiting candidate"
+        );
+        for (label, (_, per_s)) in labels.iter().zip(cost.figures()) {
+            println!(
+                "  {label:<36} {per_s:>12.2} {:>24.4}",
+                per_s / waiting_candidates
+            );
+        }
+        println!(
+            "  leader {}, {} queued at the end",
+            if cost.leader_kept {
+                "unchanged"
+            } else {
+                "changed in the window"
+            },
+            cost.queued_at_end
+        );
+    };
+    print("campaigning (Election::run)", &campaign);
+    if let Some((every, poll)) = &poll {
+        print(
+            &format!("polling (try_lock every {} ms)", every.as_millis()),
+            poll,
+        );
+        println!("polling / campaigning");
+        for (label, ((_, polled), (_, campaigned))) in labels
+            .iter()
+            .zip(poll.figures().into_iter().zip(campaign.figures()))
+        {
+            println!("  {label:<36} {:>12.1} x", polled / campaigned);
         }
     }
     Ok(())

@@ -10,10 +10,11 @@
 //! leaves its key to expire, and the candidates, who wake at its expiry, take it then.
 //!
 //! Waiting costs no polling: a candidate is a queued fair waiter, woken by the hand-off that
-//! makes it leader, and otherwise trying again only at the leader's expiry (each try renews its
-//! place in the queue). Observers ([`Election::watch`]) follow the key's release notifications,
-//! and read the leader again every renewal interval (a third of the ttl), which is how an
-//! expiry and a take-over without a release are seen.
+//! makes it leader; in each process only the first candidate also tries at the leader's expiry,
+//! and keeps the others queued (see `fair/`). Observers ([`Election::watch`]) follow the key's
+//! release notifications, and read the leader again at its expiry and every renewal interval (a
+//! third of the ttl), and soon after while nobody leads: that is how a death and a take-over
+//! without a release are seen.
 //!
 //! On a topology that cannot serve fair locks (a quorum, or `min_replicas`), candidates wait as
 //! unfair waiters: a resigning leader's release wakes them, and whoever asks first leads.
@@ -49,10 +50,9 @@ const RETRY_FIRST: Duration = Duration::from_millis(100);
 /// returned by itself (so one that returns at once does not spin on Redis).
 const AFTER_RETURN: Duration = Duration::from_secs(1);
 
-/// After a release notification found no leader, how soon an observer reads again (a candidate
-/// woken by the release is about to take over), up to [`SETTLE_READS`] times.
-const SETTLE: Duration = Duration::from_millis(50);
-const SETTLE_READS: u32 = 10;
+/// While nobody leads, an observer reads again after this, doubling up to a renewal interval:
+/// a new leader (a candidate that took the free key, which announces nothing) is seen soon.
+const UNLED_FIRST: Duration = Duration::from_millis(50);
 
 /// A leader election: at most one candidate of the fleet leads `name` at a time, for a term
 /// that ends when it resigns, dies, or loses its lease. Made by [`LockManager::election`];
@@ -232,9 +232,10 @@ impl Election {
 
     /// Serves for the process's life: campaigns, calls `lead(term)` while this candidate leads,
     /// stops that future (drops it at its next await point) when the term is lost, logs the
-    /// loss once, and campaigns again. If `lead` returns, its term is resigned (handed to the
-    /// next candidate) and this candidate campaigns again a second later. A panic in `lead`
-    /// unwinds through `run`, and resigns on the way.
+    /// loss once, and campaigns again. If `lead`'s future ends, whatever it returns (which is
+    /// dropped: report errors inside it), its term is resigned (handed to the next candidate)
+    /// and this candidate campaigns again a second later. A panic in `lead` unwinds through
+    /// `run`, and resigns on the way.
     ///
     /// Redis failing while it campaigns is retried (the pause doubling from 100 ms to a third
     /// of the ttl), logged at `warn` each time.
@@ -260,7 +261,7 @@ impl Election {
     pub async fn run<F, Fut>(&self, mut lead: F) -> Result<Infallible, LockError>
     where
         F: FnMut(Term) -> Fut,
-        Fut: Future<Output = ()>,
+        Fut: Future,
     {
         let mut pause = RETRY_FIRST;
         loop {
@@ -282,7 +283,7 @@ impl Election {
             tokio::select! {
                 biased;
                 () = state.lost() => {}
-                () = lead(term) => {
+                _ = lead(term) => {
                     tracing::debug!(election = %self.name, "distlock leader returned; its term was resigned");
                     tokio::time::sleep(AFTER_RETURN).await;
                 }
@@ -328,8 +329,10 @@ impl Election {
 
     /// Follows who leads: the receiver holds the latest [`leader`](Self::leader) and changes
     /// when the leader (or its term) does. A resignation is seen at once (through the key's
-    /// release notifications, when the manager has them), any other change within a renewal
-    /// interval (a third of the ttl). Between changes, `remaining` is refreshed without waking
+    /// release notifications, when the manager has them), a dead leader gone at its expiry, a
+    /// leader who takes a free key within 50 ms of it for a while (the reads while nobody leads
+    /// back off to a renewal interval, a third of the ttl), any other change within a renewal
+    /// interval. Between changes, `remaining` is refreshed without waking
     /// the receivers. While Redis cannot be read, the last leader stays until its `remaining`
     /// has passed, then `None`.
     ///
@@ -365,7 +368,8 @@ impl Election {
 }
 
 /// The observer task of [`Election::watch`]: reads the leader after each message on the key's
-/// channel, every renewal interval, and at the leader's expiry; stops with the last receiver.
+/// channel, every renewal interval, at the leader's expiry, and while nobody leads soon after
+/// (50 ms, doubling); stops with the last receiver.
 async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
     let every = (election.ttl / 3).max(crate::MIN_TTL);
     let channel = election
@@ -382,7 +386,8 @@ async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
         .map(|notifications| notifications.observe(&channel));
     // Until when the last leader read stands while Redis cannot be read.
     let mut stands_until: Option<Instant> = None;
-    let mut settling = 0;
+    // How soon to read again while nobody leads.
+    let mut unled = UNLED_FIRST;
     loop {
         let now = Instant::now();
         if let Some(ticket) = &ticket {
@@ -398,10 +403,10 @@ async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
                 if let Some(leader) = &leader {
                     stands_until = Some(now + leader.remaining);
                     next = next.min(now + leader.remaining + Duration::from_millis(1));
-                    settling = 0;
-                } else if settling > 0 {
-                    settling -= 1;
-                    next = now + SETTLE;
+                    unled = UNLED_FIRST;
+                } else {
+                    next = next.min(now + unled);
+                    unled = (unled * 2).min(every);
                 }
                 publish(&sender, leader);
             }
@@ -428,7 +433,7 @@ async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
                     Some(ticket) => ticket.woken().await,
                     None => std::future::pending().await,
                 }
-            } => settling = SETTLE_READS,
+            } => unled = UNLED_FIRST,
             () = tokio::time::sleep_until(next) => {}
         }
     }

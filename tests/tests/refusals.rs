@@ -380,11 +380,11 @@ async fn a_cluster_without_a_primary_is_clusterdown_then_serves_again() {
     }
 }
 
-/// `ASK`, `TRYAGAIN` and `MOVED` while a slot migrates: an extension of a lease whose key moved
-/// already is sent to the importing node after `ASKING`; an acquire that finds the slot's keys
-/// split is refused with `TRYAGAIN` and sent again until the migration ends, then follows
-/// `MOVED` to the new owner (where the key is held: contention, not an error); the release
-/// follows it too.
+/// `ASK`, `TRYAGAIN` and `MOVED` while a slot migrates: an extension and an acquire that find
+/// the lock's keys split (the lock key moved, its fencing counter not yet) are refused with
+/// `TRYAGAIN` and sent again; once both keys moved, the extension is sent to the importing node
+/// after `ASKING`, and after the migration ends the acquire follows `MOVED` to the new owner
+/// (where the key is held: contention, not an error); the release follows it too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_migrating_slot_is_followed_through_ask_tryagain_and_moved() {
     let _load = distlock_tests::heavy().await;
@@ -425,19 +425,23 @@ async fn a_migrating_slot_is_followed_through_ask_tryagain_and_moved() {
         assert!(answer.starts_with("+OK"), "{answer}");
     };
     migrate(&lock_key);
-    // The lock key is on the target now, the counter still on the source.
-    lease
-        .extend(Duration::from_secs(30))
-        .await
-        .expect("ASK followed");
+    // The lock key is on the target now, the counter still on the source: split keys, TRYAGAIN
+    // (sent again) for the extension, which keeps the counter with the lease, and the acquire.
+    let extending = tokio::spawn(async move {
+        let extended = lease.extend(Duration::from_secs(30)).await;
+        (lease, extended)
+    });
+    let acquiring = tokio::spawn(async move { rival.try_lock("mig").acquire().await.map(drop) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!extending.is_finished(), "TRYAGAIN is sent again");
+    assert!(!acquiring.is_finished(), "TRYAGAIN is sent again");
+    migrate(&fence_key);
+    // Both keys on the target: ASK, then ASKING there.
+    let (lease, extended) = extending.await.unwrap();
+    extended.expect("ASK followed");
     let pttl = dst.commands(&[&["ASKING"], &["PTTL", &lock_key]]).remove(1);
     let pttl: i64 = pttl.trim().trim_start_matches(':').parse().unwrap();
     assert!(pttl > 20_000, "extended on the importing node: {pttl}");
-    // Split keys: TRYAGAIN until the migration ends, meanwhile.
-    let acquiring = tokio::spawn(async move { rival.try_lock("mig").acquire().await.map(drop) });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!acquiring.is_finished(), "TRYAGAIN is sent again");
-    migrate(&fence_key);
     for i in 0..3 {
         let answer = cluster
             .node(i)
@@ -542,9 +546,21 @@ async fn a_least_privilege_user_follows_a_migrating_slot() {
         .command(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id])
         .starts_with("+OK"));
     let port = dst.port().to_string();
-    let answer = src.command(&["MIGRATE", "127.0.0.1", &port, &lock_key, "0", "5000"]);
+    // The lock key and its fencing counter (which an extension keeps with the lease).
+    let fence_key = lock_key.replace(":lock:", ":fence:");
+    let answer = src.command(&[
+        "MIGRATE",
+        "127.0.0.1",
+        &port,
+        "",
+        "0",
+        "5000",
+        "KEYS",
+        &lock_key,
+        &fence_key,
+    ]);
     assert!(answer.starts_with("+OK"), "{answer}");
-    // The key is on the importing node: ASK, then ASKING there, as the ACL user.
+    // The keys are on the importing node: ASK, then ASKING there, as the ACL user.
     lease
         .extend(Duration::from_secs(30))
         .await
