@@ -31,11 +31,11 @@ mod tests {
         ("release", "18d3b743e9856048de4f2f4d2a52b37ac809a493"),
         ("extend", "9a9a5f34115e2b12dca1cd75ef2a7095eb8ea3d7"),
         ("fair_acquire", "5938519ad021e21347e7086e15a87a5450a1c977"),
-        ("fair_refresh", "a81229fcdf502dc02dd17b132fe14ffd35deaf93"),
+        ("fair_refresh", "3388f7f07f1a4a9b5b74872373d3e004990a0a8a"),
         ("raise", "ae177c3820fd89219691cdc41181d774fa6ba1f1"),
         ("inspect", "05b98341403e378d6d05491e22d62ef448d276d7"),
         ("force_release", "f546e77d1818cb82aa280044827771e839937632"),
-        ("check", "2a6bf874967811fc7e6a3c8894bb79590245840d"),
+        ("check", "e702d7ea314676c803c91b788340053e6efabb46"),
         ("key_types", "0f78f49b3902f1c2da6260e309797d0462609281"),
     ];
 

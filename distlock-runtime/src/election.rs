@@ -82,31 +82,69 @@ pub struct Election {
     manager: LockManager,
     name: Arc<str>,
     ttl: Duration,
-    /// The observer task's channel, shared by clones made after [`ttl`](Self::ttl).
-    watcher: Arc<Mutex<Option<watch::Sender<Option<LeaderInfo>>>>>,
+    /// The observer task's channel and the task, shared by clones made after [`ttl`](Self::ttl).
+    watcher: Arc<Mutex<Option<Watcher>>>,
+}
+
+/// The observer task of an election's [`watch`](Election::watch), and its channel.
+#[derive(Debug)]
+struct Watcher {
+    sender: watch::Sender<Option<LeaderInfo>>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 /// A candidate's time as leader, from [`Election::campaign`] (or handed to the function of
 /// [`Election::run`]): valid until it is lost or resigned. Its lease is renewed every third of
-/// the election's ttl. Dropping it resigns (from a background task); [`resign`](Self::resign)
-/// waits for Redis.
-#[must_use = "dropping a Term resigns at once; keep it while leading"]
-#[derive(Debug)]
+/// the election's ttl. Dropping a term from `campaign` resigns (from a background task);
+/// [`resign`](Self::resign) waits for Redis. The term `run` hands its function is kept by `run`
+/// until the function ends: dropping it there changes nothing.
+#[must_use = "dropping a Term from campaign() resigns at once; keep it while leading"]
 pub struct Term {
-    lease: Lease,
-    election: Arc<str>,
-    /// Cancelled when the term ends by itself (resigned or dropped): its loss is no longer
-    /// watched.
-    ended: Ended,
+    office: Arc<Office>,
 }
 
-/// Cancels its token when dropped: a term that ends ends the watch of its loss.
-#[derive(Debug)]
-struct Ended(CancellationToken);
+/// What a term holds, shared by the [`Term`] and, under [`Election::run`], by `run` itself.
+struct Office {
+    /// The lease, until the term is resigned (`None` from then on); dropped with the last
+    /// holder of the office, which releases it in the background.
+    lease: Mutex<Option<Lease>>,
+    state: Arc<LeaseState>,
+    fencing_token: u64,
+    election: Arc<str>,
+    /// Cancelled when the term ends by itself (resigned, or its office dropped): its loss is
+    /// no longer watched, and `run` stops its leader.
+    ended: CancellationToken,
+}
 
-impl Drop for Ended {
+impl Drop for Office {
     fn drop(&mut self) {
-        self.0.cancel();
+        self.ended.cancel();
+    }
+}
+
+impl Office {
+    /// Releases the lease, if still held, and ends the term.
+    async fn resign(&self) -> Result<(), LockError> {
+        let lease = lock(&self.lease).take();
+        let released = match lease {
+            Some(lease) => {
+                tracing::info!(election = %self.election, fencing_token = self.fencing_token, "distlock resigns the election");
+                lease.release().await
+            }
+            None => Ok(()),
+        };
+        self.ended.cancel();
+        released
+    }
+}
+
+impl std::fmt::Debug for Term {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Term")
+            .field("election", &self.office.election)
+            .field("fencing_token", &self.office.fencing_token)
+            .field("lost", &self.is_lost())
+            .finish()
     }
 }
 
@@ -232,10 +270,12 @@ impl Election {
 
     /// Serves for the process's life: campaigns, calls `lead(term)` while this candidate leads,
     /// stops that future (drops it at its next await point) when the term is lost, logs the
-    /// loss once, and campaigns again. If `lead`'s future ends, whatever it returns (which is
-    /// dropped: report errors inside it), its term is resigned (handed to the next candidate)
-    /// and this candidate campaigns again a second later. A panic in `lead` unwinds through
-    /// `run`, and resigns on the way.
+    /// loss once, and campaigns again. `run` keeps the term while `lead`'s future runs (a
+    /// function that drops its term, or never looks at it, still leads). If that future ends,
+    /// whatever it returns (which is dropped: report errors inside it), the term is resigned
+    /// (handed to the next candidate) and this candidate campaigns again a second later; so
+    /// too when the leader resigns its term itself (its future is stopped then). A panic in
+    /// `lead` unwinds through `run`, and resigns on the way.
     ///
     /// Redis failing while it campaigns is retried (the pause doubling from 100 ms to a third
     /// of the ttl), logged at `warn` each time.
@@ -278,15 +318,24 @@ impl Election {
                 }
             };
             pause = RETRY_FIRST;
-            // The term's own watcher logs its loss; this only stops the leader's future.
-            let state = Arc::clone(term.lease.state());
-            tokio::select! {
+            // `run` keeps the office while the leader's function runs (the function may drop
+            // its term), and stops the function when the term is lost or the leader resigned.
+            // The term's own watcher logs a loss.
+            let office = Arc::clone(&term.office);
+            let stepped_down = tokio::select! {
                 biased;
-                () = state.lost() => {}
-                _ = lead(term) => {
-                    tracing::debug!(election = %self.name, "distlock leader returned; its term was resigned");
-                    tokio::time::sleep(AFTER_RETURN).await;
+                () = office.state.lost() => false,
+                () = office.ended.cancelled() => true,
+                _ = lead(term) => true,
+            };
+            if stepped_down {
+                if let Err(error) = office.resign().await {
+                    // Retried in the background, and the key expires at its ttl at the latest.
+                    tracing::debug!(election = %self.name, %error, "distlock could not resign at once");
                 }
+                drop(office);
+                tracing::debug!(election = %self.name, "distlock leader returned or resigned; campaigning again in a second");
+                tokio::time::sleep(AFTER_RETURN).await;
             }
         }
     }
@@ -336,9 +385,13 @@ impl Election {
     /// the receivers. While Redis cannot be read, the last leader stays until its `remaining`
     /// has passed, then `None`.
     ///
+    /// After a hand-off that its recipient confirms by an attempt (rather than by the
+    /// message), receivers are woken twice for one term: with the hand-off's fencing token,
+    /// then with the term's own (greater) one.
+    ///
     /// One background task per election (shared by its clones) reads for every receiver; it
     /// stops when the last receiver is dropped. Call it inside a Tokio runtime: outside one,
-    /// the receiver stays at `None`.
+    /// the receiver holds `None` and its `changed()` fails at once.
     ///
     /// ```no_run
     /// # async fn demo(locks: distlock_runtime::LockManager) {
@@ -353,16 +406,18 @@ impl Election {
     /// ```
     pub fn watch(&self) -> watch::Receiver<Option<LeaderInfo>> {
         let mut watcher = lock(&self.watcher);
-        if let Some(sender) = watcher.as_ref().filter(|s| !s.is_closed()) {
-            return sender.subscribe();
+        if let Some(running) = watcher.as_ref().filter(|w| !w.task.is_finished()) {
+            return running.sender.subscribe();
         }
         let (sender, receiver) = watch::channel(None);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(election = %self.name, "distlock Election::watch called outside a Tokio runtime: the receiver will not follow the leader");
             return receiver;
         };
-        *watcher = Some(sender.clone());
-        runtime.spawn(follow(self.clone(), sender));
+        // A task that ended without its receivers (its runtime shut down) is replaced; dropping
+        // its channel tells its receivers.
+        let task = runtime.spawn(follow(self.clone(), sender.clone()));
+        *watcher = Some(Watcher { sender, task });
         receiver
     }
 }
@@ -371,7 +426,10 @@ impl Election {
 /// channel, every renewal interval, at the leader's expiry, and while nobody leads soon after
 /// (50 ms, doubling); stops with the last receiver.
 async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
-    let every = (election.ttl / 3).max(crate::MIN_TTL);
+    // A ttl out of range (refused only when campaigning) reads no more often than every 100 ms.
+    let every = (election.ttl / 3).clamp(Duration::from_millis(100), crate::MAX_TTL);
+    // `now + d`, for a `d` that may be huge (a key without expiry reads as `Duration::MAX`).
+    let after = |now: Instant, d: Duration| now.checked_add(d).unwrap_or(now + every);
     let channel = election
         .manager
         .context()
@@ -401,8 +459,12 @@ async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
         match read {
             Ok(leader) => {
                 if let Some(leader) = &leader {
-                    stands_until = Some(now + leader.remaining);
-                    next = next.min(now + leader.remaining + Duration::from_millis(1));
+                    let expiry = after(
+                        now,
+                        leader.remaining.saturating_add(Duration::from_millis(1)),
+                    );
+                    stands_until = Some(expiry);
+                    next = next.min(expiry);
                     unled = UNLED_FIRST;
                 } else {
                     next = next.min(now + unled);
@@ -422,7 +484,7 @@ async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
             () = sender.closed() => {
                 let mut watcher = lock(&election.watcher);
                 if sender.receiver_count() == 0 {
-                    if watcher.as_ref().is_some_and(|s| s.same_channel(&sender)) {
+                    if watcher.as_ref().is_some_and(|w| w.sender.same_channel(&sender)) {
                         *watcher = None;
                     }
                     return;
@@ -459,8 +521,9 @@ impl Term {
         let fencing_token = lease.fencing_token();
         tracing::info!(%election, fencing_token, "distlock leads the election");
         crate::telemetry::term_started(&election);
+        let state = Arc::clone(lease.state());
         let watched = watch_loss(
-            Arc::clone(lease.state()),
+            Arc::clone(&state),
             Arc::clone(&election),
             fencing_token,
             ended.clone(),
@@ -472,9 +535,13 @@ impl Term {
             Err(_) => ended.cancel(),
         }
         Self {
-            lease,
-            election,
-            ended: Ended(ended),
+            office: Arc::new(Office {
+                lease: Mutex::new(Some(lease)),
+                state,
+                fencing_token,
+                election,
+                ended,
+            }),
         }
     }
 
@@ -493,43 +560,46 @@ impl Term {
     /// # }
     /// ```
     pub fn fencing_token(&self) -> u64 {
-        self.lease.fencing_token()
+        self.office.fencing_token
     }
 
     /// The election's name.
     pub fn election(&self) -> &str {
-        &self.election
+        &self.office.election
     }
 
     /// Resolves when the term is lost: renewal found the key gone or taken by someone else
-    /// (force-released), or kept failing until the term's validity ran out. Never resolves while
-    /// the term stays valid.
+    /// (force-released), or kept failing until the term's validity ran out; or when it ended
+    /// (resigned). Never resolves while the term stays valid.
     pub async fn lost(&self) {
-        self.lease.lost().await;
+        tokio::select! {
+            () = self.office.state.lost() => {}
+            () = self.office.ended.cancelled() => {}
+        }
     }
 
-    /// True once the term is known to be lost, or its validity has run out without renewal:
-    /// stop acting as leader.
+    /// True once the term is known to be lost, or its validity has run out without renewal, or
+    /// it was resigned: stop acting as leader.
     pub fn is_lost(&self) -> bool {
-        self.lease.is_lost()
+        self.office.ended.is_cancelled() || self.office.state.is_lost()
     }
 
-    /// How much longer the term is valid unless renewed (see [`Lease::remaining`]).
+    /// How much longer the term is valid unless renewed (see [`Lease::remaining`]); zero once
+    /// it is lost or resigned.
     pub fn remaining(&self) -> Duration {
-        self.lease.remaining()
+        lock(&self.office.lease)
+            .as_ref()
+            .map_or(Duration::ZERO, Lease::remaining)
     }
 
     /// Steps down: releases the election's key, which hands it at once to the oldest waiting
-    /// candidate.
+    /// candidate. Under [`Election::run`], the leader's function is stopped then.
     ///
     /// # Errors
     /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked (the
     /// release is retried in the background, and the key expires at its ttl at the latest).
     pub async fn resign(self) -> Result<(), LockError> {
-        self.ended.0.cancel();
-        tracing::info!(election = %self.election, fencing_token = self.fencing_token(), "distlock resigns the election");
-        let Term { lease, .. } = self;
-        lease.release().await
+        self.office.resign().await
     }
 }
 

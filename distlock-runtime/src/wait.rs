@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::fair::{ClaimWatch, Handoff};
+use crate::fair::{ClaimWatch, Handoff, Sibling};
 use crate::notify::{Notifications, Ticket};
 
 /// First backoff step.
@@ -73,8 +73,8 @@ pub(crate) struct Waiter<'a> {
     deadline: Instant,
     step: Duration,
     notifications: Option<&'a Notifications>,
-    /// The owner token of a fair waiter.
-    fair: Option<Arc<str>>,
+    /// The owner token of a fair waiter, and how long its queue entry lasts once kept.
+    fair: Option<(Arc<str>, Duration)>,
     /// The secret of the fair waiter's latest attempt.
     secret: Option<Arc<str>>,
     ticket: Option<Ticket>,
@@ -84,11 +84,12 @@ pub(crate) struct Waiter<'a> {
 
 impl<'a> Waiter<'a> {
     /// A waiter that gives up at `deadline`, woken by `notifications` when there are some;
-    /// `fair` is the owner token of a fair waiter, which hand-offs name.
+    /// `fair` is the owner token of a fair waiter, which hand-offs name, and its presence (how
+    /// long its queue entry lasts once kept).
     pub(crate) fn new(
         deadline: Instant,
         notifications: Option<&'a Notifications>,
-        fair: Option<Arc<str>>,
+        fair: Option<(Arc<str>, Duration)>,
     ) -> Self {
         Self {
             deadline,
@@ -111,11 +112,11 @@ impl<'a> Waiter<'a> {
         if let Some(ticket) = &self.ticket {
             ticket.expect_secret(self.secret.clone());
         }
-        if let (Some(notifications), Some(token)) = (self.notifications, &self.fair) {
+        if let (Some(notifications), Some(fair)) = (self.notifications, &self.fair) {
             if self.ticket.is_none() && notifications.subscribed(key) {
                 self.ticket = Some(notifications.enqueue(
                     key,
-                    Some(Arc::clone(token)),
+                    Some(fair.clone()),
                     self.secret.clone(),
                     self.deadline,
                 ));
@@ -211,10 +212,14 @@ impl<'a> Waiter<'a> {
             }
             // A fair waiter behind another of this process sleeps through the holder's expiry:
             // the first one tries then, and keeps it queued (it is woken when that one leaves).
-            let expiry = if ticket.watches_holder() {
-                holder_until
-            } else {
+            // The first tries at the latest a third of the shortest presence among them after
+            // its last attempt, which keeps its own place and theirs.
+            let expiry = if !ticket.watches_holder() {
                 self.deadline
+            } else if let Some(presence) = self.fair.as_ref().and(ticket.least_presence()) {
+                holder_until.min(sent + presence / 3)
+            } else {
+                holder_until
             };
             let (until, watched) = self.claims.wake_at(ticket.watch(), expiry);
             tokio::select! {
@@ -236,9 +241,9 @@ impl<'a> Waiter<'a> {
         }
     }
 
-    /// The other fair waiters of the key this waiter waits for in this process (owner token
-    /// and deadline), when it is the first of them and so keeps them queued; else none.
-    pub(crate) fn fair_siblings(&self) -> Vec<(Arc<str>, Instant)> {
+    /// The other fair waiters of the key this waiter waits for in this process, when it is the
+    /// first of them and so keeps them queued; else none.
+    pub(crate) fn fair_siblings(&self) -> Vec<Sibling> {
         self.ticket
             .as_ref()
             .map(Ticket::fair_siblings)

@@ -278,6 +278,7 @@ async fn resign_drop_and_panic_hand_over_at_once_in_arrival_order() {
     let d = tokio::spawn({
         let e = elections[3].clone();
         async move {
+            // Its function ignores its term (dropped at once): `run` keeps it while it runs.
             e.run(|_term| async move { panic!("the leader's job failed") })
                 .await
         }
@@ -287,11 +288,13 @@ async fn resign_drop_and_panic_hand_over_at_once_in_arrival_order() {
     let e = tokio::spawn({
         let (e, led) = (elections[4].clone(), Arc::clone(&e_led));
         async move {
+            // A leader function whose output is not `Send` (a boxed error): `run` stays `Send`.
             e.run(|term| {
                 let led = Arc::clone(&led);
                 async move {
                     *led.lock().unwrap() = Some(term.fencing_token());
                     std::future::pending::<()>().await;
+                    Ok::<(), Box<dyn std::error::Error>>(())
                 }
             })
             .await
@@ -743,4 +746,84 @@ async fn an_election_elects_and_hands_over_on_a_cluster_sentinel_and_a_quorum() 
         false,
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_resigns_inside_run_is_stopped_and_campaigns_again_a_second_later() {
+    let server = RedisServer::start();
+    let locks = labelled(&server, "quitter");
+    let election = locks.election("quits").ttl(Duration::from_secs(30));
+    let (tokens, after_resign) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(0)));
+    let serving = tokio::spawn({
+        let (election, tokens, after_resign) = (
+            election.clone(),
+            Arc::clone(&tokens),
+            Arc::clone(&after_resign),
+        );
+        async move {
+            election
+                .run(|term| {
+                    let (tokens, after_resign) = (Arc::clone(&tokens), Arc::clone(&after_resign));
+                    async move {
+                        tokens
+                            .lock()
+                            .unwrap()
+                            .push((term.fencing_token(), Instant::now()));
+                        term.resign().await.expect("resign");
+                        // Not a leader any more: `run` must stop this before it goes on.
+                        loop {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            *after_resign.lock().unwrap() += 1;
+                        }
+                    }
+                })
+                .await
+        }
+    });
+    let twice = eventually(Duration::from_secs(5), || async {
+        tokens.lock().unwrap().len() >= 2
+    })
+    .await;
+    assert!(twice.is_some(), "no second term");
+    let tokens = tokens.lock().unwrap().clone();
+    assert!(tokens[1].0 > tokens[0].0);
+    let pause = tokens[1].1 - tokens[0].1;
+    assert!(
+        pause >= Duration::from_secs(1),
+        "campaigned again after {pause:?}: it would spin"
+    );
+    assert!(
+        *after_resign.lock().unwrap() <= 1,
+        "the resigned leader went on running"
+    );
+    serving.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_follows_a_key_without_expiry_and_its_removal() {
+    // An election key someone set by hand, with no expiry: read as held for ever, and the
+    // observer keeps reading (it used to overflow its clock arithmetic).
+    let server = RedisServer::start();
+    let observer = server
+        .manager()
+        .election("by-hand")
+        .ttl(Duration::from_millis(600));
+    server.command(&[
+        "SET",
+        "distlock:lock:{election:by-hand}",
+        "0123456789abcdef0123456789abcdef:manual",
+    ]);
+    let mut leaders = observer.watch();
+    assert!(
+        seen_within(&mut leaders, Duration::from_secs(2), |l| {
+            l.as_ref().and_then(|l| l.label.as_deref()) == Some("manual")
+        })
+        .await,
+        "watch did not show the key set by hand"
+    );
+    server.command(&["DEL", "distlock:lock:{election:by-hand}"]);
+    assert!(
+        seen_within(&mut leaders, Duration::from_secs(2), |l| l.is_none()).await,
+        "the observer stopped reading"
+    );
 }

@@ -769,3 +769,67 @@ async fn a_hand_off_to_a_waiter_that_polls_is_confirmed_by_its_next_attempt() {
     assert!(lease.fencing_token() > held_token);
     lease.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_with_a_short_presence_behind_one_with_a_long_one_keeps_its_place() {
+    // In one process: a fair waiter with a 30 s ttl (presence 60 s) queued first, one with a
+    // 1 s ttl (presence 10 s) behind it. The first keeps both queued within the shorter
+    // presence: the second's entry is moved on within a third of it.
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let conn = server.client().await;
+    let holder = locks
+        .lock("mixed-ttl")
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+    let long = distlock_tests::spawn_waiter(&locks, "mixed-ttl", Duration::from_secs(60));
+    until_queued(&conn, "mixed-ttl", 1).await;
+    let short = tokio::spawn(
+        locks
+            .lock("mixed-ttl")
+            .ttl(Duration::from_secs(1))
+            .wait(Duration::from_secs(60))
+            .acquire(),
+    );
+    until_queued(&conn, "mixed-ttl", 2).await;
+    let deadline_of = |entries: std::collections::HashMap<String, String>, token: &str| -> u64 {
+        entries[token].split(' ').next().unwrap().parse().unwrap()
+    };
+    let mut c = conn.clone();
+    let queue: Vec<String> = c.lrange("distlock:queue:{mixed-ttl}", 0, -1).await.unwrap();
+    let second = queue[1].clone();
+    let entries: std::collections::HashMap<String, String> =
+        c.hgetall("distlock:waiters:{mixed-ttl}").await.unwrap();
+    let first_deadline = deadline_of(entries, &second);
+    // Its own attempt kept it 10 s; the first waiter keeps it again within 10 s / 3.
+    let kept = distlock_tests::eventually(Duration::from_secs(5), || {
+        let (mut c, second) = (conn.clone(), second.clone());
+        async move {
+            let entries: std::collections::HashMap<String, String> =
+                c.hgetall("distlock:waiters:{mixed-ttl}").await.unwrap();
+            entries.get(&second).is_some_and(|e| {
+                e.split(' ').next().and_then(|d| d.parse::<u64>().ok())
+                    > Some(first_deadline + 1_000)
+            })
+        }
+    })
+    .await;
+    assert!(kept.is_some(), "the short waiter's entry was not kept");
+    holder.release().await.unwrap();
+    long.await
+        .unwrap()
+        .1
+        .expect("the first waiter gets the lock")
+        .release()
+        .await
+        .unwrap();
+    short
+        .await
+        .unwrap()
+        .expect("then the second")
+        .release()
+        .await
+        .unwrap();
+}

@@ -193,7 +193,8 @@ impl<'a> Acquiring<'a> {
                 Attempts::Places(Places::new(route, &redis_keys, &token, ask.ttl, waiting))
             }
         };
-        let fair_token = (ask.fairness == Fairness::Fair).then(|| Arc::clone(&token));
+        let fair_token = (ask.fairness == Fairness::Fair)
+            .then(|| (Arc::clone(&token), crate::fair::presence(ask.ttl)));
         let waiter = Waiter::new(
             ask.wait.deadline(),
             context.notifications.as_ref(),

@@ -16,9 +16,12 @@
 //!    `acquire.lua`): a list of tokens in arrival order, and a hash of each token's entry
 //!    (deadline, claim time, secret). A free key is taken only if no live waiter queued first.
 //!    An entry's deadline is the end of the waiter's wait, but no more than its presence (twice
-//!    its ttl, at least 10 s) after its latest attempt; a waiter tries again before half of that
-//!    has passed, so a crashed waiter leaves the queue within its presence, and one that waits
-//!    for ever (an election's candidate) keeps its place.
+//!    its ttl, at least 10 s) after it was last kept. The first fair waiter of the key in each
+//!    process keeps its own entry (by its attempts) and the others' (`refresh.lua`) at least
+//!    every third of the shortest presence among them; it alone wakes at the holder's expiry,
+//!    the others sleep until a hand-off or a notification (or its leaving) wakes them. A crashed
+//!    waiter leaves the queue within its presence, one that waits for ever (an election's
+//!    candidate) keeps its place, and waiting costs a call per process, not per waiter.
 //! 2. **Hand-off.** A release with a live waiter queued sets the key to that waiter's token for
 //!    a claim time ([`HANDOFF_CLAIM`]), draws its fencing token, and publishes
 //!    `h <token> <fence> <redis_ms> <claim_ms> <mac>` on the key's channel, where `<mac>` is
@@ -57,8 +60,8 @@ mod waiter;
 
 pub(crate) use message::Handoff;
 pub(crate) use queue::{ACQUIRE_FAIR, REFRESH_FAIR};
-pub(crate) use request::{claim_renewal, ClaimRenewal, FairAttempts};
-pub(crate) use waiter::{deliver, pass_on_watch, ClaimWatch, FairWaiter};
+pub(crate) use request::{claim_renewal, presence, ClaimRenewal, FairAttempts};
+pub(crate) use waiter::{deliver, pass_on_watch, ClaimWatch, FairWaiter, Sibling};
 
 /// How long a lock handed to a fair waiter is held for it before the waiter extends it to its
 /// ttl (its renewal does, a third of the claim later). A hand-off to a waiter that is gone

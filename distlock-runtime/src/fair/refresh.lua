@@ -2,8 +2,8 @@
 -- deadline on, so that a process's waiters cost one call per renewal, not one each (see
 -- fair/mod.rs, "Queue").
 -- KEYS: the queue Q and its entries W of one lock key (see fair/head_live.lua).
--- ARGV[1]: the longest claim time of the waiters, in ms (the queue keys outlive every deadline
---   by it).
+-- ARGV[1]: the caller's claim time, in ms (the queue keys outlive the deadlines it sets by
+--   it; an entry's own claim time, in its entry, is kept).
 -- ARGV[2], ARGV[3], ...: pairs of a waiter's owner token and how long its entry lasts from now,
 --   in ms (its wait left, at most its presence).
 -- Returns the tokens of the waiters that are no longer queued (handed the lock, or dropped

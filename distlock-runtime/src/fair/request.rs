@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::message::Handoff;
 use super::queue::{FairAnswer, FairRequest};
+use super::waiter::Sibling;
 use crate::failed::Failed;
 use crate::ids::id_text;
 use crate::keys::LockKeys;
@@ -17,17 +18,18 @@ use crate::scripts::{Acquire, Waiting};
 use crate::topology::Route;
 use crate::validity::validity;
 
-/// How long the queue keeps a fair waiter's entry after each of its attempts: twice the ttl,
-/// and at least [`PRESENCE_FLOOR`]. A waiter tries again (which renews its entry) at its
-/// holder's expiry and at the latest after half of it, so a live waiter stays queued however
-/// long it waits (an election's candidate waits for ever), and a crashed one is dropped from
-/// the queue within it instead of at the end of its wait.
+/// How long the queue keeps a fair waiter's entry after it was last kept: twice the ttl, and at
+/// least [`PRESENCE_FLOOR`]. The first fair waiter of a key in each process keeps its own entry
+/// (by its attempts) and the others' (by [`FairAttempts::keep_queued`]) at least every third of
+/// the shortest presence among them, so a live waiter stays queued however long it waits (an
+/// election's candidate waits for ever), and a crashed one is dropped from the queue within its
+/// presence instead of at the end of its wait.
 pub(crate) fn presence(ttl: Duration) -> Duration {
     (ttl * 2).max(PRESENCE_FLOOR)
 }
 
 /// The least [`presence`]: a waiter asking for a short ttl behind a long-lived holder does not
-/// renew its entry more often than every 5 s.
+/// keep its place more often than every 3 s or so.
 const PRESENCE_FLOOR: Duration = Duration::from_secs(10);
 
 /// How long the Redis time of a waiter's latest attempt dates a hand-off: a waiter that has
@@ -64,37 +66,44 @@ impl FairAttempts {
         }
     }
 
-    /// Keeps `siblings` (the other fair waiters of the key in this process, each with its
-    /// owner token and deadline) queued, when a quarter of this waiter's presence has passed
-    /// since it last did: each entry then lasts the presence (or the sibling's wait left). The
+    /// Keeps `siblings` (the other fair waiters of the key in this process) queued, when a
+    /// quarter of the shortest presence among them and this waiter has passed since it last
+    /// did: each entry then lasts its own presence (or the sibling's wait left, if shorter). The
     /// tokens of siblings no longer queued (handed the lock, or dropped), to be woken; none
-    /// when Redis failed (the next time tries again; an entry lapses only after a presence).
+    /// when Redis failed (the next wake tries again: this waiter wakes at the latest a third of
+    /// that presence after its last attempt, so one failure never lets an entry lapse).
     pub(crate) async fn keep_queued(
         &mut self,
         route: &dyn Route,
-        siblings: &[(Arc<str>, Instant)],
+        siblings: &[Sibling],
         now: Instant,
     ) -> Vec<String> {
+        let least = siblings
+            .iter()
+            .map(|s| s.presence)
+            .fold(self.presence, Duration::min);
         if siblings.is_empty()
             || self
                 .refreshed
-                .is_some_and(|at| now.saturating_duration_since(at) < self.presence / 4)
+                .is_some_and(|at| now.saturating_duration_since(at) < least / 4)
         {
             return Vec::new();
         }
-        self.refreshed = Some(now);
         let keep: Vec<(Arc<str>, Duration)> = siblings
             .iter()
-            .map(|(token, deadline)| {
-                let left = deadline.saturating_duration_since(now).min(self.presence);
-                (Arc::clone(token), left)
+            .map(|s| {
+                let left = s.deadline.saturating_duration_since(now).min(s.presence);
+                (Arc::clone(&s.token), left)
             })
             .filter(|(_, left)| !left.is_zero())
             .collect();
         match self.call.refresh(route, &keep).await {
-            Ok(gone) => gone,
+            Ok(gone) => {
+                self.refreshed = Some(now);
+                gone
+            }
             Err(failed) => {
-                tracing::debug!(error = %failed.error, "distlock could not keep its fair waiters queued; trying again later");
+                tracing::debug!(error = %failed.error, "distlock could not keep its fair waiters queued; trying again at its next wake");
                 Vec::new()
             }
         }
@@ -145,11 +154,10 @@ impl FairAttempts {
                 server_ms,
             } => {
                 self.calibration = Some((sent, server_ms));
-                // The waiter tries again at the holder's expiry, and no later than half its
-                // presence: a live waiter's entry never lapses.
+                // The waiter tries again by its presence itself (see `wait.rs`).
                 Acquire::Held {
                     first_held: 0,
-                    remaining: remaining.map(|r| r.min(self.presence / 2)),
+                    remaining,
                 }
             }
         })

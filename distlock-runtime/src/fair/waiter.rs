@@ -2,6 +2,7 @@
 //! claim, and when a watcher wakes for it.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -16,6 +17,8 @@ pub(crate) struct FairWaiter {
     token: Arc<str>,
     /// When its wait ends: its queue entry is never kept past it.
     deadline: Instant,
+    /// How long its queue entry lasts once kept (see `request.rs`, [`presence`](super::presence)).
+    presence: Duration,
     secrets: Mutex<Secrets>,
     news: Mutex<News>,
 }
@@ -25,6 +28,15 @@ pub(crate) struct FairWaiter {
 struct Secrets {
     latest: Option<Arc<str>>,
     earlier: Option<Arc<str>>,
+}
+
+/// A fair waiter that the first fair waiter of its key in this process keeps queued: its owner
+/// token, when its wait ends, and how long its entry lasts once kept.
+#[derive(Debug, Clone)]
+pub(crate) struct Sibling {
+    pub(crate) token: Arc<str>,
+    pub(crate) deadline: Instant,
+    pub(crate) presence: Duration,
 }
 
 /// Which attempt's secret a hand-off showed.
@@ -45,12 +57,18 @@ struct News {
 }
 
 impl FairWaiter {
-    /// The waiter of `token`, whose latest attempt stored `secret`, and which waits until
-    /// `deadline`.
-    pub(crate) fn new(token: Arc<str>, secret: Option<Arc<str>>, deadline: Instant) -> Self {
+    /// The waiter of `token`, whose latest attempt stored `secret`, which waits until
+    /// `deadline` and whose queue entry lasts `presence` once kept.
+    pub(crate) fn new(
+        token: Arc<str>,
+        secret: Option<Arc<str>>,
+        deadline: Instant,
+        presence: Duration,
+    ) -> Self {
         Self {
             token,
             deadline,
+            presence,
             secrets: Mutex::new(Secrets {
                 latest: secret,
                 earlier: None,
@@ -59,14 +77,23 @@ impl FairWaiter {
         }
     }
 
-    /// Its owner token.
-    pub(crate) fn token(&self) -> &Arc<str> {
-        &self.token
+    /// What the first fair waiter of its process needs to keep it queued.
+    pub(crate) fn sibling(&self) -> Sibling {
+        Sibling {
+            token: Arc::clone(&self.token),
+            deadline: self.deadline,
+            presence: self.presence,
+        }
     }
 
-    /// When its wait ends.
-    pub(crate) fn deadline(&self) -> Instant {
-        self.deadline
+    /// How long its queue entry lasts once kept.
+    pub(crate) fn presence(&self) -> Duration {
+        self.presence
+    }
+
+    /// Whether its owner token is one of `tokens`.
+    pub(crate) fn is_one_of(&self, tokens: &[String]) -> bool {
+        tokens.iter().any(|t| **t == *self.token)
     }
 
     /// From now on, a hand-off must be signed with `secret` (a new attempt stored it); one
@@ -223,14 +250,18 @@ impl ClaimWatch {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
 
     use super::super::message::mac;
     use super::*;
 
     #[test]
     fn only_a_hand_off_signed_with_the_latest_secret_reaches_its_waiter() {
-        let waiter = FairWaiter::new("w1".into(), Some("s1".into()), Instant::now());
+        let waiter = FairWaiter::new(
+            "w1".into(),
+            Some("s1".into()),
+            Instant::now(),
+            Duration::ZERO,
+        );
         let wake = Notify::new();
         let signed = "w1 7 1 2000";
         let handoff = |mac: String| Handoff::parse(format!("h {signed} {mac}").as_bytes());
@@ -287,9 +318,9 @@ mod tests {
     #[test]
     fn a_leaving_watcher_passes_its_watch_to_the_oldest_waiter_left() {
         let (leaving, heir, other) = (
-            FairWaiter::new("a".into(), None, Instant::now()),
-            FairWaiter::new("b".into(), None, Instant::now()),
-            FairWaiter::new("c".into(), None, Instant::now()),
+            FairWaiter::new("a".into(), None, Instant::now(), Duration::ZERO),
+            FairWaiter::new("b".into(), None, Instant::now(), Duration::ZERO),
+            FairWaiter::new("c".into(), None, Instant::now(), Duration::ZERO),
         );
         let wake = Notify::new();
         let until = Instant::now() + Duration::from_secs(1);

@@ -47,7 +47,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::fair::{self, FairWaiter, Handoff};
+use crate::fair::{self, FairWaiter, Handoff, Sibling};
 use crate::sync::lock;
 use crate::topology::Timeouts;
 use crate::topology::{Channels, Ended, Message, OnMessage, Subscribe};
@@ -189,24 +189,31 @@ impl Notifications {
     }
 
     /// Joins the queue of waiters for the lock key `channel`, until `deadline`; a fair waiter
-    /// gives its owner `token` and its latest attempt's `secret`, so hand-off messages naming
-    /// it (and showing the secret) reach it.
+    /// gives its owner `token` and how long its queue entry lasts once kept (`presence`), and
+    /// its latest attempt's `secret`, so hand-off messages naming it (and showing the secret)
+    /// reach it.
     pub(crate) fn enqueue(
         &self,
         channel: &str,
-        token: Option<Arc<str>>,
+        fair: Option<(Arc<str>, Duration)>,
         secret: Option<Arc<str>>,
         deadline: Instant,
     ) -> Ticket {
         let slot = Arc::new(Slot {
-            fair: token.map(|token| FairWaiter::new(token, secret, deadline)),
+            fair: fair.map(|(token, presence)| FairWaiter::new(token, secret, deadline, presence)),
             ..Slot::default()
         });
-        lock(&self.hub.state)
-            .channels
-            .entry(channel.to_owned())
-            .or_default()
-            .join(Arc::clone(&slot));
+        let mut state = lock(&self.hub.state);
+        let channel_state = state.channels.entry(channel.to_owned()).or_default();
+        if let (Some(newcomer), Some(first)) = (&slot.fair, first_fair(channel_state)) {
+            // The first fair waiter keeps this one queued: one whose entry lasts less than any
+            // it keeps makes it look again at when it must next do so.
+            if newcomer.presence() < least_presence(channel_state).unwrap_or(Duration::MAX) {
+                first.wake.notify_one();
+            }
+        }
+        channel_state.join(Arc::clone(&slot));
+        drop(state);
         Ticket {
             hub: Arc::clone(&self.hub),
             channel: channel.to_owned(),
@@ -332,9 +339,9 @@ impl Ticket {
             .is_none_or(|first| Arc::ptr_eq(first, &self.slot))
     }
 
-    /// The other fair waiters of this key in this process, each with its owner token and
-    /// deadline, when this one is the first of them (it keeps them queued); else none.
-    pub(crate) fn fair_siblings(&self) -> Vec<(Arc<str>, Instant)> {
+    /// The other fair waiters of this key in this process, when this one is the first of them
+    /// (it keeps them queued); else none.
+    pub(crate) fn fair_siblings(&self) -> Vec<Sibling> {
         if self.slot.fair.is_none() {
             return Vec::new();
         }
@@ -349,8 +356,15 @@ impl Ticket {
             .waiters()
             .filter(|s| !Arc::ptr_eq(s, &self.slot))
             .filter_map(|s| s.fair.as_ref())
-            .map(|f| (Arc::clone(f.token()), f.deadline()))
+            .map(FairWaiter::sibling)
             .collect()
+    }
+
+    /// The shortest presence of the fair waiters of this key in this process (this one's
+    /// among them): the first of them must keep them all queued within it.
+    pub(crate) fn least_presence(&self) -> Option<Duration> {
+        let state = lock(&self.hub.state);
+        least_presence(state.channels.get(&self.channel)?)
     }
 
     /// Wakes the fair waiters of this key in this process whose owner tokens are `tokens`, to
@@ -364,11 +378,7 @@ impl Ticket {
             return;
         };
         for slot in channel.waiters() {
-            if slot
-                .fair
-                .as_ref()
-                .is_some_and(|f| tokens.iter().any(|t| **t == **f.token()))
-            {
+            if slot.fair.as_ref().is_some_and(|f| f.is_one_of(tokens)) {
                 slot.woken.store(true, Ordering::SeqCst);
                 slot.wake.notify_one();
             }
@@ -806,6 +816,15 @@ impl Drop for Watching {
 /// The first (oldest) fair waiter of `channel` in this process.
 fn first_fair(channel: &Channel) -> Option<&Arc<Slot>> {
     channel.waiters().find(|s| s.fair.is_some())
+}
+
+/// The shortest presence of the fair waiters of `channel` in this process.
+fn least_presence(channel: &Channel) -> Option<Duration> {
+    channel
+        .waiters()
+        .filter_map(|s| s.fair.as_ref())
+        .map(FairWaiter::presence)
+        .min()
 }
 
 /// Wakes every waiter of `channel`, each with a notification to take: they try again.
