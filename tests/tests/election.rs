@@ -626,7 +626,7 @@ async fn a_hundred_waiting_candidates_in_three_processes_cost_few_commands_per_s
         "1 leader and 99 waiting candidates in 3 processes, ttl {ttl:?}: {per_second:.1} requests/s"
     );
     // The leader renews every ttl/3; in each process the first waiting candidate tries at the
-    // leader's expiry and keeps the others queued (one call per quarter of its presence, 10 s
+    // leader's expiry and keeps the others queued (one call per third of the presence, 10 s
     // here), and the subscriber connection is pinged every 2 s: about 1 + 3 x (0.4 + 0.4 + 0.5).
     // Were each candidate to try at every expiry it saw, it would be 40 a second; were each to
     // poll at 10 Hz, 1000.
