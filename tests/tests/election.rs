@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use distlock_runtime::{Election, LockManager};
+use distlock_runtime::{Election, LockManager, HANDOFF_CLAIM};
 use distlock_tests::{eventually, RedisServer};
 use redis::AsyncCommands;
 use tokio::io::AsyncBufReadExt;
@@ -826,4 +826,46 @@ async fn watch_follows_a_key_without_expiry_and_its_removal() {
         seen_within(&mut leaders, Duration::from_secs(2), |l| l.is_none()).await,
         "the observer stopped reading"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_waiting_candidate_costs_the_next_hand_off_one_claim_at_most() {
+    // p0 leads for 3 s then resigns; p1 and p2 queue behind it in that order, and p1's
+    // process is killed while it waits. The resignation hands the term to p1's entry (still
+    // in its presence): its claim lapses, and p2 leads a claim and a quarter later at most.
+    let _timed = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let name = "dead-candidate";
+    let ttl = Duration::from_secs(10);
+    let conn = server.client().await;
+    let hold = Duration::from_secs(3);
+    let p0 = Candidate::start(&server, name, "p0", ttl, hold, 1).await;
+    let observer = server.manager().election(name).ttl(ttl);
+    assert!(until_led_by(&observer, "p0", Duration::from_secs(5))
+        .await
+        .is_some());
+    let mut p1 = Candidate::start(&server, name, "p1", ttl, hold, 1).await;
+    distlock_tests::until_queued(&conn, "election:dead-candidate", 1).await;
+    let p2 = Candidate::start(&server, name, "p2", ttl, hold, 1).await;
+    distlock_tests::until_queued(&conn, "election:dead-candidate", 2).await;
+    p1.child.start_kill().expect("SIGKILL p1");
+    p1.child.wait().await.expect("p1 exited");
+    // p0 resigns: the key is handed to dead p1 for a claim.
+    assert!(
+        until_led_by(&observer, "p1", Duration::from_secs(5))
+            .await
+            .is_some(),
+        "p0 did not hand over to p1"
+    );
+    let handed = Instant::now();
+    let led = until_led_by(&observer, "p2", Duration::from_secs(10)).await;
+    let took = handed.elapsed();
+    assert!(led.is_some(), "p2 never led");
+    assert!(
+        took <= HANDOFF_CLAIM * 5 / 4 + Duration::from_millis(500),
+        "p2 led {took:?} after the hand-off to dead p1"
+    );
+    let mut conn = conn;
+    assert_eq!(violations(&mut conn, name).await, 0);
+    assert!(p0.complaints().is_empty() && p2.complaints().is_empty());
 }
