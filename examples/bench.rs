@@ -1786,37 +1786,6 @@ async fn held(cli: &Cli, url: &str) -> Fallible<()> {
 const ELECTION: &str = "bench";
 const POLLED_KEY: &str = "leader";
 
-/// The commands distlock's scripts run inside them, and INFO: the test harness's
-/// `distlock_tests::RedisServer::requests` counts every other command as a client request, so
-/// each distlock request counts once. The same list as there.
-const NOT_REQUESTS: [&str; 25] = [
-    "get",
-    "set",
-    "pttl",
-    "del",
-    "pexpire",
-    "publish",
-    "info",
-    "exists",
-    "time",
-    "hdel",
-    "hget",
-    "hset",
-    "hexists",
-    "lrem",
-    "lpop",
-    "lindex",
-    "llen",
-    "rpush",
-    "zadd",
-    "zcard",
-    "zcount",
-    "zrange",
-    "zrem",
-    "zremrangebyscore",
-    "zscore",
-];
-
 /// How the candidates of `election` wait for the lead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Waiting {
@@ -1940,7 +1909,7 @@ impl ServerCounts {
     }
 
     fn requests(&self) -> u64 {
-        self.calls(|name| !NOT_REQUESTS.contains(&name))
+        self.calls(|name| !distlock_tests::NOT_REQUESTS.contains(&name))
     }
 
     fn script_calls(&self) -> u64 {

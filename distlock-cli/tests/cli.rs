@@ -83,14 +83,7 @@ async fn inspect_list_and_release_a_held_lock() {
 async fn shared_keys_and_semaphores_show_their_mode_and_every_holder() {
     let server = RedisServer::start();
     let url = server.url();
-    let labelled = |label: &str| {
-        server
-            .manager_builder()
-            .holder_label(label)
-            .build()
-            .unwrap()
-    };
-    let (web, job) = (labelled("web-1"), labelled("job-2"));
+    let (web, job) = (server.labelled("web-1"), server.labelled("job-2"));
     let ttl = Duration::from_secs(60);
     let a = web.read_lock("doc:7").ttl(ttl).acquire().await.unwrap();
     let b = job.read_lock("doc:7").ttl(ttl).acquire().await.unwrap();
@@ -136,19 +129,12 @@ async fn shared_keys_and_semaphores_show_their_mode_and_every_holder() {
 async fn leader_shows_an_elections_leader_and_term_and_list_marks_the_election() {
     let server = RedisServer::start();
     let url = server.url();
-    let labelled = |label: &str| {
-        server
-            .manager_builder()
-            .holder_label(label)
-            .build()
-            .unwrap()
-    };
     let ttl = Duration::from_secs(3);
-    let alpha = labelled("alpha").election("scheduler").ttl(ttl);
+    let alpha = server.labelled("alpha").election("scheduler").ttl(ttl);
     let term = alpha.campaign().await.unwrap();
     let first = term.fencing_token();
     // A second candidate queues behind the leader.
-    let beta = labelled("beta").election("scheduler").ttl(ttl);
+    let beta = server.labelled("beta").election("scheduler").ttl(ttl);
     let queued = beta.clone();
     let next = tokio::spawn(async move { queued.campaign().await.unwrap() });
     let candidate_queued = distlock_tests::eventually(Duration::from_secs(5), || async {
@@ -160,7 +146,8 @@ async fn leader_shows_an_elections_leader_and_term_and_list_marks_the_election()
     })
     .await;
     assert!(candidate_queued.is_some(), "beta queues as a candidate");
-    let _order = labelled("worker-7")
+    let _order = server
+        .labelled("worker-7")
         .lock("order:42")
         .ttl(Duration::from_secs(60))
         .acquire()

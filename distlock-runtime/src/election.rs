@@ -228,6 +228,17 @@ impl Election {
         election_key(&self.name)
     }
 
+    /// [`key`](Self::key), once the name is known not to be empty.
+    fn checked_key(&self) -> Result<String, LockError> {
+        if self.name.is_empty() {
+            return Err(LockError::InvalidKey {
+                key: String::new(),
+                reason: "an election needs a name",
+            });
+        }
+        Ok(self.key())
+    }
+
     /// Waits until this candidate leads, in arrival order among the candidates, for as long as
     /// it takes.
     ///
@@ -248,16 +259,11 @@ impl Election {
     /// [`LockRequest::acquire`](crate::LockRequest::acquire)) when Redis fails while this
     /// candidate waits: it has left the queue, and may campaign again.
     pub async fn campaign(&self) -> Result<Term, LockError> {
-        if self.name.is_empty() {
-            return Err(LockError::InvalidKey {
-                key: String::new(),
-                reason: "an election needs a name",
-            });
-        }
+        let key = self.checked_key()?;
         let fair = self.manager.context().redis().refuses_fair().is_none();
         let lease = self
             .manager
-            .lock(self.key())
+            .lock(key)
             .ttl(self.ttl)
             .wait(Duration::MAX)
             .renew(true)
@@ -359,13 +365,7 @@ impl Election {
     /// # Errors
     /// Those of [`LockManager::inspect`].
     pub async fn leader(&self) -> Result<Option<LeaderInfo>, LockError> {
-        if self.name.is_empty() {
-            return Err(LockError::InvalidKey {
-                key: String::new(),
-                reason: "an election needs a name",
-            });
-        }
-        let info = self.manager.inspect(&self.key()).await?;
+        let info = self.manager.inspect(&self.checked_key()?).await?;
         Ok(info.map(|info| LeaderInfo {
             election: self.name.to_string(),
             label: info.holder,
@@ -528,11 +528,9 @@ impl Term {
             fencing_token,
             ended.clone(),
         );
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(watched);
-            }
-            Err(_) => ended.cancel(),
+        // A term is granted on a Tokio runtime (its renewal runs there).
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(watched);
         }
         Self {
             office: Arc::new(Office {

@@ -23,7 +23,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::fair::{ClaimWatch, Handoff, Sibling};
-use crate::notify::{Notifications, Ticket};
+use crate::notify::{HolderWatch, Notifications, Ticket};
 
 /// First backoff step.
 const FIRST: Duration = Duration::from_millis(1);
@@ -214,12 +214,12 @@ impl<'a> Waiter<'a> {
             // the first one tries then, and keeps it queued (it is woken when that one leaves).
             // The first tries at the latest a third of the shortest presence among them after
             // its last attempt, which keeps its own place and theirs.
-            let expiry = if !ticket.watches_holder() {
-                self.deadline
-            } else if let Some(presence) = self.fair.as_ref().and(ticket.least_presence()) {
-                holder_until.min(sent + presence / 3)
-            } else {
-                holder_until
+            let expiry = match ticket.watching() {
+                HolderWatch::Behind => self.deadline,
+                HolderWatch::Holder {
+                    keep_within: Some(presence),
+                } => holder_until.min(sent + presence / 3),
+                HolderWatch::Holder { keep_within: None } => holder_until,
             };
             let (until, watched) = self.claims.wake_at(ticket.watch(), expiry);
             tokio::select! {

@@ -16,6 +16,37 @@ use std::time::{Duration, Instant};
 
 use distlock_runtime::LockManager;
 
+/// The commands distlock's scripts run inside them, and `INFO`: [`RedisServer::requests`]
+/// counts every other command of `INFO commandstats` as a client request, so each distlock
+/// request counts once (the benchmark program counts the same way).
+pub const NOT_REQUESTS: [&str; 25] = [
+    "get",
+    "set",
+    "pttl",
+    "del",
+    "pexpire",
+    "publish",
+    "info",
+    "exists",
+    "time",
+    "hdel",
+    "hget",
+    "hset",
+    "hexists",
+    "lrem",
+    "lpop",
+    "lindex",
+    "llen",
+    "rpush",
+    "zadd",
+    "zcard",
+    "zcount",
+    "zrange",
+    "zrem",
+    "zremrangebyscore",
+    "zscore",
+];
+
 /// A `redis-server` child process owned by one test.
 pub struct RedisServer {
     child: Option<Child>,
@@ -123,6 +154,17 @@ impl RedisServer {
         self.manager_builder().build().expect("test manager")
     }
 
+    /// A manager whose holder label is `label` (a candidate's name, as observers see it).
+    ///
+    /// # Panics
+    /// If the builder rejects the URL (it never should).
+    pub fn labelled(&self, label: &str) -> LockManager {
+        self.manager_builder()
+            .holder_label(label)
+            .build()
+            .expect("a labelled manager")
+    }
+
     /// The builder behind [`RedisServer::manager`], to adjust before building.
     pub fn manager_builder(&self) -> distlock_runtime::LockManagerBuilder {
         self.manager_with_timeouts(Duration::from_secs(2))
@@ -170,38 +212,11 @@ impl RedisServer {
     /// the fair queue's commands and the rest), so each distlock request counts once. A test's
     /// own commands of those kinds are not counted either.
     pub fn requests(&self) -> u64 {
-        const PARTS: [&str; 25] = [
-            "get",
-            "set",
-            "pttl",
-            "del",
-            "pexpire",
-            "publish",
-            "info",
-            "exists",
-            "time",
-            "hdel",
-            "hget",
-            "hset",
-            "hexists",
-            "lrem",
-            "lpop",
-            "lindex",
-            "llen",
-            "rpush",
-            "zadd",
-            "zcard",
-            "zcount",
-            "zrange",
-            "zrem",
-            "zremrangebyscore",
-            "zscore",
-        ];
         let info = self.command(&["INFO", "commandstats"]);
         info.lines()
             .filter_map(|line| {
                 let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-                if PARTS.contains(&name) {
+                if NOT_REQUESTS.contains(&name) {
                     return None;
                 }
                 let calls = stats.split("calls=").nth(1)?;

@@ -73,6 +73,12 @@ impl Candidate {
         lines.iter().filter(|l| l.starts_with(prefix)).count()
     }
 
+    /// Asserts that it printed nothing but `lead` and `ready` lines.
+    fn assert_no_complaints(&self) {
+        let complaints = self.complaints();
+        assert!(complaints.is_empty(), "{}: {complaints:?}", self.label);
+    }
+
     /// Its lines that are not `lead` or `ready` (errors, a stopped `run`).
     fn complaints(&self) -> Vec<String> {
         let lines = self.lines.lock().unwrap();
@@ -82,15 +88,6 @@ impl Candidate {
             .cloned()
             .collect()
     }
-}
-
-/// A manager labelled `label`.
-fn labelled(server: &RedisServer, label: &str) -> LockManager {
-    server
-        .manager_builder()
-        .holder_label(label)
-        .build()
-        .expect("manager")
 }
 
 /// Who leads `election` now, by label.
@@ -186,12 +183,7 @@ async fn one_term_at_a_time_across_processes_with_rising_fencing_tokens() {
             candidate.label,
             candidate.said("lead ")
         );
-        assert!(
-            candidate.complaints().is_empty(),
-            "{}: {:?}",
-            candidate.label,
-            candidate.complaints()
-        );
+        candidate.assert_no_complaints();
     }
 }
 
@@ -243,11 +235,7 @@ async fn a_killed_leader_is_replaced_within_its_ttl_and_a_renewal_interval() {
     assert!(tokens.len() >= 3, "{tokens:?}");
     assert!(strictly_increasing(&tokens), "{tokens:?}");
     assert_eq!(violations(&mut conn, name).await, 0);
-    assert!(
-        candidates[0].complaints().is_empty(),
-        "{:?}",
-        candidates[0].complaints()
-    );
+    candidates[0].assert_no_complaints();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -259,7 +247,7 @@ async fn resign_drop_and_panic_hand_over_at_once_in_arrival_order() {
     let ttl = Duration::from_secs(30);
     let elections: Vec<Election> = ["a", "b", "c", "d", "e"]
         .into_iter()
-        .map(|label| labelled(&server, label).election(name).ttl(ttl))
+        .map(|label| server.labelled(label).election(name).ttl(ttl))
         .collect();
     let mut conn = server.client().await;
     let first = elections[0].campaign().await.expect("a leads");
@@ -366,7 +354,7 @@ async fn resign_drop_and_panic_hand_over_at_once_in_arrival_order() {
 async fn a_leader_whose_term_is_taken_is_stopped_logs_it_once_and_campaigns_again() {
     let (logs, _capture) = distlock_tests::Logs::capture();
     let server = RedisServer::start();
-    let locks = labelled(&server, "solo");
+    let locks = server.labelled("solo");
     let ttl = Duration::from_millis(600);
     let election = locks.election("job").ttl(ttl);
     let (tokens, stopped) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(0)));
@@ -428,7 +416,7 @@ async fn a_leader_whose_term_is_taken_is_stopped_logs_it_once_and_campaigns_agai
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_outlives_redis_outages_and_terms_stay_fenced_after_redis_lost_its_data() {
     let mut server = RedisServer::start();
-    let locks = labelled(&server, "survivor");
+    let locks = server.labelled("survivor");
     let ttl = Duration::from_millis(900);
     let election = locks.election("outage").ttl(ttl);
     let tokens = Arc::new(Mutex::new(Vec::new()));
@@ -484,8 +472,8 @@ async fn a_leader_cut_off_from_redis_stops_before_its_successor_starts() {
     // The old leader's term must be lost before the new leader's term begins.
     let mut server = RedisServer::start();
     let ttl = Duration::from_millis(800);
-    let old = labelled(&server, "old").election("late").ttl(ttl);
-    let new = labelled(&server, "new").election("late").ttl(ttl);
+    let old = server.labelled("old").election("late").ttl(ttl);
+    let new = server.labelled("new").election("late").ttl(ttl);
     let term = old.campaign().await.expect("old leads");
     // Like `run`: a campaign that Redis failed is made again.
     let waiting = tokio::spawn(async move {
@@ -523,8 +511,8 @@ async fn watch_sees_a_resignation_at_once_and_an_expiry_within_a_renewal_interva
     let ttl = Duration::from_secs(30);
     let observer = server.manager().election(name).ttl(ttl);
     let mut leaders = observer.watch();
-    let a = labelled(&server, "a").election(name).ttl(ttl);
-    let b = labelled(&server, "b").election(name).ttl(ttl);
+    let a = server.labelled("a").election(name).ttl(ttl);
+    let b = server.labelled("b").election(name).ttl(ttl);
     let a_term = a.campaign().await.expect("a leads");
     // The first read (the task starts with one) shows a.
     let a_shown = |l: &Option<distlock_runtime::LeaderInfo>| {
@@ -632,12 +620,7 @@ async fn a_hundred_waiting_candidates_in_three_processes_cost_few_commands_per_s
     // poll at 10 Hz, 1000.
     assert!(per_second < 12.0, "{per_second:.1} requests/s");
     for candidate in &candidates {
-        assert!(
-            candidate.complaints().is_empty(),
-            "{}: {:?}",
-            candidate.label,
-            candidate.complaints()
-        );
+        candidate.assert_no_complaints();
     }
 }
 
@@ -751,7 +734,7 @@ async fn an_election_elects_and_hands_over_on_a_cluster_sentinel_and_a_quorum() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_resigns_inside_run_is_stopped_and_campaigns_again_a_second_later() {
     let server = RedisServer::start();
-    let locks = labelled(&server, "quitter");
+    let locks = server.labelled("quitter");
     let election = locks.election("quits").ttl(Duration::from_secs(30));
     let (tokens, after_resign) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(0)));
     let serving = tokio::spawn({
@@ -867,5 +850,6 @@ async fn a_killed_waiting_candidate_costs_the_next_hand_off_one_claim_at_most() 
     );
     let mut conn = conn;
     assert_eq!(violations(&mut conn, name).await, 0);
-    assert!(p0.complaints().is_empty() && p2.complaints().is_empty());
+    p0.assert_no_complaints();
+    p2.assert_no_complaints();
 }

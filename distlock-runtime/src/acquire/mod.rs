@@ -399,9 +399,13 @@ impl<'a> Acquiring<'a> {
         let Attempts::Fair(fair) = &mut self.attempts_by else {
             return;
         };
+        let now = Instant::now();
+        if !fair.may_keep_queued(now) {
+            return;
+        }
         let siblings = self.waiter.fair_siblings();
         let route = self.context.redis();
-        let keeping = fair.keep_queued(route, &siblings, Instant::now());
+        let keeping = fair.keep_queued(route, &siblings, now);
         if let Ok(gone) = tokio::time::timeout_at(self.ask.wait.deadline(), keeping).await {
             self.waiter.wake_fair(&gone);
         }

@@ -66,6 +66,13 @@ impl FairAttempts {
         }
     }
 
+    /// Whether keeping the others queued may be due at `now`: not while a quarter of the least
+    /// presence has not passed since it last was (a cheap look before they are gathered).
+    pub(crate) fn may_keep_queued(&self, now: Instant) -> bool {
+        self.refreshed
+            .is_none_or(|at| now.saturating_duration_since(at) >= PRESENCE_FLOOR / 4)
+    }
+
     /// Keeps `siblings` (the other fair waiters of the key in this process) queued, when a
     /// quarter of the shortest presence among them and this waiter has passed since it last
     /// did: each entry then lasts its own presence (or the sibling's wait left, if shorter). The

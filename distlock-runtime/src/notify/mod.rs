@@ -161,6 +161,15 @@ struct Slot {
     observer: bool,
 }
 
+/// Whether a waiter watches its key's holder for this process ([`Ticket::watching`]).
+pub(crate) enum HolderWatch {
+    /// A fair waiter behind another fair waiter of this process: that one watches for it.
+    Behind,
+    /// It watches the holder; the first fair waiter keeps the process's fair waiters queued
+    /// within the shortest presence among them (`None`: not a fair waiter).
+    Holder { keep_within: Option<Duration> },
+}
+
 /// A waiter's place in a key's queue; leaving it (drop) passes on a notification it did not
 /// take and unsubscribes with the last waiter.
 pub(crate) struct Ticket {
@@ -214,6 +223,11 @@ impl Notifications {
         }
         channel_state.join(Arc::clone(&slot));
         drop(state);
+        self.ticket(channel, slot)
+    }
+
+    /// The ticket of `slot`, which just joined the waiters of `channel`.
+    fn ticket(&self, channel: &str, slot: Arc<Slot>) -> Ticket {
         Ticket {
             hub: Arc::clone(&self.hub),
             channel: channel.to_owned(),
@@ -238,13 +252,7 @@ impl Notifications {
             .entry(channel.to_owned())
             .or_default()
             .join(Arc::clone(&slot));
-        Ticket {
-            hub: Arc::clone(&self.hub),
-            channel: channel.to_owned(),
-            slot,
-            joined: Instant::now(),
-            owed: AtomicBool::new(false),
-        }
+        self.ticket(channel, slot)
     }
 
     /// Whether notifications for the lock key `channel` reach this manager now.
@@ -326,17 +334,23 @@ impl Ticket {
     }
 
     /// Whether this waiter watches its key's holder for this process: every waiter but a fair
-    /// one behind another fair waiter of this process (see `fair/mod.rs`, "Queue").
-    pub(crate) fn watches_holder(&self) -> bool {
+    /// one behind another fair waiter of this process (see `fair/mod.rs`, "Queue"); and, for
+    /// the first fair waiter, the shortest presence among the fair waiters it keeps queued.
+    pub(crate) fn watching(&self) -> HolderWatch {
+        let everyone = HolderWatch::Holder { keep_within: None };
         if self.slot.fair.is_none() {
-            return true;
+            return everyone;
         }
         let state = lock(&self.hub.state);
-        state
-            .channels
-            .get(&self.channel)
-            .and_then(first_fair)
-            .is_none_or(|first| Arc::ptr_eq(first, &self.slot))
+        let Some(channel) = state.channels.get(&self.channel) else {
+            return everyone;
+        };
+        match first_fair(channel) {
+            Some(first) if !Arc::ptr_eq(first, &self.slot) => HolderWatch::Behind,
+            _ => HolderWatch::Holder {
+                keep_within: least_presence(channel),
+            },
+        }
     }
 
     /// The other fair waiters of this key in this process, when this one is the first of them
@@ -358,13 +372,6 @@ impl Ticket {
             .filter_map(|s| s.fair.as_ref())
             .map(FairWaiter::sibling)
             .collect()
-    }
-
-    /// The shortest presence of the fair waiters of this key in this process (this one's
-    /// among them): the first of them must keep them all queued within it.
-    pub(crate) fn least_presence(&self) -> Option<Duration> {
-        let state = lock(&self.hub.state);
-        least_presence(state.channels.get(&self.channel)?)
     }
 
     /// Wakes the fair waiters of this key in this process whose owner tokens are `tokens`, to
