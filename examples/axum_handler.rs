@@ -63,7 +63,7 @@ async fn pay(Path(order_id): Path<u64>) -> Result<Json<serde_json::Value>, AppEr
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let redis = LocalRedis::find_or_start()?;
+    let redis = LocalRedis::from_env_or_start()?;
     eprintln!("Redis: {}", redis.origin);
     distlock_runtime::set_default_manager(LockManager::from_url(&redis.url)?);
     let app = Router::new().route("/orders/{order_id}/pay", post(pay));

@@ -1,24 +1,26 @@
-//! The explicit API end to end: `cargo run --example basic` (Redis at `REDIS_URL`, default
-//! `redis://127.0.0.1:6379`).
+//! The explicit API end to end: `cargo run --example basic` (the Redis at `REDIS_URL`, else a
+//! throwaway `redis-server` started for the run).
 //!
 //! Runs a closure under a lock, holds a multi-key lease by hand, shows try-lock contention and
 //! a re-entrant nested call.
 
 use std::time::Duration;
 
+use distlock_examples::local_redis::LocalRedis;
 use distlock_runtime::{current_lease, LockError, LockManager};
 
 #[tokio::main]
-async fn main() -> Result<(), LockError> {
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "distlock_runtime=info".into()),
         )
         .init();
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let redis = LocalRedis::from_env_or_start()?;
+    eprintln!("Redis: {}", redis.origin);
     let locks = LockManager::builder()
-        .url(&url)
+        .url(&redis.url)
         .prefix("distlock-example:")
         .build()?;
 

@@ -48,7 +48,7 @@
 //! exclusive cycle of the same fairness. `--compare --topology cluster|sentinel|quorum` instead
 //! starts that topology's servers locally and compares its uncontended cycle with one Redis's
 //! (and, for a cluster or Sentinel, the cycle with `min_replicas(1)` with the cycle without).
-//! Redis: `--redis-url`, else as the seckill demo finds one (REDIS_URL, 127.0.0.1:6379, or a
+//! Redis: `--redis-url`, else as the seckill demo finds one (REDIS_URL, or a
 //! throwaway redis-server). Attempts per acquisition (`contended`) are the managers' own count
 //! of acquire requests sent ([`LockManager::stats`]); commands (`contended`) and renewal round
 //! trips (`held`) are read from the server's `INFO commandstats`: give the bench a Redis of its
@@ -200,7 +200,7 @@ async fn main() -> ExitCode {
         (Some(url), _) => Ok((url.clone(), None)),
         // It counts every command the server runs: a shared Redis's other clients would count.
         (None, Some(Scenario::Election)) => LocalRedis::start().map(|r| (r.url.clone(), Some(r))),
-        (None, _) => LocalRedis::find_or_start().map(|r| (r.url.clone(), Some(r))),
+        (None, _) => LocalRedis::from_env_or_start().map(|r| (r.url.clone(), Some(r))),
     };
     let (url, _server) = match redis {
         Ok(found) => found,

@@ -4,11 +4,11 @@
 //! [`Election::run`], and while it leads it ticks every 500 ms (`tick N by a (term T)`, T the
 //! term's fencing token). It says when it starts leading and when it loses the term; Ctrl-C (or
 //! SIGTERM) resigns the term, which hands it at once to the next candidate. Start it in three
-//! terminals with the same `REDIS_URL` (or `--redis-url`; without either, the Redis on
-//! 127.0.0.1:6379 if one answers, else a throwaway one that only this instance uses).
+//! terminals with the same `REDIS_URL` (or `--redis-url`; one of the two is required, since
+//! the instances must share a Redis).
 //!
 //! `--demo` tells the whole story in one command: it starts a throwaway `redis-server` (unless
-//! `REDIS_URL` is set; never the one on 6379), three instances of this program named a, b and
+//! `REDIS_URL` is set), three instances of this program named a, b and
 //! c, and follows the election with [`Election::watch`]. Once one leads and the other two
 //! queue, it kills the leader with SIGKILL (no release: its term has to expire), prints who took
 //! over and how long after the kill, then asks the new leader to resign (by closing its stdin)
@@ -39,8 +39,8 @@ struct Cli {
     /// Start Redis and three instances, kill the leader, then have the next one resign.
     #[arg(long)]
     demo: bool,
-    /// Redis URL (default: REDIS_URL; for an instance, else 127.0.0.1:6379 if it answers,
-    /// else a throwaway redis-server; for the demo, else a throwaway redis-server).
+    /// Redis URL (default: REDIS_URL; for the demo, else a throwaway redis-server; instances
+    /// must share one, so an instance needs one of the two).
     #[arg(long)]
     redis_url: Option<String>,
     /// Key prefix of the election (the demo adds its process id).
@@ -97,7 +97,7 @@ async fn instance(cli: &Cli, name: &str, ttl: Duration) -> Result<ExitCode, Stri
     let (url, _redis) = match &cli.redis_url {
         Some(url) => (url.clone(), None),
         None => {
-            let redis = LocalRedis::find_or_start()?;
+            let redis = LocalRedis::shared()?;
             println!("{name}: Redis: {}", redis.origin);
             (redis.url.clone(), Some(redis))
         }

@@ -44,7 +44,7 @@ fn now_ms() -> u64 {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let redis = match LocalRedis::find_or_start() {
+    let redis = match LocalRedis::from_env_or_start() {
         Ok(redis) => redis,
         Err(message) => {
             eprintln!("scheduler: {message}");

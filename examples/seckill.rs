@@ -46,8 +46,8 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8080")]
         addr: SocketAddr,
-        /// Redis URL (default: REDIS_URL, else 127.0.0.1:6379 if it answers, else a throwaway
-        /// redis-server).
+        /// Redis URL (default: REDIS_URL; instances must share one, so there is no throwaway
+        /// server here: the demo starts one).
         #[arg(long)]
         redis_url: Option<String>,
         /// How purchases are protected.
@@ -130,7 +130,7 @@ async fn serve(
     let (url, _redis) = match redis_url {
         Some(url) => (url, None),
         None => {
-            let redis = LocalRedis::find_or_start()?;
+            let redis = LocalRedis::shared()?;
             eprintln!("using {}", redis.origin);
             (redis.url.clone(), Some(redis))
         }
@@ -217,7 +217,7 @@ impl Drop for Instances {
 }
 
 async fn demo(buyers: u64, stock: u32, topology: Topology) -> Result<(), String> {
-    let redis = LocalRedis::find_or_start()?;
+    let redis = LocalRedis::from_env_or_start()?;
     eprintln!("Redis: {} ({})", shown(&redis.url), redis.origin);
     let servers = Servers::start(topology);
     if let Some(servers) = &servers {

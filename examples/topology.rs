@@ -8,7 +8,7 @@ use distlock_tests::topology::{QuorumSet, RedisCluster, SentinelGroup};
 /// Where the locks live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Topology {
-    /// One Redis (the default): `REDIS_URL`, the one on 127.0.0.1:6379, or a throwaway one.
+    /// One Redis (the default): `REDIS_URL`, else a throwaway one.
     Standalone,
     /// A local Redis Cluster: 3 primaries, 1 replica each.
     Cluster,

@@ -1,6 +1,7 @@
-//! Finding a Redis for the demo and the benchmark: `REDIS_URL` if set; else the server on
-//! `127.0.0.1:6379` if one answers; else a throwaway `redis-server` on a free loopback port,
-//! started here and stopped on drop; else a clear message on how to get one.
+//! Finding a Redis for the demos and the benchmark: `REDIS_URL` if set; else a throwaway
+//! `redis-server` on a free loopback port, started here and stopped on drop; else a clear
+//! message on how to get one. Never a server nobody named: a Redis that happens to answer on
+//! `127.0.0.1:6379` may be someone's development database.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -17,26 +18,39 @@ pub struct LocalRedis {
 }
 
 impl LocalRedis {
-    /// Finds or starts a Redis as described in the module docs.
+    /// The Redis at `REDIS_URL` if it is set, else a throwaway one (see the module docs).
     ///
     /// # Errors
-    /// A message for the user when there is none and none can be started.
-    pub fn find_or_start() -> Result<Self, String> {
-        if let Ok(url) = std::env::var("REDIS_URL") {
-            return Ok(Self {
-                url,
-                origin: "REDIS_URL".to_owned(),
-                child: None,
-            });
+    /// A message for the user when `REDIS_URL` is not set and no server can be started.
+    pub fn from_env_or_start() -> Result<Self, String> {
+        match Self::from_env() {
+            Some(redis) => Ok(redis),
+            None => Self::start(),
         }
-        if answers_ping(6379) {
-            return Ok(Self {
-                url: "redis://127.0.0.1:6379".to_owned(),
-                origin: "the Redis already running on 127.0.0.1:6379".to_owned(),
-                child: None,
-            });
-        }
-        Self::start()
+    }
+
+    /// The Redis at `REDIS_URL`, if it is set.
+    pub fn from_env() -> Option<Self> {
+        let url = std::env::var("REDIS_URL").ok()?;
+        Some(Self {
+            url,
+            origin: "REDIS_URL".to_owned(),
+            child: None,
+        })
+    }
+
+    /// The Redis several processes share (instances started by hand in several terminals):
+    /// `REDIS_URL`, never a throwaway server each, which would give each its own locks.
+    ///
+    /// # Errors
+    /// A message saying how to name one when `REDIS_URL` is not set.
+    pub fn shared() -> Result<Self, String> {
+        Self::from_env().ok_or_else(|| {
+            "instances started one by one must share a Redis: set REDIS_URL=redis://HOST:PORT \
+             (or pass --redis-url) in each (a throwaway one: `redis-server --port 6390 --save ''`), \
+             or run the demo, which starts its own"
+                .to_owned()
+        })
     }
 
     /// Starts a throwaway `redis-server` (persistence off) on a free loopback port.
@@ -64,8 +78,8 @@ impl LocalRedis {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|_| {
-                "no Redis found: REDIS_URL is not set, nothing answers on 127.0.0.1:6379, and \
-                 redis-server is not on PATH. Install it (Debian/Ubuntu: `sudo apt-get install \
+                "no Redis to use: REDIS_URL is not set, and redis-server (to start a throwaway \
+                 one) is not on PATH. Install it (Debian/Ubuntu: `sudo apt-get install \
                  redis-server`, macOS: `brew install redis`) or set REDIS_URL=redis://host:port"
                     .to_owned()
             })?;

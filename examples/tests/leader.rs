@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+mod common;
+
 /// The demo's ttl (passed explicitly, so the limits below follow it).
 const TTL: Duration = Duration::from_secs(3);
 /// The longest accepted failover after the leader is killed: its ttl plus one renewal interval.
@@ -17,76 +19,6 @@ const FAILOVER_LIMIT: Duration = Duration::from_secs(4);
 const FAILOVER_AT_LEAST: Duration = Duration::from_secs(1);
 /// The longest accepted hand-off after a leader is asked to resign.
 const HANDOFF_LIMIT: Duration = Duration::from_secs(1);
-
-/// The example's executable: the one `cargo test` built beside this test (it builds every
-/// example), when it is newer than every source it is made of; else built here, as
-/// `cargo build --example leader` does (cargo builds an integration test's package binaries
-/// for it, not its examples, and a build of one package alone may resolve other features and
-/// rebuild half the dependencies).
-fn example_binary() -> PathBuf {
-    built_by_cargo_test().unwrap_or_else(build_example)
-}
-
-/// The newest `leader-<hash>` executable in this profile's `examples/` directory, if it is
-/// newer than the example's sources and the runtime's.
-fn built_by_cargo_test() -> Option<PathBuf> {
-    let profile = std::env::current_exe()
-        .ok()?
-        .parent()?
-        .parent()?
-        .to_path_buf();
-    let modified = |path: &std::path::Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
-    let (newest, built) = std::fs::read_dir(profile.join("examples"))
-        .ok()?
-        .filter_map(Result::ok)
-        .map(|entry| entry.path())
-        .filter(|path| {
-            path.file_name()
-                .and_then(|name| name.to_str())
-                .is_some_and(|name| name.starts_with("leader-") && !name.contains('.'))
-        })
-        .filter_map(|path| Some((modified(&path)?, path)))
-        .max()?;
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent()?;
-    let sources = ["examples", "distlock-runtime/src", "distlock-macros/src"];
-    let mut stack: Vec<PathBuf> = sources.iter().map(|dir| root.join(dir)).collect();
-    while let Some(path) = stack.pop() {
-        if path.is_dir() {
-            let entries = std::fs::read_dir(&path).ok()?;
-            stack.extend(entries.filter_map(Result::ok).map(|entry| entry.path()));
-        } else if modified(&path)? > newest {
-            return None;
-        }
-    }
-    Some(built)
-}
-
-/// Builds the example and returns its path.
-fn build_example() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let mut build = std::process::Command::new(cargo);
-    build
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["build", "-p", "distlock-examples", "--example", "leader"])
-        .args(["--message-format", "json-render-diagnostics"])
-        .stderr(Stdio::inherit());
-    if !cfg!(debug_assertions) {
-        build.arg("--release");
-    }
-    let output = build.output().expect("run cargo build --example leader");
-    assert!(
-        output.status.success(),
-        "cargo build --example leader failed"
-    );
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|message| {
-            message["reason"] == "compiler-artifact" && message["target"]["name"] == "leader"
-        })
-        .find_map(|message| message["executable"].as_str().map(PathBuf::from))
-        .expect("cargo named the example's executable")
-}
 
 /// One line of the transcript that the checks read.
 #[derive(Debug, Clone, PartialEq)]
@@ -280,7 +212,7 @@ fn throwaway_port(transcript: &str) -> Option<u16> {
 
 #[tokio::test]
 async fn a_killed_leader_is_replaced_within_ttl_and_a_resigning_one_hands_over_at_once() {
-    let exe = example_binary();
+    let exe = common::example_binary("leader");
     let child = tokio::process::Command::new(&exe)
         .args(["--demo", "--ttl-ms", &TTL.as_millis().to_string()])
         // Its own throwaway redis-server: never a shared one.
