@@ -8,7 +8,7 @@ use std::process::Stdio;
 /// `cargo build --example NAME` does (cargo builds an integration test's package binaries
 /// for it, not its examples, and a build of one package alone may resolve other features and
 /// rebuild half the dependencies).
-pub fn example_binary(name: &str) -> PathBuf {
+pub(crate) fn example_binary(name: &str) -> PathBuf {
     built_by_cargo_test(name).unwrap_or_else(|| build_example(name))
 }
 
