@@ -3,7 +3,6 @@
 //! not before its term could have expired), a resigning leader hands over in well under a
 //! second, and only the leader of the moment ticks, under its own term.
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
