@@ -413,6 +413,7 @@ pub use manager::{default_manager, set_default_manager, LockManager, LockStats};
 pub use mode::LockMode;
 pub use reentrancy::{current_fencing_token, current_lease, CurrentLease};
 pub use request::LockRequest;
+pub use topology::ServerKind;
 pub use validity::{MAX_TTL, MIN_TTL};
 
 /// Re-exported so callers can build a pool with the same deadpool-redis version.

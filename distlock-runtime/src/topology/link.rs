@@ -72,6 +72,9 @@ pub(crate) trait Dial: Send + Sync + 'static {
     fn read_only(&self) -> ReadOnly {
         ReadOnly::Replica
     }
+
+    /// The server it reaches, as messages name it (without passwords).
+    fn server(&self) -> String;
 }
 
 /// What a `READONLY` answer (a replica refused a write, before running it) means on a link.
@@ -277,6 +280,11 @@ impl Link {
                         tokio::time::sleep(PASSING_RETRY).await;
                         continue;
                     }
+                    if matches!(reply, Reply::Redirect | Reply::CrossSlot)
+                        && self.dial.read_only() != ReadOnly::Routed
+                    {
+                        return Err(settle(self.cluster_node(op, source)));
+                    }
                     if reply != Reply::Connection {
                         return Err(self.refused_read_only(settle(failed(op, source, after))));
                     }
@@ -326,6 +334,25 @@ impl Link {
                 }
             }
             error => Failed { error, ..failed },
+        }
+    }
+
+    /// A redirection (`MOVED`, `ASK`) or a `CROSSSLOT` refusal on a link that does not route:
+    /// the URL names a Redis Cluster node, which no retry cures.
+    fn cluster_node(&self, op: &'static str, source: redis::RedisError) -> Failed {
+        Failed {
+            error: LockError::Misconfigured {
+                op,
+                problem: crate::error::Misconfiguration::ClusterNode,
+                detail: format!(
+                    "the server at {} is a Redis Cluster node and redirected the call to \
+                     another node",
+                    self.dial.server()
+                ),
+                source,
+            },
+            // Refused before the script ran: nothing was written.
+            reached: Reached::Refused,
         }
     }
 
