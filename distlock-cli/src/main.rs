@@ -1,16 +1,27 @@
 //! `distlock`: the operator's command-line tool for distlock's locks.
 //!
 //! ```text
-//! distlock --url redis://127.0.0.1:6379 inspect order:42 order:43
-//! distlock --url redis://127.0.0.1:6379 list 'order:*'
-//! distlock --url redis://127.0.0.1:6379 release order:42 --force
-//! distlock --url redis://127.0.0.1:6379 leader scheduler mailer
+//! cargo install --path distlock-cli
+//! export REDIS_URL=redis://127.0.0.1:6379
+//! distlock inspect order:42 order:43
+//! distlock list 'order:*'
+//! distlock release order:42 --force
+//! distlock leader scheduler mailer
 //! distlock --cluster redis://10.0.0.5:7000 --cluster redis://10.0.0.6:7000 list --json
 //! ```
 //!
 //! It connects the way a service's `LockManager` does (one server, a cluster, Sentinel or a
 //! quorum; the same key prefix), prints a table, or one JSON document with `--json`. Exit
 //! status: 0 on success, 1 when Redis could not be asked, 2 on bad arguments.
+//!
+//! Every option can come from the environment instead (`--help` names each variable; a flag
+//! beats its variable): `REDIS_URL` for `--url`, read only when no topology is given otherwise,
+//! and `DISTLOCK_CLUSTER`, `DISTLOCK_SENTINEL`, `DISTLOCK_SENTINEL_URLS`, `DISTLOCK_QUORUM`
+//! (URLs comma-separated), `DISTLOCK_PREFIX`, `DISTLOCK_TLS_CA`, `DISTLOCK_TLS_CERT`,
+//! `DISTLOCK_TLS_KEY`, `DISTLOCK_TIMEOUT_MS`. A URL given with `--url` or `REDIS_URL` is asked
+//! what it is (one `HELLO`): a Redis Cluster node is used as a seed of its cluster, a Sentinel
+//! that monitors one primary as that primary's Sentinel (several: refused, naming them), and a
+//! line on stderr says so. See `docs/operations.md`.
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -1,7 +1,8 @@
 //! Every Redis error distlock can meet, provoked on a real server: the `LockError` it becomes
 //! (its class) and whether distlock sends the request again. One test per row of the crate
 //! docs' table ("Redis errors"); `NOAUTH` / `WRONGPASS` are `configuration.rs`'s,
-//! `NOSCRIPT` is `hangs.rs`'s and `cluster.rs`'s, `MOVED` under load is `faults.rs`'s.
+//! `NOSCRIPT` is `hangs.rs`'s and `cluster.rs`'s, `MOVED` under load is `faults.rs`'s
+//! (`MOVED` and `CROSSSLOT` to a manager built for one server are here).
 
 use std::io::Write;
 use std::time::{Duration, Instant};
