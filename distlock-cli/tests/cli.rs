@@ -9,6 +9,8 @@ use distlock_runtime::{Lease, LockManager, LockManagerBuilder};
 use distlock_tests::topology::{QuorumSet, RedisCluster, SentinelGroup};
 use distlock_tests::RedisServer;
 
+mod common;
+
 /// Runs `distlock args`, without the variables it reads (`settings.rs` tests those).
 fn distlock(args: &[&str]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_distlock"));
@@ -328,18 +330,9 @@ fn distlock_json(topology: &[String], args: &[&str]) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("distlock {all:?} printed no JSON ({e}): {output:?}"))
 }
 
-/// The keys of the rows `list` printed, sorted here: the tool orders them by their Redis
-/// names, where `k-1}` comes after `k-10}` (`inspection::held_locks_are_sorted_by_key`).
+/// The keys of the rows `list` printed, sorted.
 fn listed(topology: &[String]) -> Vec<String> {
-    let rows = distlock_json(topology, &["list"]);
-    let mut keys: Vec<String> = rows
-        .as_array()
-        .unwrap_or_else(|| panic!("list printed {rows}"))
-        .iter()
-        .map(|row| row["key"].as_str().unwrap().to_owned())
-        .collect();
-    keys.sort();
-    keys
+    common::sorted_keys(&distlock_json(topology, &["list"]))
 }
 
 /// Holds each of `keys` through `locks` for a minute.

@@ -9,6 +9,8 @@ use distlock_runtime::{Lease, LockManager};
 use distlock_tests::topology::{RedisCluster, SentinelGroup};
 use distlock_tests::RedisServer;
 
+mod common;
+
 /// Every variable the tool reads: none leaks in from the environment the tests run in.
 const VARIABLES: [&str; 10] = [
     "REDIS_URL",
@@ -48,14 +50,7 @@ fn listed(env: &[(&str, &str)], args: &[&str]) -> Vec<String> {
     assert!(output.status.success(), "distlock {all:?}: {output:?}");
     let rows: serde_json::Value = serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("no JSON on stdout ({e}): {output:?}"));
-    let mut keys: Vec<String> = rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|row| row["key"].as_str().unwrap().to_owned())
-        .collect();
-    keys.sort();
-    keys
+    common::sorted_keys(&rows)
 }
 
 async fn hold(locks: &LockManager, keys: &[String]) -> Vec<Lease> {

@@ -222,18 +222,7 @@ async fn a_cluster_nodes_url_on_a_one_server_manager_is_misconfigured_not_unavai
     lease.release().await.unwrap();
     // A database in the URL: the node refuses `SELECT 1`.
     let with_db = manager(&format!("{}/1", node.url()));
-    let error = with_db.try_lock("k").acquire().await.unwrap_err();
-    assert!(
-        matches!(
-            error,
-            LockError::Misconfigured {
-                problem: Misconfiguration::ClusterNode,
-                ..
-            }
-        ),
-        "{error:?}"
-    );
-    assert!(error.to_string().contains("--cluster"), "{error}");
+    assert_cluster_node(&with_db.try_lock("k").acquire().await.unwrap_err());
 }
 
 /// `WRONGTYPE`: a key of distlock's that another program wrote is named, with what it holds,

@@ -14,7 +14,7 @@ use redis::{Cmd, Value};
 use super::connect::Timeouts;
 use super::replicas::{Primary, Replicas, Replicated};
 use crate::call::{BoxFuture, ScriptCall};
-use crate::error::{LockError, Reply};
+use crate::error::{LockError, Misconfiguration, Reply};
 use crate::failed::{failed, is_connection_failure, Failed, Reached, PASSING_RETRY};
 use crate::ids::next_id;
 use crate::sync::lock;
@@ -207,6 +207,21 @@ impl Link {
                         (Some(source), LockError::RedisTimeout { .. }) => {
                             LockError::from_redis(op, source)
                         }
+                        // A cluster node refused the URL's database (`SELECT`): say which.
+                        (
+                            _,
+                            LockError::Misconfigured {
+                                op,
+                                problem: problem @ Misconfiguration::ClusterNode,
+                                source,
+                                ..
+                            },
+                        ) => LockError::Misconfigured {
+                            op,
+                            problem,
+                            detail: self.cluster_node_detail(),
+                            source,
+                        },
                         (_, error) => error,
                     };
                     return Err(Failed {
@@ -326,7 +341,7 @@ impl Link {
                 Failed {
                     error: LockError::Misconfigured {
                         op,
-                        problem: crate::error::Misconfiguration::Replica,
+                        problem: Misconfiguration::Replica,
                         detail: String::new(),
                         source,
                     },
@@ -343,17 +358,21 @@ impl Link {
         Failed {
             error: LockError::Misconfigured {
                 op,
-                problem: crate::error::Misconfiguration::ClusterNode,
-                detail: format!(
-                    "the server at {} is a Redis Cluster node and redirected the call to \
-                     another node",
-                    self.dial.server()
-                ),
+                problem: Misconfiguration::ClusterNode,
+                detail: self.cluster_node_detail(),
                 source,
             },
             // Refused before the script ran: nothing was written.
             reached: Reached::Refused,
         }
+    }
+
+    /// [`Misconfiguration::ClusterNode`]'s detail: which server it is.
+    fn cluster_node_detail(&self) -> String {
+        format!(
+            "the server at {} is a Redis Cluster node",
+            self.dial.server()
+        )
     }
 
     async fn connection(
