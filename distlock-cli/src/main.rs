@@ -1,63 +1,46 @@
 //! `distlock`: the operator's command-line tool for distlock's locks.
 //!
 //! ```text
-//! distlock --url redis://127.0.0.1:6379 inspect order:42 order:43
-//! distlock --url redis://127.0.0.1:6379 list 'order:*'
-//! distlock --url redis://127.0.0.1:6379 release order:42 --force
-//! distlock --url redis://127.0.0.1:6379 leader scheduler mailer
+//! cargo install --path distlock-cli
+//! export REDIS_URL=redis://127.0.0.1:6379
+//! distlock inspect order:42 order:43
+//! distlock list 'order:*'
+//! distlock release order:42 --force
+//! distlock leader scheduler mailer
 //! distlock --cluster redis://10.0.0.5:7000 --cluster redis://10.0.0.6:7000 list --json
 //! ```
 //!
 //! It connects the way a service's `LockManager` does (one server, a cluster, Sentinel or a
 //! quorum; the same key prefix), prints a table, or one JSON document with `--json`. Exit
 //! status: 0 on success, 1 when Redis could not be asked, 2 on bad arguments.
+//!
+//! Every option can come from the environment instead (`--help` names each variable; a flag
+//! beats its variable): `REDIS_URL` for `--url`, read only when no topology is given otherwise,
+//! and `DISTLOCK_CLUSTER`, `DISTLOCK_SENTINEL`, `DISTLOCK_SENTINEL_URLS`, `DISTLOCK_QUORUM`
+//! (URLs comma-separated), `DISTLOCK_PREFIX`, `DISTLOCK_TLS_CA`, `DISTLOCK_TLS_CERT`,
+//! `DISTLOCK_TLS_KEY`, `DISTLOCK_TIMEOUT_MS`. A URL given with `--url` or `REDIS_URL` is asked
+//! what it is (one `HELLO`): a Redis Cluster node is used as a seed of its cluster, a Sentinel
+//! that monitors one primary as that primary's Sentinel (several: refused, naming them), and a
+//! line on stderr says so. See `docs/operations.md`.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
-use distlock_runtime::{
-    LeaderInfo, LockError, LockInfo, LockManager, LockManagerBuilder, LockMode,
-};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use distlock_runtime::{LeaderInfo, LockError, LockInfo, LockManager, LockMode};
 use serde::Serialize;
+
+mod connect;
 
 #[derive(Parser)]
 #[command(
     name = "distlock",
+    version,
     about = "Who holds distlock's locks, who leads its elections, and breaking a lock by hand"
 )]
 struct Cli {
-    /// One Redis: `redis://[user:password@]host[:port][/db]` (or `rediss://`).
-    #[arg(long, global = true)]
-    url: Option<String>,
-    /// A Redis Cluster: a seed node's URL (repeat for more seeds).
-    #[arg(long = "cluster", global = true)]
-    cluster: Vec<String>,
-    /// Sentinel: the name of the primary the sentinels monitor (with --sentinel-url).
-    #[arg(long = "sentinel", global = true)]
-    sentinel: Option<String>,
-    /// Sentinel: a sentinel's URL (repeat for more).
-    #[arg(long = "sentinel-url", global = true)]
-    sentinel_urls: Vec<String>,
-    /// A Redlock quorum: a node's URL (repeat for each node).
-    #[arg(long = "quorum", global = true)]
-    quorum: Vec<String>,
-    /// The key prefix the services use.
-    #[arg(long, global = true, default_value = "distlock:")]
-    prefix: String,
-    /// TLS (`rediss://` URLs): trust the CA certificates in this PEM file instead of the
-    /// system's.
-    #[arg(long, global = true, value_name = "PEM_FILE")]
-    tls_ca: Option<std::path::PathBuf>,
-    /// Mutual TLS: this client's certificate chain (PEM file), with --tls-key.
-    #[arg(long, global = true, value_name = "PEM_FILE", requires = "tls_key")]
-    tls_cert: Option<std::path::PathBuf>,
-    /// Mutual TLS: this client's private key (PEM file), with --tls-cert.
-    #[arg(long, global = true, value_name = "PEM_FILE", requires = "tls_cert")]
-    tls_key: Option<std::path::PathBuf>,
-    /// Connect and response timeout, in milliseconds.
-    #[arg(long, global = true, default_value_t = 2000)]
-    timeout_ms: u64,
+    #[command(flatten)]
+    connection: connect::Connection,
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -210,15 +193,14 @@ impl LeaderRow {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let locks = match manager(&cli) {
-        Ok(locks) => locks,
-        Err(message) => {
-            eprintln!("distlock: {message}");
-            return ExitCode::from(2);
-        }
+    // The matches too: they tell an option given as a flag from one read from the environment.
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let outcome = match connect::manager(&cli.connection, &matches).await {
+        Ok(locks) => run(&cli, &locks).await,
+        Err(failure) => Err(failure),
     };
-    match run(&cli, &locks).await {
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Usage(message)) => {
             eprintln!("distlock: {message}");
@@ -240,53 +222,6 @@ impl From<LockError> for Failure {
     fn from(error: LockError) -> Self {
         Self::Redis(error)
     }
-}
-
-/// The manager the options describe: exactly one topology.
-fn manager(cli: &Cli) -> Result<LockManager, String> {
-    let timeout = Duration::from_millis(cli.timeout_ms.max(1));
-    let mut builder: LockManagerBuilder = LockManager::builder()
-        .prefix(cli.prefix.clone())
-        .connect_timeout(timeout)
-        .response_timeout(timeout)
-        .pool_wait_timeout(timeout);
-    let read = |path: &std::path::Path| {
-        std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
-    };
-    if let Some(ca) = &cli.tls_ca {
-        builder = builder.tls_ca_pem(read(ca)?);
-    }
-    if let (Some(cert), Some(key)) = (&cli.tls_cert, &cli.tls_key) {
-        builder = builder.tls_client_cert_pem(read(cert)?, read(key)?);
-    }
-    let mut chosen = 0;
-    if let Some(url) = &cli.url {
-        builder = builder.url(url.clone());
-        chosen += 1;
-    }
-    if !cli.cluster.is_empty() {
-        builder = builder.cluster(cli.cluster.clone());
-        chosen += 1;
-    }
-    if let Some(name) = &cli.sentinel {
-        if cli.sentinel_urls.is_empty() {
-            return Err("--sentinel NAME needs at least one --sentinel-url".to_owned());
-        }
-        builder = builder.sentinel(name.clone(), cli.sentinel_urls.clone());
-        chosen += 1;
-    }
-    if !cli.quorum.is_empty() {
-        builder = builder.quorum(cli.quorum.clone());
-        chosen += 1;
-    }
-    if chosen != 1 {
-        return Err(
-            "say where the locks live with exactly one of --url, --cluster, --sentinel (with \
-             --sentinel-url) or --quorum"
-                .to_owned(),
-        );
-    }
-    builder.build().map_err(|e| e.to_string())
 }
 
 async fn run(cli: &Cli, locks: &LockManager) -> Result<(), Failure> {

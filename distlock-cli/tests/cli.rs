@@ -9,11 +9,17 @@ use distlock_runtime::{Lease, LockManager, LockManagerBuilder};
 use distlock_tests::topology::{QuorumSet, RedisCluster, SentinelGroup};
 use distlock_tests::RedisServer;
 
+mod common;
+
+/// Runs `distlock args`, without the variables it reads (`settings.rs` tests those).
 fn distlock(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_distlock"))
-        .args(args)
-        .output()
-        .expect("run distlock")
+    let mut command = Command::new(env!("CARGO_BIN_EXE_distlock"));
+    for (variable, _) in std::env::vars() {
+        if variable == "REDIS_URL" || variable.starts_with("DISTLOCK_") {
+            command.env_remove(variable);
+        }
+    }
+    command.args(args).output().expect("run distlock")
 }
 
 fn stdout(output: &Output) -> String {
@@ -256,7 +262,7 @@ async fn leader_shows_an_elections_leader_and_term_and_list_marks_the_election()
 fn bad_arguments_and_an_unreachable_redis_fail_clearly() {
     let none = distlock(&["inspect", "k"]);
     assert_eq!(none.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&none.stderr).contains("exactly one of --url"));
+    assert!(String::from_utf8_lossy(&none.stderr).contains("pass --url"));
     let two = distlock(&[
         "--url",
         "redis://127.0.0.1:1",
@@ -324,18 +330,9 @@ fn distlock_json(topology: &[String], args: &[&str]) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("distlock {all:?} printed no JSON ({e}): {output:?}"))
 }
 
-/// The keys of the rows `list` printed, sorted here: the tool orders them by their Redis
-/// names, where `k-1}` comes after `k-10}` (`inspection::held_locks_are_sorted_by_key`).
+/// The keys of the rows `list` printed, sorted.
 fn listed(topology: &[String]) -> Vec<String> {
-    let rows = distlock_json(topology, &["list"]);
-    let mut keys: Vec<String> = rows
-        .as_array()
-        .unwrap_or_else(|| panic!("list printed {rows}"))
-        .iter()
-        .map(|row| row["key"].as_str().unwrap().to_owned())
-        .collect();
-    keys.sort();
-    keys
+    common::sorted_keys(&distlock_json(topology, &["list"]))
 }
 
 /// Holds each of `keys` through `locks` for a minute.

@@ -531,6 +531,52 @@ impl LockManagerBuilder {
         self
     }
 
+    /// Asks the server at `url` what it is, with one `HELLO` on a connection of its own that
+    /// uses this builder's TLS settings and timeouts (and `url`'s user and password): one
+    /// server, a Redis Cluster node, or a Sentinel (with the names of the primaries it
+    /// monitors). The builder is not changed: choose the topology from the answer. For a URL
+    /// that comes from outside (an operator's `REDIS_URL`), so that a cluster node or a
+    /// Sentinel is not taken for one server. A server that will not say (an ACL user without
+    /// `+hello`, a server older than 6.2) is [`ServerKind::Standalone`](crate::ServerKind).
+    ///
+    /// ```no_run
+    /// use distlock_runtime::{LockManager, ServerKind};
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let url = std::env::var("REDIS_URL")?;
+    /// let builder = LockManager::builder();
+    /// let locks = match builder.probe(&url).await? {
+    ///     ServerKind::ClusterNode => builder.cluster([url]),
+    ///     ServerKind::Sentinel { primaries } if primaries.len() == 1 => {
+    ///         builder.sentinel(primaries[0].clone(), [url])
+    ///     }
+    ///     _ => builder.url(url),
+    /// }
+    /// .build()?;
+    /// # let _ = locks; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::InvalidUrl`] for a URL that is not a Redis one; otherwise what the first
+    /// lock would meet: [`LockError::Redis`] / [`LockError::RedisTimeout`] when the server
+    /// cannot be reached in time, [`LockError::Misconfigured`] for refused credentials or
+    /// certificates.
+    pub async fn probe(&self, url: &str) -> Result<crate::ServerKind, LockError> {
+        if self.tls.is_set() {
+            self.tls.check()?;
+        }
+        let (info, _) = crate::topology::parse_url(url, &self.tls)?;
+        let client = crate::topology::client(info)?;
+        crate::topology::probe(&client, self.timeouts()).await
+    }
+
+    fn timeouts(&self) -> Timeouts {
+        Timeouts {
+            connect: self.connect_timeout,
+            response: self.response_timeout,
+            pool_wait: self.pool_wait_timeout,
+        }
+    }
+
     /// Builds the manager. Makes no network connection.
     ///
     /// ```
@@ -567,11 +613,7 @@ impl LockManagerBuilder {
             });
         }
         check_ttl(self.default_ttl)?;
-        let timeouts = Timeouts {
-            connect: self.connect_timeout,
-            response: self.response_timeout,
-            pool_wait: self.pool_wait_timeout,
-        };
+        let timeouts = self.timeouts();
         if let Some((first, second)) = self.conflict {
             return Err(LockError::InvalidConfig {
                 what: "topology",

@@ -443,8 +443,14 @@ pub(crate) enum Reply {
     /// The connection broke, timed out, or could not be opened: an outage. A request on a
     /// connection that had died while idle is sent again on a fresh one (see `topology/link.rs`).
     Connection,
-    /// `MOVED`, `ASK`: the cluster router follows it.
+    /// `MOVED`, `ASK`: the cluster router follows it. On a link that does not route (one
+    /// server, a quorum node, a Sentinel primary) it means the URL names a cluster node:
+    /// [`Misconfiguration::ClusterNode`].
     Redirect,
+    /// `CROSSSLOT`: a call's keys are in several slots, which only a cluster node refuses (the
+    /// cluster router never sends such a call): [`Misconfiguration::ClusterNode`] on a link
+    /// that does not route, an outage on one that does.
+    CrossSlot,
     /// `TRYAGAIN`, `CLUSTERDOWN`: a cluster re-sharding or failing over refused it before
     /// running it; the cluster router sends it again within the response timeout.
     Resharding,
@@ -483,6 +489,7 @@ impl Reply {
         }
         match error.kind() {
             redis::ErrorKind::Server(S::Moved | S::Ask) => Self::Redirect,
+            redis::ErrorKind::Server(S::CrossSlot) => Self::CrossSlot,
             redis::ErrorKind::Server(S::TryAgain | S::ClusterDown) => Self::Resharding,
             redis::ErrorKind::Server(S::BusyLoading | S::MasterDown) => Self::Passing,
             redis::ErrorKind::Server(S::ReadOnly) => Self::ReadOnly,
@@ -562,6 +569,10 @@ pub enum Misconfiguration {
     ClientCertificate,
     /// The URL names a read-only replica: a lock must be written to a primary.
     Replica,
+    /// The URL names a Redis Cluster node, but the manager was built for one server: the node
+    /// redirects (`MOVED`, `ASK`) or refuses (`CROSSSLOT`) the keys of the slots it does not
+    /// serve.
+    ClusterNode,
 }
 
 impl Misconfiguration {
@@ -614,6 +625,9 @@ impl Misconfiguration {
             Some(Self::Permissions)
         } else if text.contains("DB index is out of range") {
             Some(Self::Database)
+        } else if text.contains("not allowed in cluster mode") {
+            // `SELECT 2` (a URL's database) on a cluster node.
+            Some(Self::ClusterNode)
         } else if text.contains("Error compiling script") && text.contains("'#'") {
             // Redis before 7.0 cannot compile a script that declares itself with `#!lua`.
             Some(Self::ServerVersion)
@@ -654,6 +668,12 @@ impl std::fmt::Display for Misconfiguration {
                 "the server at the manager's URL is a read-only replica: point the manager at \
                  the primary, or let it find the primary (LockManagerBuilder::sentinel, \
                  LockManagerBuilder::cluster)"
+            }
+            Self::ClusterNode => {
+                "the server at the manager's URL is a Redis Cluster node, which serves only the \
+                 keys of its own slots: build the manager with \
+                 LockManagerBuilder::cluster([its URL, ...]) (the distlock tool: --cluster URL), \
+                 which routes each key to its node"
             }
         })
     }
@@ -872,6 +892,14 @@ mod tests {
             ),
             (server("MOVED", "3999 127.0.0.1:6381"), Reply::Redirect),
             (server("ASK", "3999 127.0.0.1:6381"), Reply::Redirect),
+            (
+                server("CROSSSLOT", "Keys in request don't hash to the same slot"),
+                Reply::CrossSlot,
+            ),
+            (
+                server("ERR", "SELECT is not allowed in cluster mode"),
+                Reply::Refused(Misconfiguration::ClusterNode),
+            ),
             (
                 server("OOM", "command not allowed when used memory > 'maxmemory'."),
                 Reply::Other,

@@ -153,7 +153,8 @@
 //! | `NOSCRIPT` | never seen: the script is sent whole (`EVAL`) | once |
 //! | `WRONGTYPE` | [`LockError::WrongType`], naming the key and what it holds (another program wrote under the prefix) | no |
 //! | `CLUSTERDOWN`, `TRYAGAIN` | sent again 20 ms apart within the response timeout, the slot map fetched anew, then `Redis` | yes |
-//! | `MOVED`, `ASK` | followed: `MOVED` to the slot's new owner (its slot corrected at once, the map fetched anew), `ASK` once to the importing node, after `ASKING` | yes |
+//! | `MOVED`, `ASK` | cluster: followed: `MOVED` to the slot's new owner (its slot corrected at once, the map fetched anew), `ASK` once to the importing node, after `ASKING`; one server, a quorum node, a Sentinel primary: `Misconfigured`, [`Misconfiguration::ClusterNode`] (the URL names a cluster node: use [`LockManagerBuilder::cluster`]), naming the node | cluster: yes; elsewhere no |
+//! | `CROSSSLOT`, and `ERR SELECT is not allowed in cluster mode` (a URL's database) | one server, a quorum node, a Sentinel primary: `Misconfigured`, [`Misconfiguration::ClusterNode`], as above (a cluster never sends keys of two slots in one call) | no |
 //! | no answer in time, a broken or refused connection | [`LockError::RedisTimeout`] / `Redis`; a request on a connection that died idle is sent once more on a fresh one | as said |
 //!
 //! [`LockManager::ping`] checks everything a lock needs before the first lock does, on every
@@ -239,7 +240,11 @@
 //!
 //! # Topologies
 //! A manager talks to exactly one deployment, chosen on its builder (two, or none, is
-//! [`LockError::InvalidConfig`]); the attribute and every request work the same on each.
+//! [`LockError::InvalidConfig`]); the attribute and every request work the same on each. For a
+//! URL that comes from outside (an operator's `REDIS_URL`), [`LockManagerBuilder::probe`] asks
+//! its server whether it is one server, a cluster node or a Sentinel ([`ServerKind`]); a
+//! manager built with [`url`](LockManagerBuilder::url) for a cluster node fails its first call
+//! for a key of another node's slot with [`Misconfiguration::ClusterNode`], never as an outage.
 //!
 //! | builder | what it guarantees | what it does not |
 //! |---|---|---|
@@ -413,6 +418,7 @@ pub use manager::{default_manager, set_default_manager, LockManager, LockStats};
 pub use mode::LockMode;
 pub use reentrancy::{current_fencing_token, current_lease, CurrentLease};
 pub use request::LockRequest;
+pub use topology::ServerKind;
 pub use validity::{MAX_TTL, MIN_TTL};
 
 /// Re-exported so callers can build a pool with the same deadpool-redis version.

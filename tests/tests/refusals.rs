@@ -1,7 +1,8 @@
 //! Every Redis error distlock can meet, provoked on a real server: the `LockError` it becomes
 //! (its class) and whether distlock sends the request again. One test per row of the crate
 //! docs' table ("Redis errors"); `NOAUTH` / `WRONGPASS` are `configuration.rs`'s,
-//! `NOSCRIPT` is `hangs.rs`'s and `cluster.rs`'s, `MOVED` under load is `faults.rs`'s.
+//! `NOSCRIPT` is `hangs.rs`'s and `cluster.rs`'s, `MOVED` under load is `faults.rs`'s
+//! (`MOVED` and `CROSSSLOT` to a manager built for one server are here).
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -155,6 +156,73 @@ async fn a_replicas_url_is_refused_as_a_replica_by_ping_and_by_locks() {
         assert!(error.to_string().contains("replica"), "{error}");
     }
     manager(&primary.url()).ping().await.unwrap();
+}
+
+/// `MOVED` and `CROSSSLOT` to a manager built for one server: its URL names a Redis Cluster
+/// node, which only serves its own slots. That is a misconfiguration (built with `.url`, not
+/// `.cluster`), said at once with the node's URL and the builder call to use, never an outage
+/// waited out; a URL's database, which a cluster node refuses to `SELECT`, is told the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_nodes_url_on_a_one_server_manager_is_misconfigured_not_unavailable() {
+    let cluster = RedisCluster::start(3, 0);
+    let node = cluster.node(0);
+    let locks = distlock_tests::manager_at(&node.url(), TIMEOUT)
+        .default_wait(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let served_by = |owner: bool| {
+        (0..)
+            .map(|i| format!("moved-{i}"))
+            .find(|key| (cluster.primary_of(&locks.redis_key(key)) == 0) == owner)
+            .unwrap()
+    };
+    let (elsewhere, here) = (served_by(false), served_by(true));
+    let assert_cluster_node = |error: &LockError| {
+        assert!(
+            matches!(
+                error,
+                LockError::Misconfigured {
+                    problem: Misconfiguration::ClusterNode,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        assert_eq!(error.class(), ErrorClass::Misconfigured, "{error:?}");
+        let message = error.to_string();
+        for said in [
+            "Redis Cluster node",
+            node.url().as_str(),
+            "LockManagerBuilder::cluster",
+            "--cluster",
+        ] {
+            assert!(message.contains(said), "{said:?} not in: {message}");
+        }
+    };
+    // MOVED: a key of another node's slot, by a lock that would wait 5 s for a busy key.
+    let started = Instant::now();
+    let error = locks.lock(elsewhere.as_str()).acquire().await.unwrap_err();
+    assert_cluster_node(&error);
+    assert!(
+        started.elapsed() < TIMEOUT,
+        "not retried: {:?}",
+        started.elapsed()
+    );
+    assert_cluster_node(&locks.inspect(&elsewhere).await.unwrap_err());
+    assert_cluster_node(&locks.force_release(&elsewhere).await.unwrap_err());
+    // CROSSSLOT: keys of several slots in one call (the node's own among them).
+    let error = locks
+        .lock_all([here.as_str(), elsewhere.as_str()])
+        .acquire()
+        .await
+        .unwrap_err();
+    assert_cluster_node(&error);
+    // The node's own slots still serve: the URL reached Redis, it is the topology that is wrong.
+    let lease = locks.try_lock(here.as_str()).acquire().await.unwrap();
+    lease.release().await.unwrap();
+    // A database in the URL: the node refuses `SELECT 1`.
+    let with_db = manager(&format!("{}/1", node.url()));
+    assert_cluster_node(&with_db.try_lock("k").acquire().await.unwrap_err());
 }
 
 /// `WRONGTYPE`: a key of distlock's that another program wrote is named, with what it holds,

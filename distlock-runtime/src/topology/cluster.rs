@@ -642,6 +642,13 @@ impl Dial for NodeDial {
         super::ReadOnly::Routed
     }
 
+    fn server(&self) -> String {
+        match &self.client {
+            Ok(client) => client.get_connection_info().addr().to_string(),
+            Err(_) => "a cluster node".to_owned(),
+        }
+    }
+
     fn dial(&self, op: &'static str) -> BoxFuture<'_, Result<MultiplexedConnection, LockError>> {
         Box::pin(async move {
             match &self.client {

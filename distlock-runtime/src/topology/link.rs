@@ -14,7 +14,7 @@ use redis::{Cmd, Value};
 use super::connect::Timeouts;
 use super::replicas::{Primary, Replicas, Replicated};
 use crate::call::{BoxFuture, ScriptCall};
-use crate::error::{LockError, Reply};
+use crate::error::{LockError, Misconfiguration, Reply};
 use crate::failed::{failed, is_connection_failure, Failed, Reached, PASSING_RETRY};
 use crate::ids::next_id;
 use crate::sync::lock;
@@ -72,6 +72,9 @@ pub(crate) trait Dial: Send + Sync + 'static {
     fn read_only(&self) -> ReadOnly {
         ReadOnly::Replica
     }
+
+    /// The server it reaches, as messages name it (without passwords).
+    fn server(&self) -> String;
 }
 
 /// What a `READONLY` answer (a replica refused a write, before running it) means on a link.
@@ -204,6 +207,21 @@ impl Link {
                         (Some(source), LockError::RedisTimeout { .. }) => {
                             LockError::from_redis(op, source)
                         }
+                        // A cluster node refused the URL's database (`SELECT`): say which.
+                        (
+                            _,
+                            LockError::Misconfigured {
+                                op,
+                                problem: problem @ Misconfiguration::ClusterNode,
+                                source,
+                                ..
+                            },
+                        ) => LockError::Misconfigured {
+                            op,
+                            problem,
+                            detail: self.cluster_node_detail(),
+                            source,
+                        },
                         (_, error) => error,
                     };
                     return Err(Failed {
@@ -277,6 +295,11 @@ impl Link {
                         tokio::time::sleep(PASSING_RETRY).await;
                         continue;
                     }
+                    if matches!(reply, Reply::Redirect | Reply::CrossSlot)
+                        && self.dial.read_only() != ReadOnly::Routed
+                    {
+                        return Err(settle(self.cluster_node(op, source)));
+                    }
                     if reply != Reply::Connection {
                         return Err(self.refused_read_only(settle(failed(op, source, after))));
                     }
@@ -318,7 +341,7 @@ impl Link {
                 Failed {
                     error: LockError::Misconfigured {
                         op,
-                        problem: crate::error::Misconfiguration::Replica,
+                        problem: Misconfiguration::Replica,
                         detail: String::new(),
                         source,
                     },
@@ -327,6 +350,29 @@ impl Link {
             }
             error => Failed { error, ..failed },
         }
+    }
+
+    /// A redirection (`MOVED`, `ASK`) or a `CROSSSLOT` refusal on a link that does not route:
+    /// the URL names a Redis Cluster node, which no retry cures.
+    fn cluster_node(&self, op: &'static str, source: redis::RedisError) -> Failed {
+        Failed {
+            error: LockError::Misconfigured {
+                op,
+                problem: Misconfiguration::ClusterNode,
+                detail: self.cluster_node_detail(),
+                source,
+            },
+            // Refused before the script ran: nothing was written.
+            reached: Reached::Refused,
+        }
+    }
+
+    /// [`Misconfiguration::ClusterNode`]'s detail: which server it is.
+    fn cluster_node_detail(&self) -> String {
+        format!(
+            "the server at {} is a Redis Cluster node",
+            self.dial.server()
+        )
     }
 
     async fn connection(

@@ -29,6 +29,7 @@ use crate::scripts::Announce;
 pub(crate) mod cluster;
 mod connect;
 mod link;
+mod probe;
 pub(crate) mod quorum;
 mod replicas;
 pub(crate) mod sentinel;
@@ -36,6 +37,8 @@ pub(crate) mod standalone;
 
 pub(crate) use connect::{client, create_pool, dial, parse_url, take_from_pool, Timeouts};
 pub(crate) use link::{Dial, Link, ReadOnly, FAIR_WITH_REPLICAS};
+pub(crate) use probe::probe;
+pub use probe::ServerKind;
 pub(crate) use replicas::Replicas;
 
 /// A place's answer to a script call, or how it failed.

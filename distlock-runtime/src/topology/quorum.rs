@@ -64,7 +64,11 @@ impl Quorum {
             let (info, endpoint) = super::parse_url(url, tls)?;
             clients.push(super::client(info.clone())?);
             let pool = super::create_pool(info, POOL_SIZE, timeouts)?;
-            let dial = PoolDial { pool, timeouts };
+            let dial = PoolDial {
+                pool,
+                timeouts,
+                server: endpoint.clone(),
+            };
             nodes.push(Arc::new(Link::new(Box::new(dial), timeouts, true, None)));
             shown.push(endpoint);
         }

@@ -234,6 +234,10 @@ impl Dial for SentinelDial {
     fn read_only(&self) -> super::ReadOnly {
         super::ReadOnly::Failover
     }
+
+    fn server(&self) -> String {
+        format!("the primary Sentinel names `{}`", self.0.master)
+    }
 }
 
 /// Listens for `+switch-master` on one sentinel after another until the manager is dropped;

@@ -39,6 +39,7 @@ impl Standalone {
         let dial = PoolDial {
             pool: pool.clone(),
             timeouts,
+            server: endpoint.clone(),
         };
         Self {
             link: Link::new(Box::new(dial), timeouts, bounded_connections, replicas),
@@ -102,11 +103,17 @@ impl Route for Standalone {
 pub(crate) struct PoolDial {
     pub(crate) pool: Pool,
     pub(crate) timeouts: Timeouts,
+    /// Its URL without the password, as messages name it.
+    pub(crate) server: String,
 }
 
 impl Dial for PoolDial {
     fn dial(&self, op: &'static str) -> BoxFuture<'_, Result<MultiplexedConnection, LockError>> {
         Box::pin(take_from_pool(&self.pool, self.timeouts, op))
+    }
+
+    fn server(&self) -> String {
+        self.server.clone()
     }
 }
 
