@@ -58,7 +58,10 @@ pub(crate) async fn run(locks: &LockManager, options: Options) -> Result<(), Loc
                 Err(error) => {
                     if !unavailable {
                         unavailable = true;
-                        out.notice("unavailable", &format!("Redis unavailable: {error}; retrying"))?;
+                        out.notice(
+                            "unavailable",
+                            &format!("Redis unavailable: {error}; retrying"),
+                        )?;
                     }
                     for tracker in &mut trackers {
                         tracker.outage();
@@ -185,7 +188,14 @@ impl Tracker {
             (Last::Unread, Some(info)) => changes.push(Change::Held(info.clone())),
             (Last::Free, None) => {}
             (Last::Free, Some(info)) => changes.push(Change::Taken(info.clone())),
-            (Last::Held { info, expires, outage }, None) => changes.push(if outage {
+            (
+                Last::Held {
+                    info,
+                    expires,
+                    outage,
+                },
+                None,
+            ) => changes.push(if outage {
                 Change::Gone(info)
             } else {
                 // The reading happened before `received`; the key expires no earlier than
@@ -300,7 +310,12 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
     };
     match change {
         Change::Held(info) if election => format!("led by {} ({})", holders(info), state(info)),
-        Change::Held(info) => format!("held by {} ({}, {})", holders(info), state(info), queue(info)),
+        Change::Held(info) => format!(
+            "held by {} ({}, {})",
+            holders(info),
+            state(info),
+            queue(info)
+        ),
         Change::Free if election => "no leader".to_owned(),
         Change::Free => "free".to_owned(),
         Change::Taken(info) if election => {
@@ -332,7 +347,11 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
         ),
         Change::HandedOver { from, to } => format!(
             "{} from {} to {} ({})",
-            if election { "leader changed" } else { "handed over" },
+            if election {
+                "leader changed"
+            } else {
+                "handed over"
+            },
             holders(from),
             holders(to),
             state(to)
@@ -464,7 +483,9 @@ mod tests {
         let taken = key.observe(Some(alpha.clone()), at(t, 100), at(t, 101));
         assert_eq!(taken, [Change::Taken(alpha.clone())]);
         // Same holder, same token: nothing to say.
-        assert!(key.observe(Some(alpha.clone()), at(t, 200), at(t, 201)).is_empty());
+        assert!(key
+            .observe(Some(alpha.clone()), at(t, 200), at(t, 201))
+            .is_empty());
         // Gone 9.7 s before its ttl (10 s from 200 ms) ran out: released.
         let released = key.observe(None, at(t, 300), at(t, 301));
         assert!(
@@ -488,7 +509,10 @@ mod tests {
         );
         // Gone after an outage: not called a release.
         key.outage();
-        assert_eq!(key.observe(None, at(t, 12_000), at(t, 12_001)), [Change::Gone(beta)]);
+        assert_eq!(
+            key.observe(None, at(t, 12_000), at(t, 12_001)),
+            [Change::Gone(beta)]
+        );
     }
 
     #[test]
@@ -497,7 +521,12 @@ mod tests {
         let mut key = Tracker::new("report");
         let one = info("report", LockMode::Shared, &["aaaa1111:r1"], 3);
         key.observe(Some(one.clone()), t, t);
-        let two = info("report", LockMode::Shared, &["aaaa1111:r1", "bbbb2222:r2"], 4);
+        let two = info(
+            "report",
+            LockMode::Shared,
+            &["aaaa1111:r1", "bbbb2222:r2"],
+            4,
+        );
         let joined = key.observe(Some(two.clone()), t, t);
         assert!(
             matches!(&joined[..], [Change::Joined { owner, .. }] if owner.label.as_deref() == Some("r2")),
@@ -514,7 +543,10 @@ mod tests {
         let writer = info("report", LockMode::Exclusive, &["bbbb2222:r2"], 5);
         let changes = key.observe(Some(writer), t, t);
         assert!(
-            matches!(&changes[..], [Change::HandedOver { .. }, Change::Queue { before: 1, .. }]),
+            matches!(
+                &changes[..],
+                [Change::HandedOver { .. }, Change::Queue { before: 1, .. }]
+            ),
             "{changes:?}"
         );
     }
@@ -525,7 +557,10 @@ mod tests {
         let text = describe("election:cron", &Change::Taken(alpha.clone()));
         assert_eq!(text, "elected alpha (aaaa1111) (term token 9 ttl 10.0s)");
         let text = describe("order:1", &Change::Taken(alpha.clone()));
-        assert_eq!(text, "taken by alpha (aaaa1111) (exclusive token 9 ttl 10.0s)");
+        assert_eq!(
+            text,
+            "taken by alpha (aaaa1111) (exclusive token 9 ttl 10.0s)"
+        );
         let at = SystemTime::UNIX_EPOCH + Duration::from_millis(1_795_000_000_123);
         let object = change_json(at, "election:cron", &Change::Expired(alpha));
         assert_eq!(object["event"], "expired");

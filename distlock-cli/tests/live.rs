@@ -119,7 +119,9 @@ async fn helper(url: String, label: String) {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Another process holding locks: this test binary running [`helper_process`].
@@ -132,7 +134,12 @@ struct Helper {
 impl Helper {
     fn start(server: &RedisServer, label: &str) -> Self {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "helper_process", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "helper_process",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(HELPER_URL, server.url())
             .env(HELPER_LABEL, label)
             .stdin(Stdio::piped())
@@ -163,7 +170,12 @@ impl Helper {
     async fn answer(&mut self) -> String {
         tokio::time::timeout(Duration::from_secs(30), async {
             loop {
-                let line = self.answers.next_line().await.unwrap().expect("helper alive");
+                let line = self
+                    .answers
+                    .next_line()
+                    .await
+                    .unwrap()
+                    .expect("helper alive");
                 // The first comes after libtest's `test helper_process ... `.
                 if let Some((_, answer)) = line.split_once("> ") {
                     return answer.to_owned();
@@ -251,7 +263,10 @@ async fn shows(watch: &Watch, since: usize, parts: &[&str], event: Instant) -> S
     let (at, line) = watch.line(since, parts, SHOWS_WITHIN * 5).await;
     let delay = at.saturating_duration_since(event);
     println!("{delay:>6.0?} {line}");
-    assert!(delay <= SHOWS_WITHIN, "{line} came {delay:?} after the event");
+    assert!(
+        delay <= SHOWS_WITHIN,
+        "{line} came {delay:?} after the event"
+    );
     line
 }
 
@@ -260,8 +275,13 @@ async fn watch_names_each_change_of_a_lock_and_a_leader_as_it_happens() {
     let mut server = RedisServer::start();
     let watch = Watch::start(&server, &["order:1", "--election", "cron"]);
     watch.line(0, &[" order:1 free"], SHOWS_WITHIN * 5).await;
-    watch.line(0, &[" election:cron no leader"], SHOWS_WITHIN).await;
-    let (mut alpha, mut beta) = (Helper::start(&server, "alpha"), Helper::start(&server, "beta"));
+    watch
+        .line(0, &[" election:cron no leader"], SHOWS_WITHIN)
+        .await;
+    let (mut alpha, mut beta) = (
+        Helper::start(&server, "alpha"),
+        Helper::start(&server, "beta"),
+    );
 
     // Taken by another process: who, its fencing token, mode, ttl; each line timestamped.
     let mark = watch.count();
@@ -279,7 +299,13 @@ async fn watch_names_each_change_of_a_lock_and_a_leader_as_it_happens() {
     // A fair waiter queues; the holder's release hands the lock straight to it.
     let mark = watch.count();
     assert!(beta.send("wait order:1 30000").await.starts_with("waiting"));
-    shows(&watch, mark, &["order:1 waiters 0 -> 1 waiting: beta"], Instant::now()).await;
+    shows(
+        &watch,
+        mark,
+        &["order:1 waiters 0 -> 1 waiting: beta"],
+        Instant::now(),
+    )
+    .await;
     let mark = watch.count();
     alpha.send("release order:1").await;
     let at = Instant::now();
@@ -293,7 +319,13 @@ async fn watch_names_each_change_of_a_lock_and_a_leader_as_it_happens() {
     // Released: freed long before its expiry.
     let mark = watch.count();
     beta.send("release order:1").await;
-    let line = shows(&watch, mark, &["order:1 released by beta ("], Instant::now()).await;
+    let line = shows(
+        &watch,
+        mark,
+        &["order:1 released by beta ("],
+        Instant::now(),
+    )
+    .await;
     assert!(line.contains("before its expiry"), "{line}");
 
     // Expired: its holder killed, the lease runs out (1 s ttl) without a release.
@@ -317,13 +349,23 @@ async fn watch_names_each_change_of_a_lock_and_a_leader_as_it_happens() {
     assert!(line.contains(&format!("term token {term}")), "{line}");
     beta.send("lead cron 3000").await;
     watch
-        .line(mark, &["election:cron waiters 0 -> 1 waiting: beta"], SHOWS_WITHIN * 2)
+        .line(
+            mark,
+            &["election:cron waiters 0 -> 1 waiting: beta"],
+            SHOWS_WITHIN * 2,
+        )
         .await;
     let mark = watch.count();
     alpha.send("resign cron").await;
     let at = Instant::now();
     beta.answer().await;
-    let line = shows(&watch, mark, &["election:cron leader changed from alpha ("], at).await;
+    let line = shows(
+        &watch,
+        mark,
+        &["election:cron leader changed from alpha ("],
+        at,
+    )
+    .await;
     assert!(line.contains(" to beta ("), "{line}");
 
     // Redis stops: one line says so (not one per reading), one more when it is back; the
@@ -341,13 +383,20 @@ async fn watch_names_each_change_of_a_lock_and_a_leader_as_it_happens() {
     let at = Instant::now();
     shows(&watch, mark, &["Redis answers again"], at).await;
     watch
-        .line(mark, &["order:1 gone while Redis was unavailable"], SHOWS_WITHIN)
+        .line(
+            mark,
+            &["order:1 gone while Redis was unavailable"],
+            SHOWS_WITHIN,
+        )
         .await;
     let outage: Vec<String> = lock(&watch.lines)[mark..]
         .iter()
         .map(|(_, l)| l.clone())
         .collect();
-    let unavailable = outage.iter().filter(|l| l.contains("Redis unavailable")).count();
+    let unavailable = outage
+        .iter()
+        .filter(|l| l.contains("Redis unavailable"))
+        .count();
     assert_eq!(unavailable, 1, "one outage line:\n{}", outage.join("\n"));
     // And it follows the new server.
     let mark = watch.count();
@@ -360,25 +409,27 @@ async fn watch_names_each_change_of_a_lock_and_a_leader_as_it_happens() {
 async fn watch_json_prints_one_object_per_change() {
     let server = RedisServer::start();
     let watch = Watch::start(&server, &["--json", "job:5"]);
-    watch.line(0, &[r#""event":"free""#], SHOWS_WITHIN * 5).await;
+    watch
+        .line(0, &[r#""event":"free""#], SHOWS_WITHIN * 5)
+        .await;
     let mut alpha = Helper::start(&server, "alpha");
     let token = Helper::token(&alpha.send("read job:5 20000").await);
-    let (_, line) = watch
-        .line(0, &[r#""event":"taken""#], SHOWS_WITHIN)
-        .await;
+    let (_, line) = watch.line(0, &[r#""event":"taken""#], SHOWS_WITHIN).await;
     let object: serde_json::Value = serde_json::from_str(&line).unwrap();
     assert_eq!(object["key"], "job:5", "{object}");
     assert!(object["election"].is_null(), "{object}");
     assert_eq!(object["lock"]["mode"], "shared", "{object}");
-    assert_eq!(object["lock"]["fencing_token"].to_string(), token, "{object}");
+    assert_eq!(
+        object["lock"]["fencing_token"].to_string(),
+        token,
+        "{object}"
+    );
     assert_eq!(object["lock"]["holders"][0]["label"], "alpha", "{object}");
     assert!(object["at"].as_str().unwrap().ends_with('Z'), "{object}");
     // A second reader joins.
     let mut beta = Helper::start(&server, "beta");
     beta.send("read job:5 20000").await;
-    let (_, line) = watch
-        .line(0, &[r#""event":"joined""#], SHOWS_WITHIN)
-        .await;
+    let (_, line) = watch.line(0, &[r#""event":"joined""#], SHOWS_WITHIN).await;
     let object: serde_json::Value = serde_json::from_str(&line).unwrap();
     assert_eq!(object["owner"]["label"], "beta", "{object}");
     assert_eq!(object["lock"]["holders"].as_array().unwrap().len(), 2);
@@ -441,14 +492,22 @@ impl Top {
 
     /// Waits until the screen shows what `check` looks for; returns that screen and how long
     /// after `since` it showed. Panics with the screen after `within`.
-    async fn until(&self, since: Instant, within: Duration, check: impl Fn(&str) -> bool) -> (String, Duration) {
+    async fn until(
+        &self,
+        since: Instant,
+        within: Duration,
+        check: impl Fn(&str) -> bool,
+    ) -> (String, Duration) {
         let deadline = Instant::now() + within;
         loop {
             let text = self.text();
             if check(&text) {
                 return (text, since.elapsed());
             }
-            assert!(Instant::now() < deadline, "not shown within {within:?}:\n{text}");
+            assert!(
+                Instant::now() < deadline,
+                "not shown within {within:?}:\n{text}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -477,9 +536,14 @@ fn place(text: &str, part: &str) -> Option<usize> {
 async fn top_shows_other_processes_locks_sorts_filters_survives_a_restart_and_quits_clean() {
     let mut server = RedisServer::start();
     let mut top = Top::start(&server);
-    top.until(Instant::now(), Duration::from_secs(10), |t| t.contains("live; read"))
-        .await;
-    let (mut alpha, mut beta) = (Helper::start(&server, "alpha"), Helper::start(&server, "beta"));
+    top.until(Instant::now(), Duration::from_secs(10), |t| {
+        t.contains("live; read")
+    })
+    .await;
+    let (mut alpha, mut beta) = (
+        Helper::start(&server, "alpha"),
+        Helper::start(&server, "beta"),
+    );
 
     // A lock another process takes shows within 2 s, with its mode, holder and token.
     let taken = alpha.send("take order:1 30000").await;
@@ -520,21 +584,31 @@ async fn top_shows_other_processes_locks_sorts_filters_survives_a_restart_and_qu
     .await;
     // `s` moves the sort to the next column.
     top.press("s").await;
-    top.until(Instant::now(), SHOWS_WITHIN, |t| t.contains("MODE v")).await;
+    top.until(Instant::now(), SHOWS_WITHIN, |t| t.contains("MODE v"))
+        .await;
 
     // The filter hides the keys that do not match.
     top.press("/stock").await;
-    top.until(Instant::now(), SHOWS_WITHIN, |t| t.contains("filter: stock_"))
-        .await;
-    assert!(row(&top.text(), "order:1").is_some(), "applied only on Enter");
+    top.until(Instant::now(), SHOWS_WITHIN, |t| {
+        t.contains("filter: stock_")
+    })
+    .await;
+    assert!(
+        row(&top.text(), "order:1").is_some(),
+        "applied only on Enter"
+    );
     top.press("\r").await;
     let (text, _) = top
-        .until(Instant::now(), SHOWS_WITHIN, |t| row(t, "order:1").is_none())
+        .until(Instant::now(), SHOWS_WITHIN, |t| {
+            row(t, "order:1").is_none()
+        })
         .await;
     assert!(row(&text, "stock:9").is_some(), "{text}");
     top.press("\x1b").await;
-    top.until(Instant::now(), SHOWS_WITHIN * 2, |t| row(t, "order:1").is_some())
-        .await;
+    top.until(Instant::now(), SHOWS_WITHIN * 2, |t| {
+        row(t, "order:1").is_some()
+    })
+    .await;
 
     // Redis gone: the status line says so, the UI stays; back: new locks show again.
     server.kill();
@@ -572,4 +646,79 @@ async fn top_shows_other_processes_locks_sorts_filters_survives_a_restart_and_qu
         "the terminal is left raw:\n{text}"
     );
     drop(gamma);
+}
+
+/// Client requests `server` answered: [`RedisServer::requests`] less the `HLEN`s, which only
+/// run inside the inspect script (and that list does not leave out).
+fn requests(server: &RedisServer) -> u64 {
+    let info = server.command(&["INFO", "commandstats"]);
+    let hlen: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_hlen:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0);
+    server.requests() - hlen
+}
+
+/// Client requests per second `server` answered over `window`.
+async fn requests_per_second(server: &RedisServer, window: Duration) -> f64 {
+    let before = requests(server);
+    tokio::time::sleep(window).await;
+    let after = requests(server);
+    (after - before) as f64 / window.as_secs_f64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_and_top_cost_one_script_call_per_key_per_reading() {
+    const KEYS: usize = 10;
+    let server = RedisServer::start();
+    let locks = server.labelled("load");
+    let mut leases = Vec::new();
+    let mut keys = Vec::new();
+    for i in 0..KEYS {
+        let key = format!("cost:{i}");
+        let lease = locks
+            .lock(key.as_str())
+            .ttl(Duration::from_secs(60))
+            .renew(false)
+            .acquire()
+            .await
+            .unwrap();
+        leases.push(lease);
+        keys.push(key);
+    }
+    let window = Duration::from_secs(3);
+
+    // watch: one inspect per key every 150 ms.
+    let mut args: Vec<&str> = keys.iter().map(String::as_str).collect();
+    args.extend(["--interval-ms", "150"]);
+    let watch = Watch::start(&server, &args);
+    watch
+        .line(0, &["cost:9 held by load"], SHOWS_WITHIN * 5)
+        .await;
+    let watching = requests_per_second(&server, window).await;
+    let expected = KEYS as f64 * 1000.0 / 150.0;
+    println!(
+        "watch of {KEYS} keys every 150 ms: {watching:.1} requests/s (expected {expected:.1})"
+    );
+    assert!(
+        (expected * 0.6..=expected * 1.1).contains(&watching),
+        "{watching}"
+    );
+    drop(watch);
+
+    // top: a SCAN for each kind of key (lock:, holders:), then one inspect per lock, each second.
+    let top = Top::start(&server);
+    top.until(Instant::now(), Duration::from_secs(10), |t| {
+        t.contains("live; read") && row(t, "cost:9").is_some()
+    })
+    .await;
+    let showing = requests_per_second(&server, window).await;
+    let expected = (KEYS + 2) as f64;
+    println!("top of {KEYS} locks: {showing:.1} requests/s (expected {expected:.1})");
+    assert!(
+        (expected * 0.6..=expected * 1.1).contains(&showing),
+        "{showing}"
+    );
+    drop((top, leases));
 }

@@ -129,7 +129,8 @@ impl Model {
                 self.changed.insert(lock.key.clone(), now);
             }
         }
-        self.changed.retain(|_, at| now.duration_since(*at) < MARKED_FOR);
+        self.changed
+            .retain(|_, at| now.duration_since(*at) < MARKED_FOR);
         self.locks = locks;
         self.read_at = Some(now);
         self.status = Status::Live;
@@ -224,7 +225,9 @@ impl Model {
 
     /// How long `lock` is held at `now`, counted down from its reading.
     pub(crate) fn remaining(&self, lock: &Lock, now: Instant) -> Duration {
-        let since = self.read_at.map_or(Duration::ZERO, |at| now.duration_since(at));
+        let since = self
+            .read_at
+            .map_or(Duration::ZERO, |at| now.duration_since(at));
         lock.remaining.saturating_sub(since)
     }
 
@@ -307,12 +310,22 @@ mod tests {
     fn reading() -> Vec<Lock> {
         let mut a = lock("order:1", LockMode::Exclusive, &["aaaa1111:alpha"], 30);
         a.remaining = Duration::from_secs(5);
-        let mut b = lock("order:2", LockMode::Shared, &["bbbb2222:r1", "cccc3333:r2"], 10);
+        let mut b = lock(
+            "order:2",
+            LockMode::Shared,
+            &["bbbb2222:r1", "cccc3333:r2"],
+            10,
+        );
         b.remaining = Duration::from_secs(20);
         let mut c = lock("report", LockMode::Permits(3), &["dddd4444"], 20);
         c.remaining = Duration::from_secs(1);
         c.queued = a.owners.clone();
-        let e = lock("election:cron", LockMode::Exclusive, &["eeee5555:leader"], 40);
+        let e = lock(
+            "election:cron",
+            LockMode::Exclusive,
+            &["eeee5555:leader"],
+            40,
+        );
         vec![a, b, c, e]
     }
 
@@ -408,7 +421,10 @@ mod tests {
         // An outage keeps the rows and says since when.
         let down = later + Duration::from_secs(2);
         model.refreshed(Err("refused".to_owned()), down);
-        model.refreshed(Err("refused again".to_owned()), down + Duration::from_secs(1));
+        model.refreshed(
+            Err("refused again".to_owned()),
+            down + Duration::from_secs(1),
+        );
         assert_eq!(
             model.status(),
             &Status::Unavailable {

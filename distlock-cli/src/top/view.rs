@@ -130,8 +130,14 @@ fn render_elections(
     elections: &[&Lock],
     now: Instant,
 ) {
-    let header = Row::new(["ELECTION", "LEADER", "TERM", "TTL", "CANDIDATES (next first)"])
-        .style(Style::new().add_modifier(Modifier::REVERSED));
+    let header = Row::new([
+        "ELECTION",
+        "LEADER",
+        "TERM",
+        "TTL",
+        "CANDIDATES (next first)",
+    ])
+    .style(Style::new().add_modifier(Modifier::REVERSED));
     let rows = elections.iter().map(|lock| {
         let row = Row::new([
             lock.election().unwrap_or_default().to_owned(),
@@ -241,11 +247,20 @@ mod tests {
         model.refreshed(Ok(vec![order, leader]), start);
         let text = screen(&model, start + Duration::from_millis(500));
         let row = text.lines().find(|l| l.contains("order:7")).unwrap();
-        for part in ["exclusive", "9.5s", "1234", "alpha (aaaa1111)", "2: beta > cccc3333"] {
+        for part in [
+            "exclusive",
+            "9.5s",
+            "1234",
+            "alpha (aaaa1111)",
+            "2: beta > cccc3333",
+        ] {
             assert!(row.contains(part), "{part} in {row}");
         }
         let row = text.lines().find(|l| l.contains("cron")).unwrap();
-        assert!(row.contains("boss (dddd4444)") && row.contains("99"), "{row}");
+        assert!(
+            row.contains("boss (dddd4444)") && row.contains("99"),
+            "{row}"
+        );
         assert!(text.contains("live; read 0.5s ago"), "{text}");
         model.refreshed(Err("connection refused".to_owned()), start);
         let text = screen(&model, start + Duration::from_secs(2));
