@@ -368,6 +368,21 @@ async fn watch_names_each_change_of_a_lock_and_a_leader_as_it_happens() {
     .await;
     assert!(line.contains(" to beta ("), "{line}");
 
+    // Redis hangs (SIGSTOP): each reading gives up at the timeout; one line, then one when
+    // it answers again.
+    let mark = watch.count();
+    server.pause();
+    shows(
+        &watch,
+        mark,
+        &["Redis unavailable: "],
+        Instant::now() + Duration::from_millis(500),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    server.resume();
+    shows(&watch, mark, &["Redis answers again"], Instant::now()).await;
+
     // Redis stops: one line says so (not one per reading), one more when it is back; the
     // lock it lost is not called released.
     alpha.send("take order:1 30000").await;
@@ -607,6 +622,26 @@ async fn top_shows_other_processes_locks_sorts_filters_survives_a_restart_and_qu
     top.press("\x1b").await;
     top.until(Instant::now(), SHOWS_WITHIN * 2, |t| {
         row(t, "order:1").is_some()
+    })
+    .await;
+
+    // Redis hung (SIGSTOP): the status line says so, and keys still work at once.
+    server.pause();
+    let at = Instant::now();
+    let (_, delay) = top
+        .until(at, Duration::from_secs(10), |t| {
+            t.contains("Redis unavailable for ")
+        })
+        .await;
+    println!("a hung Redis showed {delay:?} after it stopped answering");
+    top.press("s").await;
+    let (_, delay) = top
+        .until(Instant::now(), SHOWS_WITHIN, |t| t.contains("HOLDERS v"))
+        .await;
+    println!("a key press took effect in {delay:?} while Redis hung");
+    server.resume();
+    top.until(Instant::now(), Duration::from_secs(10), |t| {
+        t.contains("live; read")
     })
     .await;
 

@@ -99,28 +99,40 @@ fn render_locks(frame: &mut Frame<'_>, area: Rect, model: &Model, now: Instant) 
             names(&lock.owners),
             queue(lock),
         ]);
-        if model.is_changed(&lock.key, now) {
-            row.style(Style::new().fg(Color::Yellow).add_modifier(Modifier::BOLD))
-        } else {
-            row
-        }
+        marked(row, model, lock, now)
     });
-    let table = Table::new(
-        rows,
-        [
-            Constraint::Fill(2),
-            Constraint::Length(10),
-            Constraint::Length(9),
-            Constraint::Length(8),
-            Constraint::Length(18),
-            Constraint::Length(9),
-            Constraint::Fill(3),
-            Constraint::Fill(2),
-        ],
-    )
-    .header(header)
-    .block(Block::new().borders(Borders::TOP).title(" locks "));
-    frame.render_widget(table, area);
+    let widths = [
+        Constraint::Fill(2),
+        Constraint::Length(10),
+        Constraint::Length(9),
+        Constraint::Length(8),
+        Constraint::Length(18),
+        Constraint::Length(9),
+        Constraint::Fill(3),
+        Constraint::Fill(2),
+    ];
+    frame.render_widget(table(" locks ", header, rows, widths), area);
+}
+
+/// A row shown in yellow while its lock's holder changed lately.
+fn marked<'a>(row: Row<'a>, model: &Model, lock: &Lock, now: Instant) -> Row<'a> {
+    if model.is_changed(&lock.key, now) {
+        row.style(Style::new().fg(Color::Yellow).add_modifier(Modifier::BOLD))
+    } else {
+        row
+    }
+}
+
+/// A table under a titled rule.
+fn table<'a>(
+    title: &'a str,
+    header: Row<'a>,
+    rows: impl IntoIterator<Item = Row<'a>>,
+    widths: impl IntoIterator<Item = Constraint>,
+) -> Table<'a> {
+    Table::new(rows, widths)
+        .header(header)
+        .block(Block::new().borders(Borders::TOP).title(title))
 }
 
 fn render_elections(
@@ -146,25 +158,16 @@ fn render_elections(
             secs(model.remaining(lock, now)),
             queue(lock),
         ]);
-        if model.is_changed(&lock.key, now) {
-            row.style(Style::new().fg(Color::Yellow).add_modifier(Modifier::BOLD))
-        } else {
-            row
-        }
+        marked(row, model, lock, now)
     });
-    let table = Table::new(
-        rows,
-        [
-            Constraint::Fill(2),
-            Constraint::Fill(3),
-            Constraint::Length(18),
-            Constraint::Length(8),
-            Constraint::Fill(3),
-        ],
-    )
-    .header(header)
-    .block(Block::new().borders(Borders::TOP).title(" elections "));
-    frame.render_widget(table, area);
+    let widths = [
+        Constraint::Fill(2),
+        Constraint::Fill(3),
+        Constraint::Length(18),
+        Constraint::Length(8),
+        Constraint::Fill(3),
+    ];
+    frame.render_widget(table(" elections ", header, rows, widths), area);
 }
 
 fn status_line(model: &Model, now: Instant) -> Paragraph<'static> {
