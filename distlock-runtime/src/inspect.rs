@@ -40,7 +40,9 @@ pub struct LockInfo {
     /// that of the latest lease granted, which may have left since: every holder's token is at
     /// most this one.
     pub fencing_token: u64,
-    /// Fair waiters queued for the key.
+    /// Fair waiters queued for the key: the queue's entries, which may still count one whose
+    /// wait has passed (dropped by the next script that serves the queue); [`queued`](Self::queued)
+    /// lists the live ones in order.
     pub waiters: usize,
     /// The first 8 hex digits of the holder's owner token: enough to tell holders apart in
     /// logs, not enough to release the lock. Of a key held shared or as permits, that of the
