@@ -85,6 +85,14 @@ impl Lock {
     }
 }
 
+/// `1.5s`, as `watch` and `top` show a ttl; `no expiry` for a key without one.
+pub(crate) fn secs(duration: Duration) -> String {
+    if duration == Duration::MAX {
+        return "no expiry".to_owned();
+    }
+    format!("{:.1}s", duration.as_secs_f64())
+}
+
 /// `exclusive`, `shared` or `permits`, as JSON names a mode.
 pub(crate) fn mode_name(mode: LockMode) -> &'static str {
     match mode {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 use distlock_runtime::{LockError, LockManager, LockMode};
 use serde_json::json;
 
-use crate::reading::{mode_name, Holder, Lock};
+use crate::reading::{mode_name, secs, Holder, Lock};
 use crate::ELECTION_KEY;
 
 /// What `watch` was asked.
@@ -273,14 +273,6 @@ fn held_changes(before: Lock, now: &Lock, changes: &mut Vec<Change>) {
 fn holders(info: &Lock) -> String {
     let names: Vec<String> = info.owners.iter().map(Holder::who).collect();
     names.join(", ")
-}
-
-/// `1.5s`.
-fn secs(duration: Duration) -> String {
-    if duration == Duration::MAX {
-        return "no expiry".to_owned();
-    }
-    format!("{:.1}s", duration.as_secs_f64())
 }
 
 /// The queue, in order: `2 waiting: beta (…), gamma (…)`.

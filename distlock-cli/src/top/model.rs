@@ -225,6 +225,9 @@ impl Model {
 
     /// How long `lock` is held at `now`, counted down from its reading.
     pub(crate) fn remaining(&self, lock: &Lock, now: Instant) -> Duration {
+        if lock.remaining == Duration::MAX {
+            return Duration::MAX; // no expiry
+        }
         let since = self
             .read_at
             .map_or(Duration::ZERO, |at| now.duration_since(at));

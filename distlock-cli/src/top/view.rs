@@ -2,7 +2,6 @@
 
 use std::time::{Duration, Instant};
 
-use distlock_runtime::LockMode;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
@@ -10,7 +9,7 @@ use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table};
 use ratatui::Frame;
 
 use super::model::{Column, Model, Status};
-use crate::reading::{Holder, Lock};
+use crate::reading::{secs, Holder, Lock};
 
 /// Draws the whole screen: a title line, the locks, the elections, a status line and the keys.
 pub(crate) fn render(frame: &mut Frame<'_>, model: &Model, now: Instant) {
@@ -46,18 +45,6 @@ fn title_line(model: &Model) -> Paragraph<'static> {
     Paragraph::new(text).style(Style::new().add_modifier(Modifier::BOLD))
 }
 
-/// `1.5s`.
-fn secs(duration: Duration) -> String {
-    if duration == Duration::MAX {
-        return "none".to_owned();
-    }
-    format!("{:.1}s", duration.as_secs_f64())
-}
-
-fn mode(mode: LockMode) -> String {
-    mode.to_string()
-}
-
 /// Who holds or waits, in order: `alpha (3f2a9c1d), beta (…)`.
 fn names(holders: &[Holder]) -> String {
     let names: Vec<String> = holders.iter().map(Holder::who).collect();
@@ -91,7 +78,7 @@ fn render_locks(frame: &mut Frame<'_>, area: Rect, model: &Model, now: Instant) 
     let rows = model.locks().into_iter().map(|lock| {
         let row = Row::new([
             lock.key.clone(),
-            mode(lock.mode),
+            lock.mode.to_string(),
             lock.holders.to_string(),
             secs(model.remaining(lock, now)),
             lock.fencing_token.to_string(),
@@ -218,6 +205,8 @@ fn help_line(model: &Model) -> Paragraph<'static> {
 mod tests {
     use ratatui::backend::TestBackend;
     use ratatui::Terminal;
+
+    use distlock_runtime::LockMode;
 
     use super::*;
     use crate::reading::lock;
