@@ -8,6 +8,8 @@
 //! distlock release order:42 --force
 //! distlock leader scheduler mailer
 //! distlock --cluster redis://10.0.0.5:7000 --cluster redis://10.0.0.6:7000 list --json
+//! distlock --url redis://127.0.0.1:6379 watch order:42 --election scheduler >> locks.log
+//! distlock --url redis://127.0.0.1:6379 top
 //! ```
 //!
 //! It connects the way a service's `LockManager` does (one server, a cluster, Sentinel or a
@@ -22,6 +24,21 @@
 //! what it is (one `HELLO`): a Redis Cluster node is used as a seed of its cluster, a Sentinel
 //! that monitors one primary as that primary's Sentinel (several: refused, naming them), and a
 //! line on stderr says so. See `docs/operations.md`.
+//!
+//! Two commands stay and follow changes:
+//!
+//! - `watch KEY...` prints one line per change of each lock, as it happens (read every
+//!   `--interval-ms`, 150 ms by default): `taken`, `released` (freed before its expiry),
+//!   `expired` (gone at its expiry), `handed over` (a new holder without a free moment seen),
+//!   holders `joined`/`left` (shared keys, permits), the fair queue's length, and for an
+//!   election (`election:NAME`, or `--election NAME`) its leader. Each line starts with a UTC
+//!   timestamp and the key, and is flushed at once; `--json` prints one object per line. While
+//!   Redis cannot be read, one line says so, and one when it answers again.
+//! - `top` is a terminal UI of every held lock (mode, holders and their labels, ttl, fencing
+//!   token, the fair queue in order) and every election's leader, read about once a second:
+//!   `s` cycles the sort column, `r` reverses it, `/` types a key filter (a glob such as
+//!   `order:*`, or any part of a key; Enter applies, Esc cancels), `q` or Ctrl-C quits. An
+//!   outage shows in the status line and the screen recovers when Redis answers.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -31,6 +48,9 @@ use distlock_runtime::{LeaderInfo, LockError, LockInfo, LockManager, LockMode};
 use serde::Serialize;
 
 mod connect;
+mod reading;
+mod top;
+mod watch;
 
 #[derive(Parser)]
 #[command(
@@ -77,6 +97,24 @@ enum Command {
         /// Election names, as the services name them (`scheduler`, not `election:scheduler`).
         #[arg(required = true)]
         names: Vec<String>,
+    },
+    /// Print one line per change of each lock (taken, released, expired, handed over, holders
+    /// joining or leaving) or election leader, as it happens, until stopped.
+    Watch {
+        /// Lock keys (`order:42`); an election's as `election:NAME`.
+        keys: Vec<String>,
+        /// An election to follow by name (repeat for more): its key `election:NAME`.
+        #[arg(long = "election", value_name = "NAME")]
+        elections: Vec<String>,
+        /// How often each key is read, in milliseconds (one script call per key each time).
+        #[arg(long, default_value_t = 150, value_parser = clap::value_parser!(u64).range(10..))]
+        interval_ms: u64,
+    },
+    /// A terminal UI of every held lock and every election's leader, read about once a second.
+    Top {
+        /// How often every lock is read, in milliseconds.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..))]
+        interval_ms: u64,
     },
 }
 
@@ -273,6 +311,30 @@ async fn run(cli: &Cli, locks: &LockManager) -> Result<(), Failure> {
                 });
             }
             print_leaders(cli.json, &rows);
+        }
+        Command::Watch {
+            keys,
+            elections,
+            interval_ms,
+        } => {
+            let mut keys = keys.clone();
+            keys.extend(elections.iter().map(|name| format!("{ELECTION_KEY}{name}")));
+            if keys.is_empty() {
+                return Err(Failure::Usage(
+                    "say what to watch: lock keys, or --election NAME".to_owned(),
+                ));
+            }
+            let options = watch::Options {
+                keys,
+                every: Duration::from_millis(*interval_ms),
+                json: cli.json,
+            };
+            watch::run(locks, options).await?;
+        }
+        Command::Top { interval_ms } => {
+            top::run(locks, Duration::from_millis(*interval_ms))
+                .await
+                .map_err(Failure::Usage)?;
         }
     }
     Ok(())

@@ -33,7 +33,7 @@ mod tests {
         ("fair_acquire", "5938519ad021e21347e7086e15a87a5450a1c977"),
         ("fair_refresh", "3388f7f07f1a4a9b5b74872373d3e004990a0a8a"),
         ("raise", "ae177c3820fd89219691cdc41181d774fa6ba1f1"),
-        ("inspect", "05b98341403e378d6d05491e22d62ef448d276d7"),
+        ("inspect", "6274576c9d293daf6f0110adcf43855d5498fcb1"),
         ("force_release", "f546e77d1818cb82aa280044827771e839937632"),
         ("check", "e702d7ea314676c803c91b788340053e6efabb46"),
         ("key_types", "0f78f49b3902f1c2da6260e309797d0462609281"),

@@ -40,7 +40,9 @@ pub struct LockInfo {
     /// that of the latest lease granted, which may have left since: every holder's token is at
     /// most this one.
     pub fencing_token: u64,
-    /// Fair waiters queued for the key.
+    /// Fair waiters queued for the key: the queue's entries, which may still count one whose
+    /// wait has passed (dropped by the next script that serves the queue); [`queued`](Self::queued)
+    /// lists the live ones in order.
     pub waiters: usize,
     /// The first 8 hex digits of the holder's owner token: enough to tell holders apart in
     /// logs, not enough to release the lock. Of a key held shared or as permits, that of the
@@ -58,6 +60,47 @@ pub struct LockInfo {
     /// Every holder's label, where its manager set one, in the order their leases end (the
     /// first 100 holders').
     pub holder_labels: Vec<String>,
+    /// Every lease that holds it, in the order the leases end (the first 100): one when held
+    /// exclusively.
+    pub owners: Vec<Owner>,
+    /// The fair waiters queued for it, in arrival order: who is served next, and after whom
+    /// (the live ones among the queue's first 100 entries; unfair waiters do not queue).
+    pub queued: Vec<Owner>,
+}
+
+/// One lease holding a lock, or one fair waiter queued for it, as [`LockInfo`] shows it.
+///
+/// ```no_run
+/// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+/// if let Some(info) = locks.inspect("order:42").await? {
+///     for (place, waiter) in info.queued.iter().enumerate() {
+///         let who = waiter.label.as_deref().unwrap_or(&waiter.token_prefix);
+///         println!("{}. {who} waits to hold it {}", place + 1, waiter.mode);
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Owner {
+    /// The first 8 hex digits of its owner token (see [`LockInfo::token_prefix`]).
+    pub token_prefix: String,
+    /// Its manager's holder label, if set.
+    pub label: Option<String>,
+    /// The mode it holds, or waits to hold, the key in.
+    pub mode: LockMode,
+}
+
+impl Owner {
+    /// The owner of `token` (`<random hex>:<label>`) in `mode`.
+    fn of(token: &str, mode: LockMode) -> Self {
+        let (random, label) = split_token(token);
+        Self {
+            token_prefix: random.chars().take(8).collect(),
+            label: label.map(str::to_owned),
+            mode,
+        }
+    }
 }
 
 /// Reads a lock without changing it: `scripts/inspect.lua`.
@@ -127,11 +170,12 @@ impl LockManager {
     pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
         check_key(key)?;
         let keys = self.context().lock_keys(key);
-        let mut call = ScriptCall::new("inspect", &INSPECT, Kind::Read, 4);
+        let mut call = ScriptCall::new("inspect", &INSPECT, Kind::Read, 5);
         call.key(keys.lock())
             .key(keys.fence())
             .key(keys.waiters())
-            .key(keys.holders());
+            .key(keys.holders())
+            .key(keys.queue());
         let answer: Value = self.context().redis().invoke(&call).await?;
         parse_info(key, answer)
     }
@@ -264,31 +308,44 @@ fn parse_info(key: &str, answer: Value) -> Result<Option<LockInfo>, LockError> {
     let counter = text(next()?)?;
     let waiters = number(next()?)?;
     let holders = number(next()?)?;
+    let queue: Vec<String> =
+        FromRedisValue::from_redis_value(next()?).map_err(|e| bad(&e.to_string()))?;
     let mut members = Vec::new();
     for member in fields {
         members.push(text(member)?);
+    }
+    let mut queued = Vec::with_capacity(queue.len() / 2);
+    for pair in queue.chunks(2) {
+        let [token, word] = pair else {
+            return Err(bad("a queued token without its mode"));
+        };
+        let mode = LockMode::from_word(word).ok_or_else(|| bad("a waiter of unknown mode"))?;
+        queued.push(Owner::of(token, mode));
     }
     // A member is a token (shared), or `N token` (one of N permits): see scripts/holders.lua.
     let split = |member: &str| match member.split_once(' ') {
         Some((n, token)) => (LockMode::from_word(n), token.to_owned()),
         None => (Some(LockMode::Shared), member.to_owned()),
     };
-    let (mode, first) = match (kind.as_str(), members.first()) {
-        ("x", Some(owner)) => (LockMode::Exclusive, owner.clone()),
-        ("s", Some(member)) => {
-            let (mode, token) = split(member);
-            (mode.ok_or_else(|| bad("a member of unknown mode"))?, token)
-        }
-        _ => return Err(bad("an unknown kind of holding")),
+    let mut owners = Vec::with_capacity(members.len());
+    for member in &members {
+        let (mode, token) = match kind.as_str() {
+            "x" => (Some(LockMode::Exclusive), member.clone()),
+            "s" => split(member),
+            _ => return Err(bad("an unknown kind of holding")),
+        };
+        owners.push(Owner::of(
+            &token,
+            mode.ok_or_else(|| bad("a member of unknown mode"))?,
+        ));
+    }
+    let Some(first) = owners.first() else {
+        return Err(bad("a holding without holders"));
     };
-    let holder_labels = members
+    let holder_labels = owners
         .iter()
-        .filter_map(|member| {
-            let token = split(member).1;
-            split_token(&token).1.map(str::to_owned)
-        })
+        .filter_map(|owner| owner.label.clone())
         .collect();
-    let (random, holder) = split_token(&first);
     Ok(Some(LockInfo {
         key: key.to_owned(),
         remaining: u64::try_from(pttl)
@@ -296,11 +353,13 @@ fn parse_info(key: &str, answer: Value) -> Result<Option<LockInfo>, LockError> {
             .unwrap_or(Duration::MAX),
         fencing_token: counter.parse().unwrap_or(0),
         waiters: usize::try_from(waiters).unwrap_or(0),
-        token_prefix: random.chars().take(8).collect(),
-        holder: holder.map(str::to_owned),
-        mode,
+        token_prefix: first.token_prefix.clone(),
+        holder: first.label.clone(),
+        mode: first.mode,
         holders: usize::try_from(holders).unwrap_or(0),
         holder_labels,
+        owners,
+        queued,
     }))
 }
 

@@ -412,7 +412,7 @@ pub use builder::LockManagerBuilder;
 pub use election::{Election, LeaderInfo, Term};
 pub use error::{ErrorClass, LockError, Misconfiguration};
 pub use fair::HANDOFF_CLAIM;
-pub use inspect::LockInfo;
+pub use inspect::{LockInfo, Owner};
 pub use lease::Lease;
 pub use manager::{default_manager, set_default_manager, LockManager, LockStats};
 pub use mode::LockMode;

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use distlock_runtime::LockError;
+use distlock_runtime::{LockError, LockMode};
 use distlock_tests::RedisServer;
 
 #[tokio::test]
@@ -49,6 +49,65 @@ async fn inspect_tells_who_holds_a_lock_for_how_long_and_who_waits() {
     assert_eq!(info.waiters, 0);
     handed.release().await.unwrap();
     assert!(locks.inspect("").await.is_err());
+}
+
+#[tokio::test]
+async fn inspect_lists_every_owner_and_the_queued_waiters_in_arrival_order() {
+    let server = RedisServer::start();
+    let conn = server.client().await;
+    let (alpha, beta, gamma) = (
+        server.labelled("alpha"),
+        server.labelled("beta"),
+        server.labelled("gamma"),
+    );
+    let lease = alpha
+        .lock("q-held")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    // beta queues first (to hold it shared), then gamma (exclusively).
+    let wait = |locks: &distlock_runtime::LockManager, shared: bool| {
+        let request = if shared {
+            locks.read_lock("q-held")
+        } else {
+            locks.lock("q-held")
+        };
+        tokio::spawn(request.wait(Duration::from_secs(10)).acquire())
+    };
+    let first = wait(&beta, true);
+    distlock_tests::until_queued(&conn, "q-held", 1).await;
+    let second = wait(&gamma, false);
+    distlock_tests::until_queued(&conn, "q-held", 2).await;
+    let info = alpha.inspect("q-held").await.unwrap().expect("held");
+    let owners: Vec<_> = info
+        .owners
+        .iter()
+        .map(|o| (o.label.as_deref(), o.mode, o.token_prefix.len()))
+        .collect();
+    assert_eq!(owners, [(Some("alpha"), LockMode::Exclusive, 8)]);
+    let queued: Vec<_> = info
+        .queued
+        .iter()
+        .map(|o| (o.label.as_deref(), o.mode))
+        .collect();
+    assert_eq!(
+        queued,
+        [
+            (Some("beta"), LockMode::Shared),
+            (Some("gamma"), LockMode::Exclusive)
+        ]
+    );
+    // Served in that order: beta holds it shared, gamma still queues.
+    lease.release().await.unwrap();
+    let read = first.await.unwrap().unwrap();
+    let info = alpha.inspect("q-held").await.unwrap().expect("held");
+    assert_eq!(info.mode, LockMode::Shared);
+    assert_eq!(info.owners[0].label.as_deref(), Some("beta"));
+    assert_eq!(info.queued.len(), 1);
+    assert_eq!(info.queued[0].label.as_deref(), Some("gamma"));
+    read.release().await.unwrap();
+    second.await.unwrap().unwrap().release().await.unwrap();
 }
 
 #[tokio::test]

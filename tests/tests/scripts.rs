@@ -222,25 +222,33 @@ struct Holding {
     counter: String,
     waiters: i64,
     holders: i64,
+    /// The live fair waiters in arrival order: `(token, mode)`.
+    queued: Vec<(String, String)>,
     members: Vec<String>,
 }
 
 /// INSPECT of `k`: `None` when it answers that the lock is free.
 async fn inspect(conn: &mut MultiplexedConnection, k: &Keys) -> Option<Holding> {
-    let keys = [&*k.lock, &k.fence, &k.waiters, &k.holders];
+    let keys = [&*k.lock, &k.fence, &k.waiters, &k.holders, &k.queue];
     let reply: Option<Vec<Value>> = run(conn, "inspect", &keys, NO_ARGS).await.unwrap();
     let fields = reply?;
     let text = |v: &Value| String::from_redis_value(v.clone()).unwrap();
     let int = |v: &Value| i64::from_redis_value(v.clone()).unwrap();
-    let [kind, remaining, counter, waiters, holders, members @ ..] = fields.as_slice() else {
+    let [kind, remaining, counter, waiters, holders, queued, members @ ..] = fields.as_slice()
+    else {
         panic!("not an inspect reply: {fields:?}")
     };
+    let queued: Vec<String> = Vec::from_redis_value(queued.clone()).unwrap();
     Some(Holding {
         kind: text(kind),
         remaining: int(remaining),
         counter: text(counter),
         waiters: int(waiters),
         holders: int(holders),
+        queued: queued
+            .chunks(2)
+            .map(|pair| (pair[0].clone(), pair[1].clone()))
+            .collect(),
         members: members.iter().map(text).collect(),
     })
 }
@@ -1941,6 +1949,7 @@ async fn inspect_reads_a_lock_without_its_mark_and_changes_nothing() {
         &entry(ms + 60_000, 2_000, "aa", EXCLUSIVE),
     )
     .await;
+    enqueue(&mut conn, &k, THIRD, &entry(ms - 1, 2_000, "cc", EXCLUSIVE)).await; // wait passed
     enqueue(
         &mut conn,
         &k,
@@ -1948,14 +1957,21 @@ async fn inspect_reads_a_lock_without_its_mark_and_changes_nothing() {
         &entry(ms + 60_000, 2_000, "bb", SHARED),
     )
     .await;
+    let _: i64 = conn.rpush(&k.queue, OURS).await.unwrap(); // left: no entry
+    enqueue(&mut conn, &k, THEIRS, &format!("{} 2000", ms + 60_000)).await; // before modes
     set_px(&mut conn, &k.fence, "1234", 60_000).await;
     for value in [THEIRS.to_owned(), format!("~{THEIRS}")] {
         set_px(&mut conn, &k.lock, &value, 5_000).await;
         let seen = inspect(&mut conn, &k).await.expect("held");
         assert_eq!(seen.kind, "x", "{value}");
         assert!((4_000..=5_000).contains(&seen.remaining), "{seen:?}");
-        assert_eq!((seen.counter.as_str(), seen.waiters), ("1234", 2));
+        assert_eq!((seen.counter.as_str(), seen.waiters), ("1234", 4));
         assert_eq!((seen.holders, seen.members), (1, vec![THEIRS.to_owned()]));
+        // The live waiters in arrival order, with the mode each waits for; the others stay.
+        let live = [(FIRST, EXCLUSIVE), (SECOND, SHARED), (THEIRS, EXCLUSIVE)];
+        let live: Vec<_> = live.map(|(t, m)| (t.to_owned(), m.to_owned())).into();
+        assert_eq!(seen.queued, live);
+        assert_eq!(queue(&mut conn, &k).await.0.len(), 5);
         assert_eq!(get(&mut conn, &k.lock).await, Some(value));
     }
     // Counter and entries of other types read as none; a lock of another type as free.
@@ -1964,6 +1980,7 @@ async fn inspect_reads_a_lock_without_its_mark_and_changes_nothing() {
     let _: i64 = conn.rpush(&k.waiters, "x").await.unwrap();
     let seen = inspect(&mut conn, &k).await.expect("held");
     assert_eq!((seen.counter.as_str(), seen.waiters), ("", 0));
+    assert!(seen.queued.is_empty(), "{seen:?}");
     let _: i64 = conn.del(&k.lock).await.unwrap();
     let _: i64 = conn.rpush(&k.lock, "x").await.unwrap();
     assert!(inspect(&mut conn, &k).await.is_none());
@@ -1990,6 +2007,7 @@ async fn inspect_lists_the_live_members_of_a_shared_or_permit_key_by_expiry_and_
     .await;
     let seen = inspect(&mut conn, &reader).await.expect("read");
     assert_eq!(seen.kind, "s");
+    assert_eq!(seen.queued, [(SECOND.to_owned(), EXCLUSIVE.to_owned())]);
     // Held until the last member's expiry.
     assert!((8_000..=9_000).contains(&seen.remaining), "{seen:?}");
     assert_eq!((seen.counter.as_str(), seen.waiters), ("1234", 1));

@@ -1,18 +1,23 @@
 -- INSPECT: reads a lock without changing it.
 -- KEYS: the lock key, its fencing counter, its queue's entries (see fair/head_live.lua), its
---   holders (scripts/holders.lua).
+--   holders (scripts/holders.lua), its queue (fair/head_live.lua).
 -- Returns nil when the lock is free (or its keys hold other types), else
--- {kind, pttl, counter, waiters, holders, member...}:
+-- {kind, pttl, counter, waiters, holders, queued, member...}:
 --   kind: 'x' when held exclusively, 's' when by members (shared or permits);
 --   pttl: the lock's PTTL in ms (-1 for a key without expiry), or the time until the last
 --     member's expiry;
 --   counter: the fencing counter's digits (empty when it is gone or of another type);
 --   waiters: the number of queue entries (0 when the entries key is of another type);
 --   holders: the number of live holders;
+--   queued: the live waiters among the queue's first 100 tokens, in arrival order, as
+--     {token, mode, token, mode, ...} (mode: the word of scripts/holders.lua); those whose
+--     wait has passed or whose entry is gone are left out (and left in place);
 --   member...: the exclusive owner's token without the mark of a lock someone waits on (see
 --     scripts/mod.rs, "Waited on"), or the first 100 live members in order of expiry (see
 --     scripts/holders.lua: a token, or 'N token').
-local L, F, W, H = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local L, F, W, H, Q = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local function counter_and_waiters()
   local counter = redis.pcall('GET', F)
   if type(counter) ~= 'string' then counter = '' end
@@ -20,14 +25,30 @@ local function counter_and_waiters()
   if type(waiters) ~= 'number' then waiters = 0 end
   return counter, waiters
 end
+local function queued()
+  local live = {}
+  -- LINDEX rather than LRANGE: the commands a manager's ACL already allows (see check.lua).
+  for i = 0, 99 do
+    local token = redis.pcall('LINDEX', Q, i)
+    if type(token) ~= 'string' then break end
+    local entry = redis.pcall('HGET', W, token)
+    if type(entry) == 'string' then
+      local deadline, mode = string.match(entry, '^(%d+) %d+ ?%x* ?(%w*)$')
+      if deadline and tonumber(deadline) > now then
+        if mode == '' then mode = 'x' end
+        live[#live + 1] = token
+        live[#live + 1] = mode
+      end
+    end
+  end
+  return live
+end
 local owner = redis.pcall('GET', L)
 if type(owner) == 'string' then
   if is_marked(owner) then owner = string.sub(owner, 2) end
   local counter, waiters = counter_and_waiters()
-  return {'x', redis.call('PTTL', L), counter, waiters, 1, owner}
+  return {'x', redis.call('PTTL', L), counter, waiters, 1, queued(), owner}
 end
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local count = redis.pcall('ZCOUNT', H, '(' .. now, '+inf')
 if type(count) ~= 'number' or count == 0 then return nil end
 local members = redis.call('ZRANGE', H, '(' .. now, '+inf', 'BYSCORE', 'LIMIT', 0, 100,
@@ -35,6 +56,6 @@ local members = redis.call('ZRANGE', H, '(' .. now, '+inf', 'BYSCORE', 'LIMIT', 
 local counter, waiters = counter_and_waiters()
 local last = redis.call('ZRANGE', H, '+inf', '(' .. now, 'BYSCORE', 'REV', 'LIMIT', 0, 1,
   'WITHSCORES')
-local reply = {'s', tonumber(last[2]) - now, counter, waiters, count}
+local reply = {'s', tonumber(last[2]) - now, counter, waiters, count, queued()}
 for i = 1, #members, 2 do reply[#reply + 1] = members[i] end
 return reply

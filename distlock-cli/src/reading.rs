@@ -1,0 +1,128 @@
+//! One reading of a held lock, as `watch` and `top` compare and show it: the tool's own copy of
+//! [`LockInfo`] (which is `#[non_exhaustive]`, so tests could not build one).
+
+use std::time::Duration;
+
+use distlock_runtime::{LockInfo, LockMode, Owner};
+
+/// A held lock when read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Lock {
+    /// The lock key (`order:42`, `election:NAME`).
+    pub(crate) key: String,
+    /// The mode of the lease whose end comes first.
+    pub(crate) mode: LockMode,
+    /// How long it is held at most unless renewed (until the last holder's expiry).
+    pub(crate) remaining: Duration,
+    /// The last fencing token drawn for it.
+    pub(crate) fencing_token: u64,
+    /// How many leases hold it.
+    pub(crate) holders: usize,
+    /// The leases that hold it, in the order they end (the first 100).
+    pub(crate) owners: Vec<Holder>,
+    /// The live fair waiters, in arrival order.
+    pub(crate) queued: Vec<Holder>,
+}
+
+/// A lease, or a queued waiter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Holder {
+    pub(crate) token_prefix: String,
+    pub(crate) label: Option<String>,
+    pub(crate) mode: LockMode,
+}
+
+impl From<&Owner> for Holder {
+    fn from(owner: &Owner) -> Self {
+        Self {
+            token_prefix: owner.token_prefix.clone(),
+            label: owner.label.clone(),
+            mode: owner.mode,
+        }
+    }
+}
+
+impl From<&LockInfo> for Lock {
+    fn from(info: &LockInfo) -> Self {
+        Self {
+            key: info.key.clone(),
+            mode: info.mode,
+            remaining: info.remaining,
+            fencing_token: info.fencing_token,
+            holders: info.holders,
+            owners: info.owners.iter().map(Holder::from).collect(),
+            queued: info.queued.iter().map(Holder::from).collect(),
+        }
+    }
+}
+
+impl Holder {
+    /// `alpha (3f2a9c1d)`, or the token prefix alone without a label.
+    pub(crate) fn who(&self) -> String {
+        match &self.label {
+            Some(label) => format!("{label} ({})", self.token_prefix),
+            None => self.token_prefix.clone(),
+        }
+    }
+
+    /// The label, or the token prefix without one.
+    pub(crate) fn name(&self) -> &str {
+        self.label.as_deref().unwrap_or(&self.token_prefix)
+    }
+}
+
+impl Lock {
+    /// The election's name, for an election's key.
+    pub(crate) fn election(&self) -> Option<&str> {
+        self.key.strip_prefix(crate::ELECTION_KEY)
+    }
+
+    /// Whether `holder` (by its token) is among the owners.
+    pub(crate) fn held_by(&self, holder: &Holder) -> bool {
+        self.owners
+            .iter()
+            .any(|o| o.token_prefix == holder.token_prefix)
+    }
+}
+
+/// `1.5s`, as `watch` and `top` show a ttl; `no expiry` for a key without one.
+pub(crate) fn secs(duration: Duration) -> String {
+    if duration == Duration::MAX {
+        return "no expiry".to_owned();
+    }
+    format!("{:.1}s", duration.as_secs_f64())
+}
+
+/// `exclusive`, `shared` or `permits`, as JSON names a mode.
+pub(crate) fn mode_name(mode: LockMode) -> &'static str {
+    match mode {
+        LockMode::Exclusive => "exclusive",
+        LockMode::Shared => "shared",
+        LockMode::Permits(_) => "permits",
+    }
+}
+
+/// A reading for tests: `owners` and `queued` as `prefix:label` (or a bare prefix).
+#[cfg(test)]
+pub(crate) fn lock(key: &str, mode: LockMode, owners: &[&str], token: u64) -> Lock {
+    let holder = |text: &&str| {
+        let (prefix, label) = match text.split_once(':') {
+            Some((prefix, label)) => (prefix, Some(label.to_owned())),
+            None => (*text, None),
+        };
+        Holder {
+            token_prefix: prefix.to_owned(),
+            label,
+            mode,
+        }
+    };
+    Lock {
+        key: key.to_owned(),
+        mode,
+        remaining: Duration::from_secs(10),
+        fencing_token: token,
+        holders: owners.len(),
+        owners: owners.iter().map(holder).collect(),
+        queued: Vec::new(),
+    }
+}
