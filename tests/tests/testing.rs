@@ -211,6 +211,30 @@ async fn a_quorum_gives_a_manager_that_outlives_a_minority_and_stops_every_serve
 }
 
 #[tokio::test]
+async fn a_server_that_cannot_start_on_its_port_says_why_and_how_to_see_more() {
+    let redis = TestRedis::start().await.expect("a test server");
+    // Its port is taken: the second server exits at once.
+    let error = TestRedis::builder()
+        .port(redis.port())
+        .start()
+        .await
+        .expect_err("the port is taken");
+    let message = error.to_string();
+    assert!(
+        matches!(error, TestRedisError::Startup { .. })
+            && message.contains(&format!(
+                "exited at once (exit status: 1) on port {}",
+                redis.port()
+            ))
+            && message.contains(&format!("--port {} --bind 127.0.0.1", redis.port()))
+            && message.contains("run it by hand"),
+        "{message}"
+    );
+    // The first server is untouched.
+    assert_eq!(redis.command(&["PING"]).unwrap(), "+PONG\r\n");
+}
+
+#[tokio::test]
 async fn a_redis_server_that_is_not_installed_is_named_with_how_to_install_it() {
     let missing = "distlock-no-such-redis-server";
     let error = TestRedis::builder()

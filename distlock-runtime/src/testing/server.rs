@@ -168,13 +168,13 @@ impl TestRedisBuilder {
                 .extend(["--replicaof", "127.0.0.1", &primary.to_string()].map(OsString::from));
         }
         launch.args.extend(self.args);
-        let ports: Vec<Option<u16>> = match self.port {
-            Some(port) => vec![Some(port)],
-            None => vec![None; self.tries.unwrap_or(TRIES)],
+        let tries = match self.port {
+            Some(_) => 1,
+            None => self.tries.unwrap_or(TRIES).max(1),
         };
-        let mut failure = (0, String::from("no port was tried"));
-        for port in ports {
-            let port = match port {
+        let mut failure = (0, String::new());
+        for _ in 0..tries {
+            let port = match self.port {
                 Some(port) => port,
                 None => free_port_or_error()?,
             };
@@ -194,7 +194,8 @@ impl TestRedisBuilder {
                 Err(reason) => failure = (port, reason),
             }
         }
-        Err(launch.startup_error(failure.0, failure.1))
+        let (port, reason) = failure;
+        Err(launch.startup_error(port, reason))
     }
 }
 
