@@ -64,10 +64,11 @@
 //! | feature | default | what it adds | what it costs |
 //! |---|---|---|---|
 //! | `metrics` | on | counters and histograms through the [`metrics`](https://docs.rs/metrics) facade (see [Metrics and traces](#metrics-and-traces)) | three small crates to build (`metrics`, `rapidhash`, `rustversion`); at run time next to nothing until the application installs a recorder |
+//! | `testing` | off | the module `testing`: throwaway `redis-server` processes for tests (see [Testing your code](#testing-your-code)); for `[dev-dependencies]` | no dependency; needs `redis-server` 7.0+ (and `redis-cli` for a cluster) installed where tests run |
 //!
 //! With `default-features = false`, distlock reports no metrics and does not depend on
-//! `metrics`; its `tracing` spans stay. Everything else is always compiled in. Its dependencies
-//! are built with their default features off and only these on:
+//! `metrics`; its `tracing` spans stay. Everything else but `testing` is always compiled in.
+//! Its dependencies are built with their default features off and only these on:
 //!
 //! | dependency | features | what for |
 //! |---|---|---|
@@ -238,6 +239,58 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Testing your code
+//! With the cargo feature `testing`, the module `distlock_runtime::testing` starts throwaway
+//! `redis-server` processes for tests: `TestRedis::start().await` runs one on a free loopback
+//! port (persistence off) and stops it when dropped, `manager()` is a manager for it, and
+//! `TestCluster`, `TestSentinel` and `TestQuorum` start the other topologies. Each test gets
+//! servers of its own, so tests run in parallel. Redis 7.0 or newer must be installed (the
+//! error says how when it is not). Enable the feature for tests only:
+//!
+//! ```toml
+//! [dev-dependencies]
+//! distlock-runtime = { version = "0.1", features = ["testing"] }
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
+//! ```
+//!
+//! A handler, and its test as it would sit in the handler's module:
+//!
+#![cfg_attr(feature = "testing", doc = "```")]
+#![cfg_attr(not(feature = "testing"), doc = "```ignore")]
+//! use distlock_runtime::{distributed_lock, LockError, LockManager};
+//!
+//! /// Books a seat, once across every instance of the service; a seat being booked by another
+//! /// instance is `LockError::NotAcquired` (the caller answers 409).
+//! #[distributed_lock("seat:{seat}", manager = locks, wait = 0)]
+//! async fn book(locks: &LockManager, seat: u32) -> Result<u32, LockError> {
+//!     Ok(seat)
+//! }
+//!
+//! # // A doc-test runs no #[test] function: this one becomes a plain fn that `main` calls.
+//! # mod tokio { pub use ::tokio::*; pub use ::tokio::main as test; }
+//! #[tokio::test]
+//! async fn a_seat_is_booked_by_one_instance_at_a_time() -> Result<(), Box<dyn std::error::Error>> {
+//!     use distlock_runtime::testing::TestRedis;
+//!
+//!     let redis = TestRedis::start().await?;
+//!     // Two instances of the service, each with its own manager.
+//!     let (ours, theirs) = (redis.manager(), redis.manager());
+//!     assert_eq!(book(&ours, 7).await?, 7);
+//!
+//!     // While the other instance books seat 7, this one is turned away at once.
+//!     let booking = theirs.lock("seat:7").acquire().await?;
+//!     assert!(matches!(book(&ours, 7).await, Err(LockError::NotAcquired { .. })));
+//!     booking.release().await?;
+//!     assert_eq!(book(&ours, 7).await?, 7);
+//!     Ok(())
+//! }
+//! # fn main() { a_seat_is_booked_by_one_instance_at_a_time().unwrap() }
+//! ```
+//!
+//! The module's docs list the faults a test can cause (a server paused, killed or restarted
+//! empty, a cluster's or a Sentinel group's primary killed) and how to choose the
+//! `redis-server` that runs.
+//!
 //! # Topologies
 //! A manager talks to exactly one deployment, chosen on its builder (two, or none, is
 //! [`LockError::InvalidConfig`]); the attribute and every request work the same on each. For a
@@ -402,6 +455,8 @@ mod request;
 mod scripts;
 mod sync;
 mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod time;
 mod tls;
 mod topology;

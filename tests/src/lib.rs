@@ -1,20 +1,21 @@
 //! Test harness: real `redis-server` processes on free loopback ports, one per test.
 //!
-//! A [`RedisServer`] runs with persistence off, can be paused (SIGSTOP), resumed, killed and
-//! restarted on the same port, and is stopped (by its pid) when dropped. Tests never touch the
-//! machine's shared Redis. [`topology`] starts several of them as a Redis Cluster, a Sentinel
-//! group or a set of independent servers; [`tls`] makes certificates and starts servers that
-//! serve TLS with them.
+//! The servers and topologies are the runtime's `testing` module (the helper distlock's users
+//! test with), so every run of this suite exercises it; the harness makes their errors panics
+//! and adds what only distlock's own tests need. A [`RedisServer`] runs with persistence off,
+//! can be paused (SIGSTOP), resumed, killed and restarted on the same port, and is stopped (by
+//! its pid) when dropped. Tests never touch the machine's shared Redis. [`topology`] starts
+//! several of them as a Redis Cluster, a Sentinel group or a set of independent servers;
+//! [`tls`] makes certificates and starts servers that serve TLS with them.
 
 pub mod tls;
 pub mod topology;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use distlock_runtime::testing::{TestRedis, TestRedisError};
 use distlock_runtime::LockManager;
+use ref_cast::RefCast;
 
 /// The commands distlock's scripts run inside them, and `INFO`: [`RedisServer::requests`]
 /// counts every other command of `INFO commandstats` as a client request, so each distlock
@@ -47,13 +48,17 @@ pub const NOT_REQUESTS: [&str; 25] = [
     "zscore",
 ];
 
-/// A `redis-server` child process owned by one test.
-pub struct RedisServer {
-    child: Option<Child>,
-    port: u16,
-    /// Arguments given to [`RedisServer::start_with`], kept for restarts.
-    extra: Vec<String>,
-    paused: bool,
+/// A test's `redis-server`: the runtime's [`TestRedis`] (so distlock's own suite runs on the
+/// helper its users test with), whose fallible methods panic with the error's message, as a
+/// test wants, and which adds counters for assertions. It dereferences to the [`TestRedis`].
+#[derive(RefCast)]
+#[repr(transparent)]
+pub struct RedisServer(TestRedis);
+
+/// The value of `result`, or a panic with its error's message (which says what to do).
+#[track_caller]
+fn ok<T>(result: Result<T, TestRedisError>) -> T {
+    result.unwrap_or_else(|e| panic!("{e}"))
 }
 
 impl RedisServer {
@@ -62,34 +67,25 @@ impl RedisServer {
     /// # Panics
     /// When `redis-server` is not on PATH or no server could be started.
     pub fn start() -> Self {
-        Self::start_with(&[])
+        Self(ok(TestRedis::start_blocking()))
     }
 
-    /// Starts a server with `extra` arguments after the harness's own (`--replicaof HOST PORT`,
+    /// Starts a server with `extra` arguments after the harness's own (`--maxmemory 1mb`,
     /// say), and waits until it answers PING.
     ///
     /// # Panics
     /// When `redis-server` is not on PATH or no server could be started.
     pub fn start_with(extra: &[&str]) -> Self {
-        Self::try_start_with(extra, 20)
-            .expect("could not start redis-server on a free port (is redis-server on PATH?)")
+        Self(ok(TestRedis::builder().args(extra).start_blocking()))
     }
 
     /// [`start_with`](Self::start_with), trying at most `tries` free ports; `None` if none
     /// worked (for arguments that name a port of their own, which the caller then changes).
     pub fn try_start_with(extra: &[&str], tries: usize) -> Option<Self> {
-        for _ in 0..tries {
-            let port = free_port();
-            if let Some(child) = spawn_on(port, extra) {
-                return Some(Self {
-                    child: Some(child),
-                    port,
-                    extra: extra.iter().map(|s| (*s).to_owned()).collect(),
-                    paused: false,
-                });
-            }
-        }
-        None
+        (0..tries).find_map(|_| {
+            let builder = TestRedis::builder().args(extra).port(free_port());
+            builder.start_blocking().ok().map(Self)
+        })
     }
 
     /// A replica of `primary`, once its first synchronisation has finished.
@@ -97,61 +93,40 @@ impl RedisServer {
     /// # Panics
     /// When the replica does not come up or does not catch up within 10 s.
     pub fn start_replica_of(primary: &RedisServer) -> Self {
-        let port = primary.port.to_string();
-        let replica = Self::start_with(&["--replicaof", "127.0.0.1", &port]);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !replica
-            .command(&["INFO", "replication"])
-            .contains("master_link_status:up")
-        {
-            assert!(Instant::now() < deadline, "replica of {port} did not sync");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // "up" can come a few seconds before the replication stream flows (seen here with
-        // diskless loading): wait until a write to the primary shows on the replica.
-        let probe = format!("distlock-harness-probe:{}", replica.port);
-        let mut n = 0u64;
-        loop {
-            n += 1;
-            primary.command(&["SET", &probe, &n.to_string(), "PX", "2000"]);
-            std::thread::sleep(Duration::from_millis(10));
-            if replica
-                .command(&["GET", &probe])
-                .ends_with(&format!("\r\n{n}\r\n"))
-            {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "replica of {port} gets no writes"
-            );
-        }
-        primary.command(&["DEL", &probe]);
-        replica
+        Self(ok(TestRedis::builder()
+            .replica_of(primary)
+            .start_blocking()))
+    }
+
+    /// A view of the runtime's server as the harness's.
+    pub fn of(server: &TestRedis) -> &Self {
+        Self::ref_cast(server)
+    }
+
+    /// A view of the runtime's server as the harness's, to kill, pause or restart it.
+    pub fn of_mut(server: &mut TestRedis) -> &mut Self {
+        Self::ref_cast_mut(server)
     }
 
     /// The server's port.
     pub fn port(&self) -> u16 {
-        self.port
+        self.0.port()
     }
 
     /// `redis://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        self.0.url()
     }
 
     /// The server's pid, while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.0.pid()
     }
 
     /// A manager with 2 s timeouts: short enough to fail a test quickly, long enough never to
     /// fire on a loaded CI machine.
-    ///
-    /// # Panics
-    /// If the builder rejects the URL (it never should).
     pub fn manager(&self) -> LockManager {
-        self.manager_builder().build().expect("test manager")
+        self.0.manager()
     }
 
     /// A manager whose holder label is `label` (a candidate's name, as observers see it).
@@ -167,7 +142,7 @@ impl RedisServer {
 
     /// The builder behind [`RedisServer::manager`], to adjust before building.
     pub fn manager_builder(&self) -> distlock_runtime::LockManagerBuilder {
-        self.manager_with_timeouts(Duration::from_secs(2))
+        self.0.manager_builder()
     }
 
     /// A builder whose connect, response and pool-wait timeouts are all `timeout`.
@@ -195,7 +170,7 @@ impl RedisServer {
     /// # Panics
     /// If the server cannot be reached.
     pub fn command(&self, args: &[&str]) -> String {
-        resp_command(self.port, args).expect("command on test redis")
+        ok(self.0.command(args))
     }
 
     /// Runs `commands` in order on one fresh blocking connection (`SET` then `WAIT 1 1000`, say)
@@ -204,7 +179,7 @@ impl RedisServer {
     /// # Panics
     /// If the server cannot be reached.
     pub fn commands(&self, commands: &[&[&str]]) -> Vec<String> {
-        resp_commands(self.port, commands).expect("commands on test redis")
+        ok(self.0.commands(commands))
     }
 
     /// How many requests clients sent, from `INFO commandstats`: every command counts except
@@ -245,23 +220,17 @@ impl RedisServer {
 
     /// Stops the process with SIGSTOP: connections stay open, nothing is answered.
     pub fn pause(&mut self) {
-        self.signal("STOP");
-        self.paused = true;
+        ok(self.0.pause());
     }
 
     /// Continues a paused server.
     pub fn resume(&mut self) {
-        self.signal("CONT");
-        self.paused = false;
+        ok(self.0.resume());
     }
 
     /// Kills the server with SIGKILL and waits for it to exit.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        self.paused = false;
+        self.0.kill();
     }
 
     /// Kills the server and starts an empty one on the same port.
@@ -269,46 +238,27 @@ impl RedisServer {
     /// # Panics
     /// If the new server does not come up.
     pub fn restart(&mut self) {
-        self.kill();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
-            if let Some(child) = spawn_on(self.port, &extra) {
-                self.child = Some(child);
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("redis-server did not restart on port {}", self.port);
-    }
-
-    fn signal(&self, signal: &str) {
-        if let Some(pid) = self.pid() {
-            send_signal(pid, signal);
-        }
+        ok(self.0.restart());
     }
 }
 
-/// Sends `signal` (`STOP`, `CONT`) to the process `pid`, one the harness started.
-///
-/// # Panics
-/// If `kill` fails.
-fn send_signal(pid: u32, signal: &str) {
-    let status = Command::new("kill")
-        .args([format!("-{signal}"), pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill -{signal} {pid} failed");
+impl From<TestRedis> for RedisServer {
+    fn from(server: TestRedis) -> Self {
+        Self(server)
+    }
 }
 
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        if self.paused {
-            self.signal("CONT");
-        }
-        self.kill();
-        // Only there if a test asked for a SAVE.
-        let _ = std::fs::remove_file(std::env::temp_dir().join(dbfilename(self.port)));
+impl std::ops::Deref for RedisServer {
+    type Target = TestRedis;
+
+    fn deref(&self) -> &TestRedis {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for RedisServer {
+    fn deref_mut(&mut self) -> &mut TestRedis {
+        &mut self.0
     }
 }
 
@@ -363,162 +313,11 @@ pub async fn outlived(
 }
 
 /// A loopback port nothing listens on now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .expect("bind a free loopback port")
-}
-
-/// The snapshot file name of the harness's server on `port`: its own, in the shared temp dir.
-fn dbfilename(port: u16) -> String {
-    format!("distlock-{}-{port}.rdb", std::process::id())
-}
-
-/// Starts redis-server on `port` with `extra` arguments; `None` if it did not come up (the port
-/// was taken, say).
 ///
-/// A server loads its snapshot file at startup if it finds one, persistence off or not, so each
-/// has a file name of its own ([`dbfilename`]) rather than the temp dir's shared `dump.rdb`
-/// (which any replica of the default configuration writes there). And replication never
-/// writes one: a primary streams its snapshot at once (`repl-diskless-sync-delay 0`, instead of
-/// waiting 5 s for more replicas to come) and a replica loads it from the socket
-/// (`repl-diskless-load swapdb`).
-fn spawn_on(port: u16, extra: &[&str]) -> Option<Child> {
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            &std::env::temp_dir().to_string_lossy(),
-            "--dbfilename",
-            &dbfilename(port),
-            "--loglevel",
-            "warning",
-            "--repl-diskless-sync-delay",
-            "0",
-            "--repl-diskless-load",
-            "swapdb",
-        ])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start redis-server: is it installed and on PATH?");
-    ours_when_up(child, port)
-}
-
-/// Waits (at most 5 s) until the just-spawned `child` answers on `port`; `None`, with the child
-/// killed and reaped, if it exits first (the port was taken, say) or never answers.
-fn ours_when_up(mut child: Child, port: u16) -> Option<Child> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if let Ok(Some(_exited)) = child.try_wait() {
-            return None;
-        }
-        // Ours, not a server another test started on the same port meanwhile.
-        let pid_line = format!("process_id:{}", child.id());
-        if resp_command(port, &["INFO", "server"]).is_ok_and(|info| info.contains(&pid_line)) {
-            return Some(child);
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    None
-}
-
-/// Sends one command in RESP and reads one whole reply (giving up after 2 s of silence).
-fn resp_command(port: u16, args: &[&str]) -> std::io::Result<String> {
-    let mut replies = resp_commands(port, &[args])?;
-    Ok(replies.remove(0))
-}
-
-/// Sends `commands` one after the other on one connection, each once the previous one was
-/// answered, and returns their raw replies.
-fn resp_commands(port: u16, commands: &[&[&str]]) -> std::io::Result<Vec<String>> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    let mut replies = Vec::with_capacity(commands.len());
-    for args in commands {
-        let mut request = format!("*{}\r\n", args.len());
-        for arg in *args {
-            request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
-        }
-        stream.write_all(request.as_bytes())?;
-        let mut reply = Vec::new();
-        let mut buf = [0u8; 16 * 1024];
-        loop {
-            let n = stream.read(&mut buf)?;
-            reply.extend_from_slice(&buf[..n]);
-            if n == 0 || parse_reply(&reply).is_some() {
-                break;
-            }
-        }
-        replies.push(String::from_utf8_lossy(&reply).into_owned());
-    }
-    Ok(replies)
-}
-
-/// One RESP2 reply, parsed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Reply {
-    /// `+OK`
-    Simple(String),
-    /// `-ERR ...`
-    Error(String),
-    /// `:42`
-    Integer(i64),
-    /// `$3 foo`, or the nil `$-1`.
-    Bulk(Option<String>),
-    /// `*2 ...`, or the nil `*-1`.
-    Array(Option<Vec<Reply>>),
-}
-
-/// Parses the reply at the start of `bytes`, with its length in bytes; `None` while it is
-/// incomplete. Nested arrays (`CLUSTER SHARDS`, `SENTINEL REPLICAS`) count as complete only once
-/// their last element has arrived; a type this parser does not know counts as one line.
-fn parse_reply(bytes: &[u8]) -> Option<(Reply, usize)> {
-    let line_end = bytes.windows(2).position(|w| w == b"\r\n")?;
-    let line = String::from_utf8_lossy(bytes.get(1..line_end).unwrap_or_default()).into_owned();
-    let after_line = line_end + 2;
-    let reply = match bytes[0] {
-        b'-' => Reply::Error(line),
-        b':' => Reply::Integer(line.parse().unwrap_or_default()),
-        b'$' => match usize::try_from(line.parse::<i64>().unwrap_or(-1)) {
-            Err(_) => Reply::Bulk(None),
-            Ok(len) => {
-                let end = after_line + len;
-                if bytes.len() < end + 2 {
-                    return None;
-                }
-                let text = String::from_utf8_lossy(&bytes[after_line..end]).into_owned();
-                return Some((Reply::Bulk(Some(text)), end + 2));
-            }
-        },
-        b'*' => match usize::try_from(line.parse::<i64>().unwrap_or(-1)) {
-            Err(_) => Reply::Array(None),
-            Ok(count) => {
-                let mut items = Vec::with_capacity(count);
-                let mut at = after_line;
-                for _ in 0..count {
-                    let (item, len) = parse_reply(&bytes[at..])?;
-                    items.push(item);
-                    at += len;
-                }
-                return Some((Reply::Array(Some(items)), at));
-            }
-        },
-        _ => Reply::Simple(line),
-    };
-    Some((reply, after_line))
+/// # Panics
+/// When no loopback port can be bound.
+pub fn free_port() -> u16 {
+    distlock_runtime::testing::free_port().expect("bind a free loopback port")
 }
 
 /// Polls `check` every 5 ms until it is true or `within` has passed; returns how long it took,

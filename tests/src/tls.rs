@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use distlock_runtime::LockManagerBuilder;
 
-use super::{free_port, manager_at, spawn_on, RedisServer};
+use distlock_runtime::testing::{TestRedis, TestRedisError};
+
+use super::{free_port, manager_at, RedisServer};
 
 /// A CA, a server certificate it signed (for `127.0.0.1` and `localhost`) and a client
 /// certificate it signed, as files in a temp dir removed on drop; on demand, server
@@ -327,16 +329,16 @@ impl TlsServer {
             ];
             args.extend_from_slice(extra);
             // Up once the plain port answers: both listeners are open before either serves.
-            if let Some(child) = spawn_on(port, &args) {
-                return Self {
-                    server: RedisServer {
-                        child: Some(child),
-                        port,
-                        extra: args.iter().map(|s| (*s).to_owned()).collect(),
-                        paused: false,
-                    },
-                    tls_port,
-                };
+            match TestRedis::builder().args(&args).port(port).start_blocking() {
+                Ok(server) => {
+                    return Self {
+                        server: server.into(),
+                        tls_port,
+                    }
+                }
+                // A port was taken meanwhile, or TLS is not built in: try others.
+                Err(TestRedisError::Startup { .. }) => {}
+                Err(other) => panic!("{other}"),
             }
         }
         panic!("could not start redis-server with TLS (is it built with TLS support?)");
@@ -508,29 +510,24 @@ impl TlsSentinel {
                 primary = primary.tls_port,
             );
             std::fs::write(&config_file, config).expect("write a sentinel config file");
-            let child = Command::new("redis-server")
-                .arg(&config_file)
+            let started = TestRedis::builder()
+                .config_file(&config_file)
                 .arg("--sentinel")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start redis-server --sentinel");
-            if let Some(child) = super::ours_when_up(child, port) {
-                let sentinel = RedisServer {
-                    child: Some(child),
-                    port,
-                    extra: vec![],
-                    paused: false,
-                };
-                let named =
-                    sentinel.command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", Self::MASTER_NAME]);
-                assert!(
-                    named.contains(&format!("\r\n{}\r\n", primary.tls_port)),
-                    "the sentinel names {named:?}, not the primary's TLS port"
-                );
-                return Self { sentinel, tls_port };
-            }
+                .port(port)
+                .start_blocking();
+            let sentinel = match started {
+                Ok(sentinel) => RedisServer::from(sentinel),
+                // A port was taken meanwhile: try others.
+                Err(TestRedisError::Startup { .. }) => continue,
+                Err(other) => panic!("{other}"),
+            };
+            let named =
+                sentinel.command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", Self::MASTER_NAME]);
+            assert!(
+                named.contains(&format!("\r\n{}\r\n", primary.tls_port)),
+                "the sentinel names {named:?}, not the primary's TLS port"
+            );
+            return Self { sentinel, tls_port };
         }
         panic!("could not start a TLS sentinel on free ports");
     }
