@@ -582,7 +582,10 @@ async fn compare(cli: &Cli, url: &str) -> Fallible<()> {
 /// on one Redis, interleaved in rounds; and the cost of `min_replicas(1)` where it applies.
 async fn compare_topology(cli: &Cli, url: &str) -> Fallible<()> {
     let prefix = format!("distlock-bench:{}:", std::process::id());
-    let servers = Servers::start(cli.topology).ok_or("standalone has nothing to compare")?;
+    let servers = Servers::start(cli.topology)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("standalone has nothing to compare")?;
     eprintln!("bench: started {}", servers.describe());
     let standalone = manager(url)?;
     let on_topology = servers

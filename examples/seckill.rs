@@ -219,7 +219,7 @@ impl Drop for Instances {
 async fn demo(buyers: u64, stock: u32, topology: Topology) -> Result<(), String> {
     let redis = LocalRedis::from_env_or_start()?;
     eprintln!("Redis: {} ({})", shown(&redis.url), redis.origin);
-    let servers = Servers::start(topology);
+    let servers = Servers::start(topology).await.map_err(|e| e.to_string())?;
     if let Some(servers) = &servers {
         eprintln!("Locks: on {}, started for this run", servers.describe());
     }

@@ -1,9 +1,9 @@
 //! `--topology`, shared by the `seckill` and `bench` examples: the local servers a topology
-//! needs (started here on free loopback ports, with the test suite's harness, and stopped on
+//! needs (started here on free loopback ports with `distlock_runtime::testing`, and stopped on
 //! drop), and a lock manager builder on them.
 
+use distlock_runtime::testing::{TestCluster, TestQuorum, TestRedisError, TestSentinel};
 use distlock_runtime::{LockManager, LockManagerBuilder};
-use distlock_tests::topology::{QuorumSet, RedisCluster, SentinelGroup};
 
 /// Where the locks live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -20,20 +20,23 @@ pub(crate) enum Topology {
 
 /// The servers started for a topology other than standalone.
 pub(crate) enum Servers {
-    Cluster(RedisCluster),
-    Sentinel(SentinelGroup),
-    Quorum(QuorumSet),
+    Cluster(TestCluster),
+    Sentinel(TestSentinel),
+    Quorum(TestQuorum),
 }
 
 impl Servers {
     /// Starts the local servers of `topology`; `None` for standalone.
-    pub(crate) fn start(topology: Topology) -> Option<Self> {
-        match topology {
+    ///
+    /// # Errors
+    /// When they cannot be started (`redis-server` missing, say), with what to do.
+    pub(crate) async fn start(topology: Topology) -> Result<Option<Self>, TestRedisError> {
+        Ok(match topology {
             Topology::Standalone => None,
-            Topology::Cluster => Some(Self::Cluster(RedisCluster::start(3, 1))),
-            Topology::Sentinel => Some(Self::Sentinel(SentinelGroup::start(1, 3))),
-            Topology::Quorum => Some(Self::Quorum(QuorumSet::start(5))),
-        }
+            Topology::Cluster => Some(Self::Cluster(TestCluster::start(3, 1).await?)),
+            Topology::Sentinel => Some(Self::Sentinel(TestSentinel::start(1, 3).await?)),
+            Topology::Quorum => Some(Self::Quorum(TestQuorum::start(5).await?)),
+        })
     }
 
     /// A manager builder on these servers.

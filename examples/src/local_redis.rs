@@ -3,10 +3,7 @@
 //! message on how to get one. Never a server nobody named: a Redis that happens to answer on
 //! `127.0.0.1:6379` may be someone's development database.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use distlock_runtime::testing::TestRedis;
 
 /// A Redis to talk to, and the server process if this program started it.
 pub struct LocalRedis {
@@ -14,7 +11,8 @@ pub struct LocalRedis {
     pub url: String,
     /// Where the URL came from, for the user.
     pub origin: String,
-    child: Option<Child>,
+    /// The server, when this program started it: stopped when dropped.
+    _server: Option<TestRedis>,
 }
 
 impl LocalRedis {
@@ -35,7 +33,7 @@ impl LocalRedis {
         Some(Self {
             url,
             origin: "REDIS_URL".to_owned(),
-            child: None,
+            _server: None,
         })
     }
 
@@ -53,76 +51,25 @@ impl LocalRedis {
         })
     }
 
-    /// Starts a throwaway `redis-server` (persistence off) on a free loopback port.
+    /// Starts a throwaway `redis-server` (persistence off) on a free loopback port, with the
+    /// helper users test with ([`TestRedis`]).
     ///
     /// # Errors
-    /// A message for the user when `redis-server` is missing or does not come up.
+    /// A message for the user when `redis-server` is missing (saying how to install it) or
+    /// does not come up.
     pub fn start() -> Result<Self, String> {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("no free loopback port: {e}"))?
-            .port();
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|_| {
-                "no Redis to use: REDIS_URL is not set, and redis-server (to start a throwaway \
-                 one) is not on PATH. Install it (Debian/Ubuntu: `sudo apt-get install \
-                 redis-server`, macOS: `brew install redis`) or set REDIS_URL=redis://host:port"
-                    .to_owned()
-            })?;
-        let mut redis = Self {
-            url: format!("redis://127.0.0.1:{port}"),
-            origin: format!("a throwaway redis-server on port {port}, started for this run and stopped at its end"),
-            child: Some(child),
-        };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if answers_ping(port) {
-                return Ok(redis);
-            }
-            if let Some(child) = &mut redis.child {
-                if let Ok(Some(status)) = child.try_wait() {
-                    return Err(format!("redis-server exited at start ({status})"));
-                }
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Err("redis-server did not answer within 5 s".to_owned())
+        let server = TestRedis::start_blocking().map_err(|e| {
+            format!(
+                "no Redis to use: REDIS_URL is not set, and no throwaway one could be started: {e}"
+            )
+        })?;
+        Ok(Self {
+            url: server.url(),
+            origin: format!(
+                "a throwaway redis-server on port {}, started for this run and stopped at its end",
+                server.port()
+            ),
+            _server: Some(server),
+        })
     }
-}
-
-impl Drop for LocalRedis {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// Whether something on `127.0.0.1:port` answers `PING` with `PONG` within 300 ms.
-fn answers_ping(port: u16) -> bool {
-    let Ok(mut stream) =
-        TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(300))
-    else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(300)));
-    let mut reply = [0u8; 7];
-    stream.write_all(b"PING\r\n").is_ok()
-        && stream.read_exact(&mut reply).is_ok()
-        && &reply == b"+PONG\r\n"
 }
