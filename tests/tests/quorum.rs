@@ -15,13 +15,15 @@ fn quorum(n: usize) -> Vec<RedisServer> {
 }
 
 fn manager(servers: &[RedisServer]) -> LockManager {
+    builder(servers).build().unwrap()
+}
+
+fn builder(servers: &[RedisServer]) -> distlock_runtime::LockManagerBuilder {
     LockManager::builder()
         .quorum(servers.iter().map(RedisServer::url))
         .connect_timeout(TIMEOUT)
         .response_timeout(TIMEOUT)
         .pool_wait_timeout(TIMEOUT)
-        .build()
-        .unwrap()
 }
 
 /// How many nodes hold `key`'s lock.
@@ -507,13 +509,7 @@ async fn a_lock_key_of_another_type_on_a_majority_is_named() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_reports_the_lock_as_a_majority_of_nodes_hold_it() {
     let servers = quorum(3);
-    let owner = LockManager::builder()
-        .quorum(servers.iter().map(RedisServer::url))
-        .holder_label("a")
-        .connect_timeout(TIMEOUT)
-        .response_timeout(TIMEOUT)
-        .build()
-        .unwrap();
+    let owner = builder(&servers).holder_label("a").build().unwrap();
     let reader = manager(&servers);
     let lease = owner
         .lock("q-apart")
