@@ -25,6 +25,9 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub(crate) enum Kind {
     /// Writes nothing; counts when a majority answers.
     Read,
+    /// Reads one lock (`scripts/inspect.lua`): a quorum answers the holders a majority of its
+    /// nodes list, as `inspect::quorum_view` combines them.
+    Inspect,
     /// Takes lock keys: answers a fencing token, or who holds them.
     Acquire(Taking),
     /// Releases by token: answers how many keys were released.

@@ -423,8 +423,9 @@ impl Election {
 }
 
 /// The observer task of [`Election::watch`]: reads the leader after each message on the key's
-/// channel, every renewal interval, at the leader's expiry, and while nobody leads soon after
-/// (50 ms, doubling); stops with the last receiver.
+/// channel, every renewal interval, at the leader's expiry, and soon after (50 ms, doubling)
+/// while nobody leads or while a release was announced and the leader it ended still shows;
+/// stops with the last receiver.
 async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
     // A ttl out of range (refused only when campaigning) reads no more often than every 100 ms.
     let every = (election.ttl / 3).clamp(Duration::from_millis(100), crate::MAX_TTL);
@@ -444,8 +445,12 @@ async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
         .map(|notifications| notifications.observe(&channel));
     // Until when the last leader read stands while Redis cannot be read.
     let mut stands_until: Option<Instant> = None;
-    // How soon to read again while nobody leads.
+    // How soon to read again while nobody leads, or while a release was announced and the
+    // leader before it still shows.
     let mut unled = UNLED_FIRST;
+    // A release was announced since the leader last changed: on a quorum it reaches the nodes
+    // one by one, so a read right after its notice may still show the leader it ended.
+    let mut announced = false;
     loop {
         let now = Instant::now();
         if let Some(ticket) = &ticket {
@@ -458,6 +463,8 @@ async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
         let mut next = now + every;
         match read {
             Ok(leader) => {
+                let before_notice = announced
+                    && matches!((&*sender.borrow(), &leader), (Some(was), Some(now)) if was.same_term(now));
                 if let Some(leader) = &leader {
                     let expiry = after(
                         now,
@@ -465,8 +472,15 @@ async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
                     );
                     stands_until = Some(expiry);
                     next = next.min(expiry);
-                    unled = UNLED_FIRST;
+                    if before_notice && unled < every {
+                        next = next.min(now + unled);
+                        unled = (unled * 2).min(every);
+                    } else {
+                        announced = false;
+                        unled = UNLED_FIRST;
+                    }
                 } else {
+                    announced = false;
                     next = next.min(now + unled);
                     unled = (unled * 2).min(every);
                 }
@@ -495,7 +509,10 @@ async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
                     Some(ticket) => ticket.woken().await,
                     None => std::future::pending().await,
                 }
-            } => unled = UNLED_FIRST,
+            } => {
+                announced = true;
+                unled = UNLED_FIRST;
+            }
             () = tokio::time::sleep_until(next) => {}
         }
     }

@@ -147,7 +147,9 @@ pub(crate) fn clean_label(label: &str) -> String {
 }
 
 impl LockManager {
-    /// Who holds the lock on `key`, and for how long; `None` when it is free. Reads only.
+    /// Who holds the lock on `key`, and for how long; `None` when it is free. Reads only. On a
+    /// quorum, the holders a majority of nodes list (a lease holds only there), for as long as
+    /// a majority still hold them.
     ///
     /// ```no_run
     /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
@@ -170,7 +172,7 @@ impl LockManager {
     pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
         check_key(key)?;
         let keys = self.context().lock_keys(key);
-        let mut call = ScriptCall::new("inspect", &INSPECT, Kind::Read, 5);
+        let mut call = ScriptCall::new("inspect", &INSPECT, Kind::Inspect, 5);
         call.key(keys.lock())
             .key(keys.fence())
             .key(keys.waiters())
@@ -220,7 +222,7 @@ impl LockManager {
     /// The locks held now whose key matches the glob `pattern` (`*` for all, `order:*`), with
     /// what [`inspect`](Self::inspect) tells of each, sorted by key. Found with `SCAN` (never
     /// `KEYS`) on every server that holds locks: the primary, each cluster primary, each quorum
-    /// node (a quorum lists a key any node holds).
+    /// node (a quorum lists a key a majority of its nodes hold).
     ///
     /// ```no_run
     /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
@@ -261,6 +263,76 @@ impl LockManager {
         }
         Ok(held)
     }
+}
+
+/// Where the holders begin in an inspect answer (see `scripts/inspect.lua`), after its kind,
+/// pttl, counter, waiters, holders and queued.
+const MEMBERS_AT: usize = 6;
+
+/// The holders one server's inspect answer lists (owner tokens, or `N token` members): none
+/// for a free lock.
+pub(crate) fn listed_holders(answer: &Value) -> Vec<String> {
+    match answer {
+        Value::Array(fields) => fields
+            .iter()
+            .skip(MEMBERS_AT)
+            .filter_map(|member| String::from_redis_value_ref(member).ok())
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The lock as a quorum holds it, from the inspect answers of a majority (`majority`) of its
+/// nodes or more: a lease holds only where a majority of nodes granted it, so the holders that
+/// a majority list, held for as long as a majority still hold them, with the greatest fencing
+/// counter any node has; nil when no holder is listed by a majority.
+pub(crate) fn quorum_view(answers: &[Value], majority: usize) -> Value {
+    let listed: Vec<Vec<String>> = answers.iter().map(listed_holders).collect();
+    let agreed = |holder: &String| listed.iter().filter(|l| l.contains(holder)).count() >= majority;
+    let mut holders: Vec<&String> = Vec::new();
+    for holder in listed.iter().flatten().filter(|h| agreed(h)) {
+        if !holders.contains(&holder) {
+            holders.push(holder);
+        }
+    }
+    let holding = |l: &Vec<String>| l.iter().any(|h| holders.contains(&h));
+    let Some(Value::Array(base)) = listed.iter().position(holding).map(|at| &answers[at]) else {
+        return Value::Nil;
+    };
+    let field = |answer: &Value, at: usize| match answer {
+        Value::Array(fields) => fields.get(at).cloned(),
+        _ => None,
+    };
+    // A majority holds it until the majority-th longest expiry among the nodes holding it
+    // (-1: no expiry, the longest).
+    let mut pttls: Vec<i64> = answers
+        .iter()
+        .zip(&listed)
+        .filter(|(_, l)| holding(l))
+        .filter_map(|(answer, _)| i64::from_redis_value(field(answer, 1)?).ok())
+        .map(|pttl| if pttl < 0 { i64::MAX } else { pttl })
+        .collect();
+    pttls.sort_unstable_by(|a, b| b.cmp(a));
+    let pttl = pttls.get(majority - 1).copied().unwrap_or(0);
+    let counter = answers
+        .iter()
+        .filter_map(|answer| String::from_redis_value(field(answer, 2)?).ok())
+        .filter_map(|digits| digits.parse::<u64>().ok())
+        .max()
+        .map_or_else(String::new, |c| c.to_string());
+    let mut view = base.iter().take(MEMBERS_AT).cloned().collect::<Vec<_>>();
+    if view.len() < MEMBERS_AT {
+        return Value::Array(base.clone());
+    }
+    view[1] = Value::Int(if pttl == i64::MAX { -1 } else { pttl });
+    view[2] = Value::BulkString(counter.into_bytes());
+    view[4] = Value::Int(i64::try_from(holders.len()).unwrap_or(i64::MAX));
+    view.extend(
+        holders
+            .into_iter()
+            .map(|h| Value::BulkString(h.clone().into_bytes())),
+    );
+    Value::Array(view)
 }
 
 fn check_key(key: &str) -> Result<(), LockError> {

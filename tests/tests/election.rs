@@ -230,9 +230,15 @@ async fn a_killed_leader_is_replaced_within_its_ttl_and_a_renewal_interval() {
         assert!(candidates.iter().any(|c| c.label == new));
         old = new;
     }
-    // Three terms at least (a term lost to a late renewal on a loaded machine adds one).
+    // Three terms at least (a term lost to a late renewal on a loaded machine adds one). A
+    // candidate appends its term once it is granted, which observers may see first.
+    let recorded = eventually(Duration::from_secs(2), || {
+        let mut conn = conn.clone();
+        async move { terms(&mut conn, name).await.len() >= 3 }
+    })
+    .await;
     let tokens = terms(&mut conn, name).await;
-    assert!(tokens.len() >= 3, "{tokens:?}");
+    assert!(recorded.is_some(), "{tokens:?}");
     assert!(strictly_increasing(&tokens), "{tokens:?}");
     assert_eq!(violations(&mut conn, name).await, 0);
     candidates[0].assert_no_complaints();
@@ -677,6 +683,60 @@ async fn elects_and_hands_over(manager: impl Fn(&str) -> LockManager, in_order: 
         pending = rest;
     }
     assert!(strictly_increasing(&terms), "{terms:?}");
+}
+
+/// On a quorum a release reaches the nodes one by one, and its notice comes from one of them:
+/// a read right after the notice may still find the leader on a majority. The watch reads
+/// again soon after (as while nobody leads) until the leader changes, rather than wait a
+/// renewal interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_on_a_quorum_follows_a_release_that_reaches_the_majority_after_its_notice() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let manager = |label: &str| {
+        LockManager::builder()
+            .quorum(servers.iter().map(RedisServer::url))
+            .holder_label(label)
+            .connect_timeout(Duration::from_millis(500))
+            .response_timeout(Duration::from_millis(500))
+            .build()
+            .unwrap()
+    };
+    // A renewal interval (10 s) far longer than the wait below.
+    let ttl = Duration::from_secs(30);
+    let leader = manager("a").election("apart").ttl(ttl);
+    let observer = manager("observer").election("apart").ttl(ttl);
+    let mut leaders = observer.watch();
+    let term = leader.campaign().await.expect("a leads");
+    assert!(
+        seen_within(&mut leaders, Duration::from_secs(2), |l| {
+            l.as_ref().and_then(|l| l.label.as_deref()) == Some("a")
+        })
+        .await
+    );
+    // The release's notice, while it has reached no node yet: the watch reads "a" again.
+    let lock = format!("distlock:lock:{{{}}}", leader.key());
+    let calls: Vec<u64> = servers.iter().map(RedisServer::script_calls).collect();
+    for server in &servers {
+        server.command(&["PUBLISH", &lock, ""]);
+    }
+    let read = eventually(Duration::from_secs(5), || async {
+        servers
+            .iter()
+            .zip(&calls)
+            .all(|(server, &before)| server.script_calls() > before)
+    })
+    .await;
+    assert!(read.is_some(), "the watch read after the notice");
+    // Now the release reaches two nodes of three: nobody leads.
+    for server in &servers[..2] {
+        server.command(&["DEL", &lock]);
+    }
+    assert!(
+        seen_within(&mut leaders, Duration::from_secs(2), Option::is_none).await,
+        "the watch still shows {:?}",
+        *leaders.borrow()
+    );
+    drop(term);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

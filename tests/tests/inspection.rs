@@ -218,3 +218,71 @@ async fn a_lease_counts_its_remaining_validity_down() {
     assert!(lease.extend(Duration::from_secs(5)).await.is_err());
     assert_eq!(lease.remaining(), Duration::ZERO);
 }
+
+/// What `distlock top` relies on: a manager that read locks before Redis hung, and before it
+/// was killed and restarted on its port, reads them again at once after each (no connection,
+/// pooled connection or script left behind by the outage).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_locks_answers_again_at_once_after_a_hang_and_after_a_restart() {
+    let mut server = RedisServer::start();
+    let timeout = Duration::from_millis(500);
+    let reader = distlock_tests::manager_at(&server.url(), timeout)
+        .build()
+        .unwrap();
+    let holder = distlock_tests::manager_at(&server.url(), timeout)
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(30);
+    let _held = holder.lock("r-order").ttl(ttl).acquire().await.unwrap();
+    let _shared = holder
+        .read_lock("r-stock")
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
+    let keys = |held: Vec<distlock_runtime::LockInfo>| -> Vec<String> {
+        held.into_iter().map(|info| info.key).collect()
+    };
+    assert_eq!(
+        keys(reader.held_locks("r-*").await.unwrap()),
+        ["r-order", "r-stock"]
+    );
+    let reads_again = |wanted: &'static [&'static str]| {
+        let reader = reader.clone();
+        async move {
+            let started = Instant::now();
+            loop {
+                if let Ok(held) = reader.held_locks("r-*").await {
+                    if keys(held) == wanted {
+                        return started.elapsed();
+                    }
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(5),
+                    "held_locks still fails or misses {wanted:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+
+    server.pause();
+    assert!(reader.held_locks("r-*").await.is_err());
+    server.resume();
+    let took = reads_again(&["r-order", "r-stock"]).await;
+    println!("held_locks answered {took:?} after Redis resumed");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+
+    server.kill();
+    assert!(reader.held_locks("r-*").await.is_err());
+    server.restart();
+    // The restart lost every lock: a new one shows.
+    let _after = holder.lock("r-after").ttl(ttl).acquire().await.unwrap();
+    let took = reads_again(&["r-after"]).await;
+    println!("held_locks answered {took:?} after Redis restarted");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    assert_eq!(
+        reader.inspect("r-after").await.unwrap().map(|i| i.mode),
+        Some(LockMode::Exclusive)
+    );
+}

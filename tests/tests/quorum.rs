@@ -15,13 +15,15 @@ fn quorum(n: usize) -> Vec<RedisServer> {
 }
 
 fn manager(servers: &[RedisServer]) -> LockManager {
+    builder(servers).build().unwrap()
+}
+
+fn builder(servers: &[RedisServer]) -> distlock_runtime::LockManagerBuilder {
     LockManager::builder()
         .quorum(servers.iter().map(RedisServer::url))
         .connect_timeout(TIMEOUT)
         .response_timeout(TIMEOUT)
         .pool_wait_timeout(TIMEOUT)
-        .build()
-        .unwrap()
 }
 
 /// How many nodes hold `key`'s lock.
@@ -499,4 +501,41 @@ async fn a_lock_key_of_another_type_on_a_majority_is_named() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// A read just after an acquire or a release may find the nodes apart (the requests reach
+/// them one by one): `inspect` reports a holder only when a majority of nodes list it, never
+/// what the first node to answer says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_reports_the_lock_as_a_majority_of_nodes_hold_it() {
+    let servers = quorum(3);
+    let owner = builder(&servers).holder_label("a").build().unwrap();
+    let reader = manager(&servers);
+    let lease = owner
+        .lock("q-apart")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let lock = "distlock:lock:{q-apart}";
+    // The first node has not seen the acquire yet: a majority holds it.
+    servers[0].command(&["DEL", lock]);
+    for _ in 0..20 {
+        let info = reader.inspect("q-apart").await.unwrap();
+        let label = info.as_ref().and_then(|i| i.holder.as_deref());
+        assert_eq!(label, Some("a"), "{info:?}");
+        assert!(info.unwrap().remaining > Duration::from_secs(25));
+    }
+    // Only the first node holds it now (a release on its way to it): nobody does.
+    servers[1].command(&["DEL", lock]);
+    let value = servers[2].command(&["GET", lock]);
+    servers[2].command(&["DEL", lock]);
+    servers[0].command(&["SET", lock, value.lines().nth(1).unwrap(), "PX", "30000"]);
+    assert_eq!(holders(&servers, "q-apart"), 1);
+    for _ in 0..20 {
+        let info = reader.inspect("q-apart").await.unwrap();
+        assert!(info.is_none(), "{info:?}");
+    }
+    assert!(reader.held_locks("q-*").await.unwrap().is_empty());
+    drop(lease);
 }

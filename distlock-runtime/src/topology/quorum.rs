@@ -29,6 +29,7 @@ use super::{Link, Timeouts};
 use crate::call::{BoxFuture, Kind, ScriptCall};
 use crate::error::LockError;
 use crate::failed::{Failed, Reached};
+use crate::inspect::{listed_holders, quorum_view};
 use crate::scripts::Announce;
 use crate::tls::Tls;
 
@@ -160,6 +161,7 @@ impl Quorum {
                 reached: Reached::No,
             }),
             Kind::Extend => self.extend(call).await,
+            Kind::Inspect => self.inspect(call).await,
             Kind::Release | Kind::ForceRelease | Kind::Read | Kind::Raise => {
                 // Done once a majority answered: the others were sent, and run anyway (in
                 // tasks of their own). A forced release waits for every node: an operator's
@@ -215,6 +217,20 @@ impl Quorum {
         Err(no_quorum(op, values.len(), failures, self.nodes.len()))
     }
 
+    /// Reads a lock as a majority of nodes hold it ([`quorum_view`]), once the answers settle
+    /// it ([`settled`]): a read just after an acquire or a release, whose requests may still be
+    /// on their way to some nodes, reports neither what the first node to answer says nor a
+    /// holder a majority may not have.
+    async fn inspect(&self, call: &ScriptCall) -> Result<Value, Failed> {
+        let majority = self.majority();
+        let answers = self
+            .fan_out(call, self.timeouts.response, |answers| {
+                settled(answers, majority)
+            })
+            .await;
+        self.majority_answered(call.op, answers, |values| quorum_view(values, majority))
+    }
+
     async fn extend(&self, call: &ScriptCall) -> Result<Value, Failed> {
         let answers = self.fan_out(call, self.timeouts.response, |_| false).await;
         let mut votes: Vec<usize> = Vec::new();
@@ -247,6 +263,29 @@ impl Quorum {
                 .collect(),
         ))
     }
+}
+
+/// Whether the inspect answers so far (in node order, `None` for one still out) settle which
+/// holders a `majority` of nodes list: a majority answered, and each holder listed is listed by
+/// a majority or can no longer be (the nodes still out are too few); or a majority can no
+/// longer answer.
+fn settled(answers: &[Option<Answer>], majority: usize) -> bool {
+    let out = answers.iter().filter(|a| a.is_none()).count();
+    let values: Vec<&Value> = answers
+        .iter()
+        .filter_map(|a| a.as_ref()?.as_ref().ok())
+        .collect();
+    if values.len() + out < majority {
+        return true;
+    }
+    if values.len() < majority {
+        return false;
+    }
+    let listed: Vec<Vec<String>> = values.into_iter().map(listed_holders).collect();
+    listed.iter().flatten().all(|holder| {
+        let by = listed.iter().filter(|l| l.contains(holder)).count();
+        by >= majority || by + out < majority
+    })
 }
 
 /// Why no majority was had. When the nodes that refused (settings Redis rejects, a key of
@@ -398,5 +437,73 @@ impl Route for Quorum {
 
     fn commands(&self) -> Vec<String> {
         vec!["SELECT 0".to_owned()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An inspect answer listing `holders` (none: free).
+    fn held_by(holders: &[&str]) -> Option<Answer> {
+        if holders.is_empty() {
+            return Some(Ok(Value::Nil));
+        }
+        let mut fields = vec![
+            Value::BulkString(b"x".to_vec()),
+            Value::Int(1000),
+            Value::BulkString(b"7".to_vec()),
+            Value::Int(0),
+            Value::Int(1),
+            Value::Array(Vec::new()),
+        ];
+        fields.extend(
+            holders
+                .iter()
+                .map(|h| Value::BulkString(h.as_bytes().to_vec())),
+        );
+        Some(Ok(Value::Array(fields)))
+    }
+
+    #[test]
+    fn an_inspect_waits_for_the_node_that_decides_whether_a_holder_has_a_majority() {
+        // Free on one node, held on another, the third still out: it decides.
+        assert!(!settled(&[held_by(&[]), held_by(&["a"]), None], 2));
+        assert!(settled(&[held_by(&["a"]), held_by(&["a"]), None], 2));
+        assert!(settled(&[held_by(&[]), held_by(&[]), None], 2));
+        assert!(settled(
+            &[held_by(&[]), held_by(&["a"]), held_by(&["b"])],
+            2
+        ));
+        // A majority can no longer answer: settled (as a failure).
+        let failed = || {
+            Some(Err(Failed {
+                error: LockError::RedisTimeout {
+                    op: "inspect",
+                    after: Duration::from_millis(1),
+                },
+                reached: Reached::Maybe,
+            }))
+        };
+        assert!(!settled(&[failed(), held_by(&["a"]), None], 2));
+        assert!(settled(&[failed(), held_by(&["a"]), failed()], 2));
+    }
+
+    #[test]
+    fn a_quorum_view_lists_the_holders_a_majority_lists() {
+        let view = |answers: &[Option<Answer>]| {
+            let values: Vec<Value> = answers
+                .iter()
+                .map(|a| a.as_ref().unwrap().as_ref().unwrap().clone())
+                .collect();
+            quorum_view(&values, 2)
+        };
+        assert_eq!(
+            view(&[held_by(&["a"]), held_by(&[]), held_by(&["b"])]),
+            Value::Nil
+        );
+        assert_eq!(view(&[held_by(&[]), held_by(&[])]), Value::Nil);
+        let seen = view(&[held_by(&[]), held_by(&["a"]), held_by(&["a", "b"])]);
+        assert_eq!(listed_holders(&seen), ["a"]);
     }
 }
