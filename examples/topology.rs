@@ -62,7 +62,7 @@ impl Servers {
                 group.sentinel_urls().len()
             ),
             Self::Quorum(quorum) => {
-                format!("a local quorum of {} Redis servers", quorum.urls().len())
+                format!("a local quorum of {} Redis servers", quorum.server_count())
             }
         }
     }

@@ -145,11 +145,7 @@ impl Row {
         Self {
             key: info.key.clone(),
             held: true,
-            mode: Some(match info.mode {
-                LockMode::Exclusive => "exclusive",
-                LockMode::Shared => "shared",
-                LockMode::Permits(_) => "permits",
-            }),
+            mode: Some(reading::mode_name(info.mode)),
             permits: match info.mode {
                 LockMode::Permits(n) => Some(n),
                 _ => None,
@@ -318,7 +314,11 @@ async fn run(cli: &Cli, locks: &LockManager) -> Result<(), Failure> {
             interval_ms,
         } => {
             let mut keys = keys.clone();
-            keys.extend(elections.iter().map(|name| format!("{ELECTION_KEY}{name}")));
+            keys.extend(
+                elections
+                    .iter()
+                    .map(|name| locks.election(name.as_str()).key()),
+            );
             if keys.is_empty() {
                 return Err(Failure::Usage(
                     "say what to watch: lock keys, or --election NAME".to_owned(),

@@ -93,6 +93,12 @@ pub(crate) fn secs(duration: Duration) -> String {
     format!("{:.1}s", duration.as_secs_f64())
 }
 
+/// Holders or waiters, in order: `alpha (01386969), beta (161ea176)`.
+pub(crate) fn names(holders: &[Holder]) -> String {
+    let names: Vec<String> = holders.iter().map(Holder::who).collect();
+    names.join(", ")
+}
+
 /// `exclusive`, `shared` or `permits`, as JSON names a mode.
 pub(crate) fn mode_name(mode: LockMode) -> &'static str {
     match mode {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 use distlock_runtime::{LockError, LockManager, LockMode};
 use serde_json::json;
 
-use crate::reading::{mode_name, secs, Holder, Lock};
+use crate::reading::{mode_name, names, secs, Holder, Lock};
 use crate::ELECTION_KEY;
 
 /// What `watch` was asked.
@@ -269,12 +269,6 @@ fn held_changes(before: Lock, now: &Lock, changes: &mut Vec<Change>) {
     }
 }
 
-/// The holder of `info` (every holder, of a shared key), as a line names it.
-fn holders(info: &Lock) -> String {
-    let names: Vec<String> = info.owners.iter().map(Holder::who).collect();
-    names.join(", ")
-}
-
 /// The queue, in order: `2 waiting: beta (…), gamma (…)`.
 fn queue(info: &Lock) -> String {
     let names: Vec<String> = info.queued.iter().map(Holder::who).collect();
@@ -301,19 +295,21 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
         )
     };
     match change {
-        Change::Held(info) if election => format!("led by {} ({})", holders(info), state(info)),
+        Change::Held(info) if election => {
+            format!("led by {} ({})", names(&info.owners), state(info))
+        }
         Change::Held(info) => format!(
             "held by {} ({}, {})",
-            holders(info),
+            names(&info.owners),
             state(info),
             queue(info)
         ),
         Change::Free if election => "no leader".to_owned(),
         Change::Free => "free".to_owned(),
         Change::Taken(info) if election => {
-            format!("elected {} ({})", holders(info), state(info))
+            format!("elected {} ({})", names(&info.owners), state(info))
         }
-        Change::Taken(info) => format!("taken by {} ({})", holders(info), state(info)),
+        Change::Taken(info) => format!("taken by {} ({})", names(&info.owners), state(info)),
         Change::Released { last, early } => {
             let what = if election { "resigned" } else { "released" };
             let early = if *early == Duration::MAX {
@@ -323,18 +319,18 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
             };
             format!(
                 "{what} by {} (token {}{early})",
-                holders(last),
+                names(&last.owners),
                 last.fencing_token
             )
         }
         Change::Expired(last) => format!(
             "expired: {} (token {}) did not renew",
-            holders(last),
+            names(&last.owners),
             last.fencing_token
         ),
         Change::Gone(last) => format!(
             "gone while Redis was unavailable: {} (token {})",
-            holders(last),
+            names(&last.owners),
             last.fencing_token
         ),
         Change::HandedOver { from, to } => format!(
@@ -344,8 +340,8 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
             } else {
                 "handed over"
             },
-            holders(from),
-            holders(to),
+            names(&from.owners),
+            names(&to.owners),
             state(to)
         ),
         Change::Joined { owner, now } => format!(

@@ -464,7 +464,7 @@ async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
         match read {
             Ok(leader) => {
                 let before_notice = announced
-                    && matches!((&*sender.borrow(), &leader), (Some(was), Some(now)) if was.same_term(now));
+                    && matches!((&*sender.borrow(), &leader), (Some(was), Some(is)) if was.same_term(is));
                 if let Some(leader) = &leader {
                     let expiry = after(
                         now,

@@ -320,10 +320,8 @@ pub(crate) fn quorum_view(answers: &[Value], majority: usize) -> Value {
         .filter_map(|digits| digits.parse::<u64>().ok())
         .max()
         .map_or_else(String::new, |c| c.to_string());
+    // `base` lists a holder, so it has every field before the members.
     let mut view = base.iter().take(MEMBERS_AT).cloned().collect::<Vec<_>>();
-    if view.len() < MEMBERS_AT {
-        return Value::Array(base.clone());
-    }
     view[1] = Value::Int(if pttl == i64::MAX { -1 } else { pttl });
     view[2] = Value::BulkString(counter.into_bytes());
     view[4] = Value::Int(i64::try_from(holders.len()).unwrap_or(i64::MAX));

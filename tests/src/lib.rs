@@ -62,7 +62,8 @@ fn ok<T>(result: Result<T, TestRedisError>) -> T {
 }
 
 impl RedisServer {
-    /// Starts a server on a free loopback port and waits until it answers PING.
+    /// Starts a server on a free loopback port and waits until it answers (as itself: its
+    /// `INFO server` names its pid).
     ///
     /// # Panics
     /// When `redis-server` is not on PATH or no server could be started.
@@ -71,21 +72,12 @@ impl RedisServer {
     }
 
     /// Starts a server with `extra` arguments after the harness's own (`--maxmemory 1mb`,
-    /// say), and waits until it answers PING.
+    /// say), and waits until it answers.
     ///
     /// # Panics
     /// When `redis-server` is not on PATH or no server could be started.
     pub fn start_with(extra: &[&str]) -> Self {
         Self(ok(TestRedis::builder().args(extra).start_blocking()))
-    }
-
-    /// [`start_with`](Self::start_with), trying at most `tries` free ports; `None` if none
-    /// worked (for arguments that name a port of their own, which the caller then changes).
-    pub fn try_start_with(extra: &[&str], tries: usize) -> Option<Self> {
-        (0..tries).find_map(|_| {
-            let builder = TestRedis::builder().args(extra).port(free_port());
-            builder.start_blocking().ok().map(Self)
-        })
     }
 
     /// A replica of `primary`, once its first synchronisation has finished.

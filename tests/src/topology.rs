@@ -64,12 +64,9 @@ impl RedisCluster {
         RedisServer::of_mut(self.0.node_mut(i))
     }
 
-    /// The hash slot of `key` (`CLUSTER KEYSLOT`, asked of a live node).
-    ///
-    /// # Panics
-    /// When no node answers.
+    /// The hash slot of `key`.
     pub fn slot_of(&self, key: &str) -> u16 {
-        ok(self.0.slot_of(key))
+        self.0.slot_of(key)
     }
 
     /// The index of the node serving `slot` as primary, in the view of the first node that

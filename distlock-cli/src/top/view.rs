@@ -9,7 +9,7 @@ use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table};
 use ratatui::Frame;
 
 use super::model::{Column, Model, Status};
-use crate::reading::{secs, Holder, Lock};
+use crate::reading::{names, secs, Holder, Lock};
 
 /// Draws the whole screen: a title line, the locks, the elections, a status line and the keys.
 pub(crate) fn render(frame: &mut Frame<'_>, model: &Model, now: Instant) {
@@ -43,12 +43,6 @@ fn title_line(model: &Model) -> Paragraph<'static> {
         text.push_str(&format!("; filter {filter:?}"));
     }
     Paragraph::new(text).style(Style::new().add_modifier(Modifier::BOLD))
-}
-
-/// Who holds or waits, in order: `alpha (3f2a9c1d), beta (…)`.
-fn names(holders: &[Holder]) -> String {
-    let names: Vec<String> = holders.iter().map(Holder::who).collect();
-    names.join(", ")
 }
 
 /// The waiters: their count, then who, in arrival order.

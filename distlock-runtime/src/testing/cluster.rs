@@ -86,7 +86,7 @@ fn parse_cluster_nodes(text: &str) -> Vec<ClusterNode> {
 ///
 /// // The primary of the key dies; its replica takes over (the wait blocks this thread).
 /// cluster.kill_primary_of("order:42")?;
-/// let slot = cluster.slot_of("order:42")?;
+/// let slot = cluster.slot_of("order:42");
 /// cluster.wait_for_failover(slot, Duration::from_secs(10))?;
 /// locks.lock("order:42").run(async {}).await?;
 /// # Ok(()) }
@@ -246,21 +246,10 @@ impl TestCluster {
         &mut self.nodes[i]
     }
 
-    /// The hash slot of `key` (`CLUSTER KEYSLOT`, asked of a live node).
-    ///
-    /// # Errors
-    /// [`TestRedisError::NotReady`] when no node answers.
-    pub fn slot_of(&self, key: &str) -> Result<u16, TestRedisError> {
-        match self.ask_any(&["CLUSTER", "KEYSLOT", key])? {
-            Reply::Integer(slot) => u16::try_from(slot).map_err(|_| TestRedisError::Refused {
-                step: format!("CLUSTER KEYSLOT {key}"),
-                reason: format!("{slot} is not a slot"),
-            }),
-            other => Err(TestRedisError::Refused {
-                step: format!("CLUSTER KEYSLOT {key}"),
-                reason: other.describe(),
-            }),
-        }
+    /// The hash slot of `key`, as a cluster computes it (CRC16 of its hash tag, or of the
+    /// whole key without one).
+    pub fn slot_of(&self, key: &str) -> u16 {
+        crate::topology::cluster::slot(key)
     }
 
     /// The index of the node serving `slot` as primary, in the view of the first node that
@@ -294,7 +283,7 @@ impl TestCluster {
     /// # Errors
     /// As [`primary_of_slot`](Self::primary_of_slot).
     pub fn primary_of(&self, key: &str) -> Result<usize, TestRedisError> {
-        self.primary_of_slot(self.slot_of(key)?)
+        self.primary_of_slot(self.slot_of(key))
     }
 
     /// Kills (`SIGKILL`) the primary serving `key`, and returns its index. Its replica takes
@@ -469,17 +458,6 @@ impl TestCluster {
 
     fn index_of_port(&self, port: u16) -> Option<usize> {
         self.nodes.iter().position(|node| node.port() == port)
-    }
-
-    /// The first answer of a live node to `args`.
-    fn ask_any(&self, args: &[&str]) -> Result<Reply, TestRedisError> {
-        self.live_indices()
-            .find_map(|i| query(self.nodes[i].port(), args))
-            .ok_or_else(|| TestRedisError::NotReady {
-                what: args.join(" "),
-                within: Duration::ZERO,
-                missing: "no cluster node answers".to_owned(),
-            })
     }
 
     /// The text node `i` answers to `args`.

@@ -213,9 +213,9 @@ impl Launch {
         if let Some(config_file) = &self.config_file {
             arguments.push(config_file.clone().into_os_string());
         }
+        let dbfilename = dbfilename(port);
         let port = port.to_string();
         let dir = std::env::temp_dir();
-        let dbfilename = dbfilename(&port);
         let own = [
             "--port",
             &port,
@@ -274,7 +274,7 @@ impl Launch {
 }
 
 /// The snapshot file name of the test server on `port`: its own, in the shared temp dir.
-fn dbfilename(port: &str) -> String {
+fn dbfilename(port: u16) -> String {
     format!("distlock-{}-{port}.rdb", std::process::id())
 }
 
@@ -301,7 +301,7 @@ fn ours_when_up(mut child: Child, port: u16) -> Result<Child, String> {
 }
 
 /// Sends `signal` (`STOP`, `CONT`) to the process `pid`, one started here.
-pub(crate) fn send_signal(pid: u32, signal: &str) -> Result<(), TestRedisError> {
+fn send_signal(pid: u32, signal: &str) -> Result<(), TestRedisError> {
     let what = format!("kill -{signal} {pid}");
     let status = Command::new("kill")
         .args([format!("-{signal}"), pid.to_string()])
@@ -524,7 +524,7 @@ impl Drop for TestRedis {
         }
         self.kill();
         // Only there if a test asked for a SAVE.
-        let _ = std::fs::remove_file(std::env::temp_dir().join(dbfilename(&self.port.to_string())));
+        let _ = std::fs::remove_file(std::env::temp_dir().join(dbfilename(self.port)));
     }
 }
 
