@@ -26,8 +26,13 @@ enum Event {
     Leads { who: String, term: u64 },
     /// `tick N by X (term T)`.
     Tick { who: String, term: u64 },
-    /// `killed X (leader, term T) at ...`.
-    Killed { who: String, term: u64 },
+    /// `killed X (leader, term T) at S`: S is when the kill was sent, which the line's own
+    /// stamp (when it was printed) may follow by a few milliseconds on a loaded machine.
+    Killed {
+        who: String,
+        term: u64,
+        at: Duration,
+    },
     /// `asking X to resign (closing its stdin)`.
     Asked { who: String },
 }
@@ -55,9 +60,11 @@ fn parse(rest: &str) -> Option<Event> {
         });
     }
     if let Some(after) = rest.strip_prefix("killed ") {
+        let (_, at) = after.rsplit_once(") at ")?;
         return Some(Event::Killed {
             who: word(after)?,
             term: term_of(after)?,
+            at: Duration::from_secs_f64(at.strip_suffix('s')?.parse().ok()?),
         });
     }
     if let Some(after) = rest.strip_prefix("asking ") {
@@ -139,8 +146,8 @@ fn check(transcript: &str) -> Result<Measured, String> {
     let (killed, killed_at, who, term) = events
         .iter()
         .enumerate()
-        .find_map(|(i, (at, event))| match event {
-            Event::Killed { who, term } => Some((i, *at, who, *term)),
+        .find_map(|(i, (_, event))| match event {
+            Event::Killed { who, term, at } => Some((i, *at, who, *term)),
             _ => None,
         })
         .ok_or("nobody was killed")?;
