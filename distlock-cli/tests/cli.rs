@@ -286,6 +286,9 @@ fn bad_arguments_and_an_unreachable_redis_fail_clearly() {
 
 #[test]
 fn mutual_tls_with_certificate_files() {
+    if distlock_tests::tls::skip_without_tls("mutual_tls_with_certificate_files") {
+        return;
+    }
     use distlock_tests::tls::{ClientCerts, TestCa, TlsServer};
     let ca = TestCa::new();
     let server = TlsServer::start(&ca, ClientCerts::Required);

@@ -6,9 +6,11 @@
 //! plain one the harness uses to see that it is up and to look inside ([`TlsServer::server`]).
 //! The TLS port speaks nothing but TLS.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use distlock_runtime::LockManagerBuilder;
@@ -264,6 +266,80 @@ pub enum ClientCerts {
     No,
     /// A client must present a certificate the CA signed (mutual TLS).
     Required,
+}
+
+/// Why this run's server (see [`distlock_runtime::testing::PROGRAM_ENV`]) serves no TLS, or
+/// `None` when it does. Found once per process, by starting it with a TLS port and no
+/// certificate: a server built with TLS stops for the missing certificate, one built without it
+/// ("Failed finding TLS support": the PyPI builds of Redis 8.2 and Valkey 8.1 that CI runs the
+/// suite on too) for the missing support.
+pub fn without_tls() -> Option<String> {
+    static FOUND: OnceLock<Option<String>> = OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            let server = RedisServer::start();
+            let program = server.program().to_owned();
+            drop(server);
+            let (port, tls_port) = (free_port().to_string(), free_port().to_string());
+            let mut child = Command::new(&program)
+                .args([
+                    "--port",
+                    &port,
+                    "--bind",
+                    "127.0.0.1",
+                    "--tls-port",
+                    &tls_port,
+                ])
+                .args(["--save", "", "--appendonly", "no"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start the server to ask it about TLS");
+            // It stops at once either way; one that somehow serves is stopped after 5 s.
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while child.try_wait().ok().flatten().is_none() {
+                if std::time::Instant::now() > deadline {
+                    let _ = child.kill();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let output = child.wait_with_output().expect("the server's output");
+            let said = String::from_utf8_lossy(&output.stdout).into_owned()
+                + &String::from_utf8_lossy(&output.stderr);
+            let version = Command::new(&program)
+                .arg("--version")
+                .output()
+                .map(|out| {
+                    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+                    line.split(" sha=")
+                        .next()
+                        .unwrap_or_default()
+                        .trim()
+                        .to_owned()
+                })
+                .unwrap_or_default();
+            (said.contains("TLS support") || said.contains("connection type tls")).then(|| {
+                format!(
+                    "{} ({version}) is built without TLS; the TLS tests run on a server built \
+                     with it (Debian's redis-server)",
+                    program.display()
+                )
+            })
+        })
+        .clone()
+}
+
+/// Whether the TLS test named `test` is skipped because this run's server serves no TLS
+/// ([`without_tls`]); a skipped test says so by name, on stderr (written past the test
+/// harness's capture, so the run's log shows it).
+pub fn skip_without_tls(test: &str) -> bool {
+    let Some(why) = without_tls() else {
+        return false;
+    };
+    let _ = writeln!(std::io::stderr(), "skipped `{test}`: {why}");
+    true
 }
 
 /// A `redis-server` serving TLS with a [`TestCa`]'s server certificate on its TLS port, and

@@ -162,6 +162,9 @@ fn shown(error: &LockError) -> Vec<String> {
 
 #[tokio::test]
 async fn passwords_never_show_in_logs_debug_or_errors() {
+    if distlock_tests::tls::skip_without_tls("passwords_never_show_in_logs_debug_or_errors") {
+        return;
+    }
     let secret = "Wombat-Quasar-8127";
     let wrong = "Narwhal-Zephyr-3390";
     let ca = TestCa::new();

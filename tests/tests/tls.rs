@@ -55,6 +55,11 @@ async fn lock_and_hand_over(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_cycle_over_rediss_works_and_a_waiter_is_woken_over_tls() {
+    if distlock_tests::tls::skip_without_tls(
+        "a_lock_cycle_over_rediss_works_and_a_waiter_is_woken_over_tls",
+    ) {
+        return;
+    }
     let ca = TestCa::new();
     let other = TestCa::new();
     let server = TlsServer::start(&ca, ClientCerts::No);
@@ -74,6 +79,11 @@ async fn a_lock_cycle_over_rediss_works_and_a_waiter_is_woken_over_tls() {
 
 #[tokio::test]
 async fn a_server_certificate_the_client_does_not_trust_is_refused_at_once() {
+    if distlock_tests::tls::skip_without_tls(
+        "a_server_certificate_the_client_does_not_trust_is_refused_at_once",
+    ) {
+        return;
+    }
     let ca = TestCa::new();
     let other = TestCa::new();
     let server = TlsServer::start(&ca, ClientCerts::No);
@@ -105,6 +115,11 @@ async fn a_server_certificate_the_client_does_not_trust_is_refused_at_once() {
 
 #[tokio::test]
 async fn a_server_certificate_for_another_host_or_expired_is_refused_at_once() {
+    if distlock_tests::tls::skip_without_tls(
+        "a_server_certificate_for_another_host_or_expired_is_refused_at_once",
+    ) {
+        return;
+    }
     let ca = TestCa::new();
     // Signed by the CA the client trusts: only the name, or only the dates, are wrong.
     let cases = [
@@ -151,6 +166,11 @@ async fn a_server_certificate_for_another_host_or_expired_is_refused_at_once() {
 
 #[tokio::test]
 async fn a_plaintext_url_against_the_tls_port_fails_within_the_timeouts() {
+    if distlock_tests::tls::skip_without_tls(
+        "a_plaintext_url_against_the_tls_port_fails_within_the_timeouts",
+    ) {
+        return;
+    }
     let ca = TestCa::new();
     let server = TlsServer::start(&ca, ClientCerts::No);
     let plain_to_tls = format!("redis://127.0.0.1:{}", server.tls_port());
@@ -194,6 +214,11 @@ async fn a_plaintext_url_against_the_tls_port_fails_within_the_timeouts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_works_with_a_client_certificate_and_is_refused_without_one() {
+    if distlock_tests::tls::skip_without_tls(
+        "mutual_tls_works_with_a_client_certificate_and_is_refused_without_one",
+    ) {
+        return;
+    }
     let ca = TestCa::new();
     let other = TestCa::new();
     let server = TlsServer::start(&ca, ClientCerts::Required);
@@ -356,6 +381,11 @@ fn unusable_certificates_fail_build_with_a_clear_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_of_three_servers_over_mutual_tls_with_an_acl_user_locks_and_wakes_waiters() {
+    if distlock_tests::tls::skip_without_tls(
+        "a_quorum_of_three_servers_over_mutual_tls_with_an_acl_user_locks_and_wakes_waiters",
+    ) {
+        return;
+    }
     let ca = TestCa::new();
     let servers: Vec<TlsServer> = (0..3)
         .map(|_| TlsServer::start(&ca, ClientCerts::Required))
@@ -404,6 +434,11 @@ async fn a_quorum_of_three_servers_over_mutual_tls_with_an_acl_user_locks_and_wa
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_over_tls_locks_in_every_slot_lists_its_locks_and_wakes_waiters() {
+    if distlock_tests::tls::skip_without_tls(
+        "a_cluster_over_tls_locks_in_every_slot_lists_its_locks_and_wakes_waiters",
+    ) {
+        return;
+    }
     let _load = distlock_tests::heavy().await;
     let ca = TestCa::new();
     let cluster = TlsCluster::start(&ca, 3);
@@ -479,6 +514,11 @@ async fn a_cluster_over_tls_locks_in_every_slot_lists_its_locks_and_wakes_waiter
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_over_tls_names_a_primary_that_is_reached_over_tls() {
+    if distlock_tests::tls::skip_without_tls(
+        "a_sentinel_over_tls_names_a_primary_that_is_reached_over_tls",
+    ) {
+        return;
+    }
     let ca = TestCa::new();
     let primary = TlsServer::start(&ca, ClientCerts::Required);
     let sentinel = TlsSentinel::start(&ca, &primary);

@@ -11,15 +11,18 @@ use super::program::PROGRAM_ENV;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TestRedisError {
-    /// The program was not found: Redis is not installed, or not on `PATH`.
+    /// The program was not found: neither Redis nor Valkey is installed, or not on `PATH`.
     #[error(
         "`{program}` was not found: install Redis {min} or newer (`apt-get install redis-server` \
          on Debian and Ubuntu, `brew install redis` on macOS), which brings `redis-server` and \
-         `redis-cli`, and put them on PATH, or set {PROGRAM_ENV} to the path of a `redis-server`",
+         `redis-cli`, or Valkey (`apt-get install valkey-server`, `brew install valkey`), which \
+         brings `valkey-server` and `valkey-cli`, and put them on PATH, or set {PROGRAM_ENV} to \
+         the path of a `redis-server` or `valkey-server`",
         min = super::program::MIN_VERSION_TEXT
     )]
     NotInstalled {
-        /// The program looked for: `redis-server` (or the path given), or `redis-cli`.
+        /// The program looked for: `redis-server` when neither it nor `valkey-server` is on
+        /// `PATH`, the path given, or the CLI (`redis-cli` when neither it nor `valkey-cli` is).
         program: String,
     },
     /// The installed `redis-server` is older than distlock supports.

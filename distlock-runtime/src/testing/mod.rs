@@ -8,13 +8,15 @@
 //! distlock-runtime = { version = "0.1", features = ["testing"] }
 //! ```
 //!
-//! [`TestRedis::start`] starts a `redis-server` of this machine on a free loopback port, with
-//! persistence off, waits until it answers, and stops it (by its pid) when the value is dropped;
-//! [`TestRedis::manager`] is a [`LockManager`](crate::LockManager) for it. Every test gets a
-//! server of its own, so tests run in parallel and never touch a shared Redis. Redis 7.0 or
-//! newer must be installed (`apt-get install redis-server`, `brew install redis`); without it,
-//! the error says so. [`PROGRAM_ENV`] (`DISTLOCK_REDIS_SERVER`) names another `redis-server`,
-//! and [`TestRedisBuilder::program`] one for a single server.
+//! [`TestRedis::start`] starts a `redis-server` of this machine (else a `valkey-server`) on a
+//! free loopback port, with persistence off, waits until it answers, and stops it (by its pid)
+//! when the value is dropped; [`TestRedis::manager`] is a [`LockManager`](crate::LockManager)
+//! for it. Every test gets a server of its own, so tests run in parallel and never touch a
+//! shared Redis. Redis 7.0 or newer, or Valkey, must be installed (`apt-get install
+//! redis-server` or `valkey-server`, `brew install redis` or `valkey`); without either, the
+//! error says so. [`PROGRAM_ENV`] (`DISTLOCK_REDIS_SERVER`) names another server (distlock's
+//! own CI runs its suite so on Redis 8.2 and Valkey 8.1 too), and
+//! [`TestRedisBuilder::program`] one for a single server.
 //!
 //! ```
 //! use distlock_runtime::{LockError, LockManager};

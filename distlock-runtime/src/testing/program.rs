@@ -1,4 +1,5 @@
-//! Which `redis-server` and `redis-cli` run, and whether the server is new enough.
+//! Which server and CLI run (`redis-server` or `valkey-server`, `redis-cli` or `valkey-cli`),
+//! and whether the server is new enough.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -7,34 +8,66 @@ use std::sync::Mutex;
 
 use super::TestRedisError;
 
-/// The environment variable naming the `redis-server` to run (a path, or a name looked up on
-/// `PATH`) when [`TestRedisBuilder::program`](super::TestRedisBuilder::program) names none;
-/// `redis-server` on `PATH` without it. Topologies run the `redis-cli` beside it (in the same
-/// directory) when there is one, else `redis-cli` on `PATH`.
+/// The environment variable naming the server to run (a path, or a name looked up on `PATH`)
+/// when [`TestRedisBuilder::program`](super::TestRedisBuilder::program) names none; without it,
+/// `redis-server` on `PATH`, else `valkey-server`. Topologies run the CLI beside the server (in
+/// the same directory: `redis-cli`, else `valkey-cli`) when there is one, else the one on
+/// `PATH`.
 pub const PROGRAM_ENV: &str = "DISTLOCK_REDIS_SERVER";
 
-/// The oldest Redis distlock supports, as (major, minor).
+/// The servers looked for on `PATH`, in this order, when none is named.
+pub(crate) const SERVERS: [&str; 2] = ["redis-server", "valkey-server"];
+
+/// The CLIs looked for beside the server, then on `PATH`, in this order.
+const CLIS: [&str; 2] = ["redis-cli", "valkey-cli"];
+
+/// The oldest Redis distlock supports, as (major, minor). (Every Valkey is newer: Valkey forked
+/// from Redis 7.2.)
 const MIN_VERSION: (u32, u32) = (7, 0);
 
 /// [`MIN_VERSION`] for messages.
 pub(crate) const MIN_VERSION_TEXT: &str = "7.0";
 
-/// The `redis-server` to run when the caller named none: [`PROGRAM_ENV`], or `redis-server`.
+/// The server to run when the caller named none: [`PROGRAM_ENV`], else the first of
+/// [`SERVERS`] on `PATH`, else `redis-server` (whose start then fails, saying how to install
+/// either).
 pub(crate) fn default_server() -> PathBuf {
-    std::env::var_os(PROGRAM_ENV)
-        .filter(|program| !program.is_empty())
-        .map_or_else(|| PathBuf::from("redis-server"), PathBuf::from)
+    if let Some(program) = std::env::var_os(PROGRAM_ENV).filter(|program| !program.is_empty()) {
+        return PathBuf::from(program);
+    }
+    SERVERS
+        .iter()
+        .find(|name| on_path(name).is_some())
+        .map_or_else(|| PathBuf::from(SERVERS[0]), PathBuf::from)
 }
 
-/// The `redis-cli` that goes with the server `program`: the one beside it when `program` is a
-/// path with a directory and there is one, else `redis-cli` on `PATH`.
+/// The CLI that goes with the server `program`: the first of [`CLIS`] beside it when `program`
+/// is a path with a directory, else the first on `PATH`, else `redis-cli` (whose run then fails,
+/// saying how to install it).
 pub(crate) fn cli_beside(program: &Path) -> PathBuf {
-    program
+    let beside = program
         .parent()
         .filter(|dir| !dir.as_os_str().is_empty())
-        .map(|dir| dir.join("redis-cli"))
-        .filter(|cli| cli.is_file())
-        .unwrap_or_else(|| PathBuf::from("redis-cli"))
+        .and_then(|dir| {
+            CLIS.iter()
+                .map(|cli| dir.join(cli))
+                .find(|cli| cli.is_file())
+        });
+    beside
+        .or_else(|| {
+            CLIS.iter()
+                .find(|cli| on_path(cli).is_some())
+                .map(PathBuf::from)
+        })
+        .unwrap_or_else(|| PathBuf::from(CLIS[0]))
+}
+
+/// Where `name` is on `PATH`, if it is.
+fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
 }
 
 /// `program` for messages.
@@ -56,9 +89,9 @@ pub(crate) fn run_error(program: &Path, error: std::io::Error) -> TestRedisError
     }
 }
 
-/// Checks once per program (per process) that `program` runs and is Redis 7.0 or newer, from
-/// `redis-server --version` (`Redis server v=7.0.15 sha=...`). A version it cannot read passes:
-/// the server's own startup then says what is wrong.
+/// Checks once per program (per process) that `program` runs and is Redis 7.0 or newer (any
+/// Valkey is), from its `--version` (`Redis server v=7.0.15 sha=...`, `Valkey server v=8.1.8
+/// ...`). A version it cannot read passes: the server's own startup then says what is wrong.
 pub(crate) fn check_server(program: &Path) -> Result<(), TestRedisError> {
     static CHECKED: Mutex<Vec<OsString>> = Mutex::new(Vec::new());
     if crate::sync::lock(&CHECKED).contains(&program.as_os_str().to_owned()) {
@@ -104,6 +137,9 @@ mod tests {
     fn versions_are_read_from_the_version_line() {
         let line = "Redis server v=7.0.15 sha=00000000:0 malloc=jemalloc-5.3.0 bits=64 build=ae4d";
         assert_eq!(reported_version(line), Some("7.0.15"));
+        let line =
+            "Valkey server v=8.1.8 sha=00000000:1 malloc=libc bits=64 build=7eb4ebc9d7e91f4e";
+        assert_eq!(reported_version(line), Some("8.1.8"));
         assert_eq!(parse_version("7.0.15"), Some((7, 0)));
         assert!(parse_version("6.2.14").is_some_and(|v| v < MIN_VERSION));
         assert!(parse_version("7.2.4").is_some_and(|v| v >= MIN_VERSION));

@@ -511,8 +511,10 @@ impl TestRedis {
         Ok(())
     }
 
-    /// The program this server runs.
-    pub(crate) fn program(&self) -> &Path {
+    /// The program this server runs: the one given to
+    /// [`TestRedisBuilder::program`], else [`PROGRAM_ENV`](super::PROGRAM_ENV)'s, else
+    /// `redis-server` or `valkey-server` from `PATH`.
+    pub fn program(&self) -> &Path {
         &self.launch.program
     }
 }
