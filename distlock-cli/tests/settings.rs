@@ -251,11 +251,8 @@ async fn a_url_to_a_sentinel_uses_its_one_primary_and_names_the_flags_for_severa
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_least_privilege_user_that_may_not_ask_is_served_as_one_server() {
     let server = RedisServer::start();
-    let line = "ACL SETUSER app on >app-pass resetkeys ~distlock:* resetchannels -@all \
-                +evalsha +eval +select +del +exists +get +hdel +hget +hset +lindex +llen +lpop \
-                +lrem +pexpire +pttl +rpush +set +time +zadd +zcard +zcount +zrange +zrem \
-                +zremrangebyscore +zscore";
-    let words: Vec<&str> = line.split_whitespace().collect();
+    let line = distlock_tests::documented_acl_user("app", "app-pass", &[], "");
+    let words: Vec<&str> = line.iter().map(String::as_str).collect();
     assert_eq!(server.command(&words).trim(), "+OK");
     let keys = vec!["cli-acl".to_owned()];
     let leases = hold(&server.manager(), &keys).await;

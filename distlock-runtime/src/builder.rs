@@ -721,6 +721,7 @@ impl LockManagerBuilder {
                 .as_deref()
                 .map(crate::inspect::clean_label),
             stats: Counters::default(),
+            servers_seen: Default::default(),
         }))
     }
 }

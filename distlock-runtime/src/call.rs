@@ -25,6 +25,10 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub(crate) enum Kind {
     /// Writes nothing; counts when a majority answers.
     Read,
+    /// `LockManager::ping`'s check (`scripts/check.lua`): writes nothing. With `min_replicas`
+    /// it goes with a `WAIT 0 0`, which waits for no replica: the server (or a proxy in front
+    /// of it) shows that it takes `WAIT`, which every replicated write needs.
+    Check,
     /// Reads one lock (`scripts/inspect.lua`): a quorum answers the holders a majority of its
     /// nodes list, as `inspect::quorum_view` combines them.
     Inspect,
@@ -72,7 +76,7 @@ impl Kind {
     pub(crate) fn needs_replicas(&self) -> bool {
         matches!(
             self,
-            Self::Acquire(_) | Self::Extend | Self::Raise | Self::Fair
+            Self::Acquire(_) | Self::Extend | Self::Raise | Self::Fair | Self::Check
         )
     }
 }

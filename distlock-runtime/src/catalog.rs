@@ -33,9 +33,9 @@ mod tests {
         ("fair_acquire", "5938519ad021e21347e7086e15a87a5450a1c977"),
         ("fair_refresh", "3388f7f07f1a4a9b5b74872373d3e004990a0a8a"),
         ("raise", "ae177c3820fd89219691cdc41181d774fa6ba1f1"),
-        ("inspect", "6274576c9d293daf6f0110adcf43855d5498fcb1"),
+        ("inspect", "992a1dff823f90fcc54d41b8d1f2128241bc93fb"),
         ("force_release", "f546e77d1818cb82aa280044827771e839937632"),
-        ("check", "e702d7ea314676c803c91b788340053e6efabb46"),
+        ("check", "a324f08c174cb6d7b31d636c2d8c13522673333b"),
         ("key_types", "0f78f49b3902f1c2da6260e309797d0462609281"),
     ];
 

@@ -31,6 +31,8 @@ pub(crate) struct Context {
     /// Appended to every owner token (`token:label`), for `inspect`.
     pub(crate) holder_label: Option<String>,
     pub(crate) stats: Counters,
+    /// The servers the last `ping` found, as it logged them (see `diagnose.rs`).
+    pub(crate) servers_seen: std::sync::Mutex<Option<String>>,
 }
 
 /// What the manager did so far; read as [`LockStats`](crate::LockStats).

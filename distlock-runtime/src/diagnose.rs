@@ -23,40 +23,113 @@ use crate::scripts::Lua;
 pub(crate) static CHECK: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(crate::scripts::lua!("#!lua"; "scripts/check.lua")));
 
-/// The commands distlock's scripts run (a unit test holds [`CHECK`] to this list).
-#[cfg(test)]
-const SCRIPT_COMMANDS: [&str; 24] = [
-    "DEL",
-    "EXISTS",
-    "GET",
-    "HDEL",
-    "HGET",
-    "HSET",
-    "LINDEX",
-    "LLEN",
-    "LPOP",
-    "LREM",
-    "PEXPIRE",
-    "PTTL",
-    "RPUSH",
-    "SET",
-    "TIME",
-    "ZADD",
-    "ZCARD",
-    "ZCOUNT",
-    "ZRANGE",
-    "ZREM",
-    "ZREMRANGEBYSCORE",
-    "ZSCORE", // read by inspection only, through pcall: not required
-    "HLEN",
-    "publish",
-];
+/// One server that holds a manager's locks, as it describes itself: which server software and
+/// version answered. [`LockManager::servers`](crate::LockManager::servers) lists them.
+///
+/// ```no_run
+/// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+/// for server in locks.servers().await? {
+///     println!("{server}"); // Valkey 8.1.8 at 10.0.0.5:6379
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServerInfo {
+    /// Where it is, as the manager reaches it (`host:port`, without credentials).
+    pub address: String,
+    /// Which server software it is.
+    pub product: ServerProduct,
+    /// Its version (`8.1.8`): Valkey's own version for Valkey, not the Redis version it reports
+    /// for compatibility.
+    pub version: String,
+    /// The Redis version it reports (`redis_version`): its own for Redis, the Redis version it
+    /// is compatible with for Valkey (`7.2.4`).
+    pub redis_version: String,
+}
 
-/// `LockManager::ping`: the check on every server (see the module docs).
+/// Which server software answered: [`ServerInfo::product`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ServerProduct {
+    /// Redis.
+    Redis,
+    /// Valkey, the fork of Redis 7.2.
+    Valkey,
+}
+
+impl std::fmt::Display for ServerProduct {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Redis => "Redis",
+            Self::Valkey => "Valkey",
+        })
+    }
+}
+
+impl std::fmt::Display for ServerInfo {
+    /// `Valkey 8.1.8 at 10.0.0.5:6379`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} at {}", self.product, self.version, self.address)
+    }
+}
+
+/// What the check found on one server: what it is, and the rights it lacks.
+struct Checked {
+    server: ServerInfo,
+    /// The checks the user fails (`GET distlock:lock:{ping}`).
+    missing: Vec<String>,
+    /// Whether it may publish on, and subscribe to, a lock's channel.
+    publish: bool,
+    subscribe: bool,
+    /// The checks of commands the server does not know (renamed away, or disabled).
+    unknown: Vec<String>,
+}
+
+/// `LockManager::ping`: the check on every server (see the module docs); the first ping, and
+/// one that finds other servers or versions than the last, logs which answered.
 pub(crate) async fn ping(context: &Context) -> Result<(), LockError> {
+    let checked = check(context).await?;
+    let notifies = context.redis().subscriber().is_some();
+    for checked in &checked {
+        if let Some(error) = refused_rights(context, checked, notifies) {
+            return Err(error);
+        }
+    }
+    let servers = summary(checked.iter().map(|checked| &checked.server));
+    let mut seen = crate::sync::lock(&context.servers_seen);
+    if seen.as_deref() != Some(servers.as_str()) {
+        tracing::info!(%servers, "distlock: ping: every server grants every right a lock needs");
+        *seen = Some(servers);
+    }
+    Ok(())
+}
+
+/// `LockManager::servers`: what the check's servers say they are, whatever rights the user
+/// has beyond running the check.
+pub(crate) async fn servers(context: &Context) -> Result<Vec<ServerInfo>, LockError> {
+    Ok(check(context)
+        .await?
+        .into_iter()
+        .map(|checked| checked.server)
+        .collect())
+}
+
+/// `servers` in one line: `Redis 8.2.3 at 127.0.0.1:7000, Redis 8.2.3 at 127.0.0.1:7001`.
+fn summary<'a>(servers: impl Iterator<Item = &'a ServerInfo>) -> String {
+    servers
+        .map(ServerInfo::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Runs the check on every server (see the module docs): what each server that answered is,
+/// and lacks. Fails on a refusal anywhere (what it refused said exactly, see `refusal.rs`), and
+/// on an outage of more servers than the deployment can do without.
+async fn check(context: &Context) -> Result<Vec<Checked>, LockError> {
     let route = context.redis();
     let probe = context.lock_keys("ping");
-    let mut call = ScriptCall::new("ping", &CHECK, Kind::Read, 0);
+    let mut call = ScriptCall::new("ping", &CHECK, Kind::Check, 0);
     call.arg(probe.lock())
         .arg(probe.fence())
         .arg(probe.queue())
@@ -69,7 +142,7 @@ pub(crate) async fn ping(context: &Context) -> Result<(), LockError> {
     }
     let answers = route.run_on_every_server(&call).await;
     let servers = answers.len();
-    let mut answered = 0;
+    let mut checked = Vec::with_capacity(servers);
     let mut outage = None;
     for (server, answer) in answers {
         let value = match answer {
@@ -84,43 +157,68 @@ pub(crate) async fn ping(context: &Context) -> Result<(), LockError> {
                 continue;
             }
         };
-        answered += 1;
-        if let Some(error) = refused_rights(context, &server, value, route.subscriber().is_some()) {
-            return Err(error);
-        }
+        checked.push(parse(server, value)?);
     }
     match outage {
-        Some((_, error)) if answered < route.servers_needed(servers) => Err(error),
-        _ => Ok(()),
+        Some((_, error)) if checked.len() < route.servers_needed(servers) => Err(error),
+        _ => Ok(checked),
     }
 }
 
-/// What the check's answer `value` on `server` says is missing, as the error to report.
-fn refused_rights(
-    context: &Context,
-    server: &str,
-    value: Value,
-    notifies: bool,
-) -> Option<LockError> {
-    let (missing, publish, subscribe): (Vec<String>, i64, i64) =
-        match redis::FromRedisValue::from_redis_value(value) {
-            Ok(answer) => answer,
-            Err(parse) => {
-                return Some(LockError::Redis {
-                    op: "ping",
-                    source: parse.into(),
-                })
-            }
-        };
-    let prefix = &context.prefix;
-    let mut missing = missing;
-    if notifies && subscribe == 1 && publish == 0 {
+/// The check's answer `value` on `server` (see `scripts/check.lua`).
+fn parse(server: String, value: Value) -> Result<Checked, LockError> {
+    type Answer = (Vec<String>, i64, i64, String, String, String, Vec<String>);
+    let (missing, publish, subscribe, product, version, redis_version, unknown): Answer =
+        redis::FromRedisValue::from_redis_value(value).map_err(|parse| LockError::Redis {
+            op: "ping",
+            source: parse.into(),
+        })?;
+    let product = if product == "valkey" {
+        ServerProduct::Valkey
+    } else {
+        ServerProduct::Redis
+    };
+    Ok(Checked {
+        server: ServerInfo {
+            address: server,
+            product,
+            version,
+            redis_version,
+        },
+        missing,
+        publish: publish == 1,
+        subscribe: subscribe == 1,
+        unknown,
+    })
+}
+
+/// What the check found `checked` lacks, as the error to report (`notifies`: whether the
+/// manager subscribes to release notifications): a command the server does not offer
+/// ([`Misconfiguration::Unsupported`]) first, then the rights the user lacks.
+fn refused_rights(context: &Context, checked: &Checked, notifies: bool) -> Option<LockError> {
+    let server = &checked.server;
+    let on = format!(
+        "on {} ({} {})",
+        server.address, server.product, server.version
+    );
+    if !checked.unknown.is_empty() {
+        let commands: Vec<String> = checked.unknown.iter().map(|c| shown(c)).collect();
+        let mut detail = format!("{on} the server does not offer {}", commands.join(", "));
+        for instead in commands.iter().filter_map(|c| crate::refusal::instead(c)) {
+            detail.push_str("; ");
+            detail.push_str(instead);
+        }
+        return Some(refusal(Misconfiguration::Unsupported, detail));
+    }
+    let mut missing: Vec<String> = checked.missing.iter().map(|c| shown(c)).collect();
+    if notifies && checked.subscribe && !checked.publish {
         // Subscribed waiters would sleep through every release until the holder's expiry.
         missing.push("PUBLISH (on the locks' channels)".to_owned());
     }
     if missing.is_empty() {
         return None;
     }
+    let prefix = &context.prefix;
     let grants: Vec<String> = {
         let mut grants: Vec<String> = missing
             .iter()
@@ -143,57 +241,136 @@ fn refused_rights(
     } else {
         String::new()
     };
-    let detail = format!(
-        "on {server} it may not run {}; grant what is missing: ACL SETUSER <user> ~{prefix}*{channels} {}",
+    let mut detail = format!(
+        "{on} it may not run {}; grant what is missing: ACL SETUSER <user> ~{prefix}*{channels} {}",
         missing.join(", "),
         grants.join(" ")
     );
+    for instead in missing.iter().filter_map(|c| crate::refusal::instead(c)) {
+        detail.push_str("; or, ");
+        detail.push_str(instead);
+    }
+    Some(refusal(Misconfiguration::Permissions, detail))
+}
+
+/// A check as the messages show it: the command and its first argument, a key
+/// (`GET distlock:lock:{ping}`) or a subcommand (`CLUSTER SLOTS`), not a number (`WAIT`).
+fn shown(check: &str) -> String {
+    let mut words = check.split(' ');
+    let command = words.next().unwrap_or_default();
+    match words.next() {
+        Some(first) if !first.chars().all(|c| c.is_ascii_digit()) => format!("{command} {first}"),
+        _ => command.to_owned(),
+    }
+}
+
+/// `ping`'s error for what the check found on a server, said in `detail`.
+fn refusal(problem: Misconfiguration, detail: String) -> LockError {
     let source = redis::RedisError::from((
         redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
-        "the ACL user lacks rights a lock needs",
+        "the server refuses what a lock needs",
         detail.clone(),
     ));
-    Some(LockError::Misconfigured {
+    LockError::Misconfigured {
         op: "ping",
-        problem: Misconfiguration::Permissions,
+        problem,
         detail,
         source,
-    })
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
     use crate::refusal::commands_on;
 
-    /// Every command a script runs is one the check asks about (or one it leaves out on
-    /// purpose), so `ping` cannot pass a user a lock then fails.
+    /// The commands the scripts distlock sends run, read off their source (`PUBLISH` apart:
+    /// the scripts call it through a variable, `PUBLISH` or `SPUBLISH`, and it is optional).
+    fn script_commands() -> BTreeSet<String> {
+        crate::catalog::all()
+            .iter()
+            .flat_map(|(_, lua)| lua.code().lines())
+            .flat_map(commands_on)
+            .filter_map(|command| {
+                let name = command.split(' ').next().unwrap_or_default().to_owned();
+                (name != "PUBLISH").then_some(name)
+            })
+            .collect()
+    }
+
+    /// The commands [`CHECK`] asks about: its `{'NAME', ...}` entries.
+    fn checked_commands() -> BTreeSet<String> {
+        CHECK
+            .code()
+            .split("{'")
+            .skip(1)
+            .filter_map(|entry| entry.split('\'').next())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The commands the crate docs' least-privilege line grants (its first `ACL SETUSER`
+    /// line), upper case.
+    fn documented_commands() -> BTreeSet<String> {
+        let line = include_str!("lib.rs")
+            .lines()
+            .filter_map(|line| line.strip_prefix("//! "))
+            .find(|line| line.starts_with("ACL SETUSER"))
+            .expect("the crate docs give an ACL SETUSER line");
+        line.split_whitespace()
+            .filter_map(|word| word.strip_prefix('+'))
+            .map(str::to_uppercase)
+            .collect()
+    }
+
+    /// The documented line is exactly what `ping` requires of a user on one server: every
+    /// command every script runs (read off the scripts' source), no more, no fewer, each of
+    /// them checked by `ping`'s script, and the commands the manager sends itself (`EVALSHA`,
+    /// whose refusal fails the check's own call, `EVAL` and `SELECT`, which it checks). So a
+    /// user set up by the docs never fails a lock that `ping` passed, nor is told to grant a
+    /// command no script runs.
     #[test]
-    fn the_check_covers_every_command_every_script_runs() {
-        let scripts: [&Lua; 8] = [
-            &crate::scripts::ACQUIRE,
-            &crate::scripts::RELEASE,
-            &crate::scripts::EXTEND,
-            &crate::fair::ACQUIRE_FAIR,
-            &crate::fair::REFRESH_FAIR,
-            &crate::fence::RAISE,
-            &crate::inspect::INSPECT,
-            &crate::inspect::FORCE_RELEASE,
-        ];
-        let check = CHECK.code();
-        for script in scripts {
-            for line in script.code().lines() {
-                for command in commands_on(line) {
-                    let name = command.split(' ').next().unwrap_or_default();
-                    let known = SCRIPT_COMMANDS.iter().any(|c| c.eq_ignore_ascii_case(name))
-                        || name == "PUBLISH";
-                    assert!(known, "{command} (in `{line}`) is not in SCRIPT_COMMANDS");
-                    let checked = name == "PUBLISH"
-                        || name == "HLEN"
-                        || check.contains(&format!("{{'{name}'"));
-                    assert!(checked, "{command} (in `{line}`) is not checked by CHECK");
-                }
-            }
+    fn the_documented_acl_line_is_exactly_what_the_scripts_run_and_ping_checks() {
+        let scripts = script_commands();
+        let own: BTreeSet<String> = ["EVALSHA", "EVAL", "SELECT"].map(str::to_owned).into();
+        let needed: BTreeSet<String> = scripts.union(&own).cloned().collect();
+        let documented = documented_commands();
+        assert_eq!(
+            documented.difference(&needed).collect::<Vec<_>>(),
+            Vec::<&String>::new(),
+            "the documented line grants commands no script runs"
+        );
+        assert_eq!(
+            needed.difference(&documented).collect::<Vec<_>>(),
+            Vec::<&String>::new(),
+            "the scripts run commands the documented line does not grant"
+        );
+        // What ping checks with `redis.acl_check_cmd`, with `SELECT` (a one-server route's
+        // command) and `EVALSHA` (the check's own call).
+        let mut pinged = checked_commands();
+        pinged.insert("SELECT".to_owned());
+        pinged.insert("EVALSHA".to_owned());
+        assert_eq!(
+            pinged, documented,
+            "ping checks other commands than the line grants"
+        );
+    }
+
+    /// The sets the test above compares are read right: a command of a script, one `ping`
+    /// checks and one the line grants are found (and `PUBLISH`, called through a variable, is
+    /// left to the optional line).
+    #[test]
+    fn commands_are_read_off_the_scripts_the_check_and_the_docs() {
+        let scripts = script_commands();
+        for command in ["SET", "TIME", "HLEN", "ZREMRANGEBYSCORE"] {
+            assert!(scripts.contains(command), "{command} not in {scripts:?}");
         }
+        assert!(!scripts.contains("PUBLISH"), "{scripts:?}");
+        assert!(checked_commands().contains("HLEN"));
+        assert!(checked_commands().contains("EVAL"));
+        assert!(documented_commands().contains("EVALSHA"));
+        assert!(!documented_commands().contains("PUBLISH"));
     }
 }

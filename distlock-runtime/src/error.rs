@@ -573,6 +573,14 @@ pub enum Misconfiguration {
     /// redirects (`MOVED`, `ASK`) or refuses (`CROSSSLOT`) the keys of the slots it does not
     /// serve.
     ClusterNode,
+    /// The server, or a proxy in front of it, does not offer a command the manager's settings
+    /// need (`ERR unknown command`): a managed service's limits, such as a proxy in front of a
+    /// cluster that offers no `CLUSTER` command (build the manager with
+    /// [`LockManagerBuilder::url`](crate::LockManagerBuilder::url) for it), or a serverless
+    /// service without `WAIT` (build it without
+    /// [`min_replicas`](crate::LockManagerBuilder::min_replicas)). The message names the command
+    /// and what to configure instead.
+    Unsupported,
 }
 
 impl Misconfiguration {
@@ -617,12 +625,19 @@ impl Misconfiguration {
             Some(Self::Credentials)
         } else if code == "NOPERM"
             || text.contains("NOPERM")
-            // Refused inside a script, Redis 7.0 says so with `ERR`: "The user executing the
-            // script can't run this command", "... can't access at least one of the keys",
-            // "... can't publish to the channel".
+            // Refused inside a script, the servers say so with `ERR`, each in its own words:
+            // Redis 7.0 "The user executing the script can't run this command" ("... can't
+            // access at least one of the keys", "... can't publish to the channel"); Redis 7.2
+            // and later and Valkey "ACL failure in script: User u has no permissions to run
+            // the 'time' command" ("...: No permissions to access a key", "... a channel").
             || text.contains("The user executing the script can't")
+            || text.contains("ACL failure in script")
         {
             Some(Self::Permissions)
+        } else if text.contains("unknown command") {
+            // `ERR unknown command 'WAIT', with args beginning with: ...`: a proxy or a managed
+            // service that does not offer it (or renamed it away).
+            Some(Self::Unsupported)
         } else if text.contains("DB index is out of range") {
             Some(Self::Database)
         } else if text.contains("not allowed in cluster mode") {
@@ -674,6 +689,10 @@ impl std::fmt::Display for Misconfiguration {
                  keys of its own slots: build the manager with \
                  LockManagerBuilder::cluster([its URL, ...]) (the distlock tool: --cluster URL), \
                  which routes each key to its node"
+            }
+            Self::Unsupported => {
+                "the server, or a proxy or managed service in front of it, does not offer a \
+                 command the manager's settings need: configure the manager as said below"
             }
         })
     }
@@ -850,6 +869,60 @@ mod tests {
                 ),
                 Reply::Refused(Misconfiguration::Permissions),
             ),
+            // Refused inside a script, in the words of Redis 7.2 and later and Valkey (the
+            // lines below are theirs, read off Redis 8.2.3 and Valkey 8.1.8), and outside one.
+            (
+                server(
+                    "ERR",
+                    "ACL failure in script: User u has no permissions to run the 'time' command \
+                     script: 104ae6, on @user_script:1.",
+                ),
+                Reply::Refused(Misconfiguration::Permissions),
+            ),
+            (
+                server(
+                    "ERR",
+                    "ACL failure in script: No permissions to access a key script: cbaa9c, on \
+                     @user_script:1.",
+                ),
+                Reply::Refused(Misconfiguration::Permissions),
+            ),
+            (
+                server(
+                    "ERR",
+                    "ACL failure in script: No permissions to access a channel script: 8f9536, \
+                     on @user_script:1.",
+                ),
+                Reply::Refused(Misconfiguration::Permissions),
+            ),
+            (
+                server(
+                    "NOPERM",
+                    "User u has no permissions to run the 'set' command",
+                ),
+                Reply::Refused(Misconfiguration::Permissions),
+            ),
+            (
+                server("NOPERM", "No permissions to access a key"),
+                Reply::Refused(Misconfiguration::Permissions),
+            ),
+            // Redis 7.0's words for a key and a channel refused inside a script.
+            (
+                server(
+                    "ERR",
+                    "The user executing the script can't access at least one of the keys \
+                     mentioned in the command arguments script: cbaa9c, on @user_script:1.",
+                ),
+                Reply::Refused(Misconfiguration::Permissions),
+            ),
+            (
+                server(
+                    "ERR",
+                    "The user executing the script can't publish to the channel mentioned in \
+                     the command script: 8f9536, on @user_script:1.",
+                ),
+                Reply::Refused(Misconfiguration::Permissions),
+            ),
             (
                 server(
                     "WRONGTYPE",
@@ -883,6 +956,10 @@ mod tests {
             ),
             (server("NOSCRIPT", "No matching script."), Reply::NoScript),
             (
+                server("NOSCRIPT", "No matching script. Please use EVAL."),
+                Reply::NoScript,
+            ),
+            (
                 server("TRYAGAIN", "Multiple keys request during rehashing of slot"),
                 Reply::Resharding,
             ),
@@ -907,6 +984,18 @@ mod tests {
             (
                 server("WRONGPASS", "invalid username-password pair"),
                 Reply::Refused(Misconfiguration::Credentials),
+            ),
+            // What proxies and managed services answer for a command they do not offer.
+            (
+                server(
+                    "ERR",
+                    "unknown command 'WAIT', with args beginning with: '1' '500' ",
+                ),
+                Reply::Refused(Misconfiguration::Unsupported),
+            ),
+            (
+                server("ERR", "unknown command 'cluster'"),
+                Reply::Refused(Misconfiguration::Unsupported),
             ),
             (
                 server("NOAUTH", "Authentication required."),

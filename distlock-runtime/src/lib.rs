@@ -409,7 +409,7 @@
 //! scripts, `SUBSCRIBE` on a connection of their own) are optional. With the default prefix:
 //!
 //! ```text
-//! ACL SETUSER distlock on >CHANGE-ME resetkeys ~distlock:* resetchannels -@all +evalsha +eval +select +del +exists +get +hdel +hget +hset +lindex +llen +lpop +lrem +pexpire +pttl +rpush +set +time +zadd +zcard +zcount +zrange +zrem +zremrangebyscore +zscore
+//! ACL SETUSER distlock on >CHANGE-ME resetkeys ~distlock:* resetchannels -@all +evalsha +eval +select +del +exists +get +hdel +hget +hlen +hset +lindex +llen +lpop +lrem +pexpire +pttl +rpush +set +time +zadd +zcard +zcount +zrange +zrem +zremrangebyscore +zscore
 //! ACL SETUSER distlock &distlock:* +publish +subscribe +unsubscribe
 //! ```
 //!
@@ -464,6 +464,7 @@ mod validity;
 mod wait;
 
 pub use builder::LockManagerBuilder;
+pub use diagnose::{ServerInfo, ServerProduct};
 pub use election::{Election, LeaderInfo, Term};
 pub use error::{ErrorClass, LockError, Misconfiguration};
 pub use fair::HANDOFF_CLAIM;

@@ -228,6 +228,26 @@ impl LockManager {
         crate::diagnose::ping(&self.context).await
     }
 
+    /// Which servers hold this manager's locks, and what each is: Redis or Valkey, and its
+    /// version (the one server, the primary Sentinel names, every primary of a cluster, every
+    /// quorum node that answered). Asked with the script [`ping`](Self::ping) runs, so it needs
+    /// no right beyond running scripts; writes nothing. [`ping`](Self::ping) logs the same
+    /// (at `info`, the first time and whenever the servers or their versions change).
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
+    /// for server in locks.servers().await? {
+    ///     println!("locks are held on {server}"); // Redis 8.2.3 at 10.0.0.5:6379
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`ping`](Self::ping), but for the rights a lock needs beyond running scripts.
+    pub async fn servers(&self) -> Result<Vec<crate::ServerInfo>, LockError> {
+        crate::diagnose::servers(&self.context).await
+    }
+
     /// Counts of what this manager (and its clones) did so far.
     ///
     /// ```no_run

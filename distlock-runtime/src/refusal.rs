@@ -45,27 +45,45 @@ where
 }
 
 /// What an ACL user may not run, from a refusal's text `error` of a script whose source is
-/// `code`, with the `ACL SETUSER` words that grant it.
+/// `code`, with the `ACL SETUSER` words that grant it. Each server words a refusal its own way
+/// (see `error.rs`): Redis 7.2 and later and Valkey name the command, inside a script and
+/// outside; Redis 7.0 names it outside a script only, and inside one names the script's line.
 fn refused_command(code: &str, error: &str) -> String {
-    // Refused before the script ran: `... no permissions to run the 'evalsha' command`.
-    if let Some(command) = error
-        .split("permissions to run the '")
-        .nth(1)
-        .and_then(|rest| rest.split('\'').next())
-    {
-        return format!("it may not run {command}; grant it: ACL SETUSER <user> +{command}");
-    }
-    if error.contains("keys") {
-        return "it may not touch the keys under distlock's prefix; grant them: \
-                ACL SETUSER <user> ~<prefix>* (the manager's prefix, `distlock:` by default)"
-            .to_owned();
-    }
-    // Refused inside the script: `... script: <sha>, on @user_script:<line>.`
+    // The line of the script Redis names: `... script: <sha>, on @user_script:<line>.`
     let line = error
         .split("@user_script:")
         .nth(1)
         .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
         .and_then(|n| n.parse::<usize>().ok());
+    let at_line = line
+        .map(|n| format!(" (line {n} of distlock's script)"))
+        .unwrap_or_default();
+    // `... no permissions to run the 'evalsha' command` (`'cluster|slots'` for a subcommand).
+    if let Some(command) = error
+        .split("permissions to run the '")
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+        .filter(|command| !command.is_empty())
+    {
+        let shown = command.replace('|', " ").to_uppercase();
+        let grant = command.to_lowercase();
+        return format!("it may not run {shown}{at_line}; grant it: ACL SETUSER <user> +{grant}");
+    }
+    // Redis 7.0: `... access at least one of the keys`, `... access one of the keys`; later:
+    // `No permissions to access a key`.
+    if error.contains("of the keys") || error.contains("access a key") {
+        return "it may not touch the keys under distlock's prefix; grant them: \
+                ACL SETUSER <user> ~<prefix>* (the manager's prefix, `distlock:` by default)"
+            .to_owned();
+    }
+    // Redis 7.0: `... can't publish to the channel`, `... access one of the channels`; later:
+    // `No permissions to access a channel`.
+    if error.contains("channel") {
+        return "it may not use the locks' channels (release notifications); grant them: \
+                ACL SETUSER <user> &<prefix>* (the manager's prefix, `distlock:` by default)"
+            .to_owned();
+    }
+    // Redis 7.0 inside a script: the commands on the line it names.
     let commands: Vec<String> = line
         .and_then(|n| code.lines().nth(n.checked_sub(1)?))
         .map(commands_on)
@@ -78,11 +96,51 @@ fn refused_command(code: &str, error: &str) -> String {
         .map(|c| format!("+{}", c.to_lowercase()))
         .collect();
     format!(
-        "it may not run {} (line {} of distlock's script); grant it: ACL SETUSER <user> {}",
+        "it may not run {}{at_line}; grant it: ACL SETUSER <user> {}",
         commands.join(" or "),
-        line.unwrap_or_default(),
         grants.join(" ")
     )
+}
+
+/// What to configure instead of granting `command` (`WAIT`, `CLUSTER SLOTS`), which a setting
+/// of the manager needs and some managed services refuse; `None` for a command every
+/// deployment offers.
+pub(crate) fn instead(command: &str) -> Option<&'static str> {
+    let name = command.split([' ', '|']).next().unwrap_or_default();
+    if name.eq_ignore_ascii_case("WAIT") {
+        Some(
+            "min_replicas needs WAIT (each acquire and extension waits for its replicas with \
+             it): where the service refuses WAIT (serverless offerings, some proxies), build \
+             the manager without min_replicas",
+        )
+    } else if name.eq_ignore_ascii_case("CLUSTER") {
+        Some(
+            "a cluster manager needs CLUSTER SLOTS (to find each slot's primary): behind a \
+             proxy that offers no CLUSTER command (as some managed services present a \
+             cluster), build the manager with LockManagerBuilder::url(the proxy's URL) (the \
+             distlock tool: --url), and the proxy routes each key",
+        )
+    } else {
+        None
+    }
+}
+
+/// The detail of a refusal of `command` (`WAIT`, `CLUSTER SLOTS`), a command the manager sends
+/// itself rather than from a script: an ACL rule's ([`Misconfiguration::Permissions`]) says
+/// what grants it, a server's or proxy's that does not offer it
+/// ([`Misconfiguration::Unsupported`]) says so; both say what to configure instead, where
+/// there is something.
+pub(crate) fn refused_own_command(command: &str, problem: Misconfiguration) -> String {
+    let refusal = if problem == Misconfiguration::Permissions {
+        let grant = command.to_lowercase().replace(' ', "|");
+        format!("it may not run {command}; grant it: ACL SETUSER <user> +{grant}")
+    } else {
+        format!("it does not offer {command}")
+    };
+    match instead(command) {
+        Some(instead) => format!("{refusal}; {instead}"),
+        None => refusal,
+    }
 }
 
 /// The Redis commands a line of Lua calls (`redis.call('SET', ...)`, `redis.pcall(publish, ...)`).
@@ -151,20 +209,82 @@ pub(crate) static TYPES: LazyLock<Lua> =
 mod tests {
     use super::*;
 
+    /// Each server's words for each refusal (read off Redis 7.0.15, Redis 8.2.3 and Valkey
+    /// 8.1.8, which words them as Redis 8.2 does), and what distlock makes of them.
     #[test]
-    fn a_refusal_inside_a_script_names_the_command_on_the_line_redis_names() {
+    fn every_servers_words_for_a_refusal_name_what_to_grant() {
         let code = "#!lua\nlocal a = 1\nlocal t = redis.call('TIME')\nreturn t";
-        let error = "ERR The user executing the script can't run this command or subcommand \
-                     script: 4959c9, on @user_script:3.";
-        let detail = refused_command(code, error);
-        assert!(detail.contains("may not run TIME"), "{detail}");
-        assert!(detail.contains("ACL SETUSER <user> +time"), "{detail}");
-        // Before the script ran: Redis names the command itself.
-        let detail = refused_command(
-            code,
-            "NOPERM User app has no permissions to run the 'evalsha' command",
-        );
-        assert!(detail.contains("+evalsha"), "{detail}");
+        let cases = [
+            // A command inside a script: Redis 7.0 names the line, the others the command.
+            (
+                "ERR The user executing the script can't run this command or subcommand \
+                 script: 4959c9, on @user_script:3.",
+                "may not run TIME (line 3 of distlock's script); grant it: ACL SETUSER <user> \
+                 +time",
+            ),
+            (
+                "ERR ACL failure in script: User u has no permissions to run the 'time' command \
+                 script: 4959c9, on @user_script:3.",
+                "may not run TIME (line 3 of distlock's script); grant it: ACL SETUSER <user> \
+                 +time",
+            ),
+            // A command outside a script.
+            (
+                "NOPERM this user has no permissions to run the 'evalsha' command",
+                "may not run EVALSHA; grant it: ACL SETUSER <user> +evalsha",
+            ),
+            (
+                "NOPERM User u has no permissions to run the 'evalsha' command",
+                "may not run EVALSHA; grant it: ACL SETUSER <user> +evalsha",
+            ),
+            (
+                "NOPERM User u has no permissions to run the 'cluster|slots' command",
+                "may not run CLUSTER SLOTS; grant it: ACL SETUSER <user> +cluster|slots",
+            ),
+            // A key, inside a script and outside.
+            (
+                "ERR The user executing the script can't access at least one of the keys \
+                 mentioned in the command arguments script: cbaa9c, on @user_script:3.",
+                "may not touch the keys under distlock's prefix; grant them: ACL SETUSER <user> \
+                 ~<prefix>*",
+            ),
+            (
+                "ERR ACL failure in script: No permissions to access a key script: cbaa9c, on \
+                 @user_script:3.",
+                "may not touch the keys under distlock's prefix",
+            ),
+            (
+                "NOPERM this user has no permissions to access one of the keys used as arguments",
+                "may not touch the keys under distlock's prefix",
+            ),
+            (
+                "NOPERM No permissions to access a key",
+                "may not touch the keys under distlock's prefix",
+            ),
+            // A channel, inside a script and outside.
+            (
+                "ERR The user executing the script can't publish to the channel mentioned in \
+                 the command script: 8f9536, on @user_script:3.",
+                "may not use the locks' channels (release notifications); grant them: ACL \
+                 SETUSER <user> &<prefix>*",
+            ),
+            (
+                "ERR ACL failure in script: No permissions to access a channel script: 8f9536, \
+                 on @user_script:3.",
+                "may not use the locks' channels",
+            ),
+            (
+                "NOPERM No permissions to access a channel",
+                "may not use the locks' channels",
+            ),
+        ];
+        for (error, said) in cases {
+            let detail = refused_command(code, error);
+            assert!(
+                detail.contains(said),
+                "{error}\n  gave: {detail}\n  not: {said}"
+            );
+        }
         // A line without a command: nothing made up.
         assert_eq!(refused_command(code, "ERR ... on @user_script:2."), "");
     }

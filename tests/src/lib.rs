@@ -304,6 +304,49 @@ pub async fn outlived(
     (stale, current)
 }
 
+/// The `ACL SETUSER` lines of the crate docs (section "Least-privilege ACL user"): their one
+/// home, which the tests run as they stand. The first is all a lock needs; the second adds
+/// release notifications.
+pub fn documented_acl_lines() -> Vec<String> {
+    include_str!("../../distlock-runtime/src/lib.rs")
+        .lines()
+        .filter_map(|line| line.strip_prefix("//! "))
+        .filter(|line| line.starts_with("ACL SETUSER"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The documented least-privilege line (the first of [`documented_acl_lines`]) as the words
+/// of a command that sets up `user` with `password`, with `extra` words after it (a topology's
+/// rights, channels) and without the word `left_out` (`+hlen`, say; anything else to leave
+/// nothing out).
+///
+/// # Panics
+/// If the crate docs give no `ACL SETUSER` line.
+pub fn documented_acl_user(
+    user: &str,
+    password: &str,
+    extra: &[&str],
+    left_out: &str,
+) -> Vec<String> {
+    let line = documented_acl_lines()
+        .into_iter()
+        .next()
+        .expect("the crate docs give an ACL SETUSER line");
+    let mut words: Vec<String> = line
+        .split_whitespace()
+        .enumerate()
+        .map(|(i, word)| match (i, word) {
+            (2, _) => user.to_owned(),
+            (_, ">CHANGE-ME") => format!(">{password}"),
+            (_, word) => word.to_owned(),
+        })
+        .collect();
+    words.extend(extra.iter().map(|word| (*word).to_owned()));
+    words.retain(|word| word != left_out);
+    words
+}
+
 /// A loopback port nothing listens on now.
 ///
 /// # Panics

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use distlock_runtime::{LockError, LockManager, Misconfiguration};
+use distlock_runtime::{LockError, LockManager, Misconfiguration, ServerProduct};
 use distlock_tests::RedisServer;
 
 const TIMEOUT: Duration = Duration::from_millis(500);
@@ -85,6 +85,83 @@ async fn an_acl_user_without_rights_on_the_keys_is_a_configuration_error() {
     refused(&locks, Misconfiguration::Permissions, "app-pass-7").await;
 }
 
+/// Under the documented line alone (no notifications), `inspect` counts and lists every
+/// queued fair waiter: the line grants each command the inspection reads with (`HLEN` was once
+/// missing, and the count read 0).
+#[tokio::test]
+async fn under_the_documented_line_inspect_counts_every_queued_waiter() {
+    let server = RedisServer::start();
+    let lines = distlock_tests::documented_acl_lines();
+    setuser(&server, &lines[0], "lp-pass-44");
+    let url = format!("redis://distlock:lp-pass-44@127.0.0.1:{}", server.port());
+    let locks = manager(&url);
+    locks.ping().await.unwrap();
+    let others = server.manager();
+    let held = others.lock("q").acquire().await.unwrap();
+    let waiters: Vec<_> = (0..3)
+        .map(|_| distlock_tests::spawn_waiter(&others, "q", Duration::from_secs(10)))
+        .collect();
+    let conn = server.client().await;
+    distlock_tests::until_queued(&conn, "q", 3).await;
+    let info = locks.inspect("q").await.unwrap().expect("held");
+    assert_eq!(info.waiters, 3, "{info:?}");
+    assert_eq!(info.queued.len(), 3, "{info:?}");
+    held.release().await.unwrap();
+    for waiter in waiters {
+        let (_, lease) = waiter.await.unwrap();
+        lease.unwrap().release().await.unwrap();
+    }
+}
+
+/// `servers` says which server software and version hold the locks, as the server's own `INFO`
+/// does (Valkey reports `valkey_version` beside the `redis_version` it is compatible with), and
+/// `ping` logs the same, once while it stays the same; an ACL user that may run scripts and
+/// nothing else is told too.
+#[tokio::test]
+async fn servers_and_ping_say_which_server_and_version_answered() {
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let server = RedisServer::start();
+    let info = server.command(&["INFO", "server"]);
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|line| line.strip_prefix(&format!("{name}:")))
+            .map(|value| value.trim().to_owned())
+    };
+    let redis_version = field("redis_version").expect("redis_version");
+    let (product, version) = match field("valkey_version") {
+        Some(valkey) => (ServerProduct::Valkey, valkey),
+        None => (ServerProduct::Redis, redis_version.clone()),
+    };
+    let locks = server.manager();
+    let servers = locks.servers().await.unwrap();
+    assert_eq!(servers.len(), 1, "{servers:?}");
+    let answered = &servers[0];
+    assert_eq!(
+        (answered.product, &answered.version, &answered.redis_version),
+        (product, &version, &redis_version)
+    );
+    assert!(
+        answered.address.ends_with(&format!(":{}", server.port())),
+        "{answered:?}"
+    );
+    let shown = format!("{product} {version} at {}", answered.address);
+    assert_eq!(answered.to_string(), shown);
+    locks.ping().await.unwrap();
+    locks.ping().await.unwrap();
+    assert_eq!(logs.count(&shown), 1, "{}", logs.text());
+    // A user that may only run scripts (and `SELECT`): `ping` refuses it, `servers` answers.
+    server.command(&[
+        "ACL", "SETUSER", "scripts", "on", ">sc-pass", "~*", "-@all", "+evalsha", "+eval",
+        "+select",
+    ]);
+    let limited = manager(&format!(
+        "redis://scripts:sc-pass@127.0.0.1:{}",
+        server.port()
+    ));
+    assert!(limited.ping().await.unwrap_err().is_misconfigured());
+    assert_eq!(limited.servers().await.unwrap()[0].version, version);
+}
+
 #[tokio::test]
 async fn ping_succeeds_with_good_settings_and_writes_nothing() {
     let server = RedisServer::start();
@@ -107,16 +184,6 @@ async fn ping_of_a_dead_redis_is_an_outage_within_the_timeouts() {
     assert!(started.elapsed() <= 2 * TIMEOUT, "{:?}", started.elapsed());
 }
 
-/// The `ACL SETUSER` lines of the crate docs (section "Least-privilege ACL user").
-fn documented_acl_lines() -> Vec<String> {
-    include_str!("../../distlock-runtime/src/lib.rs")
-        .lines()
-        .filter_map(|line| line.strip_prefix("//! "))
-        .filter(|line| line.starts_with("ACL SETUSER"))
-        .map(str::to_owned)
-        .collect()
-}
-
 /// Runs one documented `ACL SETUSER` line on `server`, with `password`.
 fn setuser(server: &RedisServer, line: &str, password: &str) {
     let line = line.replace("CHANGE-ME", password);
@@ -127,7 +194,7 @@ fn setuser(server: &RedisServer, line: &str, password: &str) {
 
 #[tokio::test]
 async fn a_least_privilege_user_without_channel_rights_locks_releases_and_hands_off() {
-    let lines = documented_acl_lines();
+    let lines = distlock_tests::documented_acl_lines();
     assert_eq!(lines.len(), 2, "{lines:?}");
     // One home: the crate docs. The README and docs/operations.md point there.
     let readme = include_str!("../../README.md");
@@ -272,7 +339,7 @@ async fn a_least_privilege_user_without_channel_rights_locks_releases_and_hands_
 
 #[tokio::test]
 async fn a_least_privilege_user_with_channel_rights_is_woken_by_notifications() {
-    let lines = documented_acl_lines();
+    let lines = distlock_tests::documented_acl_lines();
     let server = RedisServer::start();
     setuser(&server, &lines[0], "lp-pass-32");
     setuser(&server, &lines[1], "lp-pass-32");

@@ -17,55 +17,26 @@ fn manager(url: &str) -> LockManager {
     distlock_tests::manager_at(url, TIMEOUT).build().unwrap()
 }
 
-/// The documented least-privilege line (see the crate docs) for user `app`, with the route's
-/// `extra` rights, without the word `left_out`.
-fn acl_line<'a>(extra: &[&'a str], left_out: &str) -> Vec<&'a str> {
-    let mut line = vec![
-        "ACL",
-        "SETUSER",
-        "app",
-        "on",
-        ">app-pass",
-        "resetkeys",
-        "~distlock:*",
-        "resetchannels",
-        "&distlock:*",
-        "-@all",
-        "+evalsha",
-        "+eval",
-        "+select",
-        "+del",
-        "+exists",
-        "+get",
-        "+hdel",
-        "+hget",
-        "+hset",
-        "+lindex",
-        "+llen",
-        "+lpop",
-        "+lrem",
-        "+pexpire",
-        "+pttl",
-        "+rpush",
-        "+set",
-        "+time",
-        "+zadd",
-        "+zcard",
-        "+zcount",
-        "+zrange",
-        "+zrem",
-        "+zremrangebyscore",
-        "+zscore",
-    ];
-    line.extend_from_slice(extra);
-    line.retain(|word| *word != left_out);
-    line
+/// The documented least-privilege line (see the crate docs) for user `app`, with channels and
+/// the route's `extra` rights, without the word `left_out`.
+fn acl_line(extra: &[&str], left_out: &str) -> Vec<String> {
+    let mut extra = extra.to_vec();
+    extra.push("&distlock:*");
+    distlock_tests::documented_acl_user("app", "app-pass", &extra, left_out)
+}
+
+/// Runs `words` (an `ACL SETUSER` command) on `server`.
+fn setuser(server: &RedisServer, words: &[String]) {
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    assert_eq!(server.command(&words).trim(), "+OK", "{words:?}");
 }
 
 /// The documented least-privilege line (see the crate docs) without `left_out`.
 fn user_without(server: &RedisServer, left_out: &str) -> LockManager {
-    let line = acl_line(&["+publish", "+subscribe", "+unsubscribe"], left_out);
-    assert_eq!(server.command(&line).trim(), "+OK");
+    setuser(
+        server,
+        &acl_line(&["+publish", "+subscribe", "+unsubscribe"], left_out),
+    );
     manager(&format!("redis://app:app-pass@127.0.0.1:{}", server.port()))
 }
 
@@ -107,6 +78,79 @@ async fn noperm_inside_a_script_is_misconfigured_and_names_the_command() {
         started.elapsed()
     );
     assert_permissions(&locks.ping().await.unwrap_err(), "time");
+}
+
+/// A command refused outside a script (`EVALSHA`: Redis 7.0 words it "this user has no
+/// permissions to run the 'evalsha' command", Redis 7.2 and later and Valkey "User app has no
+/// permissions ...") is a refusal that names the command and its grant, for a lock and `ping`.
+#[tokio::test]
+async fn a_command_refused_outside_a_script_is_misconfigured_and_names_it() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = user_without(&server, "+evalsha");
+    let started = Instant::now();
+    let error = locks.try_lock("k").acquire().await.unwrap_err();
+    assert_permissions(&error, "evalsha");
+    assert!(
+        started.elapsed() < TIMEOUT,
+        "not retried: {:?}",
+        started.elapsed()
+    );
+    assert_permissions(&locks.ping().await.unwrap_err(), "evalsha");
+}
+
+/// Keys outside the user's patterns (Redis 7.0: "no permissions to access one of the keys",
+/// Redis 7.2 and later and Valkey: "No permissions to access a key") are a refusal that says
+/// which keys to grant, for a lock, `ping` and `inspect`.
+#[tokio::test]
+async fn keys_outside_the_users_patterns_are_misconfigured_and_name_the_grant() {
+    let server = RedisServer::start();
+    let mut words = acl_line(&["~other:*"], "~distlock:*");
+    words.push("+publish".to_owned());
+    setuser(&server, &words);
+    let locks = manager(&format!("redis://app:app-pass@127.0.0.1:{}", server.port()));
+    let errors = [
+        locks.try_lock("k").acquire().await.map(drop).unwrap_err(),
+        locks.inspect("k").await.map(drop).unwrap_err(),
+        locks.ping().await.unwrap_err(),
+    ];
+    for error in errors {
+        assert!(
+            matches!(
+                error,
+                LockError::Misconfigured {
+                    problem: Misconfiguration::Permissions,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        let message = error.to_string();
+        assert!(
+            message.contains("ACL SETUSER <user> ~") && message.contains("*"),
+            "{message}"
+        );
+        assert!(!message.contains("app-pass"), "{message}");
+    }
+}
+
+/// `inspect` under a user without a right it reads with (`HLEN`, which the documented line
+/// once lacked) is a refusal that names it, never a lock with 0 waiters: a wrong answer is
+/// worse than an error.
+#[tokio::test]
+async fn inspect_without_a_right_it_reads_with_is_refused_not_answered_wrong() {
+    let server = RedisServer::start();
+    let locks = user_without(&server, "+hlen");
+    let others = server.manager();
+    let held = others.lock("q").acquire().await.unwrap();
+    let waiter = distlock_tests::spawn_waiter(&others, "q", Duration::from_secs(10));
+    distlock_tests::until_queued(&server.client().await, "q", 1).await;
+    let error = locks.inspect("q").await.unwrap_err();
+    assert_permissions(&error, "hlen");
+    assert_permissions(&locks.ping().await.unwrap_err(), "hlen");
+    held.release().await.unwrap();
+    let (_, lease) = waiter.await.unwrap();
+    lease.unwrap().release().await.unwrap();
 }
 
 /// A right only contention needs (`HSET`: a fair waiter queueing) passes an uncontended lock,
@@ -572,7 +616,7 @@ async fn a_least_privilege_user_follows_a_migrating_slot() {
             without,
         );
         for i in 0..cluster.node_count() {
-            assert_eq!(cluster.node(i).command(&words).trim(), "+OK");
+            setuser(cluster.node(i), &words);
         }
     };
     let manager = || {
@@ -635,4 +679,144 @@ async fn a_least_privilege_user_follows_a_migrating_slot() {
         .expect("ASK followed");
     cluster.migrate_slot(cluster.slot_of(&lock_key), target);
     lease.release().await.unwrap();
+}
+
+/// A cluster endpoint that refuses every `CLUSTER` subcommand (a proxy in front of a cluster,
+/// as some managed services present one; here an ACL rule) is a misconfiguration that names
+/// `CLUSTER SLOTS` and says to build the manager with `.url` behind a proxy: from `ping` and
+/// from the first lock, at once, never an outage waited out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_endpoint_that_refuses_every_cluster_command_is_misconfigured_not_unavailable() {
+    let _load = distlock_tests::heavy().await;
+    let cluster = RedisCluster::start(3, 0);
+    // The documented cluster user, without `+cluster|slots`.
+    let words = acl_line(
+        &["+asking", "+spublish", "+ssubscribe", "+sunsubscribe"],
+        "",
+    );
+    for i in 0..cluster.node_count() {
+        setuser(cluster.node(i), &words);
+    }
+    let seeds: Vec<String> = cluster
+        .seed_urls()
+        .iter()
+        .map(|url| url.replacen("redis://", "redis://app:app-pass@", 1))
+        .collect();
+    let locks = LockManager::builder()
+        .cluster(seeds)
+        .connect_timeout(TIMEOUT)
+        .response_timeout(TIMEOUT)
+        .default_wait(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let assert_refused = |error: LockError| {
+        assert!(
+            matches!(
+                error,
+                LockError::Misconfigured {
+                    problem: Misconfiguration::Permissions,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        let message = error.to_string();
+        for said in [
+            "CLUSTER SLOTS",
+            "+cluster|slots",
+            "proxy",
+            "LockManagerBuilder::url",
+        ] {
+            assert!(message.contains(said), "{said:?} not in: {message}");
+        }
+        assert!(!message.contains("app-pass"), "{message}");
+    };
+    let started = Instant::now();
+    assert_refused(locks.ping().await.unwrap_err());
+    assert_refused(locks.lock("k").acquire().await.map(drop).unwrap_err());
+    assert!(
+        started.elapsed() < 2 * TIMEOUT,
+        "not waited out: {:?}",
+        started.elapsed()
+    );
+}
+
+/// A server that refuses `WAIT` (serverless services; here an ACL rule, then a server that
+/// does not offer it at all) gives `ping` and the first lock of a manager with `min_replicas` a
+/// misconfiguration that names `WAIT` and says to build without `min_replicas`, at once; the
+/// acquire that ran before its `WAIT` was refused is undone. With `WAIT` granted, the same
+/// manager locks.
+#[tokio::test]
+async fn a_server_that_refuses_wait_fails_min_replicas_as_misconfigured_and_leaves_no_lock() {
+    let _load = distlock_tests::timed().await;
+    let with_replica = |primary: &RedisServer| {
+        let replica = RedisServer::start_replica_of(primary);
+        // The documented line (without `+wait`).
+        setuser(
+            primary,
+            &acl_line(&["+publish", "+subscribe", "+unsubscribe"], ""),
+        );
+        let url = format!("redis://app:app-pass@127.0.0.1:{}", primary.port());
+        let locks = distlock_tests::manager_at(&url, TIMEOUT)
+            .min_replicas(1)
+            .replica_timeout(TIMEOUT)
+            .build()
+            .unwrap();
+        (replica, locks)
+    };
+    let assert_refused = |error: LockError, problem: Misconfiguration, said: &str| {
+        assert!(
+            matches!(&error, LockError::Misconfigured { problem: p, .. } if *p == problem),
+            "{error:?}"
+        );
+        let message = error.to_string();
+        for said in [said, "WAIT", "without min_replicas"] {
+            assert!(message.contains(said), "{said:?} not in: {message}");
+        }
+    };
+    // An ACL rule.
+    let primary = RedisServer::start();
+    let (_replica, locks) = with_replica(&primary);
+    let started = Instant::now();
+    let grant = "ACL SETUSER <user> +wait";
+    assert_refused(
+        locks.ping().await.unwrap_err(),
+        Misconfiguration::Permissions,
+        grant,
+    );
+    assert_refused(
+        locks.try_lock("k").acquire().await.map(drop).unwrap_err(),
+        Misconfiguration::Permissions,
+        grant,
+    );
+    assert!(started.elapsed() < TIMEOUT, "{:?}", started.elapsed());
+    assert_eq!(
+        primary.command(&["EXISTS", "distlock:lock:{k}"]).trim(),
+        ":0",
+        "the acquire is undone"
+    );
+    primary.command(&["ACL", "SETUSER", "app", "+wait"]);
+    locks.ping().await.unwrap();
+    let lease = locks.try_lock("k").acquire().await.unwrap();
+    lease.release().await.unwrap();
+    // A server without `WAIT` at all (renamed away): `ERR unknown command`, as a service that
+    // does not offer it answers.
+    let primary = RedisServer::start_with(&["--rename-command", "WAIT", ""]);
+    let (_replica, locks) = with_replica(&primary);
+    let offered = "does not offer WAIT";
+    assert_refused(
+        locks.ping().await.unwrap_err(),
+        Misconfiguration::Unsupported,
+        offered,
+    );
+    assert_refused(
+        locks.try_lock("k").acquire().await.map(drop).unwrap_err(),
+        Misconfiguration::Unsupported,
+        offered,
+    );
+    assert_eq!(
+        primary.command(&["EXISTS", "distlock:lock:{k}"]).trim(),
+        ":0",
+        "the acquire is undone"
+    );
 }

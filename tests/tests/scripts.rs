@@ -2037,6 +2037,66 @@ async fn inspect_lists_the_live_members_of_a_shared_or_permit_key_by_expiry_and_
     assert_eq!(expiry(&mut conn, &gone, OURS).await, Some(ms - 1));
 }
 
+/// A read refused by an ACL rule is raised, not read as nothing: each server names the command
+/// (Redis 7.2 and later, Valkey) or the script's line (Redis 7.0), and that line runs it. A key
+/// of another type still reads as nothing (the test above).
+#[tokio::test]
+async fn inspect_raises_a_read_the_user_may_not_run_on_the_line_that_runs_it() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let held = keys("refused-x");
+    let shared = keys("refused-s").held(SHARED);
+    let (_, ms) = now(&mut conn).await;
+    set_px(&mut conn, &held.lock, THEIRS, 30_000).await;
+    set_px(&mut conn, &held.fence, "1234", 60_000).await;
+    enqueue(
+        &mut conn,
+        &held,
+        FIRST,
+        &entry(ms + 60_000, 2_000, "aa", EXCLUSIVE),
+    )
+    .await;
+    hold(&mut conn, &shared, OURS, ms + 9_000).await;
+    let code = script("inspect");
+    for (command, k) in [
+        ("get", &held),
+        ("hlen", &held),
+        ("lindex", &held),
+        ("hget", &held),
+        ("zcount", &shared),
+    ] {
+        let user = format!("no-{command}");
+        let minus = format!("-{command}");
+        let answer = server.command(&["ACL", "SETUSER", &user, "on", ">pw", "~*", "+@all", &minus]);
+        assert_eq!(answer.trim(), "+OK");
+        let url = format!("redis://{user}:pw@127.0.0.1:{}", server.port());
+        let mut limited = redis::Client::open(url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let keys = [&*k.lock, &k.fence, &k.waiters, &k.holders, &k.queue];
+        let error = run::<Value>(&mut limited, "inspect", &keys, NO_ARGS)
+            .await
+            .expect_err(command);
+        let text = error.to_string();
+        let named = text.contains(&format!("'{command}'"));
+        let line = text
+            .split("@user_script:")
+            .nth(1)
+            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .and_then(|n| code.lines().nth(n - 1))
+            .unwrap_or_default();
+        let upper = format!("'{}'", command.to_uppercase());
+        assert!(
+            named || line.contains(&upper),
+            "{command}: {text} (line: {line})"
+        );
+        assert!(line.contains(&upper), "{command}: raised on `{line}`");
+    }
+}
+
 // ---- force_release.lua ----
 
 #[tokio::test]
@@ -2138,9 +2198,24 @@ async fn check_finds_nothing_missing_for_a_full_user_and_names_what_a_limited_on
         "UNSUBSCRIBE",
         "SELECT 0",
     ];
-    let (missing, publish, subscribe): (Vec<String>, i64, i64) =
+    type Checked = (Vec<String>, i64, i64, String, String, String, Vec<String>);
+    let (missing, publish, subscribe, product, version, redis_version, unknown): Checked =
         run(&mut conn, "check", &[], args).await.unwrap();
     assert_eq!((missing, publish, subscribe), (vec![], 1, 1));
+    assert!(unknown.is_empty(), "{unknown:?}");
+    // What the server is, as its INFO says (Valkey reports `valkey_version` beside the
+    // `redis_version` it is compatible with).
+    let info = server.command(&["INFO", "server"]);
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|line| line.strip_prefix(&format!("{name}:")))
+            .map(|value| value.trim().to_owned())
+    };
+    assert_eq!(Some(redis_version.clone()), field("redis_version"));
+    match field("valkey_version") {
+        Some(valkey) => assert_eq!((product.as_str(), version), ("valkey", valkey)),
+        None => assert_eq!((product.as_str(), version), ("redis", redis_version)),
+    }
     server.command(&[
         "ACL",
         "SETUSER",
@@ -2160,8 +2235,10 @@ async fn check_finds_nothing_missing_for_a_full_user_and_names_what_a_limited_on
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let (missing, publish, subscribe): (Vec<String>, i64, i64) =
-        run(&mut limited, "check", &[], args).await.unwrap();
+    // And a command the server does not know (renamed away, or a proxy's).
+    let args = [args, &["NOSUCHCOMMAND 1"]].concat();
+    let (missing, publish, subscribe, _, _, _, unknown): Checked =
+        run(&mut limited, "check", &[], &args).await.unwrap();
     assert_eq!(
         missing,
         [
@@ -2171,6 +2248,7 @@ async fn check_finds_nothing_missing_for_a_full_user_and_names_what_a_limited_on
         ]
     );
     assert_eq!((publish, subscribe), (0, 0));
+    assert_eq!(unknown, ["NOSUCHCOMMAND 1"]);
     // It writes nothing.
     let written: Vec<String> = conn.keys("*").await.unwrap();
     assert!(written.is_empty(), "{written:?}");

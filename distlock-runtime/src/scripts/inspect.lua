@@ -15,13 +15,23 @@
 --   member...: the exclusive owner's token without the mark of a lock someone waits on (see
 --     scripts/mod.rs, "Waited on"), or the first 100 live members in order of expiry (see
 --     scripts/holders.lua: a token, or 'N token').
+-- Raises a refusal of any command it runs. A key of another type reads as nothing (pcall), but
+-- any other refusal, an ACL user without the right to a command, is raised again by the same
+-- command on the same line (where Redis 7.0's error names it): a count read as 0 would be a
+-- wrong answer, which is worse than an error.
 local L, F, W, H, Q = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local function refused(answer)
+  return type(answer) == 'table' and answer.err ~= nil
+    and string.sub(answer.err, 1, 9) ~= 'WRONGTYPE'
+end
 local function counter_and_waiters()
   local counter = redis.pcall('GET', F)
+  if refused(counter) then redis.call('GET', F) end
   if type(counter) ~= 'string' then counter = '' end
   local waiters = redis.pcall('HLEN', W)
+  if refused(waiters) then redis.call('HLEN', W) end
   if type(waiters) ~= 'number' then waiters = 0 end
   return counter, waiters
 end
@@ -30,8 +40,10 @@ local function queued()
   -- LINDEX rather than LRANGE: the commands a manager's ACL already allows (see check.lua).
   for i = 0, 99 do
     local token = redis.pcall('LINDEX', Q, i)
+    if refused(token) then redis.call('LINDEX', Q, i) end
     if type(token) ~= 'string' then break end
     local entry = redis.pcall('HGET', W, token)
+    if refused(entry) then redis.call('HGET', W, token) end
     if type(entry) == 'string' then
       local deadline, mode = string.match(entry, '^(%d+) %d+ ?%x* ?(%w*)$')
       if deadline and tonumber(deadline) > now then
@@ -44,12 +56,14 @@ local function queued()
   return live
 end
 local owner = redis.pcall('GET', L)
+if refused(owner) then redis.call('GET', L) end
 if type(owner) == 'string' then
   if is_marked(owner) then owner = string.sub(owner, 2) end
   local counter, waiters = counter_and_waiters()
   return {'x', redis.call('PTTL', L), counter, waiters, 1, queued(), owner}
 end
 local count = redis.pcall('ZCOUNT', H, '(' .. now, '+inf')
+if refused(count) then redis.call('ZCOUNT', H, '(' .. now, '+inf') end
 if type(count) ~= 'number' or count == 0 then return nil end
 local members = redis.call('ZRANGE', H, '(' .. now, '+inf', 'BYSCORE', 'LIMIT', 0, 100,
   'WITHSCORES')

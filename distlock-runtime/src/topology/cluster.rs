@@ -52,7 +52,7 @@ use super::Replicas;
 use super::{push_handler, Channels, Ended, OnMessage, Route, Subscribe};
 use super::{Dial, Link, Timeouts};
 use crate::call::{BoxFuture, ScriptCall};
-use crate::error::LockError;
+use crate::error::{LockError, Misconfiguration};
 use crate::failed::{Failed, Reached};
 use crate::sync::lock;
 use crate::tls::Tls;
@@ -453,7 +453,11 @@ impl Nodes {
                 let cmd = &cmd;
                 async move {
                     let op = "cluster slot map (CLUSTER SLOTS)";
-                    let answer = node.link.query(op, cmd).await.map_err(|f| f.error)?;
+                    let answer = node
+                        .link
+                        .query(op, cmd)
+                        .await
+                        .map_err(|f| slots_refused(f.error))?;
                     parse_slots(answer, &node.address).ok_or_else(|| LockError::Redis {
                         op,
                         source: redis::RedisError::from((
@@ -595,6 +599,27 @@ struct Fetching<'a>(&'a Nodes);
 impl Drop for Fetching<'_> {
     fn drop(&mut self) {
         *lock(&self.0.fetching) = None;
+    }
+}
+
+/// What a refused `CLUSTER SLOTS` means: `NOPERM` (an ACL user without `+cluster|slots`), or
+/// `ERR unknown command` from a proxy in front of a cluster that offers no `CLUSTER` command at
+/// all (as some managed services present a cluster). Either way a misconfiguration that says
+/// what to do, never an outage to wait out.
+fn slots_refused(error: LockError) -> LockError {
+    match error {
+        LockError::Misconfigured {
+            op,
+            problem: problem @ (Misconfiguration::Permissions | Misconfiguration::Unsupported),
+            source,
+            ..
+        } => LockError::Misconfigured {
+            op,
+            problem,
+            detail: crate::refusal::refused_own_command("CLUSTER SLOTS", problem),
+            source,
+        },
+        other => other,
     }
 }
 

@@ -48,9 +48,10 @@ pub(crate) async fn probe(
         Err(source) => {
             return match Reply::of(&source) {
                 // `NOPERM`, `ERR unknown command`: a server that would not say.
-                Reply::Refused(crate::Misconfiguration::Permissions) | Reply::Other => {
-                    Ok(ServerKind::Standalone)
-                }
+                Reply::Refused(
+                    crate::Misconfiguration::Permissions | crate::Misconfiguration::Unsupported,
+                )
+                | Reply::Other => Ok(ServerKind::Standalone),
                 _ => Err(LockError::from_redis(OP, source)),
             };
         }

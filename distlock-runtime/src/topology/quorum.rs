@@ -162,7 +162,7 @@ impl Quorum {
             }),
             Kind::Extend => self.extend(call).await,
             Kind::Inspect => self.inspect(call).await,
-            Kind::Release | Kind::ForceRelease | Kind::Read | Kind::Raise => {
+            Kind::Release | Kind::ForceRelease | Kind::Read | Kind::Check | Kind::Raise => {
                 // Done once a majority answered: the others were sent, and run anyway (in
                 // tasks of their own). A forced release waits for every node: an operator's
                 // command, often from a process that exits right after, which would end those

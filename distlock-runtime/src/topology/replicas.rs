@@ -10,7 +10,7 @@ use redis::aio::MultiplexedConnection;
 use redis::Value;
 
 use crate::call::{BoxFuture, Kind, ScriptCall};
-use crate::error::LockError;
+use crate::error::{LockError, Misconfiguration};
 use crate::failed::{failed, Failed, Reached, PASSING_RETRY};
 use crate::sync::lock;
 use crate::time::millis;
@@ -165,6 +165,11 @@ impl Replicated {
         generation: u64,
     ) -> Result<Value, Failed> {
         let (op, replicas) = (call.op, self.replicas);
+        // `ping`'s check waits for no replica: it shows that `WAIT` is taken.
+        let (count, wait_ms) = match call.kind {
+            Kind::Check => (0, 0),
+            _ => (replicas.count, millis(replicas.timeout)),
+        };
         let after = link.response_timeout() + replicas.timeout;
         conn.set_response_timeout(after);
         let until = tokio::time::Instant::now() + link.response_timeout();
@@ -177,8 +182,8 @@ impl Replicated {
                     }
                     pipe.add_command(cmd.into_owned())
                         .cmd("WAIT")
-                        .arg(replicas.count)
-                        .arg(millis(replicas.timeout));
+                        .arg(count)
+                        .arg(wait_ms);
                     let mut conn = conn.clone();
                     async move {
                         let count = if asking { 3 } else { 2 };
@@ -251,10 +256,11 @@ fn replicated_answer(
 }
 
 /// With `min_replicas`: the answer of `call` sent in one pipeline with `WAIT` (`pipelined` is
-/// `[answer, replicas that acknowledged]`). When fewer replicas than required did, an acquire is
-/// undone at once (by `run`, its release) and the call fails with [`LockError::Replication`]; it
-/// counts as having written (so the acquire also releases by token, in the background, whatever
-/// the undo could not).
+/// `[answer, replicas that acknowledged]`). When fewer replicas than required did, or the
+/// server refused `WAIT`, an acquire is undone at once (by `run`, its release) and the call
+/// fails with [`LockError::Replication`] (with a `Misconfigured` error naming `WAIT` when it
+/// was refused); it counts as having written (so the acquire also releases by token, in the
+/// background, whatever the undo could not).
 async fn confirmed<F, Fut>(
     call: &ScriptCall,
     pipelined: Value,
@@ -267,9 +273,10 @@ where
 {
     let (answer, acked) = match pipelined {
         Value::Array(mut values) if values.len() == 2 => {
-            let acked = match values.pop() {
-                Some(Value::Int(n)) => usize::try_from(n).unwrap_or(0),
-                _ => 0,
+            let acked = match values.pop().map(Value::extract_error) {
+                Some(Ok(Value::Int(n))) => Ok(usize::try_from(n).unwrap_or(0)),
+                Some(Err(refusal)) => Err(wait_refused(call.op, refusal)),
+                _ => Ok(0),
             };
             (values.pop().unwrap_or(Value::Nil), acked)
         }
@@ -286,9 +293,20 @@ where
             })
         }
     };
-    if acked >= replicas.count {
-        return Ok(answer);
-    }
+    let needed = match call.kind {
+        Kind::Check => 0,
+        _ => replicas.count,
+    };
+    let error = match acked {
+        Ok(acked) if acked >= needed => return Ok(answer),
+        Ok(acked) => LockError::Replication {
+            op: call.op,
+            acked,
+            needed,
+            within: replicas.timeout,
+        },
+        Err(refused) => refused,
+    };
     let mut undone = false;
     if let Kind::Acquire(taking) = &call.kind {
         let undo = crate::scripts::undo(taking);
@@ -302,16 +320,148 @@ where
         undone = run(undo).await.is_ok();
     }
     Err(Failed {
-        error: LockError::Replication {
-            op: call.op,
-            acked,
-            needed: replicas.count,
-            within: replicas.timeout,
-        },
+        error,
         reached: if undone {
             Reached::Refused
         } else {
             Reached::Answered
         },
     })
+}
+
+/// What the server's refusal of `WAIT` (`NOPERM` for an ACL user without `+wait`, `ERR unknown
+/// command` from a service that does not offer it) means for `min_replicas`: a
+/// misconfiguration, never an outage to wait out, that says what to configure instead.
+fn wait_refused(op: &'static str, refusal: redis::RedisError) -> LockError {
+    let problem = match LockError::from_redis(op, refusal.clone()) {
+        LockError::Misconfigured { problem, .. } => problem,
+        _ => Misconfiguration::Unsupported,
+    };
+    LockError::Misconfigured {
+        op,
+        problem,
+        detail: crate::refusal::refused_own_command("WAIT", problem),
+        source: refusal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::keys::LockKeys;
+    use crate::scripts::{Announce, Waiting};
+
+    const REPLICAS: Replicas = Replicas {
+        count: 1,
+        timeout: Duration::from_millis(500),
+    };
+
+    /// An acquire of one key, as the request builds it.
+    fn acquire() -> ScriptCall {
+        let keys: Arc<[LockKeys]> = vec![LockKeys::new("distlock:", "k")].into();
+        crate::scripts::acquire_call(
+            &keys,
+            vec![0],
+            &Arc::from("0a1b"),
+            Duration::from_secs(30),
+            Waiting::NotYet,
+            ("PUBLISH", Announce::WaitedOn),
+        )
+    }
+
+    /// The check `ping` runs, which waits for no replica.
+    fn check() -> ScriptCall {
+        ScriptCall::new("ping", &crate::diagnose::CHECK, Kind::Check, 0)
+    }
+
+    /// A server's error reply, as it is read off the wire.
+    fn refusal(reply: &str) -> Value {
+        redis::parse_redis_value(format!("-{reply}\r\n").as_bytes()).unwrap()
+    }
+
+    /// Runs `confirmed` on `[answer, acked]`, counting the undos it runs.
+    async fn confirm(
+        call: &ScriptCall,
+        answer: Value,
+        acked: Value,
+    ) -> (Result<Value, Failed>, usize) {
+        let undos = AtomicUsize::new(0);
+        let confirmed = confirmed(call, Value::Array(vec![answer, acked]), REPLICAS, |undo| {
+            assert_eq!(undo.op, "release");
+            undos.fetch_add(1, Ordering::Relaxed);
+            std::future::ready(Ok(Value::Int(1)))
+        })
+        .await;
+        (confirmed, undos.into_inner())
+    }
+
+    #[tokio::test]
+    async fn a_refused_wait_undoes_the_acquire_and_is_a_misconfiguration_naming_wait() {
+        for (reply, problem, said) in [
+            (
+                "NOPERM User app has no permissions to run the 'wait' command",
+                Misconfiguration::Permissions,
+                "ACL SETUSER <user> +wait",
+            ),
+            (
+                "ERR unknown command 'WAIT', with args beginning with: '1' '500' ",
+                Misconfiguration::Unsupported,
+                "does not offer WAIT",
+            ),
+        ] {
+            let (confirmed, undos) = confirm(&acquire(), Value::Int(42), refusal(reply)).await;
+            let failed = confirmed.unwrap_err();
+            assert_eq!(undos, 1, "the acquire took the key: undone");
+            assert_eq!(failed.reached, Reached::Refused, "undone: nothing left");
+            match &failed.error {
+                LockError::Misconfigured {
+                    problem: p, detail, ..
+                } => {
+                    assert_eq!(*p, problem);
+                    assert!(detail.contains(said), "{detail}");
+                    assert!(detail.contains("without min_replicas"), "{detail}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // Held by another owner: nothing taken, nothing undone, the answer stands.
+        let held = Value::Array(vec![Value::Int(1)]);
+        let (confirmed, undos) = confirm(
+            &acquire(),
+            held.clone(),
+            refusal("ERR unknown command 'WAIT'"),
+        )
+        .await;
+        assert_eq!((confirmed.unwrap(), undos), (held, 0));
+    }
+
+    #[tokio::test]
+    async fn too_few_replicas_undo_an_acquire_and_the_check_needs_none() {
+        let (confirmed, undos) = confirm(&acquire(), Value::Int(42), Value::Int(0)).await;
+        let failed = confirmed.unwrap_err();
+        assert!(
+            matches!(
+                failed.error,
+                LockError::Replication {
+                    acked: 0,
+                    needed: 1,
+                    ..
+                }
+            ),
+            "{failed:?}"
+        );
+        assert_eq!(undos, 1);
+        let (confirmed, _) = confirm(&acquire(), Value::Int(42), Value::Int(1)).await;
+        assert_eq!(confirmed.unwrap(), Value::Int(42));
+        // `ping`'s check waits for no replica, but a refused WAIT is still a refusal.
+        let (confirmed, undos) = confirm(&check(), Value::Nil, Value::Int(0)).await;
+        assert_eq!((confirmed.unwrap(), undos), (Value::Nil, 0));
+        let (confirmed, undos) =
+            confirm(&check(), Value::Nil, refusal("ERR unknown command 'WAIT'")).await;
+        assert!(confirmed.unwrap_err().error.is_misconfigured());
+        assert_eq!(undos, 0);
+    }
 }
