@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use distlock_runtime::{LockInfo, LockMode, Owner};
+use distlock_runtime::{LockInfo, LockMode, Owner, ServerInfo};
 
 /// A held lock when read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,6 +109,42 @@ pub(crate) fn mode_name(mode: LockMode) -> &'static str {
 }
 
 /// A reading for tests: `owners` and `queued` as `prefix:label` (or a bare prefix).
+/// The servers that hold the locks, in a few words: `Valkey 8.1.8 at 10.0.0.5:6379` for one,
+/// `Redis 8.2.3 on 3 servers` for several of one version, each version's count when they differ
+/// (a cluster being upgraded).
+pub(crate) fn servers(servers: &[ServerInfo]) -> String {
+    let described: Vec<(String, &str)> = servers
+        .iter()
+        .map(|server| {
+            let version = format!("{} {}", server.product, server.version);
+            (version, server.address.as_str())
+        })
+        .collect();
+    summary(&described)
+}
+
+/// [`servers`] of each server's `(software and version, address)`.
+fn summary(servers: &[(String, &str)]) -> String {
+    if let [(version, address)] = servers {
+        return format!("{version} at {address}");
+    }
+    let mut versions: Vec<(&str, usize)> = Vec::new();
+    for (version, _) in servers {
+        match versions.iter_mut().find(|(known, _)| known == version) {
+            Some((_, count)) => *count += 1,
+            None => versions.push((version, 1)),
+        }
+    }
+    versions
+        .iter()
+        .map(|(version, count)| match count {
+            1 => format!("{version} on 1 server"),
+            n => format!("{version} on {n} servers"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 #[cfg(test)]
 pub(crate) fn lock(key: &str, mode: LockMode, owners: &[&str], token: u64) -> Lock {
     let holder = |text: &&str| {
@@ -130,5 +166,34 @@ pub(crate) fn lock(key: &str, mode: LockMode, owners: &[&str], token: u64) -> Lo
         holders: owners.len(),
         owners: owners.iter().map(holder).collect(),
         queued: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_are_summed_up_by_version() {
+        let server = |version: &str, address: &'static str| (version.to_owned(), address);
+        assert_eq!(
+            summary(&[server("Valkey 8.1.8", "10.0.0.5:6379")]),
+            "Valkey 8.1.8 at 10.0.0.5:6379"
+        );
+        let cluster = [
+            server("Redis 8.2.3", "a:1"),
+            server("Redis 8.2.3", "b:1"),
+            server("Redis 8.2.3", "c:1"),
+        ];
+        assert_eq!(summary(&cluster), "Redis 8.2.3 on 3 servers");
+        let upgrading = [
+            server("Redis 7.0.15", "a:1"),
+            server("Redis 8.2.3", "b:1"),
+            server("Redis 7.0.15", "c:1"),
+        ];
+        assert_eq!(
+            summary(&upgrading),
+            "Redis 7.0.15 on 2 servers, Redis 8.2.3 on 1 server"
+        );
     }
 }

@@ -62,7 +62,12 @@ async fn show(
                 Some(_) => {}
                 None => break,
             },
-            Some(read) = reads.recv() => model.refreshed(read, Instant::now()),
+            Some((read, servers)) = reads.recv() => {
+                if let Some(servers) = servers {
+                    model.served_by(servers);
+                }
+                model.refreshed(read, Instant::now());
+            }
             _ = redraw.tick() => {}
         }
     }
@@ -70,15 +75,17 @@ async fn show(
     Ok(())
 }
 
-/// Reads every held lock every `every`, and sends each reading (or why it failed). A reading
-/// is bounded by the manager's timeouts per command, and by five readings' time (at least 5 s)
-/// in all.
-async fn read_every(
-    locks: LockManager,
-    every: Duration,
-    readings: mpsc::Sender<Result<Vec<Lock>, String>>,
-) {
+/// One reading: the locks held (or why they could not be read), and which servers answered
+/// when that is newly known.
+type Reading = (Result<Vec<Lock>, String>, Option<String>);
+
+/// Reads every held lock every `every`, and sends each reading (or why it failed), with which
+/// servers answered when that is newly known: at the first reading, and at the first after a
+/// failed one (a restart or a failover may bring another version). A reading is bounded by the
+/// manager's timeouts per command, and by five readings' time (at least 5 s) in all.
+async fn read_every(locks: LockManager, every: Duration, readings: mpsc::Sender<Reading>) {
     let bound = (every * 5).max(Duration::from_secs(5));
+    let mut known = false;
     loop {
         let started = Instant::now();
         let read = match tokio::time::timeout(bound, locks.held_locks("*")).await {
@@ -86,7 +93,16 @@ async fn read_every(
             Ok(Err(error)) => Err(error.to_string()),
             Err(_) => Err(format!("no answer within {bound:?}")),
         };
-        if readings.send(read).await.is_err() {
+        let mut servers = None;
+        if read.is_err() {
+            known = false;
+        } else if !known {
+            if let Ok(Ok(answered)) = tokio::time::timeout(bound, locks.servers()).await {
+                servers = Some(crate::reading::servers(&answered));
+                known = true;
+            }
+        }
+        if readings.send((read, servers)).await.is_err() {
             return;
         }
         tokio::time::sleep(every.saturating_sub(started.elapsed())).await;

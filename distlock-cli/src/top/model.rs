@@ -23,6 +23,8 @@ pub(crate) struct Model {
     filter: Filter,
     /// Keys whose holder (or fencing token) changed, and when that was seen.
     changed: HashMap<String, Instant>,
+    /// Which servers hold the locks (`Redis 8.2.3 at ...`), once asked.
+    servers: Option<String>,
 }
 
 /// Whether the last reading worked.
@@ -100,7 +102,18 @@ impl Model {
             reverse: false,
             filter: Filter::default(),
             changed: HashMap::new(),
+            servers: None,
         }
+    }
+
+    /// Which servers answered, in a few words (see `reading::servers`).
+    pub(crate) fn served_by(&mut self, servers: String) {
+        self.servers = Some(servers);
+    }
+
+    /// Which servers answered, once known.
+    pub(crate) fn servers(&self) -> Option<&str> {
+        self.servers.as_deref()
     }
 
     /// A reading answered at `now`: the locks held, or why Redis could not be read (the last

@@ -156,7 +156,11 @@ fn status_line(model: &Model, now: Instant) -> Paragraph<'static> {
         Status::Connecting => Paragraph::new("connecting to Redis..."),
         Status::Live => {
             let age = model.read_at().map_or(Duration::ZERO, |at| now - at);
-            Paragraph::new(format!("live; read {} ago", secs(age)))
+            let servers = model
+                .servers()
+                .map(|servers| format!("; {servers}"))
+                .unwrap_or_default();
+            Paragraph::new(format!("live; read {} ago{servers}", secs(age)))
                 .style(Style::new().fg(Color::Green))
         }
         Status::Unavailable { error, since } => Paragraph::new(format!(
@@ -247,7 +251,14 @@ mod tests {
             row.contains("boss (dddd4444)") && row.contains("99"),
             "{row}"
         );
-        assert!(text.contains("live; read 0.5s ago"), "{text}");
+        let status = text.lines().find(|l| l.contains("live; read")).unwrap();
+        assert_eq!(status.trim(), "live; read 0.5s ago", "{text}");
+        model.served_by("Valkey 8.1.8 at 127.0.0.1:6379".to_owned());
+        let text = screen(&model, start + Duration::from_millis(500));
+        assert!(
+            text.contains("live; read 0.5s ago; Valkey 8.1.8 at 127.0.0.1:6379"),
+            "{text}"
+        );
         model.refreshed(Err("connection refused".to_owned()), start);
         let text = screen(&model, start + Duration::from_secs(2));
         assert!(
