@@ -57,8 +57,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! distlock needs Redis 7.0 or newer (its scripts declare themselves with `#!lua`, and the
-//! single-key acquire uses `SET ... NX GET`).
+//! distlock needs Redis 7.0 or newer, or Valkey (its scripts declare themselves with `#!lua`,
+//! and the single-key acquire uses `SET ... NX GET`); its tests run on Redis 7.0 and 8.2 and on
+//! Valkey 8.1.
 //!
 //! # Cargo features
 //! | feature | default | what it adds | what it costs |
@@ -146,7 +147,8 @@
 //!
 //! | Redis error | becomes | sent again? |
 //! |---|---|---|
-//! | `NOPERM` (also `ERR The user executing the script can't ...` inside a script) | [`LockError::Misconfigured`] with [`Misconfiguration::Permissions`]; names the command (from the script's line) and the `ACL SETUSER` words that grant it | no |
+//! | `NOPERM` (inside a script, an `ERR` in each server's words: Redis 7.0 `The user executing the script can't ...`, Redis 7.2+ and Valkey `ACL failure in script: ...`) | [`LockError::Misconfigured`] with [`Misconfiguration::Permissions`]; names the command (from the error, or on Redis 7.0 the script's line), the key pattern or the channel pattern, and the `ACL SETUSER` words that grant it | no |
+//! | `ERR unknown command` (a proxy or managed service that does not offer a command: `CLUSTER` behind a cluster proxy, `WAIT` on serverless offerings) | `Misconfigured`, [`Misconfiguration::Unsupported`], naming the command and what to configure instead (`.url` behind a proxy, no `min_replicas`); a lock whose `WAIT` was refused is undone | no |
 //! | `NOAUTH`, `WRONGPASS` | `Misconfigured`, [`Misconfiguration::Credentials`] | no (a background release keeps trying: a password may be rotating) |
 //! | `READONLY` | one server or a quorum node: sent once more on a fresh connection, then `Misconfigured`, [`Misconfiguration::Replica`]; Sentinel: the primary is asked for again and it is sent there once, then [`LockError::Redis`]; cluster: the slot map is fetched again and it is sent again within the response timeout, then `Redis` | as said |
 //! | `OOM` | [`LockError::Redis`], whose message names maxmemory (a release still runs: it frees memory) | no |
@@ -160,8 +162,10 @@
 //!
 //! [`LockManager::ping`] checks everything a lock needs before the first lock does, on every
 //! server that holds locks: address, TLS, credentials, database, a writable primary of Redis
-//! 7.0+, and every command every script may run (contended and fair too) on the keys under the
-//! prefix, asked of Redis with `redis.acl_check_cmd`.
+//! 7.0+ or Valkey, every command every script may run (contended and fair too) on the keys
+//! under the prefix, asked of Redis with `redis.acl_check_cmd`, and the commands the topology
+//! sends (`WAIT` itself, with `min_replicas`). It logs which server software and version
+//! answered; [`LockManager::servers`] returns it.
 //!
 //! # Fencing tokens
 //! A lease can end without its holder noticing in time: a process paused (GC, `SIGSTOP`), a
@@ -241,11 +245,12 @@
 //!
 //! # Testing your code
 //! With the cargo feature `testing`, the module `distlock_runtime::testing` starts throwaway
-//! `redis-server` processes for tests: `TestRedis::start().await` runs one on a free loopback
-//! port (persistence off) and stops it when dropped, `manager()` is a manager for it, and
-//! `TestCluster`, `TestSentinel` and `TestQuorum` start the other topologies. Each test gets
-//! servers of its own, so tests run in parallel. Redis 7.0 or newer must be installed (the
-//! error says how when it is not). Enable the feature for tests only:
+//! `redis-server` (else `valkey-server`) processes for tests: `TestRedis::start().await` runs
+//! one on a free loopback port (persistence off) and stops it when dropped, `manager()` is a
+//! manager for it, and `TestCluster`, `TestSentinel` and `TestQuorum` start the other
+//! topologies. Each test gets servers of its own, so tests run in parallel. Redis 7.0 or newer,
+//! or Valkey, must be installed (the error says how when neither is). Enable the feature for
+//! tests only:
 //!
 //! ```toml
 //! [dev-dependencies]
@@ -413,7 +418,8 @@
 //! ACL SETUSER distlock &distlock:* +publish +subscribe +unsubscribe
 //! ```
 //!
-//! The first line is all distlock needs; the second adds notifications. Without them, releases
+//! The first line is all distlock needs, and exactly what [`LockManager::ping`] requires (a
+//! unit test holds it to the commands every script runs); the second adds notifications. Without them, releases
 //! and hand-offs still succeed (the scripts skip an announcement Redis refuses), and waiters
 //! poll with backoff (1 to 50 ms), so a released key is still taken within milliseconds, at the
 //! cost of more requests while waiting; distlock logs one warning when Redis refuses its first
@@ -424,7 +430,11 @@
 //! Other topologies add a few rights: `+wait` with `min_replicas`; on a Sentinel primary
 //! `+role` (the route checks it reached a primary); on a cluster `+cluster|slots` (the route
 //! fetches the slot map), `+asking` (a call to a slot being migrated) and, for notifications,
-//! `+spublish +ssubscribe +sunsubscribe` instead of the plain ones.
+//! `+spublish +ssubscribe +sunsubscribe` instead of the plain ones. Where a managed service
+//! refuses one of these whatever the ACL says (`CLUSTER` behind a cluster proxy, `WAIT` on
+//! serverless offerings), the error says what to configure instead: `.url` for the proxy, no
+//! `min_replicas` (`docs/operations.md`, "Servers", lists what each service is known to
+//! refuse).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

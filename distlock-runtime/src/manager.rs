@@ -208,7 +208,11 @@ impl LockManager {
     /// topology needs (`SELECT`, `WAIT` with `min_replicas`, `ROLE` on a Sentinel primary,
     /// `CLUSTER SLOTS`). Release notifications are optional (without channel rights waiters
     /// poll), but a user that may subscribe and not publish is refused: its waiters would
-    /// sleep through every release. Writes nothing.
+    /// sleep through every release. With `min_replicas`, it sends a `WAIT` too (waiting for no
+    /// replica), which some managed services refuse. Writes nothing. The first `ping`, and one
+    /// that finds other servers or versions than the last, logs (at `info`) which server
+    /// software and version answered (`Valkey 8.1.8 at 10.0.0.5:6379`): see
+    /// [`servers`](Self::servers).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), distlock_runtime::LockError> {
@@ -220,7 +224,10 @@ impl LockManager {
     /// # Errors
     /// [`LockError::Misconfigured`] when Redis refuses the settings: it says what to fix, for a
     /// missing ACL right the commands and the `ACL SETUSER` line that grants them, for a
-    /// replica's URL [`Misconfiguration::Replica`](crate::Misconfiguration::Replica);
+    /// replica's URL [`Misconfiguration::Replica`](crate::Misconfiguration::Replica), for a
+    /// command the server or a proxy does not offer
+    /// [`Misconfiguration::Unsupported`](crate::Misconfiguration::Unsupported) and what to
+    /// configure instead;
     /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when a server cannot be reached
     /// within the manager's timeouts ([`LockError::NoQuorum`]-free on a quorum: a majority of
     /// nodes that pass is enough, a refusal on any node is reported).
