@@ -218,6 +218,7 @@ async fn a_killed_leader_is_replaced_within_its_ttl_and_a_renewal_interval() {
             .iter()
             .position(|c| c.label == old)
             .expect("the leader is one of the candidates");
+        let before = terms(&mut conn, name).await.len();
         let mut killed = candidates.remove(at);
         killed.child.start_kill().expect("SIGKILL the leader");
         killed.child.wait().await.expect("the leader exited");
@@ -228,17 +229,20 @@ async fn a_killed_leader_is_replaced_within_its_ttl_and_a_renewal_interval() {
             "{new} took over {took:?} after {old} was killed (ttl {ttl:?})"
         );
         assert!(candidates.iter().any(|c| c.label == new));
+        // A candidate appends its term once its process learns it was granted, which observers
+        // may see first: the next kill waits for that, so it kills a leader in office (one
+        // killed before it appended would leave its term unrecorded).
+        let recorded = eventually(Duration::from_secs(2), || {
+            let mut conn = conn.clone();
+            async move { terms(&mut conn, name).await.len() > before }
+        })
+        .await;
+        assert!(recorded.is_some(), "{new} never recorded its term");
         old = new;
     }
-    // Three terms at least (a term lost to a late renewal on a loaded machine adds one). A
-    // candidate appends its term once it is granted, which observers may see first.
-    let recorded = eventually(Duration::from_secs(2), || {
-        let mut conn = conn.clone();
-        async move { terms(&mut conn, name).await.len() >= 3 }
-    })
-    .await;
+    // Three terms at least (a term lost to a late renewal on a loaded machine adds one).
     let tokens = terms(&mut conn, name).await;
-    assert!(recorded.is_some(), "{tokens:?}");
+    assert!(tokens.len() >= 3, "{tokens:?}");
     assert!(strictly_increasing(&tokens), "{tokens:?}");
     assert_eq!(violations(&mut conn, name).await, 0);
     candidates[0].assert_no_complaints();
