@@ -358,6 +358,17 @@ mod tests {
         );
     }
 
+    #[test]
+    fn checks_are_shown_with_a_key_or_subcommand_but_not_a_number() {
+        assert_eq!(shown("WAIT 0"), "WAIT");
+        assert_eq!(shown("CLUSTER SLOTS"), "CLUSTER SLOTS");
+        assert_eq!(
+            shown("GET distlock:lock:{ping}"),
+            "GET distlock:lock:{ping}"
+        );
+        assert_eq!(shown("TIME"), "TIME");
+    }
+
     /// The sets the test above compares are read right: a command of a script, one `ping`
     /// checks and one the line grants are found (and `PUBLISH`, called through a variable, is
     /// left to the optional line).

@@ -692,7 +692,8 @@ impl std::fmt::Display for Misconfiguration {
             }
             Self::Unsupported => {
                 "the server, or a proxy or managed service in front of it, does not offer a \
-                 command the manager's settings need: configure the manager as said below"
+                 command the manager's settings need (Redis's answer names it): configure the \
+                 manager without the setting that needs it, or use a deployment that offers it"
             }
         })
     }

@@ -238,7 +238,7 @@ impl LockManager {
     /// Which servers hold this manager's locks, and what each is: Redis or Valkey, and its
     /// version (the one server, the primary Sentinel names, every primary of a cluster, every
     /// quorum node that answered). Asked with the script [`ping`](Self::ping) runs, so it needs
-    /// no right beyond running scripts; writes nothing. [`ping`](Self::ping) logs the same
+    /// no right beyond running scripts (and `SELECT` for the URL's database); writes nothing. [`ping`](Self::ping) logs the same
     /// (at `info`, the first time and whenever the servers or their versions change).
     ///
     /// ```no_run
