@@ -35,7 +35,7 @@ mod tests {
         ("raise", "ae177c3820fd89219691cdc41181d774fa6ba1f1"),
         ("inspect", "992a1dff823f90fcc54d41b8d1f2128241bc93fb"),
         ("force_release", "f546e77d1818cb82aa280044827771e839937632"),
-        ("check", "a324f08c174cb6d7b31d636c2d8c13522673333b"),
+        ("check", "472451a2c531efc537fb8fd91d724b6bd2f8a04b"),
         ("key_types", "0f78f49b3902f1c2da6260e309797d0462609281"),
     ];
 

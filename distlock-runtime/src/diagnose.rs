@@ -87,9 +87,10 @@ struct Checked {
 }
 
 /// `LockManager::ping`: the check on every server (see the module docs); the first ping, and
-/// one that finds other servers or versions than the last, logs which answered.
+/// one that finds other servers or versions than the last (or other servers not answering),
+/// logs which answered.
 pub(crate) async fn ping(context: &Context) -> Result<(), LockError> {
-    let checked = check(context).await?;
+    let (checked, unanswered) = check(context, Kind::Check).await?;
     let notifies = context.redis().subscriber().is_some();
     for checked in &checked {
         if let Some(error) = refused_rights(context, checked, notifies) {
@@ -97,10 +98,27 @@ pub(crate) async fn ping(context: &Context) -> Result<(), LockError> {
         }
     }
     let servers = summary(checked.iter().map(|checked| &checked.server));
+    let silent: Vec<&str> = unanswered
+        .iter()
+        .map(|(server, _)| server.as_str())
+        .collect();
+    let seen_now = format!("{servers}; {}", silent.join(", "));
     let mut seen = crate::sync::lock(&context.servers_seen);
-    if seen.as_deref() != Some(servers.as_str()) {
-        tracing::info!(%servers, "distlock: ping: every server grants every right a lock needs");
-        *seen = Some(servers);
+    if seen.as_deref() != Some(seen_now.as_str()) {
+        match unanswered.first() {
+            None => tracing::info!(
+                %servers,
+                "distlock: ping: every server grants every right a lock needs"
+            ),
+            Some((_, error)) => tracing::info!(
+                %servers,
+                unanswered = %silent.join(", "),
+                %error,
+                "distlock: ping: the servers that answered grant every right a lock needs; \
+                 the others did not answer (enough answered to serve)"
+            ),
+        }
+        *seen = Some(seen_now);
     }
     Ok(())
 }
@@ -108,11 +126,8 @@ pub(crate) async fn ping(context: &Context) -> Result<(), LockError> {
 /// `LockManager::servers`: what the check's servers say they are, whatever rights the user
 /// has beyond running the check.
 pub(crate) async fn servers(context: &Context) -> Result<Vec<ServerInfo>, LockError> {
-    Ok(check(context)
-        .await?
-        .into_iter()
-        .map(|checked| checked.server)
-        .collect())
+    let (checked, _) = check(context, Kind::Read).await?;
+    Ok(checked.into_iter().map(|checked| checked.server).collect())
 }
 
 /// `servers` in one line: `Redis 8.2.3 at 127.0.0.1:7000, Redis 8.2.3 at 127.0.0.1:7001`.
@@ -123,13 +138,15 @@ fn summary<'a>(servers: impl Iterator<Item = &'a ServerInfo>) -> String {
         .join(", ")
 }
 
-/// Runs the check on every server (see the module docs): what each server that answered is,
-/// and lacks. Fails on a refusal anywhere (what it refused said exactly, see `refusal.rs`), and
-/// on an outage of more servers than the deployment can do without.
-async fn check(context: &Context) -> Result<Vec<Checked>, LockError> {
+/// Runs the check on every server (see the module docs) as a call of `kind` (`Kind::Check`
+/// goes with a `WAIT` where the manager waits for replicas: see `call.rs`): what each server
+/// that answered is, and lacks, in the order of their addresses, and the servers that did not
+/// answer, with why. Fails on a refusal anywhere (what it refused said exactly, see
+/// `refusal.rs`), and on an outage of more servers than the deployment can do without.
+async fn check(context: &Context, kind: Kind) -> Result<Checks, LockError> {
     let route = context.redis();
     let probe = context.lock_keys("ping");
-    let mut call = ScriptCall::new("ping", &CHECK, Kind::Check, 0);
+    let mut call = ScriptCall::new("ping", &CHECK, kind, 0);
     call.arg(probe.lock())
         .arg(probe.fence())
         .arg(probe.queue())
@@ -143,7 +160,7 @@ async fn check(context: &Context) -> Result<Vec<Checked>, LockError> {
     let answers = route.run_on_every_server(&call).await;
     let servers = answers.len();
     let mut checked = Vec::with_capacity(servers);
-    let mut outage = None;
+    let mut unanswered = Vec::new();
     for (server, answer) in answers {
         let value = match answer {
             Ok(value) => value,
@@ -153,17 +170,24 @@ async fn check(context: &Context) -> Result<Vec<Checked>, LockError> {
                 if error.is_misconfigured() {
                     return Err(error);
                 }
-                outage.get_or_insert((server, error));
+                unanswered.push((server, error));
                 continue;
             }
         };
         checked.push(parse(server, value)?);
     }
-    match outage {
-        Some((_, error)) if checked.len() < route.servers_needed(servers) => Err(error),
-        _ => Ok(checked),
+    if checked.len() < route.servers_needed(servers) {
+        if let Some((_, error)) = unanswered.first() {
+            return Err(error.clone());
+        }
     }
+    checked.sort_by(|a, b| a.server.address.cmp(&b.server.address));
+    unanswered.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok((checked, unanswered))
 }
+
+/// What [`check`] found: the servers that answered, and those that did not, with why.
+type Checks = (Vec<Checked>, Vec<(String, LockError)>);
 
 /// The check's answer `value` on `server` (see `scripts/check.lua`).
 fn parse(server: String, value: Value) -> Result<Checked, LockError> {
@@ -180,7 +204,7 @@ fn parse(server: String, value: Value) -> Result<Checked, LockError> {
     };
     Ok(Checked {
         server: ServerInfo {
-            address: server,
+            address: address(&server),
             product,
             version,
             redis_version,
@@ -251,6 +275,14 @@ fn refused_rights(context: &Context, checked: &Checked, notifies: bool) -> Optio
         detail.push_str(instead);
     }
     Some(refusal(Misconfiguration::Permissions, detail))
+}
+
+/// `host:port` of a server as a route names it (`rediss://user:***@host:port/2`, or already
+/// `host:port`).
+fn address(server: &str) -> String {
+    let rest = server.split_once("://").map_or(server, |(_, rest)| rest);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, rest)| rest);
+    rest.split('/').next().unwrap_or(rest).to_owned()
 }
 
 /// A check as the messages show it: the command and its first argument, a key
@@ -356,6 +388,13 @@ mod tests {
             pinged, documented,
             "ping checks other commands than the line grants"
         );
+    }
+
+    #[test]
+    fn a_servers_address_is_its_host_and_port() {
+        assert_eq!(address("redis://app:***@127.0.0.1:6379"), "127.0.0.1:6379");
+        assert_eq!(address("rediss://10.0.0.5:6380/2"), "10.0.0.5:6380");
+        assert_eq!(address("10.0.0.6:7000"), "10.0.0.6:7000");
     }
 
     #[test]

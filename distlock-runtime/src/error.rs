@@ -634,9 +634,7 @@ impl Misconfiguration {
             || text.contains("ACL failure in script")
         {
             Some(Self::Permissions)
-        } else if text.contains("unknown command") {
-            // `ERR unknown command 'WAIT', with args beginning with: ...`: a proxy or a managed
-            // service that does not offer it (or renamed it away).
+        } else if unknown_command(&text) {
             Some(Self::Unsupported)
         } else if text.contains("DB index is out of range") {
             Some(Self::Database)
@@ -650,6 +648,15 @@ impl Misconfiguration {
             None
         }
     }
+}
+
+/// Whether a server's `text` says it does not know a command: `ERR unknown command 'WAIT',
+/// with args beginning with: ...` from a proxy or a managed service that does not offer it (or
+/// a server that renamed it away); inside a script, Redis's `ERR Unknown Redis command called
+/// from script`, Valkey's `ERR Unknown command called from script`.
+fn unknown_command(text: &str) -> bool {
+    let text = text.to_lowercase();
+    text.contains("unknown command") || text.contains("unknown redis command")
 }
 
 impl std::fmt::Display for Misconfiguration {
@@ -692,8 +699,9 @@ impl std::fmt::Display for Misconfiguration {
             }
             Self::Unsupported => {
                 "the server, or a proxy or managed service in front of it, does not offer a \
-                 command the manager's settings need (Redis's answer names it): configure the \
-                 manager without the setting that needs it, or use a deployment that offers it"
+                 command distlock sends (renamed away, or refused by a proxy): if a setting of \
+                 the manager needs it, configure the manager without it, as said below; else \
+                 distlock cannot run on this deployment as it is"
             }
         })
     }
@@ -996,6 +1004,22 @@ mod tests {
             ),
             (
                 server("ERR", "unknown command 'cluster'"),
+                Reply::Refused(Misconfiguration::Unsupported),
+            ),
+            // A command renamed away, called from a script: Redis's words, then Valkey's.
+            (
+                server(
+                    "ERR",
+                    "Unknown Redis command called from script script: 104ae6, on \
+                     @user_script:1.",
+                ),
+                Reply::Refused(Misconfiguration::Unsupported),
+            ),
+            (
+                server(
+                    "ERR",
+                    "Unknown command called from script script: 104ae6, on @user_script:1.",
+                ),
                 Reply::Refused(Misconfiguration::Unsupported),
             ),
             (

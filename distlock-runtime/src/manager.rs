@@ -237,8 +237,10 @@ impl LockManager {
 
     /// Which servers hold this manager's locks, and what each is: Redis or Valkey, and its
     /// version (the one server, the primary Sentinel names, every primary of a cluster, every
-    /// quorum node that answered). Asked with the script [`ping`](Self::ping) runs, so it needs
-    /// no right beyond running scripts (and `SELECT` for the URL's database); writes nothing. [`ping`](Self::ping) logs the same
+    /// quorum node that answered), sorted by address. Asked with the script
+    /// [`ping`](Self::ping) runs, so it needs no right beyond running scripts, `SELECT` for the
+    /// URL's database, and what the topology needs to find its servers (`CLUSTER SLOTS` on a
+    /// cluster, `ROLE` on Sentinel); it sends no `WAIT`. Writes nothing. [`ping`](Self::ping) logs the same
     /// (at `info`, the first time and whenever the servers or their versions change).
     ///
     /// ```no_run

@@ -35,6 +35,17 @@ where
             detail: refused_command(call.source(), &source.to_string()),
             source,
         },
+        LockError::Misconfigured {
+            op,
+            problem: Misconfiguration::Unsupported,
+            detail,
+            source,
+        } if detail.is_empty() => LockError::Misconfigured {
+            op,
+            problem: Misconfiguration::Unsupported,
+            detail: unoffered_command(call.source(), &source.to_string()),
+            source,
+        },
         LockError::WrongType { op, key, .. } if key.is_empty() => {
             let (key, found) = wrong_type(call, probe).await.unwrap_or_default();
             LockError::WrongType { op, key, found }
@@ -50,11 +61,7 @@ where
 /// outside; Redis 7.0 names it outside a script only, and inside one names the script's line.
 fn refused_command(code: &str, error: &str) -> String {
     // The line of the script Redis names: `... script: <sha>, on @user_script:<line>.`
-    let line = error
-        .split("@user_script:")
-        .nth(1)
-        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse::<usize>().ok());
+    let line = script_line(error);
     let at_line = line
         .map(|n| format!(" (line {n} of distlock's script)"))
         .unwrap_or_default();
@@ -100,6 +107,51 @@ fn refused_command(code: &str, error: &str) -> String {
         commands.join(" or "),
         grants.join(" ")
     )
+}
+
+/// What a server that does not know a command says it lacks, from its answer `error` to a
+/// script whose source is `code`: the command it names (`ERR unknown command 'WAIT'`), else,
+/// refused inside the script (`ERR Unknown Redis command called from script`), the commands on
+/// the line it names.
+fn unoffered_command(code: &str, error: &str) -> String {
+    let named = error
+        .split("command '")
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+        .filter(|command| !command.is_empty())
+        .map(str::to_uppercase);
+    let (commands, at_line) = match named {
+        Some(command) => (vec![command], String::new()),
+        None => {
+            let line = script_line(error);
+            let commands = line
+                .and_then(|n| code.lines().nth(n.checked_sub(1)?))
+                .map(commands_on)
+                .unwrap_or_default();
+            let at_line = line
+                .map(|n| format!(" (line {n} of distlock's script)"))
+                .unwrap_or_default();
+            (commands, at_line)
+        }
+    };
+    if commands.is_empty() {
+        return String::new();
+    }
+    let mut detail = format!("it does not offer {}{at_line}", commands.join(" or "));
+    for instead in commands.iter().filter_map(|command| instead(command)) {
+        detail.push_str("; ");
+        detail.push_str(instead);
+    }
+    detail
+}
+
+/// The line of the script an error raised inside it names: `... on @user_script:<line>.`
+fn script_line(error: &str) -> Option<usize> {
+    error
+        .split("@user_script:")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse::<usize>().ok())
 }
 
 /// What to configure instead of granting `command` (`WAIT`, `CLUSTER SLOTS`), which a setting
@@ -287,6 +339,31 @@ mod tests {
         }
         // A line without a command: nothing made up.
         assert_eq!(refused_command(code, "ERR ... on @user_script:2."), "");
+    }
+
+    #[test]
+    fn a_command_the_server_does_not_offer_is_named_with_what_to_do_instead() {
+        let code = "#!lua\nlocal a = 1\nlocal t = redis.call('TIME')\nreturn t";
+        // Renamed away, called from a script: Redis's words, then Valkey's.
+        for error in [
+            "ERR Unknown Redis command called from script script: 4959c9, on @user_script:3.",
+            "ERR Unknown command called from script script: 4959c9, on @user_script:3.",
+        ] {
+            assert_eq!(
+                unoffered_command(code, error),
+                "it does not offer TIME (line 3 of distlock's script)"
+            );
+        }
+        // Named by the server or a proxy: with what to configure instead, where there is a way.
+        let detail = unoffered_command(
+            code,
+            "ERR unknown command 'WAIT', with args beginning with: '1'",
+        );
+        assert!(detail.starts_with("it does not offer WAIT; "), "{detail}");
+        assert!(detail.contains("without min_replicas"), "{detail}");
+        let detail = unoffered_command(code, "ERR unknown command 'cluster'");
+        assert!(detail.contains("LockManagerBuilder::url"), "{detail}");
+        assert_eq!(unoffered_command(code, "ERR unknown"), "");
     }
 
     #[test]

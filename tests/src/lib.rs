@@ -710,6 +710,10 @@ pub enum ProxyMode {
     /// nothing passes either way, and the connection stays open (a network path that broke
     /// without closing anything).
     CutAfterSubscribe(Duration),
+    /// Forwards both ways, but renames every `WAIT` on its way to the server (to `NOWAIT`,
+    /// which the server does not know: `ERR unknown command`), as a proxy or a managed service
+    /// that does not offer `WAIT` answers it; the server itself still has `WAIT`.
+    RenameWait,
 }
 
 /// A loopback TCP proxy in front of a [`RedisServer`], whose mode for new connections can be
@@ -806,6 +810,36 @@ async fn pump(
     }
 }
 
+/// Passes requests from `from` to `to` with each `WAIT` command renamed `NOWAIT` (its RESP
+/// bulk string `$4\r\nWAIT\r\n` becomes `$6\r\nNOWAIT\r\n`), for [`ProxyMode::RenameWait`].
+/// A request split between two reads right inside the name would pass unrenamed: the requests
+/// of distlock's calls are far smaller than a read.
+async fn rename_wait(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const WAIT: &[u8] = b"$4\r\nWAIT\r\n";
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let mut out = Vec::with_capacity(n + 16);
+        let mut rest = &buf[..n];
+        while let Some(at) = rest.windows(WAIT.len()).position(|w| w == WAIT) {
+            out.extend_from_slice(&rest[..at]);
+            out.extend_from_slice(b"$6\r\nNOWAIT\r\n");
+            rest = &rest[at + WAIT.len()..];
+        }
+        out.extend_from_slice(rest);
+        if to.write_all(&out).await.is_err() {
+            return;
+        }
+    }
+}
+
 async fn serve(
     mut client: tokio::net::TcpStream,
     upstream: u16,
@@ -821,6 +855,15 @@ async fn serve(
     let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else {
         return;
     };
+    if mode == ProxyMode::RenameWait {
+        let (client_read, client_write) = client.into_split();
+        let (server_read, server_write) = server.into_split();
+        tokio::select! {
+            () = rename_wait(client_read, server_write) => {}
+            () = pump(server_read, client_write, thawed) => {}
+        }
+        return;
+    }
     if mode == ProxyMode::Forward {
         let (client_read, client_write) = client.into_split();
         let (server_read, server_write) = server.into_split();

@@ -331,13 +331,24 @@ pub fn without_tls() -> Option<String> {
         .clone()
 }
 
+/// Set (to anything) where TLS must be tested: [`skip_without_tls`] then fails instead of
+/// skipping. `.ci/run` sets it for its main run, on Debian's `redis-server`.
+pub const REQUIRE_TLS_ENV: &str = "DISTLOCK_REQUIRE_TLS";
+
 /// Whether the TLS test named `test` is skipped because this run's server serves no TLS
 /// ([`without_tls`]); a skipped test says so by name, on stderr (written past the test
 /// harness's capture, so the run's log shows it).
+///
+/// # Panics
+/// When the server serves no TLS and [`REQUIRE_TLS_ENV`] is set: the run was to test TLS.
 pub fn skip_without_tls(test: &str) -> bool {
     let Some(why) = without_tls() else {
         return false;
     };
+    assert!(
+        std::env::var_os(REQUIRE_TLS_ENV).is_none(),
+        "`{test}` cannot run: {why}, and {REQUIRE_TLS_ENV} says this run must test TLS"
+    );
     let _ = writeln!(std::io::stderr(), "skipped `{test}`: {why}");
     true
 }

@@ -741,30 +741,20 @@ async fn a_cluster_endpoint_that_refuses_every_cluster_command_is_misconfigured_
     );
 }
 
-/// A server that refuses `WAIT` (serverless services; here an ACL rule, then a server that
-/// does not offer it at all) gives `ping` and the first lock of a manager with `min_replicas` a
-/// misconfiguration that names `WAIT` and says to build without `min_replicas`, at once; the
-/// acquire that ran before its `WAIT` was refused is undone. With `WAIT` granted, the same
-/// manager locks.
-#[tokio::test]
-async fn a_server_that_refuses_wait_fails_min_replicas_as_misconfigured_and_leaves_no_lock() {
-    let _load = distlock_tests::timed().await;
-    let with_replica = |primary: &RedisServer| {
-        let replica = RedisServer::start_replica_of(primary);
-        // The documented line (without `+wait`).
-        setuser(
-            primary,
-            &acl_line(&["+publish", "+subscribe", "+unsubscribe"], ""),
-        );
-        let url = format!("redis://app:app-pass@127.0.0.1:{}", primary.port());
-        let locks = distlock_tests::manager_at(&url, TIMEOUT)
-            .min_replicas(1)
-            .replica_timeout(TIMEOUT)
-            .build()
-            .unwrap();
-        (replica, locks)
-    };
-    let assert_refused = |error: LockError, problem: Misconfiguration, said: &str| {
+/// Checks that `ping` and a try-lock of `locks` (a manager with `min_replicas` whose `WAIT`
+/// `primary` or a proxy refuses) are both refused at once with `problem`, saying `said`, and
+/// that the acquire was undone by the call itself (no background release follows).
+async fn refused_at_once(
+    primary: &RedisServer,
+    locks: LockManager,
+    problem: Misconfiguration,
+    said: &str,
+) {
+    let started = Instant::now();
+    for error in [
+        locks.ping().await.unwrap_err(),
+        locks.try_lock("k").acquire().await.map(drop).unwrap_err(),
+    ] {
         assert!(
             matches!(&error, LockError::Misconfigured { problem: p, .. } if *p == problem),
             "{error:?}"
@@ -773,50 +763,70 @@ async fn a_server_that_refuses_wait_fails_min_replicas_as_misconfigured_and_leav
         for said in [said, "WAIT", "without min_replicas"] {
             assert!(message.contains(said), "{said:?} not in: {message}");
         }
-    };
-    // An ACL rule.
-    let primary = RedisServer::start();
-    let (_replica, locks) = with_replica(&primary);
-    let started = Instant::now();
-    let grant = "ACL SETUSER <user> +wait";
-    assert_refused(
-        locks.ping().await.unwrap_err(),
-        Misconfiguration::Permissions,
-        grant,
-    );
-    assert_refused(
-        locks.try_lock("k").acquire().await.map(drop).unwrap_err(),
-        Misconfiguration::Permissions,
-        grant,
-    );
+    }
     assert!(started.elapsed() < TIMEOUT, "{:?}", started.elapsed());
+    let calls = primary.script_calls();
     assert_eq!(
         primary.command(&["EXISTS", "distlock:lock:{k}"]).trim(),
         ":0",
         "the acquire is undone"
     );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        primary.script_calls(),
+        calls,
+        "undone by the call, not by a background release"
+    );
+}
+
+/// A server that refuses `WAIT` (serverless services and some proxies; here an ACL rule, a
+/// server that does not offer it at all, and a proxy that does not while the server behind it
+/// does) gives `ping` and the first lock of a manager with `min_replicas` a misconfiguration
+/// that names `WAIT` and says to build without `min_replicas`, at once; the acquire that ran
+/// before its `WAIT` was refused is undone by the call itself, not left to a background
+/// release. With `WAIT` granted, the same manager locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_refuses_wait_fails_min_replicas_as_misconfigured_and_leaves_no_lock() {
+    let _load = distlock_tests::timed().await;
+    let manager_for = |url: &str| {
+        distlock_tests::manager_at(url, TIMEOUT)
+            .min_replicas(1)
+            .replica_timeout(TIMEOUT)
+            .build()
+            .unwrap()
+    };
+    // An ACL rule: the documented line, without `+wait`.
+    let primary = RedisServer::start();
+    let _replica = RedisServer::start_replica_of(&primary);
+    setuser(
+        &primary,
+        &acl_line(&["+publish", "+subscribe", "+unsubscribe"], ""),
+    );
+    let url = format!("redis://app:app-pass@127.0.0.1:{}", primary.port());
+    let locks = manager_for(&url);
+    let grant = "+wait";
+    refused_at_once(
+        &primary,
+        locks.clone(),
+        Misconfiguration::Permissions,
+        grant,
+    )
+    .await;
     primary.command(&["ACL", "SETUSER", "app", "+wait"]);
     locks.ping().await.unwrap();
     let lease = locks.try_lock("k").acquire().await.unwrap();
     lease.release().await.unwrap();
-    // A server without `WAIT` at all (renamed away): `ERR unknown command`, as a service that
-    // does not offer it answers.
-    let primary = RedisServer::start_with(&["--rename-command", "WAIT", ""]);
-    let (_replica, locks) = with_replica(&primary);
+    // A server without `WAIT` at all (renamed away): `ERR unknown command`.
+    let renamed = RedisServer::start_with(&["--rename-command", "WAIT", ""]);
+    let _replica = RedisServer::start_replica_of(&renamed);
     let offered = "does not offer WAIT";
-    assert_refused(
-        locks.ping().await.unwrap_err(),
-        Misconfiguration::Unsupported,
-        offered,
-    );
-    assert_refused(
-        locks.try_lock("k").acquire().await.map(drop).unwrap_err(),
-        Misconfiguration::Unsupported,
-        offered,
-    );
-    assert_eq!(
-        primary.command(&["EXISTS", "distlock:lock:{k}"]).trim(),
-        ":0",
-        "the acquire is undone"
-    );
+    let locks = manager_for(&renamed.url());
+    refused_at_once(&renamed, locks, Misconfiguration::Unsupported, offered).await;
+    // A proxy that does not offer `WAIT` in front of a server that does: only `ping`'s own
+    // `WAIT` finds it (the server's ACL check says `WAIT` is allowed).
+    let proxy = distlock_tests::Proxy::start(&primary).await;
+    proxy.set_mode(distlock_tests::ProxyMode::RenameWait);
+    let locks = manager_for(&proxy.url());
+    refused_at_once(&primary, locks, Misconfiguration::Unsupported, offered).await;
+    manager_for(&primary.url()).ping().await.unwrap();
 }

@@ -11,7 +11,9 @@
 -- user fails, each as the command and its first argument (`GET distlock:lock:{...}`); 1 or 0
 -- for whether it may publish, and subscribe, on the channel; 'valkey' or 'redis'; its version
 -- (Valkey's own for Valkey); the Redis version it reports (for Valkey, the Redis version it is
--- compatible with); and the checks of commands the server does not know, as `missing`'s.
+-- compatible with); and the checks of commands the server does not know, as `missing`'s (a
+-- channel command it does not know reads as one the user may not run: notifications are
+-- optional, and the manager's waiters then poll).
 local L, F, Q, W, H = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local checks = {
   {'EVAL', 'return 1', '0'},

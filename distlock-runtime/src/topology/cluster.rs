@@ -956,6 +956,45 @@ fn crc16(bytes: &[u8]) -> u16 {
 mod tests {
     use super::*;
 
+    /// A refused `CLUSTER SLOTS`, as an ACL rule and as a proxy in front of a cluster word it,
+    /// is a misconfiguration that says to build the manager with `.url` behind a proxy; an
+    /// outage is left as it is.
+    #[test]
+    fn a_refused_slot_map_says_what_to_configure_instead() {
+        let reply = |text: &str| {
+            let value = redis::parse_redis_value(format!("-{text}\r\n").as_bytes()).unwrap();
+            let error = value.extract_error().unwrap_err();
+            slots_refused(LockError::from_redis(
+                "cluster slot map (CLUSTER SLOTS)",
+                error,
+            ))
+        };
+        for (text, problem, said) in [
+            (
+                "NOPERM User app has no permissions to run the 'cluster|slots' command",
+                Misconfiguration::Permissions,
+                "ACL SETUSER <user> +cluster|slots",
+            ),
+            (
+                "ERR unknown command 'CLUSTER', with args beginning with: 'SLOTS'",
+                Misconfiguration::Unsupported,
+                "it does not offer CLUSTER SLOTS",
+            ),
+        ] {
+            match reply(text) {
+                LockError::Misconfigured {
+                    problem: p, detail, ..
+                } => {
+                    assert_eq!(p, problem);
+                    assert!(detail.contains(said), "{detail}");
+                    assert!(detail.contains("LockManagerBuilder::url"), "{detail}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(reply("LOADING Redis is loading the dataset in memory").is_unavailable());
+    }
+
     #[test]
     fn slots_match_cluster_keyslot() {
         // redis-cli CLUSTER KEYSLOT <key>
