@@ -552,15 +552,9 @@ async fn top_shows_other_processes_locks_sorts_filters_survives_a_restart_and_qu
     let mut server = RedisServer::start();
     let mut top = Top::start(&server);
     // The status line says which server and version answered, as the server's INFO says.
-    let info = server.command(&["INFO", "server"]);
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|line| line.strip_prefix(&format!("{name}:")))
-            .map(|value| value.trim().to_owned())
-    };
-    let answered = match field("valkey_version") {
+    let answered = match server.info_field("valkey_version") {
         Some(valkey) => format!("Valkey {valkey} at "),
-        None => format!("Redis {} at ", field("redis_version").unwrap()),
+        None => format!("Redis {} at ", server.info_field("redis_version").unwrap()),
     };
     top.until(Instant::now(), Duration::from_secs(10), |t| {
         t.contains("live; read") && t.contains(&answered)

@@ -227,11 +227,7 @@ fn refused_rights(context: &Context, checked: &Checked, notifies: bool) -> Optio
     );
     if !checked.unknown.is_empty() {
         let commands: Vec<String> = checked.unknown.iter().map(|c| shown(c)).collect();
-        let mut detail = format!("{on} the server does not offer {}", commands.join(", "));
-        for instead in commands.iter().filter_map(|c| crate::refusal::instead(c)) {
-            detail.push_str("; ");
-            detail.push_str(instead);
-        }
+        let detail = format!("{on} {}", crate::refusal::not_offered(&commands, ""));
         return Some(refusal(Misconfiguration::Unsupported, detail));
     }
     let mut missing: Vec<String> = checked.missing.iter().map(|c| shown(c)).collect();
@@ -243,23 +239,12 @@ fn refused_rights(context: &Context, checked: &Checked, notifies: bool) -> Optio
         return None;
     }
     let prefix = &context.prefix;
-    let grants: Vec<String> = {
-        let mut grants: Vec<String> = missing
-            .iter()
-            .map(|check| {
-                let words: Vec<&str> = check.split(' ').collect();
-                let command = words[0].to_lowercase();
-                match words.get(1) {
-                    Some(sub) if command == "cluster" => format!("+cluster|{}", sub.to_lowercase()),
-                    _ if command.starts_with("publish") => "+publish".to_owned(),
-                    _ => format!("+{command}"),
-                }
-            })
-            .collect();
-        grants.sort();
-        grants.dedup();
-        grants
-    };
+    let mut grants: Vec<String> = missing
+        .iter()
+        .map(|check| crate::refusal::grant(check))
+        .collect();
+    grants.sort();
+    grants.dedup();
     let channels = if missing.iter().any(|m| m.starts_with("PUBLISH")) {
         format!(" &{prefix}*")
     } else {

@@ -60,21 +60,12 @@ where
 /// (see `error.rs`): Redis 7.2 and later and Valkey name the command, inside a script and
 /// outside; Redis 7.0 names it outside a script only, and inside one names the script's line.
 fn refused_command(code: &str, error: &str) -> String {
-    // The line of the script Redis names: `... script: <sha>, on @user_script:<line>.`
-    let line = script_line(error);
-    let at_line = line
-        .map(|n| format!(" (line {n} of distlock's script)"))
-        .unwrap_or_default();
+    let (commands, at_line) = commands_at(code, error);
     // `... no permissions to run the 'evalsha' command` (`'cluster|slots'` for a subcommand).
-    if let Some(command) = error
-        .split("permissions to run the '")
-        .nth(1)
-        .and_then(|rest| rest.split('\'').next())
-        .filter(|command| !command.is_empty())
-    {
+    if let Some(command) = quoted(error, "permissions to run the '") {
         let shown = command.replace('|', " ").to_uppercase();
-        let grant = command.to_lowercase();
-        return format!("it may not run {shown}{at_line}; grant it: ACL SETUSER <user> +{grant}");
+        let grant = grant(&shown);
+        return format!("it may not run {shown}{at_line}; grant it: ACL SETUSER <user> {grant}");
     }
     // Redis 7.0: `... access at least one of the keys`, `... access one of the keys`; later:
     // `No permissions to access a key`.
@@ -91,10 +82,6 @@ fn refused_command(code: &str, error: &str) -> String {
             .to_owned();
     }
     // Redis 7.0 inside a script: the commands on the line it names.
-    let commands: Vec<String> = line
-        .and_then(|n| code.lines().nth(n.checked_sub(1)?))
-        .map(commands_on)
-        .unwrap_or_default();
     if commands.is_empty() {
         return String::new();
     }
@@ -114,29 +101,19 @@ fn refused_command(code: &str, error: &str) -> String {
 /// refused inside the script (`ERR Unknown Redis command called from script`), the commands on
 /// the line it names.
 fn unoffered_command(code: &str, error: &str) -> String {
-    let named = error
-        .split("command '")
-        .nth(1)
-        .and_then(|rest| rest.split('\'').next())
-        .filter(|command| !command.is_empty())
-        .map(str::to_uppercase);
-    let (commands, at_line) = match named {
-        Some(command) => (vec![command], String::new()),
-        None => {
-            let line = script_line(error);
-            let commands = line
-                .and_then(|n| code.lines().nth(n.checked_sub(1)?))
-                .map(commands_on)
-                .unwrap_or_default();
-            let at_line = line
-                .map(|n| format!(" (line {n} of distlock's script)"))
-                .unwrap_or_default();
-            (commands, at_line)
-        }
+    let (commands, at_line) = match quoted(error, "command '") {
+        Some(command) => (vec![command.to_uppercase()], String::new()),
+        None => commands_at(code, error),
     };
     if commands.is_empty() {
         return String::new();
     }
+    not_offered(&commands, &at_line)
+}
+
+/// `it does not offer WAIT`, for `commands` a server or proxy does not offer (`at_line`: where
+/// in distlock's script, if it said), with what to configure instead where there is a way.
+pub(crate) fn not_offered(commands: &[String], at_line: &str) -> String {
     let mut detail = format!("it does not offer {}{at_line}", commands.join(" or "));
     for instead in commands.iter().filter_map(|command| instead(command)) {
         detail.push_str("; ");
@@ -145,13 +122,45 @@ fn unoffered_command(code: &str, error: &str) -> String {
     detail
 }
 
-/// The line of the script an error raised inside it names: `... on @user_script:<line>.`
-fn script_line(error: &str) -> Option<usize> {
-    error
+/// The commands on the line of the script (source `code`) that an error raised inside it names
+/// (`... script: <sha>, on @user_script:<line>.`), and ` (line N of distlock's script)` for
+/// messages; nothing for an error raised outside a script.
+fn commands_at(code: &str, error: &str) -> (Vec<String>, String) {
+    let line = error
         .split("@user_script:")
         .nth(1)
         .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse::<usize>().ok())
+        .and_then(|n| n.parse::<usize>().ok());
+    let commands = line
+        .and_then(|n| code.lines().nth(n.checked_sub(1)?))
+        .map(commands_on)
+        .unwrap_or_default();
+    let at_line = line
+        .map(|n| format!(" (line {n} of distlock's script)"))
+        .unwrap_or_default();
+    (commands, at_line)
+}
+
+/// The first non-empty text between `before` and the next `'` in `error`: the command a
+/// server names (`... run the 'time' command`, `unknown command 'WAIT'`).
+fn quoted<'a>(error: &'a str, before: &str) -> Option<&'a str> {
+    error
+        .split(before)
+        .nth(1)
+        .and_then(|rest| rest.split('\'').next())
+        .filter(|command| !command.is_empty())
+}
+
+/// The `ACL SETUSER` word that grants a command as the messages show it (`WAIT`,
+/// `CLUSTER SLOTS`, or a check's `GET distlock:lock:{k}`, whose key is not part of it):
+/// `+wait`, `+cluster|slots`, `+get`.
+pub(crate) fn grant(command: &str) -> String {
+    let mut words = command.split(' ');
+    let name = words.next().unwrap_or_default().to_lowercase();
+    match words.next() {
+        Some(sub) if name == "cluster" => format!("+cluster|{}", sub.to_lowercase()),
+        _ => format!("+{name}"),
+    }
 }
 
 /// What to configure instead of granting `command` (`WAIT`, `CLUSTER SLOTS`), which a setting
@@ -183,12 +192,13 @@ pub(crate) fn instead(command: &str) -> Option<&'static str> {
 /// ([`Misconfiguration::Unsupported`]) says so; both say what to configure instead, where
 /// there is something.
 pub(crate) fn refused_own_command(command: &str, problem: Misconfiguration) -> String {
-    let refusal = if problem == Misconfiguration::Permissions {
-        let grant = command.to_lowercase().replace(' ', "|");
-        format!("it may not run {command}; grant it: ACL SETUSER <user> +{grant}")
-    } else {
-        format!("it does not offer {command}")
-    };
+    if problem != Misconfiguration::Permissions {
+        return not_offered(&[command.to_owned()], "");
+    }
+    let refusal = format!(
+        "it may not run {command}; grant it: ACL SETUSER <user> {}",
+        grant(command)
+    );
     match instead(command) {
         Some(instead) => format!("{refusal}; {instead}"),
         None => refusal,

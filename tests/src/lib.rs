@@ -174,6 +174,19 @@ impl RedisServer {
         ok(self.0.commands(commands))
     }
 
+    /// Field `name` of the server's `INFO server` (`redis_version`, and Valkey's
+    /// `valkey_version`), if it has it.
+    ///
+    /// # Panics
+    /// If the server cannot be reached.
+    pub fn info_field(&self, name: &str) -> Option<String> {
+        let info = self.command(&["INFO", "server"]);
+        let prefix = format!("{name}:");
+        info.lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .map(|value| value.trim().to_owned())
+    }
+
     /// How many requests clients sent, from `INFO commandstats`: every command counts except
     /// INFO itself and those that run inside distlock's scripts (`GET`, `SET`, `PTTL`, `TIME`,
     /// the fair queue's commands and the rest), so each distlock request counts once. A test's

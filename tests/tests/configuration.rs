@@ -121,14 +121,8 @@ async fn under_the_documented_line_inspect_counts_every_queued_waiter() {
 async fn servers_and_ping_say_which_server_and_version_answered() {
     let (logs, _capture) = distlock_tests::Logs::capture();
     let server = RedisServer::start();
-    let info = server.command(&["INFO", "server"]);
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|line| line.strip_prefix(&format!("{name}:")))
-            .map(|value| value.trim().to_owned())
-    };
-    let redis_version = field("redis_version").expect("redis_version");
-    let (product, version) = match field("valkey_version") {
+    let redis_version = server.info_field("redis_version").expect("redis_version");
+    let (product, version) = match server.info_field("valkey_version") {
         Some(valkey) => (ServerProduct::Valkey, valkey),
         None => (ServerProduct::Redis, redis_version.clone()),
     };
