@@ -8,6 +8,7 @@
 //! several of them as a Redis Cluster, a Sentinel group or a set of independent servers;
 //! [`tls`] makes certificates and starts servers that serve TLS with them.
 
+pub mod history;
 pub mod tls;
 pub mod topology;
 
