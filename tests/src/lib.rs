@@ -9,6 +9,7 @@
 //! [`tls`] makes certificates and starts servers that serve TLS with them.
 
 pub mod history;
+pub mod partition;
 pub mod tls;
 pub mod topology;
 
