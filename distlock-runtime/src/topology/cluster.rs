@@ -39,7 +39,7 @@
 //! lost ends the whole subscriber connection, so waiters poll (with a bound) and subscribe anew.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -49,7 +49,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Replicas;
-use super::{push_handler, Channels, Ended, OnMessage, Route, Subscribe};
+use super::{push_handler, Channels, Ended, Message, OnMessage, Route, Subscribe};
 use super::{Dial, Link, Timeouts};
 use crate::call::{BoxFuture, ScriptCall};
 use crate::error::{LockError, Misconfiguration};
@@ -777,15 +777,48 @@ impl Subscribe for ClusterSubscriber {
         // Nothing to dial yet: each node's connection is opened by the first subscription to
         // one of its slots.
         let lost = CancellationToken::new();
-        let channels = ShardChannels {
+        let channels = Arc::new(ShardChannels {
             nodes: Arc::clone(&self.0),
             on_message,
             lost: lost.clone(),
             open: Mutex::new(HashMap::new()),
             subscribed: Mutex::new(HashMap::new()),
-        };
+        });
+        tokio::spawn(follow_slots(
+            Arc::downgrade(&channels),
+            self.0.fetched.subscribe(),
+            lost.clone(),
+        ));
         let ended: Ended = Box::pin(lost.cancelled_owned());
-        Box::pin(async move { Ok((Arc::new(channels) as Arc<dyn Channels>, ended)) })
+        Box::pin(async move { Ok((channels as Arc<dyn Channels>, ended)) })
+    }
+}
+
+/// After each fetch of the slot map, ends the subscriptions whose slot the map now gives
+/// another primary ([`ShardChannels::drop_moved`]); stops with the subscriber connection.
+///
+/// A primary cut off from the rest of its cluster does not know that its replica was promoted
+/// in its place: it never ends its subscribers' subscriptions (as a primary that hands a slot
+/// over does, with a `SUNSUBSCRIBE` push), while releases are published on the new primary.
+/// Without this, waiters would hear of no release until the old primary came back.
+async fn follow_slots(
+    channels: Weak<ShardChannels>,
+    mut fetched: watch::Receiver<u64>,
+    lost: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            changed = fetched.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            () = lost.cancelled() => return,
+        }
+        let Some(channels) = channels.upgrade() else {
+            return;
+        };
+        channels.drop_moved();
     }
 }
 
@@ -801,6 +834,38 @@ struct ShardChannels {
 }
 
 impl ShardChannels {
+    /// Ends each subscription made on another node than the one the slot map now names for
+    /// its channel's slot, as if that node had ended it: the notifier wakes the channel's
+    /// waiters, and the next one subscribes where the key lives now. The old subscription is
+    /// `SUNSUBSCRIBE`d in the background (its answer, or the lack of one, changes nothing).
+    fn drop_moved(&self) {
+        let moved: Vec<(String, Address)> = {
+            let mut subscribed = lock(&self.subscribed);
+            let moved: Vec<(String, Address)> = subscribed
+                .iter()
+                .filter(|(channel, address)| {
+                    self.nodes
+                        .primary(slot(channel))
+                        .is_some_and(|node| node.address != **address)
+                })
+                .map(|(channel, address)| (channel.clone(), address.clone()))
+                .collect();
+            for (channel, _) in &moved {
+                subscribed.remove(channel);
+            }
+            moved
+        };
+        for (channel, address) in moved {
+            if let Some(mut conn) = lock(&self.open).get(&address).cloned() {
+                let channel = channel.clone();
+                tokio::spawn(async move {
+                    let _ = send_one(&mut conn, "SUNSUBSCRIBE", &channel).await;
+                });
+            }
+            (self.on_message)(Message::Dropped { channel });
+        }
+    }
+
     /// The subscriber connection to the node at `address`, opened if there is none yet.
     async fn connection(&self, node: &Node) -> redis::RedisResult<MultiplexedConnection> {
         if let Some(conn) = lock(&self.open).get(&node.address) {
