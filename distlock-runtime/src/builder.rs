@@ -274,7 +274,9 @@ impl LockManagerBuilder {
     }
 
     /// How long an acquire or extend waits for [`min_replicas`](Self::min_replicas)
-    /// acknowledgements. Default 1 s.
+    /// acknowledgements. Default 1 s. An attempt of a request that waits never waits for them
+    /// past half a response timeout after the request's deadline, so the wait still ends by its
+    /// deadline plus one response timeout; a try-lock's attempt waits the whole replica timeout.
     ///
     /// ```no_run
     /// use std::time::Duration;

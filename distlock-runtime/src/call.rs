@@ -94,6 +94,10 @@ pub(crate) struct ScriptCall {
     key_count: usize,
     keys_added: usize,
     pub(crate) kind: Kind,
+    /// When the wait this call is part of ends, for an attempt of a request that waits (its
+    /// acquire, and its fencing write-back): with `min_replicas`, its `WAIT` ends by then
+    /// plus half a response timeout (see `topology/replicas.rs`).
+    pub(crate) deadline: Option<tokio::time::Instant>,
 }
 
 /// Where the keys start among an `EVALSHA` command's parts.
@@ -112,6 +116,7 @@ impl ScriptCall {
             key_count,
             keys_added: 0,
             kind,
+            deadline: None,
         }
     }
 
@@ -154,6 +159,7 @@ impl ScriptCall {
             key_count: self.key_count,
             keys_added: self.keys_added,
             kind: Kind::Read,
+            deadline: self.deadline,
         }
     }
 

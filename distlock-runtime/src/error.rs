@@ -27,7 +27,9 @@ use std::time::Duration;
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
-    /// The lock was still held by another owner when the caller's `wait` ran out.
+    /// The lock was still held by another owner when the caller's `wait` ran out. (With
+    /// [`min_replicas`](crate::LockManagerBuilder::min_replicas), a wait whose last attempt the
+    /// replicas did not confirm ends with [`LockError::Replication`] instead.)
     #[error(
         "timed out after {waited:?} waiting for lock `{key}`: another owner still holds it; \
          raise `wait`, or shorten the holder's critical section"
@@ -67,7 +69,9 @@ pub enum LockError {
         key: String,
     },
 
-    /// A try-lock (`wait = 0`) found the lock held and did not wait.
+    /// A try-lock (`wait = 0`) found the lock held and did not wait. (With
+    /// [`min_replicas`](crate::LockManagerBuilder::min_replicas), one whose attempt the replicas
+    /// did not confirm fails with [`LockError::Replication`] instead.)
     #[error(
         "lock `{key}` is held by another owner and this call does not wait (wait = 0); \
          try again later, or give the call a `wait`"
@@ -215,6 +219,15 @@ pub enum LockError {
     /// `min_replicas` was set and fewer replicas than that confirmed an acquire or extend
     /// (`WAIT`) within the replica timeout. An acquire was undone (no lock is left behind); an
     /// extension stays applied on the primary but is not counted (renewal tries again).
+    ///
+    /// An acquire that fails while the replicas confirm nothing says so, never contention: one
+    /// that took its keys fails with this at once, and a wait (or a try-lock) whose last
+    /// attempt found a key held, and whose `WAIT` too few replicas answered, ends with this
+    /// too, not with [`LockError::Timeout`] (or [`LockError::NotAcquired`]). While the
+    /// replicas confirm nothing no acquire can count, and the holder it found may itself be an
+    /// acquire waiting for its replicas (which it then undoes), so "busy" would send the caller
+    /// to wait for nothing. A wait that found the key held by a holder the replicas confirmed
+    /// ends with `Timeout` as usual.
     #[error(
         "Redis applied distlock's {op}, but only {acked} of the {needed} replicas required \
          (min_replicas) confirmed it within {within:?}, so it does not count (an acquire was \
@@ -228,7 +241,8 @@ pub enum LockError {
         acked: usize,
         /// How many were required.
         needed: usize,
-        /// How long they were waited for.
+        /// How long they were waited for: the replica timeout, or less for an attempt near
+        /// the end of a wait (which ends by its deadline plus one response timeout).
         within: Duration,
     },
 

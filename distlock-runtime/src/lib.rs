@@ -93,8 +93,10 @@
 //! - Every Redis call is bounded by the manager's timeouts: a Redis that is down or hung is an
 //!   error, never a hang, and every wait ends by its deadline plus at most the attempt then in
 //!   flight: one response timeout on one server (the subscriber connection is opened, and keys
-//!   subscribed, by background tasks, never by a waiter). Other topologies' attempts can take
-//!   longer, still bounded: with `min_replicas` add the replica timeout; a request for keys in
+//!   subscribed, by background tasks, never by a waiter). With `min_replicas` too: an attempt
+//!   waits for its replicas (`WAIT`) no later than half a response timeout past the deadline
+//!   (a try-lock's one attempt, up to the replica timeout more). Other topologies' attempts can
+//!   take longer, still bounded: a request for keys in
 //!   several cluster slots takes up to a response timeout per slot; a Sentinel dial asks the
 //!   sentinels in turn (a connect and a response timeout each); a quorum round takes at most a
 //!   tenth of the ttl (no more than a response timeout), plus a response timeout when its nodes
@@ -156,6 +158,7 @@
 //! | `NOSCRIPT` | never seen: the script is sent whole (`EVAL`) | once |
 //! | `WRONGTYPE` | [`LockError::WrongType`], naming the key and what it holds (another program wrote under the prefix) | no |
 //! | `CLUSTERDOWN`, `TRYAGAIN` | sent again 20 ms apart within the response timeout, the slot map fetched anew, then `Redis` | yes |
+//! | `WAIT` (with `min_replicas`) answered by fewer replicas than required | [`LockError::Replication`]: an acquire that took its keys is undone and fails at once; a wait or try-lock whose last attempt found a key held ends with it too, never `Timeout` or `NotAcquired` (the holder may be an acquire waiting for its own replicas); an extension is not counted | no (renewal tries again) |
 //! | `MOVED`, `ASK` | cluster: followed: `MOVED` to the slot's new owner (its slot corrected at once, the map fetched anew), `ASK` once to the importing node, after `ASKING`; one server, a quorum node, a Sentinel primary: `Misconfigured`, [`Misconfiguration::ClusterNode`] (the URL names a cluster node: use [`LockManagerBuilder::cluster`]), naming the node | cluster: yes; elsewhere no |
 //! | `CROSSSLOT`, and `ERR SELECT is not allowed in cluster mode` (a URL's database) | one server, a quorum node, a Sentinel primary: `Misconfigured`, [`Misconfiguration::ClusterNode`], as above (a cluster never sends keys of two slots in one call) | no |
 //! | no answer in time, a broken or refused connection | [`LockError::RedisTimeout`] / `Redis`; a request on a connection that died idle is sent once more on a fresh one | as said |

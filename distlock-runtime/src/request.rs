@@ -247,7 +247,9 @@ impl LockRequest {
     ///
     /// # Errors
     /// [`LockError::NotAcquired`] (wait zero) or [`LockError::Timeout`] when another owner held a
-    /// key throughout; [`LockError::HeldByThisTask`] for a key an enclosing body holds; [`LockError::InvalidKey`] / [`LockError::InvalidConfig`] for an empty key
+    /// key throughout; with [`min_replicas`](crate::LockManagerBuilder::min_replicas),
+    /// [`LockError::Replication`] when the replicas did not confirm the acquire, or the last
+    /// attempt of one that found a key held; [`LockError::HeldByThisTask`] for a key an enclosing body holds; [`LockError::InvalidKey`] / [`LockError::InvalidConfig`] for an empty key
     /// or a ttl outside [`MIN_TTL`](crate::MIN_TTL)..=[`MAX_TTL`](crate::MAX_TTL); [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis
     /// cannot be asked within the manager's timeouts.
     pub async fn acquire(self) -> Result<Lease, LockError> {

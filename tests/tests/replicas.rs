@@ -1,5 +1,6 @@
 //! `min_replicas`: an acquire counts only once replicas confirmed it; otherwise it is undone
-//! and fails with `LockError::Replication`, leaving no lock behind.
+//! and fails with `LockError::Replication`, leaving no lock behind, also when it waited; and
+//! its waits end by their deadline like any other.
 
 use std::time::{Duration, Instant};
 
@@ -88,6 +89,133 @@ async fn a_paused_replica_fails_the_acquire_with_the_replica_error_and_leaves_no
     let lease = locks.lock("r-paused").acquire().await.unwrap();
     lease.release().await.unwrap();
     held.release().await.unwrap();
+}
+
+/// Waits until `primary` counts no connected replica (it saw the replica's connection close).
+fn until_no_replica(primary: &RedisServer) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !primary
+        .command(&["INFO", "replication"])
+        .contains("connected_slaves:0")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the primary still counts its replica"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Asserts that `outcome` is the error of an acquire the replicas did not confirm.
+#[track_caller]
+fn unconfirmed<T: std::fmt::Debug>(what: &str, outcome: Result<T, LockError>) {
+    let error = outcome.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            LockError::Replication {
+                acked: 0,
+                needed: 1,
+                ..
+            }
+        ),
+        "{what}: {error:?}"
+    );
+    assert!(error.is_unavailable() && !error.is_contention(), "{what}");
+    assert!(error.to_string().contains("check the replicas"), "{error}");
+}
+
+/// While the replicas confirm nothing, no acquire can count, and one that fails says so
+/// (`Replication`, an outage), never contention: not a wait that ran out on a key held
+/// throughout, nor a try-lock that found it held, nor a wait that found it held and then free,
+/// nor waits that ran out on a key held only by the other waiters' own attempts, each holding
+/// it while its replicas were waited for (the acquires under way in a cluster whose promoted
+/// primary has no replica yet).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_the_replicas_cannot_confirm_fails_with_replication_never_contention() {
+    let primary = RedisServer::start();
+    let mut replica = RedisServer::start_replica_of(&primary);
+    let locks = primary
+        .manager_builder()
+        .min_replicas(1)
+        .replica_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    distlock_tests::lock_once(&locks, "warm").await;
+    let holder = locks
+        .lock("r-held")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    replica.kill();
+    until_no_replica(&primary);
+    let wait = Duration::from_secs(1);
+    unconfirmed(
+        "held throughout the wait",
+        locks.lock("r-held").wait(wait).acquire().await,
+    );
+    unconfirmed("a try-lock", locks.try_lock("r-held").acquire().await);
+    let waiter = distlock_tests::spawn_unfair_waiter(&locks, "r-held", Duration::from_secs(2));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    holder.release().await.unwrap();
+    unconfirmed("held, then released", waiter.await.unwrap().1);
+    let contenders = (0..8).map(|_| locks.lock("r-busy").wait(wait).acquire());
+    for (i, outcome) in futures_util::future::join_all(contenders)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        unconfirmed(&format!("contender {i}"), outcome);
+    }
+    assert_eq!(
+        primary.command(&["EXISTS", "distlock:lock:{r-busy}"]),
+        ":0\r\n"
+    );
+}
+
+/// With `min_replicas`, a wait ends by its deadline plus one response timeout, as every wait
+/// does, even with a replica timeout longer than the wait: the `WAIT` of an attempt does not
+/// run past it, on a key held throughout nor among contenders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_with_min_replicas_ends_by_its_deadline_plus_one_response_timeout() {
+    let _load = distlock_tests::timed().await;
+    let primary = RedisServer::start();
+    let mut replica = RedisServer::start_replica_of(&primary);
+    let (response_timeout, wait) = (Duration::from_millis(500), Duration::from_millis(1500));
+    let locks = primary
+        .manager_builder()
+        .response_timeout(response_timeout)
+        .min_replicas(1)
+        .replica_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    distlock_tests::lock_once(&locks, "warm").await;
+    let _holder = locks
+        .lock("r-held")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    replica.pause();
+    let bound = wait + response_timeout;
+    let timed = |key: &'static str| {
+        let locks = locks.clone();
+        async move {
+            let started = Instant::now();
+            let outcome = locks.lock(key).wait(wait).acquire().await;
+            (outcome.map(drop), started.elapsed())
+        }
+    };
+    let (outcome, took) = timed("r-held").await;
+    assert!(outcome.is_err(), "{outcome:?}");
+    assert!(took <= bound, "held throughout: ended after {took:?}");
+    let contenders = futures_util::future::join_all((0..8).map(|_| timed("r-busy"))).await;
+    for (i, (outcome, took)) in contenders.into_iter().enumerate() {
+        assert!(outcome.is_err(), "{outcome:?}");
+        assert!(took <= bound, "contender {i}: ended after {took:?}");
+    }
+    replica.resume();
 }
 
 #[tokio::test]

@@ -39,7 +39,7 @@ use crate::keys::LockKeys;
 use crate::lease::{Holding, Lease};
 use crate::mode::LockMode;
 use crate::release::{release_in_background, Leaving};
-use crate::scripts::{Acquire, Waiting};
+use crate::scripts::{Acquire, Unconfirmed, Waiting};
 use crate::telemetry::{self, Tags};
 use crate::topology::Grant;
 use crate::validity::LeaseState;
@@ -149,6 +149,11 @@ struct Acquiring<'a> {
     between: Exposure,
     /// Attempts sent.
     attempts: u32,
+    /// With `min_replicas`: the last attempt found a key held and the replicas did not confirm
+    /// it. A request that ends on it fails with [`LockError::Replication`], not as contention:
+    /// while the replicas confirm nothing, no acquire can count, and the holder it found may be
+    /// another acquire waiting for its own replicas.
+    unconfirmed: Option<Unconfirmed>,
 }
 
 impl<'a> Acquiring<'a> {
@@ -189,9 +194,13 @@ impl<'a> Acquiring<'a> {
                 }
                 Attempts::Fair(FairAttempts::new(&redis_keys[0], ask.ttl, first_secret))
             }
-            Fairness::Unfair => {
-                Attempts::Places(Places::new(route, &redis_keys, &token, ask.ttl, waiting))
-            }
+            Fairness::Unfair => Attempts::Places(Places::new(
+                route,
+                &redis_keys,
+                &token,
+                (ask.ttl, deadline(&ask.wait)),
+                waiting,
+            )),
         };
         let fair_token = (ask.fairness == Fairness::Fair)
             .then(|| (Arc::clone(&token), crate::fair::presence(ask.ttl)));
@@ -212,6 +221,7 @@ impl<'a> Acquiring<'a> {
             exposure: Exposure::Clean,
             between: Exposure::Clean,
             attempts: 0,
+            unconfirmed: None,
         })
     }
 
@@ -294,7 +304,11 @@ impl<'a> Acquiring<'a> {
             Acquire::Held {
                 first_held,
                 remaining,
-            } => self.found_held(first_held, remaining, sent, taken.late),
+                unconfirmed,
+            } => {
+                self.unconfirmed = unconfirmed;
+                self.found_held(first_held, remaining, sent, taken.late)
+            }
         }
     }
 
@@ -311,9 +325,12 @@ impl<'a> Acquiring<'a> {
             self.new_token();
         }
         if self.waiting == Waiting::Never {
-            return Err(LockError::NotAcquired {
-                key: self.key(first_held),
-            });
+            return Err(self.unconfirmed.map_or_else(
+                || LockError::NotAcquired {
+                    key: self.key(first_held),
+                },
+                Unconfirmed::error,
+            ));
         }
         let route = self.context.redis();
         if self.waiting == Waiting::NotYet || late {
@@ -326,7 +343,7 @@ impl<'a> Acquiring<'a> {
                     route,
                     &holding.redis_keys,
                     &holding.token,
-                    self.ask.ttl,
+                    (self.ask.ttl, deadline(&self.ask.wait)),
                     self.waiting,
                 );
             }
@@ -385,10 +402,13 @@ impl<'a> Acquiring<'a> {
                 self.keep_siblings_queued().await;
                 Ok(Stage::Attempting)
             }
-            Wake::Deadline => Err(LockError::Timeout {
-                key: self.key(first_held),
-                waited: self.ask.wait.started.elapsed(),
-            }),
+            Wake::Deadline => Err(self.unconfirmed.map_or_else(
+                || LockError::Timeout {
+                    key: self.key(first_held),
+                    waited: self.ask.wait.started.elapsed(),
+                },
+                Unconfirmed::error,
+            )),
             Wake::Handed(handoff) => Ok(self.handed(&handoff, sent)),
         }
     }
@@ -493,6 +513,11 @@ impl Drop for Acquiring<'_> {
             leaving,
         );
     }
+}
+
+/// When the wait of a request ends, if it waits (not a try-lock).
+fn deadline(wait: &Wait) -> Option<Instant> {
+    (!wait.is_try()).then(|| wait.deadline())
 }
 
 /// A lease's owner token from the random id `id`, with the manager's holder label.

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::{FromRedisValue, Value};
+use tokio::time::Instant;
 
 use crate::call::{Kind, ScriptCall, Taking};
 use crate::failed::{Failed, Reached};
@@ -76,12 +77,13 @@ pub(crate) struct Taken {
 }
 
 impl Places {
-    /// The acquire of `redis_keys` by `token` for `ttl`, marking as `waiting` says.
+    /// The acquire of `redis_keys` by `token` for `ttl`, marking as `waiting` says, for a
+    /// request whose wait ends at `deadline` (none for a try-lock).
     pub(crate) fn new(
         route: &dyn Route,
         redis_keys: &Arc<[LockKeys]>,
         token: &Arc<str>,
-        ttl: Duration,
+        (ttl, deadline): (Duration, Option<Instant>),
         waiting: Waiting,
     ) -> Self {
         let grant = route.grant();
@@ -97,7 +99,7 @@ impl Places {
                     redis_keys,
                     indices.clone(),
                     token,
-                    ttl,
+                    (ttl, deadline),
                     waiting,
                     announce,
                 ),
@@ -135,6 +137,7 @@ impl Places {
                 Ok(Acquire::Held {
                     first_held,
                     remaining,
+                    unconfirmed,
                 }) => {
                     for taken in &self.groups[..drawn.len()] {
                         route
@@ -145,6 +148,7 @@ impl Places {
                     return Ok(Acquire::Held {
                         first_held: group.indices.get(first_held).copied().unwrap_or(0),
                         remaining,
+                        unconfirmed,
                     });
                 }
                 Err(failed) => return Err(wrote(failed, !drawn.is_empty())),
@@ -152,8 +156,10 @@ impl Places {
         }
         let token = drawn.iter().copied().max().unwrap_or(0);
         for (group, _) in self.groups.iter().zip(&drawn).filter(|(_, &t)| t < token) {
+            let mut raise = raise_call(group.taking(), token);
+            raise.deadline = group.acquire.deadline;
             route
-                .call::<Value>(&raise_call(group.taking(), token))
+                .call::<Value>(&raise)
                 .await
                 .map_err(|failed| wrote(failed, true))?;
         }
@@ -207,14 +213,17 @@ impl Places {
                 Ok(Acquire::Held {
                     first_held,
                     remaining,
+                    ..
                 }) => {
                     let longest = match held {
                         Some(Acquire::Held { remaining: r, .. }) => r.max(remaining),
                         _ => remaining,
                     };
+                    // A quorum waits for no replica (`min_replicas` is refused on one).
                     held = Some(Acquire::Held {
                         first_held,
                         remaining: longest,
+                        unconfirmed: None,
                     });
                 }
                 Err(failed) => failures.push(failed),

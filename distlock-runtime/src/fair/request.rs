@@ -165,6 +165,7 @@ impl FairAttempts {
                 Acquire::Held {
                     first_held: 0,
                     remaining,
+                    unconfirmed: None,
                 }
             }
         })

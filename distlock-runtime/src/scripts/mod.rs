@@ -97,12 +97,13 @@ pub(crate) static EXTEND: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(lua!("scripts/holders.lua", "scripts/extend.lua")));
 
 /// The acquire of the keys of `redis_keys` at `indices` (which share a shard) by `token`, for
-/// `ttl`: [`ACQUIRE`]'s call. `announce` and `publish` say how its undo announces itself.
+/// `ttl`, an attempt of a wait that ends at `deadline` (none for a try-lock): [`ACQUIRE`]'s
+/// call. `announce` and `publish` say how its undo announces itself.
 pub(crate) fn acquire_call(
     redis_keys: &Arc<[LockKeys]>,
     indices: Vec<usize>,
     token: &Arc<str>,
-    ttl: Duration,
+    (ttl, deadline): (Duration, Option<tokio::time::Instant>),
     waiting: Waiting,
     (publish, announce): (&'static str, Announce),
 ) -> ScriptCall {
@@ -137,6 +138,7 @@ pub(crate) fn acquire_call(
         publish,
         announce,
     });
+    call.deadline = deadline;
     call
 }
 
@@ -185,7 +187,53 @@ pub(crate) enum Acquire {
         first_held: usize,
         /// The longest remaining lifetime among the held keys, if they all have one.
         remaining: Option<std::time::Duration>,
+        /// With `min_replicas`: the attempt's `WAIT` was answered by fewer replicas than
+        /// required (see `topology/replicas.rs`).
+        unconfirmed: Option<Unconfirmed>,
     },
+}
+
+/// With `min_replicas`, an attempt that found a key held whose `WAIT` fewer replicas than
+/// required answered: the replicas confirm nothing now, so the holder it found may itself be
+/// an acquire waiting for them, and no acquire can count until they answer again. A wait that
+/// ends on such an attempt fails with [`LockError::Replication`](crate::LockError::Replication),
+/// not as contention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unconfirmed {
+    /// How many replicas acknowledged.
+    pub(crate) acked: usize,
+    /// How many were required.
+    pub(crate) needed: usize,
+    /// How long they were waited for.
+    pub(crate) within: std::time::Duration,
+}
+
+impl Unconfirmed {
+    /// The acquire script's answer `held` (`{0, i, pttl}`) with this after it, as a route that
+    /// waits for replicas answers such an attempt: `{0, i, pttl, acked, needed, within_ms}`.
+    pub(crate) fn appended_to(self, held: redis::Value) -> redis::Value {
+        let mut fields = match held {
+            redis::Value::Array(fields) => fields,
+            other => return other,
+        };
+        let count = |n: usize| redis::Value::Int(i64::try_from(n).unwrap_or(i64::MAX));
+        fields.extend([
+            count(self.acked),
+            count(self.needed),
+            redis::Value::Int(i64::try_from(self.within.as_millis()).unwrap_or(i64::MAX)),
+        ]);
+        redis::Value::Array(fields)
+    }
+
+    /// The error of an acquire that ends on this attempt.
+    pub(crate) fn error(self) -> crate::LockError {
+        crate::LockError::Replication {
+            op: "acquire",
+            acked: self.acked,
+            needed: self.needed,
+            within: self.within,
+        }
+    }
 }
 
 /// What a script that takes keys answered: a fencing token when it took them (a bare integer or
@@ -214,16 +262,27 @@ impl redis::FromRedisValue for Acquire {
             Answered::Token(fencing_token) => return Ok(Self::Acquired { fencing_token }),
             Answered::Fields(fields) => fields,
         };
-        match fields.as_slice() {
-            [0, index, pttl] => Ok(Self::Held {
-                first_held: usize::try_from(*index - 1)
-                    .map_err(|_| redis::ParsingError::from("bad key index"))?,
-                remaining: u64::try_from(*pttl)
-                    .ok()
-                    .map(std::time::Duration::from_millis),
-            }),
-            _ => Err(redis::ParsingError::from("unexpected acquire script reply")),
-        }
+        let (index, pttl, unconfirmed) = match fields.as_slice() {
+            [0, index, pttl] => (index, pttl, None),
+            [0, index, pttl, acked, needed, within] => {
+                let count = |n: &i64| usize::try_from(*n).unwrap_or(0);
+                let unconfirmed = Unconfirmed {
+                    acked: count(acked),
+                    needed: count(needed),
+                    within: std::time::Duration::from_millis(u64::try_from(*within).unwrap_or(0)),
+                };
+                (index, pttl, Some(unconfirmed))
+            }
+            _ => return Err(redis::ParsingError::from("unexpected acquire script reply")),
+        };
+        Ok(Self::Held {
+            first_held: usize::try_from(*index - 1)
+                .map_err(|_| redis::ParsingError::from("bad key index"))?,
+            remaining: u64::try_from(*pttl)
+                .ok()
+                .map(std::time::Duration::from_millis),
+            unconfirmed,
+        })
     }
 }
 
@@ -235,6 +294,48 @@ mod tests {
     fn a_splice_puts_the_shared_text_in_place_of_the_marker() {
         const SPLICED: [u8; 9] = lua::splice("a\n--[[ x ]]\nb\n", "--[[ x ]]", "f()\n");
         assert_eq!(&SPLICED, b"a\nf()\n\nb\n");
+    }
+
+    #[test]
+    fn an_unconfirmed_held_answer_is_read_with_its_replicas() {
+        use redis::FromRedisValue;
+        let held = redis::Value::Array(vec![
+            redis::Value::Int(0),
+            redis::Value::Int(2),
+            redis::Value::Int(1500),
+        ]);
+        let unconfirmed = Unconfirmed {
+            acked: 0,
+            needed: 1,
+            within: std::time::Duration::from_millis(250),
+        };
+        let read = |value| Acquire::from_redis_value(value).unwrap();
+        let remaining = Some(std::time::Duration::from_millis(1500));
+        assert_eq!(
+            read(held.clone()),
+            Acquire::Held {
+                first_held: 1,
+                remaining,
+                unconfirmed: None
+            }
+        );
+        assert_eq!(
+            read(unconfirmed.appended_to(held)),
+            Acquire::Held {
+                first_held: 1,
+                remaining,
+                unconfirmed: Some(unconfirmed)
+            }
+        );
+        assert!(matches!(
+            unconfirmed.error(),
+            crate::LockError::Replication {
+                op: "acquire",
+                acked: 0,
+                needed: 1,
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -1,6 +1,12 @@
 //! `min_replicas`: a write and its `WAIT`, in one pipeline on a connection of their own, for
 //! every route (a cluster node's link included), and the undo of an acquire the replicas did
 //! not confirm.
+//!
+//! **Within the wait.** An attempt of a request that waits ends by the wait's deadline plus one
+//! response timeout, as on every route (see [`bounds`]): its `WAIT` waits for the replica
+//! timeout, but never past half a response timeout after the deadline (the other half is the
+//! script's, the answer's and the undo's). A try-lock's one attempt, and renewals, wait the
+//! whole replica timeout.
 
 use std::future::Future;
 use std::sync::Mutex;
@@ -8,10 +14,12 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::Value;
+use tokio::time::Instant;
 
 use crate::call::{BoxFuture, Kind, ScriptCall};
 use crate::error::{LockError, Misconfiguration};
 use crate::failed::{failed, Failed, Reached, PASSING_RETRY};
+use crate::scripts::Unconfirmed;
 use crate::sync::lock;
 use crate::time::millis;
 
@@ -97,12 +105,17 @@ impl Replicated {
         call: &ScriptCall,
         asking: bool,
     ) -> Result<Value, Failed> {
-        match self.run_once(link, call, asking).await {
+        // An attempt of a wait ends by its deadline plus one response timeout (one sent after
+        // the deadline, a response timeout after it is sent), every try of it included.
+        let finish = call
+            .deadline
+            .map(|deadline| deadline.max(Instant::now()) + link.response_timeout());
+        match self.run_once(link, call, asking, finish).await {
             // A replica refused it before running it: once more on a fresh connection, which
             // may reach the primary.
             Err(failed) if failed.is_read_only() && link.retries_read_only() => {
                 link.forget_current();
-                self.run_once(link, call, asking)
+                self.run_once(link, call, asking, finish)
                     .await
                     .map_err(|failed| link.refused_read_only(failed))
             }
@@ -115,6 +128,7 @@ impl Replicated {
         link: &impl Primary,
         call: &ScriptCall,
         asking: bool,
+        finish: Option<Instant>,
     ) -> Result<Value, Failed> {
         let op = call.op;
         let (spare, generation) = {
@@ -129,7 +143,12 @@ impl Replicated {
                 reached: Reached::No,
             })?,
         };
-        match self.send(link, call, asking, conn, generation).await {
+        let send = Sending {
+            asking,
+            generation,
+            finish,
+        };
+        match self.send(link, call, conn, &send).await {
             // A kept connection that died while idle (a server restart): once more, on a
             // fresh one. It may have been sent: an acquire by the same token takes its own
             // keys again, release and extend are idempotent.
@@ -138,7 +157,7 @@ impl Replicated {
                     error,
                     reached: Reached::Maybe,
                 })?;
-                self.send(link, call, asking, conn, generation)
+                self.send(link, call, conn, &send)
                     .await
                     .map_err(|retried| Failed {
                         reached: match retried.reached {
@@ -152,30 +171,33 @@ impl Replicated {
         }
     }
 
-    /// Sends a write and its `WAIT` on `conn` (and `ASKING` first when `asking`), keeps the
-    /// connection for the next replicated write, and undoes an acquire the replicas did not
+    /// Sends a write and its `WAIT` on `conn` (and `ASKING` first when `send.asking`), keeps
+    /// the connection for the next replicated write, and undoes an acquire the replicas did not
     /// confirm. A request refused for a passing reason (`LOADING`, `BUSY`) is sent again on it,
     /// 20 ms apart, within the response timeout.
     async fn send(
         &self,
         link: &impl Primary,
         call: &ScriptCall,
-        asking: bool,
-        mut conn: MultiplexedConnection,
-        generation: u64,
+        conn: MultiplexedConnection,
+        send: &Sending,
     ) -> Result<Value, Failed> {
-        let (op, replicas) = (call.op, self.replicas);
-        // `ping`'s check waits for no replica: it shows that `WAIT` is taken.
-        let (count, wait_ms) = match call.kind {
-            Kind::Check => (0, 0),
-            _ => (replicas.count, millis(replicas.timeout)),
-        };
-        let after = link.response_timeout() + replicas.timeout;
-        conn.set_response_timeout(after);
-        let until = tokio::time::Instant::now() + link.response_timeout();
+        let (op, replicas, asking, finish) = (call.op, self.replicas, send.asking, send.finish);
+        let response_timeout = link.response_timeout();
+        // How long the last try waited for the replicas.
+        let mut within = replicas.timeout;
+        let until = Instant::now() + response_timeout;
         let answer = loop {
             let answer = call
                 .run_with(|cmd| {
+                    let (waited, after) =
+                        bounds(replicas.timeout, response_timeout, finish, Instant::now());
+                    within = waited;
+                    // `ping`'s check waits for no replica: it shows that `WAIT` is taken.
+                    let (count, wait_ms) = match call.kind {
+                        Kind::Check => (0, 0),
+                        _ => (replicas.count, millis(waited)),
+                    };
                     let mut pipe = redis::pipe();
                     if asking {
                         pipe.cmd("ASKING");
@@ -185,6 +207,7 @@ impl Replicated {
                         .arg(count)
                         .arg(wait_ms);
                     let mut conn = conn.clone();
+                    conn.set_response_timeout(after);
                     async move {
                         let count = if asking { 3 } else { 2 };
                         let sent = conn.send_packed_commands(&pipe, 0, count);
@@ -202,10 +225,7 @@ impl Replicated {
                 })
                 .await;
             match answer {
-                Err(failed)
-                    if failed.is_passing()
-                        && tokio::time::Instant::now() + PASSING_RETRY < until =>
-                {
+                Err(failed) if failed.is_passing() && Instant::now() + PASSING_RETRY < until => {
                     tokio::time::sleep(PASSING_RETRY).await;
                 }
                 answer => break answer?,
@@ -213,15 +233,69 @@ impl Replicated {
         };
         {
             let mut spare = lock(&self.spare);
-            if spare.idle.len() < MAX_SPARE && spare.generation == generation {
+            if spare.idle.len() < MAX_SPARE && spare.generation == send.generation {
                 spare.idle.push(conn);
             }
         }
+        let replicas = Replicas {
+            timeout: within,
+            ..replicas
+        };
         confirmed(call, answer, replicas, |undo| async move {
-            link.run_plain(&undo, asking).await
+            let undo = link.run_plain(&undo, asking);
+            // Within the attempt's bound too: an undo cut short is released by token in the
+            // background (see `acquire/mod.rs`, "In doubt").
+            match finish {
+                Some(finish) => tokio::time::timeout_at(finish, undo)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Failed {
+                            error: LockError::RedisTimeout {
+                                op: "release",
+                                after: response_timeout,
+                            },
+                            reached: Reached::Maybe,
+                        })
+                    }),
+                None => undo.await,
+            }
         })
         .await
     }
+}
+
+/// How one replicated write is sent.
+struct Sending {
+    /// `ASKING` first (a cluster slot being imported).
+    asking: bool,
+    /// The failover count when its connection was checked out.
+    generation: u64,
+    /// When it must have ended: an attempt of a wait (see [`bounds`]).
+    finish: Option<Instant>,
+}
+
+/// How long a try sent at `now` waits for the replicas (`WAIT`'s timeout), and how long its
+/// whole pipeline may take. A write that must end by `finish` (an attempt of a wait, see
+/// `Replicated::run`) waits at most until half a response timeout before it (at least 1 ms:
+/// `WAIT 0` would block for good) and its pipeline ends by `finish` (leaving the script and the
+/// answer at least half a response timeout); any other waits the whole replica timeout, its
+/// pipeline a response timeout more.
+fn bounds(
+    replica_timeout: Duration,
+    response_timeout: Duration,
+    finish: Option<Instant>,
+    now: Instant,
+) -> (Duration, Duration) {
+    let Some(finish) = finish else {
+        return (replica_timeout, response_timeout + replica_timeout);
+    };
+    let left = finish.saturating_duration_since(now);
+    let half = response_timeout / 2;
+    // Whole milliseconds, as `WAIT` takes them.
+    let wait = replica_timeout.min(left.saturating_sub(half));
+    let wait = Duration::from_millis(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1));
+    let after = (response_timeout + wait).min(left).max(wait + half);
+    (wait, after)
 }
 
 /// The replies to `[ASKING,] script, WAIT` as `[answer, replicas]`, or the first error among
@@ -256,11 +330,13 @@ fn replicated_answer(
 }
 
 /// With `min_replicas`: the answer of `call` sent in one pipeline with `WAIT` (`pipelined` is
-/// `[answer, replicas that acknowledged]`). When fewer replicas than required did, or the
-/// server refused `WAIT`, an acquire is undone at once (by `run`, its release) and the call
-/// fails with [`LockError::Replication`] (with a `Misconfigured` error naming `WAIT` when it
-/// was refused); it counts as having written (so the acquire also releases by token, in the
-/// background, whatever the undo could not).
+/// `[answer, replicas that acknowledged]`), which waited `replicas.timeout` for them. When
+/// fewer replicas than required did, or the server refused `WAIT`, an acquire is undone at once
+/// (by `run`, its release) and the call fails with [`LockError::Replication`] (with a
+/// `Misconfigured` error naming `WAIT` when it was refused); it counts as having written (so
+/// the acquire also releases by token, in the background, whatever the undo could not). An
+/// acquire that found a key held took nothing: its answer stands, with what the replicas
+/// confirmed after it when too few did ([`Unconfirmed`]: a wait that ends on it says so).
 async fn confirmed<F, Fut>(
     call: &ScriptCall,
     pipelined: Value,
@@ -314,8 +390,21 @@ where
         // they are held (see `scripts/acquire.lua`).
         let took = matches!(answer, Value::Int(_) | Value::BulkString(_));
         if !took {
-            // Held by another owner: nothing was written, and the answer stands.
-            return Ok(answer);
+            // Held by another owner: nothing was taken, and the answer stands.
+            return Ok(match error {
+                LockError::Replication {
+                    acked,
+                    needed,
+                    within,
+                    ..
+                } => Unconfirmed {
+                    acked,
+                    needed,
+                    within,
+                }
+                .appended_to(answer),
+                _ => answer,
+            });
         }
         undone = run(undo).await.is_ok();
     }
@@ -350,6 +439,8 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
+    use redis::FromRedisValue;
+
     use super::*;
     use crate::keys::LockKeys;
     use crate::scripts::{Announce, Waiting};
@@ -366,7 +457,7 @@ mod tests {
             &keys,
             vec![0],
             &Arc::from("0a1b"),
-            Duration::from_secs(30),
+            (Duration::from_secs(30), None),
             Waiting::NotYet,
             ("PUBLISH", Announce::WaitedOn),
         )
@@ -396,6 +487,41 @@ mod tests {
         })
         .await;
         (confirmed, undos.into_inner())
+    }
+
+    #[test]
+    fn an_attempt_of_a_wait_waits_for_replicas_within_its_deadline() {
+        let (replica, response) = (Duration::from_secs(3), Duration::from_millis(500));
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        // No wait to end by (a try-lock, a renewal): the whole replica timeout.
+        assert_eq!(
+            bounds(replica, response, None, now),
+            (replica, response + replica)
+        );
+        // Far from the deadline: the same.
+        let far = now + ms(10_000) + response;
+        assert_eq!(
+            bounds(replica, response, Some(far), now),
+            (replica, response + replica)
+        );
+        // 1 s before it: WAIT ends half a response timeout past it, the pipeline by a whole.
+        let near = now + ms(1000) + response;
+        assert_eq!(
+            bounds(replica, response, Some(near), now),
+            (ms(1250), ms(1500))
+        );
+        // Sent at the deadline: half a response timeout for the replicas, one in all.
+        let at = now + response;
+        assert_eq!(bounds(replica, response, Some(at), now), (ms(250), ms(500)));
+        // A second try past its bound (after NOSCRIPT): 1 ms, never `WAIT 0` (for good).
+        assert_eq!(
+            bounds(replica, response, Some(now), now + ms(5)),
+            (ms(1), ms(251))
+        );
+        // A replica timeout shorter than what is left stays as set.
+        let short = ms(100);
+        assert_eq!(bounds(short, response, Some(at), now), (short, response));
     }
 
     #[tokio::test]
@@ -454,6 +580,26 @@ mod tests {
             "{failed:?}"
         );
         assert_eq!(undos, 1);
+        // Held by another owner: nothing to undo, and the answer says the replicas did not
+        // confirm (a wait that ends on it fails with `Replication`, not as contention).
+        let held = Value::Array(vec![Value::Int(0), Value::Int(1), Value::Int(800)]);
+        let (confirmed, undos) = confirm(&acquire(), held.clone(), Value::Int(0)).await;
+        let answer = confirmed.unwrap();
+        assert_eq!(undos, 0);
+        let unconfirmed = Unconfirmed {
+            acked: 0,
+            needed: 1,
+            within: REPLICAS.timeout,
+        };
+        assert!(
+            matches!(
+                crate::scripts::Acquire::from_redis_value(answer),
+                Ok(crate::scripts::Acquire::Held { unconfirmed: Some(u), .. }) if u == unconfirmed
+            ),
+            "the replicas' shortfall is in the answer"
+        );
+        let (confirmed, _) = confirm(&acquire(), held.clone(), Value::Int(1)).await;
+        assert_eq!(confirmed.unwrap(), held, "confirmed: the answer as it was");
         let (confirmed, _) = confirm(&acquire(), Value::Int(42), Value::Int(1)).await;
         assert_eq!(confirmed.unwrap(), Value::Int(42));
         // `ping`'s check waits for no replica, but a refused WAIT is still a refusal.
