@@ -275,7 +275,11 @@ impl Lease {
     /// script call. Releasing a lease that already expired is not an error.
     ///
     /// If this future is dropped before Redis answers, or the call fails, the release is retried
-    /// from a background task until the keys' ttl has passed.
+    /// from a background task: a failure returns its error all the same, and the background
+    /// release keeps trying while Redis is away (no answer in time, a broken connection,
+    /// `CLUSTERDOWN` or `TRYAGAIN` while a cluster fails over, `READONLY`, `LOADING`) until the
+    /// keys are gone or their ttl has passed; a release Redis refuses for good (an ACL) is tried
+    /// once more and logged.
     ///
     /// ```no_run
     /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
@@ -286,9 +290,12 @@ impl Lease {
     /// ```
     ///
     /// # Errors
-    /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked.
+    /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked (the
+    /// release goes on in the background, as said above).
     pub async fn release(mut self) -> Result<(), LockError> {
         self.renewal = None;
+        // On failure `self` is dropped unreleased: its drop hands the keys to the background
+        // release, which retries an outage until they are gone or their ttl has passed.
         let deleted =
             release_keys(&self.manager, &self.redis_keys, &self.token, Queued::No).await?;
         self.released = true;

@@ -163,6 +163,11 @@
 //! | `CROSSSLOT`, and `ERR SELECT is not allowed in cluster mode` (a URL's database) | one server, a quorum node, a Sentinel primary: `Misconfigured`, [`Misconfiguration::ClusterNode`], as above (a cluster never sends keys of two slots in one call) | no |
 //! | no answer in time, a broken or refused connection | [`LockError::RedisTimeout`] / `Redis`; a request on a connection that died idle is sent once more on a fresh one | as said |
 //!
+//! A release that fails ([`Lease::release`], `run`'s after its body, a lease dropped) is
+//! retried in the background while the failure is one that passes (the rows sent again above,
+//! no answer in time, a broken connection, `READONLY` during a failover, a refused password),
+//! until the keys are gone or their ttl has passed; [`Lease::release`] still returns its error.
+//!
 //! [`LockManager::ping`] checks everything a lock needs before the first lock does, on every
 //! server that holds locks: address, TLS, credentials, database, a writable primary of Redis
 //! 7.0+ or Valkey, every command every script may run (contended and fair too) on the keys

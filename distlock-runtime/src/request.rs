@@ -279,8 +279,8 @@ impl LockRequest {
     ///
     /// If the lease is lost while the body runs (see [`Lease::lost`]), the body is dropped at its
     /// next await point and the call returns [`LockError::LeaseLost`]. A failed release after a
-    /// finished body does not hide the body's result: it is logged, and the keys expire after
-    /// their ttl.
+    /// finished body does not hide the body's result: it is logged, and retried in the
+    /// background as [`Lease::release`] says (until the keys are gone or their ttl has passed).
     ///
     /// **Re-entrancy:** inside a `run` body, a `run` on the same task and manager (or a clone)
     /// for keys this task already holds runs its body at once under the outer lease, without

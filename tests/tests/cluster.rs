@@ -574,3 +574,84 @@ async fn a_request_refused_in_a_later_slot_releases_what_it_took_in_an_earlier_o
     }
     assert!(!held(&cluster, second));
 }
+
+/// Waits until node `node` says `state` (`CLUSTER INFO`'s `cluster_state:fail` or `:ok`).
+async fn until_cluster_state(cluster: &RedisCluster, node: usize, state: &str) {
+    let started = Instant::now();
+    let wanted = format!("cluster_state:{state}");
+    while !cluster
+        .node(node)
+        .command(&["CLUSTER", "INFO"])
+        .contains(&wanted)
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "node {node} never said {wanted}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A release refused because the key's primary sees the cluster as failed (`CLUSTERDOWN`: cut
+/// off from the other primaries) returns that error, and is retried in the background until
+/// the lock is gone: soon after the cluster is whole again, long before the lock's ttl. So is
+/// `run`'s release after its body, whose result the failed release does not hide.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_refused_with_clusterdown_is_retried_until_the_lock_is_gone() {
+    let _load = distlock_tests::heavy().await;
+    let mut cluster = RedisCluster::start(3, 0);
+    let locks = manager(&cluster);
+    let node_of = |key: &str| cluster.primary_of(&format!("distlock:lock:{{{key}}}"));
+    let home = node_of("down");
+    let ran = (0..)
+        .map(|i| format!("down-{i}"))
+        .find(|key| node_of(key) == home)
+        .unwrap();
+    let ttl = Duration::from_secs(30);
+    let lease = locks.lock("down").ttl(ttl).acquire().await.unwrap();
+    let (end, ended) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(locks.lock(&ran).ttl(ttl).run(async move {
+        let _ = ended.await;
+        "the body's result"
+    }));
+    while !held(&cluster, &ran) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The other primaries stop answering: past the node timeout, the key's primary counts
+    // itself in a minority and refuses every key (CLUSTERDOWN), as when it is cut off.
+    let others: Vec<usize> = (0..cluster.node_count()).filter(|&i| i != home).collect();
+    for &i in &others {
+        cluster.node_mut(i).pause();
+    }
+    until_cluster_state(&cluster, home, "fail").await;
+    let refused = lease.release().await.unwrap_err();
+    assert!(refused.is_unavailable(), "{refused:?}");
+    assert!(refused.to_string().contains("cluster is down"), "{refused}");
+    end.send(()).unwrap();
+    assert_eq!(running.await.unwrap().unwrap(), "the body's result");
+    let lock_names = ["down", ran.as_str()].map(|key| format!("distlock:lock:{{{key}}}"));
+    // Keyless (`KEYS`): a node that sees the cluster failed refuses `EXISTS` too.
+    let still_held = |cluster: &RedisCluster| {
+        let held = cluster.node(home).command(&["KEYS", "distlock:lock:*"]);
+        let held: Vec<&str> = held.lines().collect();
+        lock_names
+            .iter()
+            .filter(|name| held.contains(&name.as_str()))
+            .count()
+    };
+    assert_eq!(still_held(&cluster), 2, "nothing could release them yet");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for &i in &others {
+        cluster.resume(i);
+    }
+    until_cluster_state(&cluster, home, "ok").await;
+    let whole = Instant::now();
+    while still_held(&cluster) > 0 {
+        assert!(
+            whole.elapsed() < Duration::from_secs(5),
+            "the locks were left to their {ttl:?} ttl"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("released {:?} after the cluster was whole", whole.elapsed());
+}
