@@ -95,8 +95,8 @@
 //!   flight: one response timeout on one server (the subscriber connection is opened, and keys
 //!   subscribed, by background tasks, never by a waiter). With `min_replicas` too: an attempt
 //!   waits for its replicas (`WAIT`) no later than half a response timeout past the deadline
-//!   (a try-lock's one attempt, up to the replica timeout more). Other topologies' attempts can
-//!   take longer, still bounded: a request for keys in
+//!   (a try-lock, which does not wait, takes up to a response timeout and the replica timeout).
+//!   Other topologies' attempts can take longer, still bounded: a request for keys in
 //!   several cluster slots takes up to a response timeout per slot; a Sentinel dial asks the
 //!   sentinels in turn (a connect and a response timeout each); a quorum round takes at most a
 //!   tenth of the ttl (no more than a response timeout), plus a response timeout when its nodes
