@@ -34,7 +34,10 @@ pub fn faults_possible(test: &str) -> bool {
     let missing = if Command::new("gcc").arg("--version").output().is_err() {
         Some("gcc (apt-get install gcc), to build the clock shim".to_owned())
     } else {
-        match Command::new("iptables").args(["-w", "-S", "OUTPUT"]).output() {
+        match Command::new("iptables")
+            .args(["-w", "-S", "OUTPUT"])
+            .output()
+        {
             Ok(out) if out.status.success() => None,
             Ok(out) => Some(format!(
                 "iptables rights ({}): run as root",
@@ -103,7 +106,11 @@ impl Addresses {
                 claimed.push((address, file));
             }
         }
-        assert_eq!(claimed.len(), n, "fewer than {n} loopback addresses are free");
+        assert_eq!(
+            claimed.len(),
+            n,
+            "fewer than {n} loopback addresses are free"
+        );
         Self { claimed }
     }
 
@@ -145,7 +152,10 @@ fn iptables(args: &[String]) -> Result<(), String> {
 
 /// Removes the rules of test processes that no longer run (killed before their cuts dropped).
 fn sweep_stale_rules() {
-    let Ok(out) = Command::new("iptables").args(["-w", "-S", "OUTPUT"]).output() else {
+    let Ok(out) = Command::new("iptables")
+        .args(["-w", "-S", "OUTPUT"])
+        .output()
+    else {
         return;
     };
     for line in String::from_utf8_lossy(&out.stdout).lines() {
@@ -159,7 +169,10 @@ fn sweep_stale_rules() {
         if !Path::new(&format!("/proc/{pid}")).exists() {
             if let Some(rule) = line.strip_prefix("-A ") {
                 let mut args = vec!["-D".to_owned()];
-                args.extend(rule.split_whitespace().map(|w| w.trim_matches('"').to_owned()));
+                args.extend(
+                    rule.split_whitespace()
+                        .map(|w| w.trim_matches('"').to_owned()),
+                );
                 let _ = iptables(&args);
             }
         }
@@ -441,20 +454,29 @@ impl Cluster {
         let per = 16384 / primaries;
         for (i, node) in cluster.nodes[..primaries].iter().enumerate() {
             let from = i * per;
-            let to = if i + 1 == primaries { 16383 } else { from + per - 1 };
-            node.ask(&["CLUSTER", "ADDSLOTSRANGE", &from.to_string(), &to.to_string()]);
+            let to = if i + 1 == primaries {
+                16383
+            } else {
+                from + per - 1
+            };
+            node.ask(&[
+                "CLUSTER",
+                "ADDSLOTSRANGE",
+                &from.to_string(),
+                &to.to_string(),
+            ]);
         }
         cluster.wait(Duration::from_secs(20), |c| {
             let all = c.nodes.iter().all(|node| {
                 let nodes = node.ask(&["CLUSTER", "NODES"]);
                 nodes.lines().count() == c.nodes.len() && !nodes.contains("handshake")
             });
-            all.then_some(()).ok_or("every node to know the others".to_owned())
+            all.then_some(())
+                .ok_or("every node to know the others".to_owned())
         });
         for i in 0..primaries {
             let id = cluster.nodes[i].ask(&["CLUSTER", "MYID"]);
-            cluster.nodes[primaries + i]
-                .ask(&["CLUSTER", "REPLICATE", id.trim()]);
+            cluster.nodes[primaries + i].ask(&["CLUSTER", "REPLICATE", id.trim()]);
         }
         cluster.wait_settled(Duration::from_secs(30));
         cluster
@@ -544,14 +566,23 @@ impl Cluster {
     }
 
     /// Waits until node `asked` sees `slot` served by another node than `old`, and returns it.
-    pub fn wait_for_new_owner(&self, asked: usize, slot: u16, old: usize, within: Duration) -> usize {
+    pub fn wait_for_new_owner(
+        &self,
+        asked: usize,
+        slot: u16,
+        old: usize,
+        within: Duration,
+    ) -> usize {
         let deadline = Instant::now() + within;
         loop {
             match self.owner_seen_by(asked, slot) {
                 Some(owner) if owner != old => return owner,
                 _ => {}
             }
-            assert!(Instant::now() < deadline, "no failover of slot {slot} within {within:?}");
+            assert!(
+                Instant::now() < deadline,
+                "no failover of slot {slot} within {within:?}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -592,7 +623,10 @@ impl Sentinels {
         replica_program: Option<&Path>,
     ) -> Self {
         let primary = Node::start(addresses.get(0), &[], None);
-        let (ip, port) = (primary.address.to_string(), primary.server.port().to_string());
+        let (ip, port) = (
+            primary.address.to_string(),
+            primary.server.port().to_string(),
+        );
         let replica = Node::start(
             addresses.get(1),
             &["--replicaof", &ip, &port],
@@ -658,8 +692,7 @@ impl Sentinels {
 
     /// The primary's address as sentinel 0 names it.
     pub fn primary_address(&self) -> String {
-        let reply = self.sentinels[0]
-            .ask(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER]);
+        let reply = self.sentinels[0].ask(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER]);
         reply.lines().next().unwrap_or_default().to_owned()
     }
 }

@@ -14,7 +14,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use distlock_tests::history::{check, now_us, read_histories, CheckOptions, Event, FaultPhase, Recorder, Report};
+use distlock_tests::history::{
+    check, now_us, read_histories, CheckOptions, Event, FaultPhase, Recorder, Report,
+};
 use distlock_tests::partition::{
     faults_possible, Addresses, Cluster, Cut, FakeClock, Node, Sentinels, CLIENTS, MASTER,
 };
@@ -94,7 +96,12 @@ impl Load {
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        assert_eq!(line.trim(), "ready", "{name} did not start: {}", self.stderr(&name));
+        assert_eq!(
+            line.trim(),
+            "ready",
+            "{name} did not start: {}",
+            self.stderr(&name)
+        );
         self.children.push(child);
         self.histories.push(history);
     }
@@ -171,10 +178,17 @@ fn longest_acquire(events: &[Event]) -> Duration {
     let mut longest = 0;
     for event in events {
         match event {
-            Event::Invoke { process, op, at, .. } => {
+            Event::Invoke {
+                process, op, at, ..
+            } => {
                 invoked.insert((process, *op), *at);
             }
-            Event::Granted { process, op, at, .. } | Event::Failed { process, op, at, .. } => {
+            Event::Granted {
+                process, op, at, ..
+            }
+            | Event::Failed {
+                process, op, at, ..
+            } => {
                 if let Some(started) = invoked.get(&(process.as_str(), *op)) {
                     longest = longest.max(at - started);
                 }
@@ -203,7 +217,9 @@ fn assert_fenced(report: &Report) {
 fn assert_resumed(report: &Report, within: Duration) {
     for resume in &report.resumes {
         assert!(
-            resume.after_us.is_some_and(|us| us <= within.as_micros() as u64),
+            resume
+                .after_us
+                .is_some_and(|us| us <= within.as_micros() as u64),
             "{} did not resume within {within:?} of healing {}: {report}",
             resume.process,
             resume.fault
@@ -267,7 +283,10 @@ fn a_cluster_primary_cut_off_keeps_fencing_and_locking_goes_on_at_the_promoted_p
     // waiters hear of releases there.
     for process in ["p1", "p2"] {
         let rate = per_second(grants.get(process).copied().unwrap_or(0), from, healed);
-        assert!(rate >= 10.0, "{process} locked {rate:.1}/s after the promotion: {report}");
+        assert!(
+            rate >= 10.0,
+            "{process} locked {rate:.1}/s after the promotion: {report}"
+        );
     }
 }
 
@@ -276,8 +295,10 @@ fn with_min_replicas_a_cluster_primary_cut_off_grants_no_key_twice() {
     if !faults_possible("cluster_primary_cut_off_min_replicas") {
         return;
     }
-    let (events, report, promoted, healed) =
-        cluster_cut("cluster, primary cut off, min_replicas(1)", &["min_replicas=1"]);
+    let (events, report, promoted, healed) = cluster_cut(
+        "cluster, primary cut off, min_replicas(1)",
+        &["min_replicas=1"],
+    );
     let failures = failures_between(&events, promoted, healed);
     eprintln!(
         "after the promotion: grants {:?}, failures {failures:?}; longest acquire {:?}",
@@ -292,7 +313,10 @@ fn with_min_replicas_a_cluster_primary_cut_off_grants_no_key_twice() {
     assert_eq!(failures.get("busy"), None, "{failures:?}");
     // Every wait (1 s) ended by its deadline and one response timeout (0.5 s).
     let longest = longest_acquire(&events);
-    assert!(longest <= Duration::from_millis(1_650), "an acquire took {longest:?}");
+    assert!(
+        longest <= Duration::from_millis(1_650),
+        "an acquire took {longest:?}"
+    );
 }
 
 /// A Sentinel-managed primary cut off from its replica and the sentinels for 6 s (clients
@@ -327,8 +351,14 @@ fn sentinel_cut(case: &str, options: &[&str]) -> (Vec<Event>, Report, u64, u64) 
     // The sentinels turn the old primary into a replica of the new one (some seconds after they
     // see it again): until then a write cannot reach a replica.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !group.servers[0].ask(&["INFO", "replication"]).contains("master_link_status:up") {
-        assert!(Instant::now() < deadline, "the old primary did not follow the new one");
+    while !group.servers[0]
+        .ask(&["INFO", "replication"])
+        .contains("master_link_status:up")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the old primary did not follow the new one"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_secs(2));
@@ -353,7 +383,10 @@ fn a_sentinel_primary_cut_off_keeps_fencing_and_the_promoted_one_serves() {
     assert_resumed(&report, Duration::from_secs(5));
     for process in ["p1", "p2"] {
         let rate = per_second(grants.get(process).copied().unwrap_or(0), from, healed);
-        assert!(rate >= 10.0, "{process} locked {rate:.1}/s after the promotion: {report}");
+        assert!(
+            rate >= 10.0,
+            "{process} locked {rate:.1}/s after the promotion: {report}"
+        );
     }
 }
 
@@ -362,8 +395,10 @@ fn with_min_replicas_a_sentinel_primary_cut_off_grants_no_key_twice() {
     if !faults_possible("sentinel_primary_cut_off_min_replicas") {
         return;
     }
-    let (events, report, promoted, healed) =
-        sentinel_cut("Sentinel, primary cut off, min_replicas(1)", &["min_replicas=1"]);
+    let (events, report, promoted, healed) = sentinel_cut(
+        "Sentinel, primary cut off, min_replicas(1)",
+        &["min_replicas=1"],
+    );
     let failures = failures_between(&events, promoted, healed);
     eprintln!(
         "after the promotion: grants {:?}, failures {failures:?}; longest acquire {:?}",
@@ -377,13 +412,18 @@ fn with_min_replicas_a_sentinel_primary_cut_off_grants_no_key_twice() {
     assert_resumed(&report, Duration::from_secs(20));
     assert_eq!(failures.get("busy"), None, "{failures:?}");
     let longest = longest_acquire(&events);
-    assert!(longest <= Duration::from_millis(1_650), "an acquire took {longest:?}");
+    assert!(
+        longest <= Duration::from_millis(1_650),
+        "an acquire took {longest:?}"
+    );
 }
 
 /// A quorum of five on addresses of their own; `cut` of them cut off from the clients for 5 s.
 fn quorum_cut(case: &str, cut_off: usize) -> (Vec<Event>, Report, u64, u64) {
     let addresses = Addresses::claim(5);
-    let nodes: Vec<Node> = (0..5).map(|i| Node::start(addresses.get(i), &[], None)).collect();
+    let nodes: Vec<Node> = (0..5)
+        .map(|i| Node::start(addresses.get(i), &[], None))
+        .collect();
     let urls: Vec<String> = nodes.iter().map(Node::url).collect();
     let topology = format!("quorum={}", urls.join(","));
     let mut load = Load::start(case);
@@ -411,12 +451,18 @@ fn a_quorums_minority_cut_off_changes_nothing() {
     // A round waits for no node that does not answer longer than the response timeout.
     let from = cut_at + 1_000_000;
     let grants = grants_between(&events, from, healed);
-    eprintln!("during the cut: grants {grants:?}, failures {:?}", failures_between(&events, from, healed));
+    eprintln!(
+        "during the cut: grants {grants:?}, failures {:?}",
+        failures_between(&events, from, healed)
+    );
     assert!(report.overlaps.is_empty(), "{report}");
     assert_fenced(&report);
     for process in ["p1", "p2", "p3"] {
         let rate = per_second(grants.get(process).copied().unwrap_or(0), from, healed);
-        assert!(rate >= 5.0, "{process} locked {rate:.1}/s with a minority cut off: {report}");
+        assert!(
+            rate >= 5.0,
+            "{process} locked {rate:.1}/s with a minority cut off: {report}"
+        );
     }
 }
 
@@ -429,8 +475,14 @@ fn a_quorums_majority_cut_off_stops_locking_and_never_splits() {
     // Acquires answered in the cut, after those already out when it began.
     let from = cut_at + 1_000_000;
     let grants = grants_between(&events, from, healed);
-    eprintln!("during the cut: grants {grants:?}, failures {:?}", failures_between(&events, from, healed));
-    assert!(grants.is_empty(), "leases granted without a majority: {grants:?}");
+    eprintln!(
+        "during the cut: grants {grants:?}, failures {:?}",
+        failures_between(&events, from, healed)
+    );
+    assert!(
+        grants.is_empty(),
+        "leases granted without a majority: {grants:?}"
+    );
     assert!(report.overlaps.is_empty(), "{report}");
     assert_fenced(&report);
     assert_resumed(&report, Duration::from_secs(3));
@@ -448,7 +500,13 @@ fn client_cut(case: &str, one_way: bool) -> (Vec<Event>, Report, u64, u64) {
     };
     load.add(holder);
     std::thread::sleep(Duration::from_millis(500));
-    load.add(Worker::new(&format!("url={}", node.server.url()), 2, 1, 50, &["ttl=3000", "wait=1000"]));
+    load.add(Worker::new(
+        &format!("url={}", node.server.url()),
+        2,
+        1,
+        50,
+        &["ttl=3000", "wait=1000"],
+    ));
     std::thread::sleep(Duration::from_secs(2));
     let cut_at = load.fault("client cut off", FaultPhase::Start);
     let cut = Cut::new(&[node.address], &[CLIENTS], one_way);
@@ -472,8 +530,13 @@ fn a_holder_cut_off_from_redis_stops_before_anybody_else_takes_its_key() {
     assert_fenced(&report);
     // The holder's key expired in Redis within its ttl: the rival got it during the cut.
     assert!(rival.get("p2").is_some_and(|&n| n > 0), "{report}");
-    let lost = events.iter().any(|e| matches!(e, Event::Lost { process, .. } if process == "p1"));
-    assert!(lost, "the holder never learned its lease was lost: {report}");
+    let lost = events
+        .iter()
+        .any(|e| matches!(e, Event::Lost { process, .. } if process == "p1"));
+    assert!(
+        lost,
+        "the holder never learned its lease was lost: {report}"
+    );
 }
 
 #[test]
@@ -481,7 +544,8 @@ fn a_client_whose_replies_are_lost_leaves_no_lock_held_for_ever() {
     if !faults_possible("replies_lost") {
         return;
     }
-    let (events, report, cut_at, healed) = client_cut("one server, replies to one client lost", true);
+    let (events, report, cut_at, healed) =
+        client_cut("one server, replies to one client lost", true);
     let rival = grants_between(&events, cut_at + 4_000_000, healed);
     eprintln!(
         "during the cut: grants {:?} (from ttl + 1 s on: {rival:?}), failures {:?}",
@@ -517,7 +581,10 @@ fn a_server_clock_ahead_or_behind_changes_nothing() {
     if !faults_possible("clock_offset") {
         return;
     }
-    for (case, offset) in [("one server, clock 30 s ahead", 30), ("one server, clock 30 s behind", -30)] {
+    for (case, offset) in [
+        ("one server, clock 30 s ahead", 30),
+        ("one server, clock 30 s behind", -30),
+    ] {
         let (_, report) = clocked(case, &[offset; 5]);
         assert!(report.overlaps.is_empty(), "{report}");
         assert_fenced(&report);
@@ -552,7 +619,10 @@ fn a_quorum_node_whose_clock_jumps_changes_nothing() {
             Node::start(addresses.get(i), &[], program.as_deref())
         })
         .collect();
-    let topology = format!("quorum={}", nodes.iter().map(Node::url).collect::<Vec<_>>().join(","));
+    let topology = format!(
+        "quorum={}",
+        nodes.iter().map(Node::url).collect::<Vec<_>>().join(",")
+    );
     let mut load = Load::start("quorum of 3, one clock jumps 10 s forward then back");
     load.add(Worker::new(&topology, 4, 2, 1200, &[]));
     load.add(Worker::new(&topology, 4, 2, 1200, &[]));
@@ -576,18 +646,111 @@ fn a_promoted_replica_whose_clock_runs_ahead_frees_keys_early_and_fencing_keeps_
     let addresses = Addresses::claim(5);
     let group = Sentinels::start_with(&addresses, 1000, Some(&clock.program()));
     let topology = format!("sentinel={MASTER}@{}", group.sentinel_urls().join(","));
-    let mut load = Load::start("Sentinel, failover to a replica 5 s ahead, min_replicas(1)");
-    load.add(Worker::new(&topology, 4, 2, 1200, &["min_replicas=1"]));
-    load.add(Worker::new(&topology, 4, 2, 1200, &["min_replicas=1"]));
+    let mut load = Load::start("Sentinel, failover to a replica 5 s ahead");
+    load.add(Worker::new(&topology, 4, 2, 1200, &[]));
+    load.add(Worker::new(&topology, 4, 2, 1200, &[]));
     std::thread::sleep(Duration::from_secs(2));
     load.fault("failover", FaultPhase::Start);
     group.sentinels[0].ask(&["SENTINEL", "FAILOVER", MASTER]);
-    std::thread::sleep(Duration::from_secs(5));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !group.servers[0]
+        .ask(&["INFO", "replication"])
+        .contains("master_link_status:up")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the old primary did not follow the new one"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     load.fault("failover", FaultPhase::Heal);
-    std::thread::sleep(Duration::from_secs(2));
+    std::thread::sleep(Duration::from_secs(3));
     let (_, report) = load.stop(&CheckOptions::default());
     // Keys are replicated with their expiry as a time: the promoted replica, 5 s ahead, finds
     // every lease of a 2 s ttl expired (measured: docs/reliability.md). Fencing keeps order.
     assert_fenced(&report);
     assert_resumed(&report, Duration::from_secs(5));
+}
+
+/// The long version: random cuts for minutes (`DISTLOCK_FAULT_MINUTES`, 4 unless set), half the
+/// time on a cluster (a random node cut off from the others, clients still reaching it), half
+/// on a quorum of five (random nodes cut off from the clients), each cut lasting 1 to 8 s with
+/// 2 to 6 s between them. Fencing must hold throughout, and every process lock again within 10 s
+/// of each heal. Run with `cargo test -p distlock-tests --test partitions -- --ignored
+/// --nocapture`.
+#[test]
+#[ignore = "minutes long: the short cases above run in CI"]
+fn random_fault_schedules() {
+    if !faults_possible("random_fault_schedules") {
+        return;
+    }
+    let minutes: u64 = std::env::var("DISTLOCK_FAULT_MINUTES")
+        .ok()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(4);
+    let half = Duration::from_secs(minutes * 30);
+    let pause = || Duration::from_millis(fastrand::u64(2_000..6_000));
+    let length = || Duration::from_millis(fastrand::u64(1_000..8_000));
+
+    let addresses = Addresses::claim(6);
+    let cluster = Cluster::start(&addresses, 3, 1000);
+    let topology = format!("cluster={}", cluster.seed_urls().join(","));
+    let mut load = Load::start("random cuts, cluster");
+    load.add(Worker::new(&topology, 4, 4, 10, &[]));
+    load.add(Worker::new(&topology, 4, 4, 10, &[]));
+    load.add(Worker::new(&topology, 4, 2, 1500, &["from=10", "ttl=5000"]));
+    let until = Instant::now() + half;
+    let mut cuts = 0;
+    while Instant::now() < until {
+        std::thread::sleep(pause());
+        let node = fastrand::usize(0..cluster.nodes.len());
+        let name = format!("node {node} cut off");
+        load.fault(&name, FaultPhase::Start);
+        let cut = Cut::between(
+            &[cluster.nodes[node].address],
+            &cluster.addresses_but(&[node]),
+        );
+        std::thread::sleep(length());
+        load.fault(&name, FaultPhase::Heal);
+        cut.heal();
+        cluster.wait_settled(Duration::from_secs(30));
+        cuts += 1;
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let (_, report) = load.stop(&CheckOptions::default());
+    eprintln!("{cuts} cuts; overlaps {}", report.overlaps.len());
+    assert_fenced(&report);
+    assert_resumed(&report, Duration::from_secs(10));
+
+    let addresses = Addresses::claim(5);
+    let nodes: Vec<Node> = (0..5)
+        .map(|i| Node::start(addresses.get(i), &[], None))
+        .collect();
+    let topology = format!(
+        "quorum={}",
+        nodes.iter().map(Node::url).collect::<Vec<_>>().join(",")
+    );
+    let mut load = Load::start("random cuts, quorum of 5");
+    for _ in 0..3 {
+        load.add(Worker::new(&topology, 4, 4, 10, &[]));
+    }
+    let until = Instant::now() + half;
+    while Instant::now() < until {
+        std::thread::sleep(pause());
+        let mut chosen: Vec<usize> = (0..5).collect();
+        fastrand::shuffle(&mut chosen);
+        chosen.truncate(fastrand::usize(1..=3));
+        let name = format!("nodes {chosen:?} cut off");
+        load.fault(&name, FaultPhase::Start);
+        let cut_off: Vec<_> = chosen.iter().map(|&i| nodes[i].address).collect();
+        let cut = Cut::between(&cut_off, &[CLIENTS]);
+        std::thread::sleep(length());
+        load.fault(&name, FaultPhase::Heal);
+        cut.heal();
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let (_, report) = load.stop(&CheckOptions::default());
+    assert!(report.overlaps.is_empty(), "{report}");
+    assert_fenced(&report);
+    assert_resumed(&report, Duration::from_secs(10));
 }

@@ -86,9 +86,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [topology, storage, history, process, tasks, keys, hold, rest @ ..] = args.as_slice()
     else {
-        return Err("usage: partition_worker TOPOLOGY STORAGE_URL HISTORY PROCESS TASKS KEYS \
+        return Err(
+            "usage: partition_worker TOPOLOGY STORAGE_URL HISTORY PROCESS TASKS KEYS \
                     HOLD_MS [ttl=MS] [wait=MS] [min_replicas=N] [unfair]"
-            .into());
+                .into(),
+        );
     };
     let (tasks, keys, hold): (usize, u64, u64) = (tasks.parse()?, keys.parse()?, hold.parse()?);
     let ttl = Duration::from_millis(option(rest, "ttl", 2000));
@@ -142,7 +144,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 };
                 let token = lease.fencing_token();
                 recorder.granted(op, &key, token, lease.remaining());
-                let work = body(&recorder, op, &key, token, &lease, storage.clone(), &script, hold);
+                let work = body(
+                    &recorder,
+                    op,
+                    &key,
+                    token,
+                    &lease,
+                    storage.clone(),
+                    &script,
+                    hold,
+                );
                 tokio::select! {
                     () = work => {
                         recorder.body_end(op);
@@ -164,8 +175,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The locked body: twice notes the lease's validity and writes to the fenced storage, with a
-/// pause of half the hold after each.
+/// The locked body: two fenced writes, at its start and halfway through the hold, and the
+/// lease's validity noted before each and every 50 ms (renewals move it on), while it lasts.
 #[allow(clippy::too_many_arguments)]
 async fn body(
     recorder: &Recorder,
@@ -178,7 +189,7 @@ async fn body(
     hold_ms: u64,
 ) {
     for _ in 0..2 {
-        recorder.valid(op, lease.remaining());
+        note_validity(recorder, op, lease);
         let invoked = now_us();
         let reply: redis::RedisResult<i64> = script
             .key(format!("fence:{key}"))
@@ -192,6 +203,21 @@ async fn body(
             Err(_) => WriteOutcome::Unknown,
         };
         recorder.write(op, key, token, invoked, outcome);
-        tokio::time::sleep(Duration::from_millis(hold_ms / 2)).await;
+        let until = tokio::time::Instant::now() + Duration::from_millis(hold_ms / 2);
+        while tokio::time::Instant::now() < until {
+            tokio::time::sleep_until(
+                until.min(tokio::time::Instant::now() + Duration::from_millis(50)),
+            )
+            .await;
+            note_validity(recorder, op, lease);
+        }
+    }
+}
+
+/// Notes how long the lease is valid, while it is (a lost one's zero would move its end on).
+fn note_validity(recorder: &Recorder, op: u64, lease: &distlock_runtime::Lease) {
+    let remaining = lease.remaining();
+    if !remaining.is_zero() {
+        recorder.valid(op, remaining);
     }
 }
