@@ -132,7 +132,11 @@ impl Load {
         let events = read_histories(&self.histories).expect("read the histories");
         let report = check(&events, options);
         eprintln!("== {}\n{report}", self.case);
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if std::env::var_os("DISTLOCK_KEEP_HISTORIES").is_some() {
+            eprintln!("histories kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
         (events, report)
     }
 }
@@ -225,6 +229,26 @@ fn assert_resumed(report: &Report, within: Duration) {
             resume.fault
         );
     }
+}
+
+/// Each process's leases granted per second, from `from`, one column a second: for the eye.
+fn timeline(events: &[Event], from: u64) -> String {
+    let mut rows: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for event in events {
+        if let Event::Granted { process, at, .. } = event {
+            if *at >= from {
+                let second = ((at - from) / 1_000_000) as usize;
+                let row = rows.entry(process).or_default();
+                if row.len() <= second {
+                    row.resize(second + 1, 0);
+                }
+                row[second] += 1;
+            }
+        }
+    }
+    rows.iter()
+        .map(|(process, row)| format!("{process}: {row:?}\n"))
+        .collect()
 }
 
 fn per_second(count: u64, from: u64, to: u64) -> f64 {
@@ -418,7 +442,8 @@ fn with_min_replicas_a_sentinel_primary_cut_off_grants_no_key_twice() {
     );
 }
 
-/// A quorum of five on addresses of their own; `cut` of them cut off from the clients for 5 s.
+/// A quorum of five on addresses of their own; `cut_off` of them (node 0, where subscriptions
+/// start, among them) cut off from the clients for 6 s.
 fn quorum_cut(case: &str, cut_off: usize) -> (Vec<Event>, Report, u64, u64) {
     let addresses = Addresses::claim(5);
     let nodes: Vec<Node> = (0..5)
@@ -428,13 +453,13 @@ fn quorum_cut(case: &str, cut_off: usize) -> (Vec<Event>, Report, u64, u64) {
     let topology = format!("quorum={}", urls.join(","));
     let mut load = Load::start(case);
     for _ in 0..3 {
-        load.add(Worker::new(&topology, 4, 2, 10, &[]));
+        load.add(Worker::new(&topology, 4, 8, 10, &[]));
     }
     std::thread::sleep(Duration::from_secs(2));
     let minority: Vec<_> = nodes[..cut_off].iter().map(|n| n.address).collect();
     let cut_at = load.fault("nodes cut off", FaultPhase::Start);
     let cut = Cut::between(&minority, &[CLIENTS]);
-    std::thread::sleep(Duration::from_secs(5));
+    std::thread::sleep(Duration::from_secs(6));
     let healed = load.fault("nodes cut off", FaultPhase::Heal);
     cut.heal();
     std::thread::sleep(Duration::from_secs(2));
@@ -448,9 +473,16 @@ fn a_quorums_minority_cut_off_changes_nothing() {
         return;
     }
     let (events, report, cut_at, healed) = quorum_cut("quorum of 5, 2 cut off", 2);
-    // A round waits for no node that does not answer longer than the response timeout.
-    let from = cut_at + 1_000_000;
+    // A round waits for the majority only. Waiters subscribed on a node cut off hear of no
+    // release until the subscriber connection's check (a PING every 2 s) replaces it, on a node
+    // that answers: judged from 3 s into the cut. (With 3 of 5 nodes left, a round needs every
+    // one of them: contended acquires split their votes more often, so the keys are 8 here.)
+    let from = cut_at + 3_000_000;
     let grants = grants_between(&events, from, healed);
+    eprint!(
+        "grants a second from 2 s before the cut:\n{}",
+        timeline(&events, cut_at - 2_000_000)
+    );
     eprintln!(
         "during the cut: grants {grants:?}, failures {:?}",
         failures_between(&events, from, healed)
@@ -460,7 +492,7 @@ fn a_quorums_minority_cut_off_changes_nothing() {
     for process in ["p1", "p2", "p3"] {
         let rate = per_second(grants.get(process).copied().unwrap_or(0), from, healed);
         assert!(
-            rate >= 5.0,
+            rate >= 3.0,
             "{process} locked {rate:.1}/s with a minority cut off: {report}"
         );
     }
@@ -606,8 +638,12 @@ fn a_server_clock_jumping_forward_frees_keys_early_and_fencing_keeps_order() {
     assert_fenced(&report);
 }
 
+/// Kleppmann's case: a lease granted by nodes 0 and 1 while node 2 still held an older lease;
+/// node 0's clock jumps and expires it; a second acquire then takes nodes 0 and 2, a second
+/// majority, while the first holder still runs (measured: docs/reliability.md). Fencing keeps
+/// the storage in order.
 #[test]
-fn a_quorum_node_whose_clock_jumps_changes_nothing() {
+fn a_quorum_node_whose_clock_jumps_can_grant_a_key_twice_and_fencing_keeps_order() {
     if !faults_possible("quorum_clock_jump") {
         return;
     }
@@ -631,7 +667,6 @@ fn a_quorum_node_whose_clock_jumps_changes_nothing() {
         std::thread::sleep(Duration::from_secs(1));
     }
     let (_, report) = load.stop(&CheckOptions::default());
-    assert!(report.overlaps.is_empty(), "{report}");
     assert_fenced(&report);
 }
 
@@ -753,4 +788,67 @@ fn random_fault_schedules() {
     assert!(report.overlaps.is_empty(), "{report}");
     assert_fenced(&report);
     assert_resumed(&report, Duration::from_secs(10));
+}
+
+/// A quorum's subscriber connection goes to a node that answers: its waiters are woken by the
+/// release, not by polling. Before, the first node was dialled again and again while it was cut
+/// off (each connect cut short by the notifier's connect timeout before the next node was
+/// chosen), and waiters polled for as long as the cut lasted.
+#[test]
+fn a_quorum_waiter_is_woken_by_a_release_while_the_first_node_is_cut_off() {
+    if !faults_possible("quorum_subscriber_cut_off") {
+        return;
+    }
+    let addresses = Addresses::claim(3);
+    let nodes: Vec<Node> = (0..3)
+        .map(|i| Node::start(addresses.get(i), &[], None))
+        .collect();
+    let _cut = Cut::between(&[nodes[0].address], &[CLIENTS]);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let locks = distlock_runtime::LockManager::builder()
+            .quorum(nodes.iter().map(Node::url).collect::<Vec<_>>())
+            .connect_timeout(Duration::from_millis(500))
+            .response_timeout(Duration::from_millis(500))
+            .build()
+            .unwrap();
+        let held = locks
+            .lock("woken")
+            .ttl(Duration::from_secs(10))
+            .acquire()
+            .await
+            .unwrap();
+        let waiter = {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let lease = locks
+                    .lock("woken")
+                    .wait(Duration::from_secs(8))
+                    .acquire()
+                    .await;
+                (lease.map(drop), started.elapsed())
+            })
+        };
+        // Time to find a node for the subscriber connection and subscribe there.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let before = nodes[1].server.script_calls();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let polled = nodes[1].server.script_calls() - before;
+        held.release().await.unwrap();
+        let (acquired, waited) = waiter.await.unwrap();
+        acquired.unwrap();
+        eprintln!("the waiter's attempts in 2 s: {polled}; acquired after {waited:?}");
+        // A notified waiter sleeps until the release (or the holder's expiry); a polling one
+        // tries every 50 ms at most.
+        assert!(polled <= 2, "the waiter polled: {polled} attempts in 2 s");
+        assert!(
+            waited < Duration::from_millis(5_300),
+            "acquired after {waited:?}"
+        );
+    });
 }

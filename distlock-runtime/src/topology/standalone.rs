@@ -117,27 +117,43 @@ impl Dial for PoolDial {
     }
 }
 
-/// Subscribes with `SUBSCRIBE` on a pub/sub connection to one of `clients`, trying the next one
-/// after a failure (a quorum has several servers, any one of which announces every release).
+/// Subscribes with `SUBSCRIBE` on a pub/sub connection to one of `clients` (a quorum has
+/// several servers, any one of which announces every release).
 pub(crate) struct PlainSubscriber {
     pub(crate) clients: Vec<redis::Client>,
+    /// The server the last connection went to.
     pub(crate) next: std::sync::atomic::AtomicUsize,
 }
 
 impl Subscribe for PlainSubscriber {
+    /// Dials every server at once and keeps the first connection made: a server that does not
+    /// answer (hung, or cut off by the network: its connect only times out) costs nothing while
+    /// another answers. One tried at a time, a cut-off server was tried again and again, its
+    /// connect cut short each time by the notifier's own timeout before the next was chosen.
     fn open(
         &self,
         on_message: OnMessage,
     ) -> BoxFuture<'_, redis::RedisResult<(Arc<dyn Channels>, Ended)>> {
         use std::sync::atomic::Ordering;
-        let i = self.next.load(Ordering::Relaxed) % self.clients.len();
-        let client = self.clients[i].clone();
+        let count = self.clients.len();
+        let last = self.next.load(Ordering::Relaxed);
+        let attempts: Vec<_> = (0..count)
+            .map(|k| {
+                // The last server first: on one that answers at once it wins the race.
+                let i = (last + k) % count;
+                let client = self.clients[i].clone();
+                let on_message = Arc::clone(&on_message);
+                Box::pin(async move {
+                    open_plain(&client, std::future::pending(), on_message)
+                        .await
+                        .map(|opened| (i, opened))
+                })
+            })
+            .collect();
         Box::pin(async move {
-            let opened = open_plain(&client, std::future::pending(), on_message).await;
-            if opened.is_err() {
-                self.next.store(i + 1, Ordering::Relaxed);
-            }
-            opened
+            let ((i, opened), _others) = futures_util::future::select_ok(attempts).await?;
+            self.next.store(i, Ordering::Relaxed);
+            Ok(opened)
         })
     }
 }
