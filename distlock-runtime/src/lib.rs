@@ -82,7 +82,10 @@
 //! - Mutual exclusion per key while leases are valid (an exclusive holder alone, readers only
 //!   beside readers, at most N holders of a semaphore's N permits). A lease's validity is counted from before
 //!   its request was sent, less a clock-drift margin, so this process gives up a lease before
-//!   Redis expires it.
+//!   Redis expires it. Redis expires keys by its wall clock: exclusion assumes that a server's
+//!   clock does not jump forward while it holds a lease, nor a replica's run ahead of its
+//!   primary's (a quorum too: a second majority can form around one node whose clock jumped).
+//!   Fencing tokens keep storage in order when it does.
 //! - A lock is only released or extended by its owner: a 128-bit token from the operating
 //!   system's random source (a uuid v4, never a seeded or forkable generator), compared in Lua.
 //!   Renewal never re-creates a lock that is gone.
