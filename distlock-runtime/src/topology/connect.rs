@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use deadpool_redis::{Pool, PoolError, Runtime};
+use deadpool_redis::{Pool, PoolError, Runtime, TimeoutType};
 use redis::aio::MultiplexedConnection;
 
 use crate::error::LockError;
@@ -42,6 +42,14 @@ pub(crate) async fn take_from_pool(
             })
         }
         Ok(Err(PoolError::Backend(source))) => return Err(LockError::from_redis(op, source)),
+        // The pool's own create timeout is the connect timeout (see `create_pool`): it and
+        // redis-rs's fire together, and either one is a connect that timed out.
+        Ok(Err(PoolError::Timeout(TimeoutType::Create))) => {
+            return Err(LockError::RedisTimeout {
+                op,
+                after: timeouts.connect,
+            })
+        }
         Ok(Err(PoolError::Timeout(_))) | Err(_) => {
             return Err(LockError::RedisTimeout { op, after })
         }
