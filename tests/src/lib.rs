@@ -534,17 +534,31 @@ pub async fn until_queued(conn: &redis::aio::MultiplexedConnection, key: &str, n
 /// # Panics
 /// If nobody subscribes.
 pub async fn until_subscribed(conn: &redis::aio::MultiplexedConnection, key: &str) {
+    until_subscribed_on_any(std::slice::from_ref(conn), key).await;
+}
+
+/// Waits until some client is subscribed to `key`'s release channel on one of the servers of
+/// `conns` (a quorum's subscriber connection goes to whichever node answers first).
+///
+/// # Panics
+/// If nobody subscribes.
+pub async fn until_subscribed_on_any(conns: &[redis::aio::MultiplexedConnection], key: &str) {
     let channel = format!("distlock:lock:{{{key}}}");
     let found = eventually(Duration::from_secs(5), || {
-        let (mut conn, channel) = (conn.clone(), channel.clone());
+        let (conns, channel) = (conns.to_vec(), channel.clone());
         async move {
-            let counts: Vec<(String, u64)> = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(&channel)
-                .query_async(&mut conn)
-                .await
-                .expect("PUBSUB NUMSUB");
-            counts.first().is_some_and(|(_, n)| *n > 0)
+            for mut conn in conns {
+                let counts: Vec<(String, u64)> = redis::cmd("PUBSUB")
+                    .arg("NUMSUB")
+                    .arg(&channel)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("PUBSUB NUMSUB");
+                if counts.first().is_some_and(|(_, n)| *n > 0) {
+                    return true;
+                }
+            }
+            false
         }
     })
     .await;

@@ -247,8 +247,7 @@ async fn a_waiter_on_a_quorum_is_woken_by_the_release() {
     assert_eq!(listed.len(), 1, "{listed:?}");
     let waiting = distlock_tests::spawn_waiter(&locks[1], "q-wake", Duration::from_secs(20));
     // The waiter subscribes on the first node that answers.
-    let conn = servers[0].client().await;
-    distlock_tests::until_subscribed(&conn, "q-wake").await;
+    distlock_tests::until_subscribed_on_any(&clients(&servers).await, "q-wake").await;
     let released = Instant::now();
     held.release().await.unwrap();
     let (acquired, lease) = waiting.await.unwrap();
@@ -274,8 +273,7 @@ async fn a_quorum_waiter_is_woken_even_where_its_mark_is_missing() {
         .unwrap();
     let waiting =
         distlock_tests::spawn_unfair_waiter(&locks[1], "q-unmarked", Duration::from_secs(20));
-    let conn = servers[0].client().await;
-    distlock_tests::until_subscribed(&conn, "q-unmarked").await;
+    distlock_tests::until_subscribed_on_any(&clients(&servers).await, "q-unmarked").await;
     // Both of the waiter's attempts (held, then once more once subscribed), and their answers:
     // every node marked (on a loaded machine the answers can take a while), then a little more
     // for the second attempt's.
@@ -538,4 +536,13 @@ async fn inspect_reports_the_lock_as_a_majority_of_nodes_hold_it() {
     }
     assert!(reader.held_locks("q-*").await.unwrap().is_empty());
     drop(lease);
+}
+
+/// A connection to each server, for the test's own commands.
+async fn clients(servers: &[RedisServer]) -> Vec<redis::aio::MultiplexedConnection> {
+    let mut clients = Vec::with_capacity(servers.len());
+    for server in servers {
+        clients.push(server.client().await);
+    }
+    clients
 }

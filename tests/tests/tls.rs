@@ -31,18 +31,21 @@ fn assert_refused(error: &LockError, problem: Misconfiguration, advice: &str) {
     assert!(message.contains(advice), "{message}");
 }
 
-/// Takes `key`, has a second manager wait for it, and checks that the waiter subscribed (on the
-/// server behind `plain`, by its plain port) and got the lock soon after the release.
+/// Takes `key`, has a second manager wait for it, and checks that the waiter subscribed (on one
+/// of the servers behind `plain`, by their plain ports) and got the lock soon after the release.
 async fn lock_and_hand_over(
     locks: &LockManager,
     waiter: &LockManager,
-    plain: &TlsServer,
+    plain: &[&TlsServer],
     key: &str,
 ) {
     let held = locks.lock(key).acquire().await.unwrap();
     let waiting = distlock_tests::spawn_waiter(waiter, key, Duration::from_secs(10));
-    let conn = plain.server().client().await;
-    distlock_tests::until_subscribed(&conn, key).await;
+    let mut conns = Vec::with_capacity(plain.len());
+    for server in plain {
+        conns.push(server.server().client().await);
+    }
+    distlock_tests::until_subscribed_on_any(&conns, key).await;
     let first = held.fencing_token();
     let released = Instant::now();
     held.release().await.unwrap();
@@ -74,7 +77,7 @@ async fn a_lock_cycle_over_rediss_works_and_a_waiter_is_woken_over_tls() {
     waiter.ping().await.unwrap();
     let counted = locks.lock("tls-cycle").run(async { "ran" }).await.unwrap();
     assert_eq!(counted, "ran");
-    lock_and_hand_over(&locks, &waiter, &server, "tls-handed").await;
+    lock_and_hand_over(&locks, &waiter, &[&server], "tls-handed").await;
 }
 
 #[tokio::test]
@@ -231,7 +234,7 @@ async fn mutual_tls_works_with_a_client_certificate_and_is_refused_without_one()
     };
     let (locks, waiter) = (with_certificate(), with_certificate());
     locks.ping().await.unwrap();
-    lock_and_hand_over(&locks, &waiter, &server, "mtls").await;
+    lock_and_hand_over(&locks, &waiter, &[&server], "mtls").await;
 
     let without = server.manager_builder(&ca).build().unwrap();
     let started = Instant::now();
@@ -428,8 +431,9 @@ async fn a_quorum_of_three_servers_over_mutual_tls_with_an_acl_user_locks_and_wa
         assert!(clients.contains("user=locker"), "{clients}");
     }
     lease.release().await.unwrap();
-    // The waiter subscribes on the first node.
-    lock_and_hand_over(&locks, &waiter, &servers[0], "tls-quorum-wake").await;
+    // The waiter subscribes on the first node that answers.
+    let all: Vec<&TlsServer> = servers.iter().collect();
+    lock_and_hand_over(&locks, &waiter, &all, "tls-quorum-wake").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -532,5 +536,5 @@ async fn a_sentinel_over_tls_names_a_primary_that_is_reached_over_tls() {
     };
     let (locks, waiter) = (manager(), manager());
     locks.ping().await.unwrap();
-    lock_and_hand_over(&locks, &waiter, &primary, "tls-sentinel").await;
+    lock_and_hand_over(&locks, &waiter, &[&primary], "tls-sentinel").await;
 }
