@@ -39,7 +39,7 @@
 //! lost ends the whole subscriber connection, so waiters poll (with a bound) and subscribe anew.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -784,41 +784,8 @@ impl Subscribe for ClusterSubscriber {
             open: Mutex::new(HashMap::new()),
             subscribed: Mutex::new(HashMap::new()),
         });
-        tokio::spawn(follow_slots(
-            Arc::downgrade(&channels),
-            self.0.fetched.subscribe(),
-            lost.clone(),
-        ));
         let ended: Ended = Box::pin(lost.cancelled_owned());
         Box::pin(async move { Ok((channels as Arc<dyn Channels>, ended)) })
-    }
-}
-
-/// After each fetch of the slot map, ends the subscriptions whose slot the map now gives
-/// another primary ([`ShardChannels::drop_moved`]); stops with the subscriber connection.
-///
-/// A primary cut off from the rest of its cluster does not know that its replica was promoted
-/// in its place: it never ends its subscribers' subscriptions (as a primary that hands a slot
-/// over does, with a `SUNSUBSCRIBE` push), while releases are published on the new primary.
-/// Without this, waiters would hear of no release until the old primary came back.
-async fn follow_slots(
-    channels: Weak<ShardChannels>,
-    mut fetched: watch::Receiver<u64>,
-    lost: CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            changed = fetched.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
-            () = lost.cancelled() => return,
-        }
-        let Some(channels) = channels.upgrade() else {
-            return;
-        };
-        channels.drop_moved();
     }
 }
 
@@ -838,6 +805,13 @@ impl ShardChannels {
     /// its channel's slot, as if that node had ended it: the notifier wakes the channel's
     /// waiters, and the next one subscribes where the key lives now. The old subscription is
     /// `SUNSUBSCRIBE`d in the background (its answer, or the lack of one, changes nothing).
+    ///
+    /// A primary cut off from the rest of its cluster does not know that its replica was
+    /// promoted in its place: it never ends its subscribers' subscriptions (as a primary that
+    /// hands a slot over does, with a `SUNSUBSCRIBE` push) and answers their `PING`s, while
+    /// releases are published on the new primary. Run with each check of the subscriber
+    /// connection (every 2 s), so waiters hear of releases again within that of the slot map
+    /// naming the new primary, without following every fetch of a map still settling.
     fn drop_moved(&self) {
         let moved: Vec<(String, Address)> = {
             let mut subscribed = lock(&self.subscribed);
@@ -979,6 +953,7 @@ impl Channels for ShardChannels {
     }
 
     fn ping(&self) -> BoxFuture<'_, redis::RedisResult<()>> {
+        self.drop_moved();
         let conns: Vec<MultiplexedConnection> = lock(&self.open).values().cloned().collect();
         // Any answer will do, a refusal too (an ACL user without `+ping`): it came.
         Box::pin(async move {
