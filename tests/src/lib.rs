@@ -279,6 +279,31 @@ pub fn manager_at(url: &str, timeout: Duration) -> distlock_runtime::LockManager
         .pool_wait_timeout(timeout)
 }
 
+/// `builder` set to the deployment a worker process's `TOPOLOGY` argument names:
+/// `url=URL`, `cluster=URL,URL,...`, `sentinel=NAME@URL,URL,...` or `quorum=URL,URL,...`.
+///
+/// # Errors
+/// A `TOPOLOGY` of another form, with the forms it takes.
+pub fn with_topology(
+    builder: distlock_runtime::LockManagerBuilder,
+    topology: &str,
+) -> Result<distlock_runtime::LockManagerBuilder, String> {
+    let (kind, spec) = topology
+        .split_once('=')
+        .ok_or("topology: url=, cluster=, sentinel= or quorum=")?;
+    let urls = |list: &str| list.split(',').map(str::to_owned).collect::<Vec<_>>();
+    Ok(match kind {
+        "url" => builder.url(spec),
+        "cluster" => builder.cluster(urls(spec)),
+        "quorum" => builder.quorum(urls(spec)),
+        "sentinel" => {
+            let (name, list) = spec.split_once('@').ok_or("sentinel=NAME@URL,...")?;
+            builder.sentinel(name, urls(list))
+        }
+        other => return Err(format!("unknown topology {other}")),
+    })
+}
+
 /// Tests in one binary run in parallel. Those that assert tight timings hold [`timed`] and
 /// those that load both cores hold [`heavy`], so a timing is never measured while another test
 /// of the same binary saturates the machine. Light tests take neither.

@@ -255,21 +255,28 @@ fn per_second(count: u64, from: u64, to: u64) -> f64 {
     count as f64 / ((to - from) as f64 / 1e6)
 }
 
+/// The load a failover case runs under, started and warmed up for 2 s: two processes lock keys
+/// with 10 ms holds (ttl 2 s), a third holds its own keys for 4 s of a 5 s ttl (holds that span
+/// the failover); `options` for all three.
+fn failover_load(case: &str, topology: &str, options: &[&str]) -> Load {
+    let mut load = Load::start(case);
+    let mut long = options.to_vec();
+    long.extend(["from=10", "ttl=5000"]);
+    load.add(Worker::new(topology, 4, 2, 10, options));
+    load.add(Worker::new(topology, 4, 2, 10, options));
+    load.add(Worker::new(topology, 4, 2, 4000, &long));
+    std::thread::sleep(Duration::from_secs(2));
+    load
+}
+
 /// A cluster (3 primaries, a replica each, `cluster-node-timeout` 1 s) whose keys' primary is
-/// cut off from its replica and the other primaries for 8 s while clients still reach it. Two
-/// processes lock keys with 10 ms holds (ttl 2 s), a third holds its keys for 4 s of a 5 s ttl
-/// (holds that span the failover).
+/// cut off from its replica and the other primaries for 8 s while clients still reach it, under
+/// [`failover_load`].
 fn cluster_cut(case: &str, options: &[&str]) -> (Vec<Event>, Report, u64, u64) {
     let addresses = Addresses::claim(6);
     let cluster = Cluster::start(&addresses, 3, 1000);
     let topology = format!("cluster={}", cluster.seed_urls().join(","));
-    let mut load = Load::start(case);
-    let mut long = options.to_vec();
-    long.extend(["from=10", "ttl=5000"]);
-    load.add(Worker::new(&topology, 4, 2, 10, options));
-    load.add(Worker::new(&topology, 4, 2, 10, options));
-    load.add(Worker::new(&topology, 4, 2, 4000, &long));
-    std::thread::sleep(Duration::from_secs(2));
+    let load = failover_load(case, &topology, options);
     let slot = cluster.slot_of("{fault}:0");
     let old = cluster.owner_seen_by(0, slot).expect("the slot's primary");
     let others = cluster.addresses_but(&[old]);
@@ -343,19 +350,13 @@ fn with_min_replicas_a_cluster_primary_cut_off_grants_no_key_twice() {
     );
 }
 
-/// A Sentinel-managed primary cut off from its replica and the sentinels for 6 s (clients
-/// still reach it).
+/// A Sentinel-managed primary cut off from its replica and the sentinels until 5 s after the
+/// failover, while clients still reach it, under [`failover_load`].
 fn sentinel_cut(case: &str, options: &[&str]) -> (Vec<Event>, Report, u64, u64) {
     let addresses = Addresses::claim(5);
     let group = Sentinels::start(&addresses, 1000);
     let topology = format!("sentinel={MASTER}@{}", group.sentinel_urls().join(","));
-    let mut load = Load::start(case);
-    let mut long = options.to_vec();
-    long.extend(["from=10", "ttl=5000"]);
-    load.add(Worker::new(&topology, 4, 2, 10, options));
-    load.add(Worker::new(&topology, 4, 2, 10, options));
-    load.add(Worker::new(&topology, 4, 2, 4000, &long));
-    std::thread::sleep(Duration::from_secs(2));
+    let load = failover_load(case, &topology, options);
     let old = group.primary_address();
     let primary = group.servers[0].address;
     let others: Vec<_> = std::iter::once(group.servers[1].address)

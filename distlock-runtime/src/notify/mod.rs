@@ -744,7 +744,7 @@ async fn watch_end(_watching: Watching, link: Arc<Link>, ended: Ended, response:
             () = &mut ended => break,
             () = link.close.cancelled() => return,
             () = tokio::time::sleep(CHECK_EVERY) => {
-                if !matches!(tokio::time::timeout(response, link.sink.ping()).await, Ok(Ok(()))) {
+                if !matches!(tokio::time::timeout(response, link.sink.check()).await, Ok(Ok(()))) {
                     tracing::debug!("distlock subscriber connection stopped answering; reconnecting");
                     break;
                 }

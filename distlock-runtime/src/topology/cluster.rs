@@ -952,7 +952,7 @@ impl Channels for ShardChannels {
         })
     }
 
-    fn ping(&self) -> BoxFuture<'_, redis::RedisResult<()>> {
+    fn check(&self) -> BoxFuture<'_, redis::RedisResult<()>> {
         self.drop_moved();
         let conns: Vec<MultiplexedConnection> = lock(&self.open).values().cloned().collect();
         // Any answer will do, a refusal too (an ACL user without `+ping`): it came.

@@ -262,9 +262,11 @@ pub(crate) fn push_handler(
 pub(crate) trait Channels: Send + Sync + 'static {
     fn subscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>>;
     fn unsubscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>>;
-    /// Checks that the connection (each of them, on a cluster) still answers: one that stopped
-    /// (a server hung, a network cut that closed nothing) would never say so itself.
-    fn ping(&self) -> BoxFuture<'_, redis::RedisResult<()>>;
+    /// Run every 2 s by the notifier: checks with a `PING` that the connection (each of them,
+    /// on a cluster) still answers, as one that stopped (a server hung, a network cut that
+    /// closed nothing) would never say so itself; on a cluster, first ends the subscriptions
+    /// whose slot the map now gives another primary (`ShardChannels::drop_moved`).
+    fn check(&self) -> BoxFuture<'_, redis::RedisResult<()>>;
 }
 
 /// One event on a subscriber connection.

@@ -200,7 +200,7 @@ impl Channels for PlainChannels {
         Box::pin(async move { conn.unsubscribe(channel).await })
     }
 
-    fn ping(&self) -> BoxFuture<'_, redis::RedisResult<()>> {
+    fn check(&self) -> BoxFuture<'_, redis::RedisResult<()>> {
         let mut conn = self.0.clone();
         // Any answer will do, a refusal too (an ACL user without `+ping`): it came.
         Box::pin(async move {

@@ -65,19 +65,7 @@ fn build(topology: &str) -> Result<LockManager, Box<dyn std::error::Error>> {
     let builder = LockManager::builder()
         .connect_timeout(Duration::from_millis(500))
         .response_timeout(Duration::from_secs(1));
-    let (kind, spec) = topology.split_once('=').ok_or("topology: KIND=...")?;
-    let urls = || spec.split(',').map(str::to_owned).collect::<Vec<_>>();
-    let builder = match kind {
-        "url" => builder.url(spec),
-        "cluster" => builder.cluster(urls()),
-        "quorum" => builder.quorum(urls()),
-        "sentinel" => {
-            let (name, urls) = spec.split_once('@').ok_or("sentinel=NAME@URL,...")?;
-            builder.sentinel(name, urls.split(',').map(str::to_owned).collect::<Vec<_>>())
-        }
-        other => return Err(format!("unknown topology {other}").into()),
-    };
-    Ok(builder.build()?)
+    Ok(distlock_tests::with_topology(builder, topology)?.build()?)
 }
 
 fn unix_ms() -> u128 {

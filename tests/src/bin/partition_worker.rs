@@ -38,19 +38,7 @@ fn build(topology: &str, min_replicas: usize) -> Result<LockManager, Box<dyn std
     if min_replicas > 0 {
         builder = builder.min_replicas(min_replicas);
     }
-    let (kind, spec) = topology.split_once('=').ok_or("topology: KIND=...")?;
-    let urls = || spec.split(',').map(str::to_owned).collect::<Vec<_>>();
-    let builder = match kind {
-        "url" => builder.url(spec),
-        "cluster" => builder.cluster(urls()),
-        "quorum" => builder.quorum(urls()),
-        "sentinel" => {
-            let (name, urls) = spec.split_once('@').ok_or("sentinel=NAME@URL,...")?;
-            builder.sentinel(name, urls.split(',').map(str::to_owned).collect::<Vec<_>>())
-        }
-        other => return Err(format!("unknown topology {other}").into()),
-    };
-    Ok(builder.build()?)
+    Ok(distlock_tests::with_topology(builder, topology)?.build()?)
 }
 
 /// The class the checker counts a failed acquire under.
