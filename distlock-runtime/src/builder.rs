@@ -13,13 +13,9 @@ use crate::manager::LockManager;
 use crate::notify::Notifications;
 use crate::renew::Renewals;
 use crate::tls::Tls;
-use crate::topology::cluster::Cluster;
-use crate::topology::quorum::Quorum;
-use crate::topology::sentinel::Sentinel;
-use crate::topology::standalone::Standalone;
 use crate::topology::Replicas;
-use crate::topology::Route;
 use crate::topology::Timeouts;
+use crate::topology::{sentinel, Cluster, Deployment, One, Quorum, Serial};
 use crate::validity::check_ttl;
 
 impl LockManager {
@@ -118,6 +114,57 @@ enum Source {
 }
 
 impl Source {
+    /// The deployment it names.
+    fn deploy(
+        self,
+        tls: &Tls,
+        timeouts: Timeouts,
+        replicas: Option<Replicas>,
+        pool_size: usize,
+    ) -> Result<Deployment, LockError> {
+        Ok(match self {
+            Self::Pool(pool) => Deployment::Serial(Serial::One(One::server(
+                pool,
+                None,
+                timeouts,
+                false,
+                "(caller's pool)".to_owned(),
+                replicas,
+            ))),
+            Self::Url(url) => {
+                let (info, endpoint) = crate::topology::parse_url(&url, tls)?;
+                let client = crate::topology::client(info.clone())?;
+                let pool = crate::topology::create_pool(info, pool_size, timeouts)?;
+                Deployment::Serial(Serial::One(One::server(
+                    pool,
+                    Some(client),
+                    timeouts,
+                    true,
+                    endpoint,
+                    replicas,
+                )))
+            }
+            Self::Cluster(urls) => Deployment::Serial(Serial::Sharded(Cluster::new(
+                &urls, tls, timeouts, replicas,
+            )?)),
+            Self::Sentinel { master, urls } => {
+                let one = sentinel::primary(master, &urls, tls, timeouts, replicas)?;
+                Deployment::Serial(Serial::One(one))
+            }
+            Self::Quorum(urls) => {
+                if replicas.is_some() {
+                    return Err(LockError::InvalidConfig {
+                        what: "min_replicas",
+                        reason: "a quorum's nodes are independent primaries; a majority of \
+                                 them is its redundancy"
+                            .to_owned(),
+                    });
+                }
+                Deployment::Majority(Quorum::new(&urls, tls, timeouts)?)
+            }
+        })
+    }
+
     /// The builder method that chose it; `url` and `pool` are one topology.
     fn method(&self) -> &'static str {
         match self {
@@ -596,106 +643,23 @@ impl LockManagerBuilder {
     /// or the TLS certificates are unusable or given without a `rediss://` URL;
     /// [`LockError::InvalidUrl`] when the URL is unusable.
     pub fn build(self) -> Result<LockManager, LockError> {
-        for (what, value) in [
-            ("connect_timeout", self.connect_timeout),
-            ("response_timeout", self.response_timeout),
-            ("pool_wait_timeout", self.pool_wait_timeout),
-        ] {
-            if value.is_zero() {
-                return Err(LockError::InvalidConfig {
-                    what,
-                    reason: "must be greater than zero: every Redis call needs a bound".to_owned(),
-                });
-            }
-        }
-        if self.pool_size == 0 {
-            return Err(LockError::InvalidConfig {
-                what: "pool_size",
-                reason: "must be at least 1".to_owned(),
-            });
-        }
-        check_ttl(self.default_ttl)?;
+        self.check()?;
         let timeouts = self.timeouts();
-        if let Some((first, second)) = self.conflict {
-            return Err(LockError::InvalidConfig {
-                what: "topology",
-                reason: format!(
-                    "both {first} and {second} were given; a manager uses exactly one topology"
-                ),
-            });
-        }
-        if self.tls.is_set() {
-            self.tls.check()?;
-            let urls = self.source.as_ref().map_or(&[][..], Source::urls);
-            if !urls.iter().any(|url| crate::tls::is_tls_url(url)) {
-                return Err(LockError::InvalidConfig {
-                    what: "tls",
-                    reason: "TLS certificates were given, but none of the manager's URLs is a \
-                             rediss:// one (and a caller's pool has TLS settings of its own): \
-                             use rediss://host:port for a server that speaks TLS"
-                        .to_owned(),
-                });
-            }
-        }
-        if self.replica_timeout.is_zero() && self.min_replicas > 0 {
-            return Err(LockError::InvalidConfig {
-                what: "replica_timeout",
-                reason: "must be greater than zero: every Redis call needs a bound".to_owned(),
-            });
-        }
         let replicas = (self.min_replicas > 0).then_some(Replicas {
             count: self.min_replicas,
             timeout: self.replica_timeout,
         });
-        let redis: Arc<dyn Route> = match self.source {
-            None => {
-                return Err(LockError::InvalidConfig {
-                    what: "topology",
-                    reason: "give the builder one of .url(..), .pool(..), .cluster(..), \
-                             .sentinel(..) or .quorum(..)"
-                        .to_owned(),
-                })
-            }
-            Some(Source::Pool(pool)) => Arc::new(Standalone::new(
-                pool,
-                None,
-                timeouts,
-                false,
-                "(caller's pool)".to_owned(),
-                replicas,
-            )),
-            Some(Source::Url(url)) => {
-                let (info, endpoint) = crate::topology::parse_url(&url, &self.tls)?;
-                let client = crate::topology::client(info.clone())?;
-                let pool = crate::topology::create_pool(info, self.pool_size, timeouts)?;
-                Arc::new(Standalone::new(
-                    pool,
-                    Some(client),
-                    timeouts,
-                    true,
-                    endpoint,
-                    replicas,
-                ))
-            }
-            Some(Source::Cluster(urls)) => {
-                Arc::new(Cluster::new(&urls, &self.tls, timeouts, replicas)?)
-            }
-            Some(Source::Sentinel { master, urls }) => {
-                Arc::new(Sentinel::new(master, &urls, &self.tls, timeouts, replicas)?)
-            }
-            Some(Source::Quorum(urls)) => {
-                if replicas.is_some() {
-                    return Err(LockError::InvalidConfig {
-                        what: "min_replicas",
-                        reason: "a quorum's nodes are independent primaries; a majority of \
-                                 them is its redundancy"
-                            .to_owned(),
-                    });
-                }
-                Arc::new(Quorum::new(&urls, &self.tls, timeouts)?)
-            }
+        let Some(source) = self.source else {
+            return Err(LockError::InvalidConfig {
+                what: "topology",
+                reason: "give the builder one of .url(..), .pool(..), .cluster(..), \
+                         .sentinel(..) or .quorum(..)"
+                    .to_owned(),
+            });
         };
-        let default_fair = match (self.default_fair, redis.refuses_fair()) {
+        let redis = source.deploy(&self.tls, timeouts, replicas, self.pool_size)?;
+        let redis = Arc::new(redis);
+        let default_fair = match (self.default_fair, redis.fair().err()) {
             (Some(true), Some(reason)) => {
                 return Err(LockError::InvalidConfig {
                     what: "default_fair",
@@ -725,5 +689,56 @@ impl LockManagerBuilder {
             stats: Counters::default(),
             servers_seen: Default::default(),
         }))
+    }
+
+    /// The settings [`build`](Self::build) refuses, without a connection.
+    fn check(&self) -> Result<(), LockError> {
+        for (what, value) in [
+            ("connect_timeout", self.connect_timeout),
+            ("response_timeout", self.response_timeout),
+            ("pool_wait_timeout", self.pool_wait_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(LockError::InvalidConfig {
+                    what,
+                    reason: "must be greater than zero: every Redis call needs a bound".to_owned(),
+                });
+            }
+        }
+        if self.pool_size == 0 {
+            return Err(LockError::InvalidConfig {
+                what: "pool_size",
+                reason: "must be at least 1".to_owned(),
+            });
+        }
+        check_ttl(self.default_ttl)?;
+        if let Some((first, second)) = self.conflict {
+            return Err(LockError::InvalidConfig {
+                what: "topology",
+                reason: format!(
+                    "both {first} and {second} were given; a manager uses exactly one topology"
+                ),
+            });
+        }
+        if self.tls.is_set() {
+            self.tls.check()?;
+            let urls = self.source.as_ref().map_or(&[][..], Source::urls);
+            if !urls.iter().any(|url| crate::tls::is_tls_url(url)) {
+                return Err(LockError::InvalidConfig {
+                    what: "tls",
+                    reason: "TLS certificates were given, but none of the manager's URLs is a \
+                             rediss:// one (and a caller's pool has TLS settings of its own): \
+                             use rediss://host:port for a server that speaks TLS"
+                        .to_owned(),
+                });
+            }
+        }
+        if self.replica_timeout.is_zero() && self.min_replicas > 0 {
+            return Err(LockError::InvalidConfig {
+                what: "replica_timeout",
+                reason: "must be greater than zero: every Redis call needs a bound".to_owned(),
+            });
+        }
+        Ok(())
     }
 }

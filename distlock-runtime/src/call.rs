@@ -1,9 +1,10 @@
-//! A script call, and what its failure tells: the unit every layer above a route speaks in.
+//! A script call, and what its failure tells: the unit every layer above `topology/` speaks in.
 //!
 //! The request logic describes each Redis operation as a [`ScriptCall`] (a [`Lua`] script, its
-//! keys and arguments, and its [`Kind`]); a route (`topology/`) runs it; a call that fails says
-//! how far its request got ([`Failed`], [`Reached`](crate::failed::Reached)), which decides whether what it would have
-//! written may be there.
+//! keys and arguments, and what `min_replicas` asks of it); the deployment (`topology/`) runs
+//! it; a call that fails says how far its request got ([`Failed`],
+//! [`Reached`](crate::failed::Reached)), which decides whether what it would have written may
+//! be there.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -18,48 +19,38 @@ use crate::keys::LockKeys;
 use crate::scripts::flags::Announce;
 use crate::scripts::lua::Lua;
 
-/// A boxed future, as the object-safe [`Route`](crate::topology::Route) returns.
+/// A boxed future, as the object-safe traits of `topology/` return.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// What a call does, which says how a quorum combines its nodes' answers (see `quorum.rs`).
-pub(crate) enum Kind {
-    /// Writes nothing; counts when a majority answers.
-    Read,
-    /// `LockManager::ping`'s check (`scripts/check.lua`): writes nothing. With `min_replicas`
-    /// it goes with a `WAIT 0 0`, which waits for no replica: the server (or a proxy in front
-    /// of it) shows that it takes `WAIT`, which every replicated write needs.
-    Check,
-    /// Reads one lock (`scripts/inspect.lua`): a quorum answers the holders a majority of its
-    /// nodes list, as `inspect::quorum_view` combines them.
-    Inspect,
-    /// Takes lock keys: answers a fencing token, or who holds them.
-    Acquire(Taking),
-    /// Releases by token: answers how many keys were released.
-    Release,
-    /// Releases whoever holds (`force_release`): answers how many keys were released; run to
-    /// the end on every server before it counts.
-    ForceRelease,
-    /// Extends leases by token: answers one 0 or 1 per lease.
-    Extend,
-    /// Raises fencing counters: answers nothing of interest.
-    Raise,
-    /// A fair queue's call; a route that refuses fair requests never sees one.
-    Fair,
+/// What `min_replicas` asks of a call (see `topology/replicas.rs`): whether it counts only
+/// once replicas confirmed it.
+pub(crate) enum Confirm {
+    /// Writes nothing a lease relies on (a read, a release): sent alone.
+    No,
+    /// `LockManager::ping`'s check (`scripts/check.lua`): with a `WAIT 0 0`, which waits for
+    /// no replica: the server (or a proxy in front of it) shows that it takes `WAIT`, which
+    /// every replicated write needs.
+    Shown,
+    /// Prolongs a lease, raises a fencing counter or takes a fair queue's key: counts once
+    /// replicas confirmed it.
+    Write,
+    /// Takes the keys `Taking` names: as [`Write`](Self::Write), but an acquire that found a
+    /// key held took nothing, and its answer stands (with what the replicas confirmed); one
+    /// that took the keys unconfirmed is undone at once.
+    Acquire(Arc<Taking>),
 }
 
-/// What an acquire call takes, so a quorum can write the greatest fencing token back to the
-/// keys' counters, and a failed or unconfirmed acquire can be undone. The undo is built only
-/// when needed: most acquires never use it.
+/// What one acquire call takes: the keys of `keys` at `indices` (which share a shard) by
+/// `token`, for `ttl`. A quorum writes the greatest fencing token back to their counters
+/// ([`raise_call`](crate::fence::raise_call)); a failed or unconfirmed acquire is undone
+/// ([`undo`](Self::undo), announced with `publish` as `announce` says), built only when needed: most
+/// acquires never use it.
 pub(crate) struct Taking {
-    /// The request's keys; the call takes those at `indices`.
     pub(crate) keys: Arc<[LockKeys]>,
     pub(crate) indices: Vec<usize>,
     pub(crate) token: Arc<str>,
-    /// The lease's ttl.
     pub(crate) ttl: Duration,
-    /// How the route announces a release (see `Route::publish_command`).
     pub(crate) publish: &'static str,
-    /// Which releases it announces (see `Route::announces`).
     pub(crate) announce: Announce,
 }
 
@@ -70,18 +61,7 @@ impl Taking {
     }
 }
 
-impl Kind {
-    /// Whether, with `min_replicas`, the call counts only once replicas confirmed it: what takes
-    /// or prolongs a lock, or raises a fencing counter.
-    pub(crate) fn needs_replicas(&self) -> bool {
-        matches!(
-            self,
-            Self::Acquire(_) | Self::Extend | Self::Raise | Self::Fair | Self::Check
-        )
-    }
-}
-
-/// One script call: the script, its keys and arguments, and its [`Kind`].
+/// One script call: the script, its keys and arguments, and what `min_replicas` asks of it.
 pub(crate) struct ScriptCall {
     /// What it does, for errors and logs.
     pub(crate) op: &'static str,
@@ -93,7 +73,7 @@ pub(crate) struct ScriptCall {
     /// How many keys the call declared, and how many were added so far.
     key_count: usize,
     keys_added: usize,
-    pub(crate) kind: Kind,
+    pub(crate) confirm: Confirm,
     /// When the wait this call is part of ends, for an attempt of a request that waits (its
     /// acquire, and its fencing write-back): with `min_replicas`, its `WAIT` ends by then
     /// plus half a response timeout (see `topology/replicas.rs`).
@@ -106,7 +86,12 @@ const FIRST_KEY: usize = 3;
 impl ScriptCall {
     /// A call of `lua` with `key_count` keys, added with [`key`](Self::key) before any
     /// argument (Redis takes the count first).
-    pub(crate) fn new(op: &'static str, lua: &'static Lua, kind: Kind, key_count: usize) -> Self {
+    pub(crate) fn new(
+        op: &'static str,
+        lua: &'static Lua,
+        confirm: Confirm,
+        key_count: usize,
+    ) -> Self {
         let mut evalsha = Cmd::with_capacity(FIRST_KEY + key_count + 6, 128 + 64 * key_count);
         evalsha.arg("EVALSHA").arg(lua.hash()).arg(key_count);
         Self {
@@ -115,7 +100,7 @@ impl ScriptCall {
             evalsha,
             key_count,
             keys_added: 0,
-            kind,
+            confirm,
             deadline: None,
         }
     }
@@ -149,8 +134,7 @@ impl ScriptCall {
         self
     }
 
-    /// An owned copy of the call, for one server of a quorum (its kind is [`Kind::Read`]:
-    /// the combining is the quorum's).
+    /// An owned copy of the call, for the nodes of a quorum (whose replicas nobody waits for).
     pub(crate) fn detached(&self) -> Self {
         Self {
             op: self.op,
@@ -158,7 +142,7 @@ impl ScriptCall {
             evalsha: self.evalsha.clone(),
             key_count: self.key_count,
             keys_added: self.keys_added,
-            kind: Kind::Read,
+            confirm: Confirm::No,
             deadline: self.deadline,
         }
     }
@@ -241,7 +225,7 @@ mod tests {
 
     #[test]
     fn a_call_is_its_evalsha_command_and_falls_back_to_eval_with_the_same_parts() {
-        let mut call = ScriptCall::new("test", &ECHO, Kind::Read, 2);
+        let mut call = ScriptCall::new("test", &ECHO, Confirm::No, 2);
         call.key("k1").key("k2").arg("a1").arg(7).arg("a2");
         // `name script 2 k1 k2 a1 7 a2`, as a hand-built command.
         let by_hand = |name: &str, script: &str| {
@@ -264,7 +248,7 @@ mod tests {
             by_hand("EVAL", ECHO.code())
         );
         assert_eq!(
-            ScriptCall::new("none", &ECHO, Kind::Read, 0).first_key(),
+            ScriptCall::new("none", &ECHO, Confirm::No, 0).first_key(),
             None
         );
     }
@@ -273,7 +257,7 @@ mod tests {
     #[should_panic(expected = "an argument before every key was added")]
     #[cfg(debug_assertions)]
     fn an_argument_before_the_last_key_is_refused() {
-        let mut call = ScriptCall::new("test", &ECHO, Kind::Read, 2);
+        let mut call = ScriptCall::new("test", &ECHO, Confirm::No, 2);
         call.key("k1").arg("a1").key("k2");
     }
 }

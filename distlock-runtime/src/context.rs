@@ -11,13 +11,13 @@ use crate::background::Background;
 use crate::keys::LockKeys;
 use crate::notify::Notifications;
 use crate::renew::Renewals;
-use crate::topology::Route;
+use crate::topology::Deployment;
 
 /// One manager's way to Redis, its background tasks, its key layout, defaults and counters.
 pub(crate) struct Context {
     /// Unique per manager (shared by its clones): the identity re-entrancy is scoped to.
     pub(crate) id: u64,
-    pub(crate) redis: Arc<dyn Route>,
+    pub(crate) redis: Arc<Deployment>,
     pub(crate) renewals: Renewals,
     /// The bounds of its background releases (see `release.rs`).
     pub(crate) background: Background,
@@ -48,8 +48,8 @@ impl Context {
         LockKeys::new(&self.prefix, key)
     }
 
-    pub(crate) fn redis(&self) -> &dyn Route {
-        &*self.redis
+    pub(crate) fn redis(&self) -> &Deployment {
+        &self.redis
     }
 }
 

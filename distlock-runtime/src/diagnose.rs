@@ -13,7 +13,7 @@ use std::sync::LazyLock;
 
 use redis::Value;
 
-use crate::call::{Kind, ScriptCall};
+use crate::call::{Confirm, ScriptCall};
 use crate::context::Context;
 use crate::error::{LockError, Misconfiguration};
 use crate::scripts::Lua;
@@ -90,7 +90,7 @@ struct Checked {
 /// one that finds other servers or versions than the last (or other servers not answering),
 /// logs which answered.
 pub(crate) async fn ping(context: &Context) -> Result<(), LockError> {
-    let (checked, unanswered) = check(context, Kind::Check).await?;
+    let (checked, unanswered) = check(context, Confirm::Shown).await?;
     let notifies = context.redis().subscriber().is_some();
     for checked in &checked {
         if let Some(error) = refused_rights(context, checked, notifies) {
@@ -126,7 +126,7 @@ pub(crate) async fn ping(context: &Context) -> Result<(), LockError> {
 /// `LockManager::servers`: what the check's servers say they are, whatever rights the user
 /// has beyond running the check.
 pub(crate) async fn servers(context: &Context) -> Result<Vec<ServerInfo>, LockError> {
-    let (checked, _) = check(context, Kind::Read).await?;
+    let (checked, _) = check(context, Confirm::No).await?;
     Ok(checked.into_iter().map(|checked| checked.server).collect())
 }
 
@@ -138,26 +138,26 @@ fn summary<'a>(servers: impl Iterator<Item = &'a ServerInfo>) -> String {
         .join(", ")
 }
 
-/// Runs the check on every server (see the module docs) as a call of `kind` (`Kind::Check`
+/// Runs the check on every server (see the module docs) as a call that `confirm`s as said (`Confirm::Shown`
 /// goes with a `WAIT` where the manager waits for replicas: see `call.rs`): what each server
 /// that answered is, and lacks, in the order of their addresses, and the servers that did not
 /// answer, with why. Fails on a refusal anywhere (what it refused said exactly, see
 /// `refusal.rs`), and on an outage of more servers than the deployment can do without.
-async fn check(context: &Context, kind: Kind) -> Result<Checks, LockError> {
-    let route = context.redis();
+async fn check(context: &Context, confirm: Confirm) -> Result<Checks, LockError> {
+    let redis = context.redis();
     let probe = context.lock_keys("ping");
-    let mut call = ScriptCall::new("ping", &CHECK, kind, 0);
+    let mut call = ScriptCall::new("ping", &CHECK, confirm, 0);
     call.arg(probe.lock())
         .arg(probe.fence())
         .arg(probe.queue())
         .arg(probe.waiters())
         .arg(probe.holders());
-    let (publish, subscribe, unsubscribe) = route.channel_commands();
+    let (publish, subscribe, unsubscribe) = redis.channel_commands();
     call.arg(publish).arg(subscribe).arg(unsubscribe);
-    for command in route.commands() {
+    for command in redis.commands() {
         call.arg(command);
     }
-    let answers = route.run_on_every_server(&call).await;
+    let (answers, needed) = redis.run_on_every_server(&call).await;
     let servers = answers.len();
     let mut checked = Vec::with_capacity(servers);
     let mut unanswered = Vec::new();
@@ -165,7 +165,7 @@ async fn check(context: &Context, kind: Kind) -> Result<Checks, LockError> {
         let value = match answer {
             Ok(value) => value,
             Err(failed) => {
-                let probe = |types: ScriptCall| async move { route.invoke(&types).await };
+                let probe = |types: ScriptCall| async move { redis.read(&types).await };
                 let error = crate::refusal::explain(&call, failed, probe).await.error;
                 if error.is_misconfigured() {
                     return Err(error);
@@ -176,7 +176,7 @@ async fn check(context: &Context, kind: Kind) -> Result<Checks, LockError> {
         };
         checked.push(parse(server, value)?);
     }
-    if checked.len() < route.servers_needed(servers) {
+    if checked.len() < needed {
         if let Some((_, error)) = unanswered.first() {
             return Err(error.clone());
         }

@@ -260,7 +260,7 @@ impl Election {
     /// candidate waits: it has left the queue, and may campaign again.
     pub async fn campaign(&self) -> Result<Term, LockError> {
         let key = self.checked_key()?;
-        let fair = self.manager.context().redis().refuses_fair().is_none();
+        let fair = self.manager.context().redis().fair().is_ok();
         let lease = self
             .manager
             .lock(key)

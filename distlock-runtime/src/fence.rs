@@ -24,11 +24,11 @@ pub(crate) static RAISE: std::sync::LazyLock<crate::scripts::Lua> =
 
 /// The write-back of `token` to the fencing counters of the keys `taking` takes ([`RAISE`]).
 pub(crate) fn raise_call(taking: &crate::call::Taking, token: u64) -> crate::call::ScriptCall {
-    use crate::call::{Kind, ScriptCall};
+    use crate::call::{Confirm, ScriptCall};
     let mut raise = ScriptCall::new(
         "acquire (fencing write-back)",
         &RAISE,
-        Kind::Raise,
+        Confirm::Write,
         taking.indices.len(),
     );
     for fence in taking.fences() {

@@ -9,14 +9,12 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{FromRedisValue, Value};
-
-use crate::call::{Kind, ScriptCall};
+use crate::call::{Confirm, ScriptCall};
 use crate::error::LockError;
 use crate::manager::LockManager;
 use crate::mode::LockMode;
-use crate::scripts::Lua;
 use crate::scripts::{lua, lua_spliced};
+use crate::scripts::{Inspected, Lua};
 
 /// Who holds a lock and for how long, from [`LockManager::inspect`].
 ///
@@ -172,14 +170,14 @@ impl LockManager {
     pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
         check_key(key)?;
         let keys = self.context().lock_keys(key);
-        let mut call = ScriptCall::new("inspect", &INSPECT, Kind::Inspect, 5);
+        let mut call = ScriptCall::new("inspect", &INSPECT, Confirm::No, 5);
         call.key(keys.lock())
             .key(keys.fence())
             .key(keys.waiters())
             .key(keys.holders())
             .key(keys.queue());
-        let answer: Value = self.context().redis().invoke(&call).await?;
-        parse_info(key, answer)
+        let answer = self.context().redis().inspect(&call).await?;
+        answer.map(|answer| info(key, answer)).transpose()
     }
 
     /// Frees the lock on `key` whoever holds it, in whatever mode (every reader or permit holder
@@ -207,15 +205,15 @@ impl LockManager {
     pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
         check_key(key)?;
         let keys = self.context().lock_keys(key);
-        let route = self.context().redis();
-        let mut call = ScriptCall::new("force release", &FORCE_RELEASE, Kind::ForceRelease, 5);
+        let redis = self.context().redis();
+        let mut call = ScriptCall::new("force release", &FORCE_RELEASE, Confirm::No, 5);
         call.key(keys.lock())
             .key(keys.queue())
             .key(keys.waiters())
             .key(keys.fence())
             .key(keys.holders());
-        call.arg(route.publish_command());
-        let released: i64 = route.invoke(&call).await?;
+        call.arg(redis.announce().0);
+        let released = redis.force_release(&call).await?;
         Ok(released > 0)
     }
 
@@ -265,74 +263,6 @@ impl LockManager {
     }
 }
 
-/// Where the holders begin in an inspect answer (see `scripts/inspect.lua`), after its kind,
-/// pttl, counter, waiters, holders and queued.
-const MEMBERS_AT: usize = 6;
-
-/// The holders one server's inspect answer lists (owner tokens, or `N token` members): none
-/// for a free lock.
-pub(crate) fn listed_holders(answer: &Value) -> Vec<String> {
-    match answer {
-        Value::Array(fields) => fields
-            .iter()
-            .skip(MEMBERS_AT)
-            .filter_map(|member| String::from_redis_value_ref(member).ok())
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
-/// The lock as a quorum holds it, from the inspect answers of a majority (`majority`) of its
-/// nodes or more: a lease holds only where a majority of nodes granted it, so the holders that
-/// a majority list, held for as long as a majority still hold them, with the greatest fencing
-/// counter any node has; nil when no holder is listed by a majority.
-pub(crate) fn quorum_view(answers: &[Value], majority: usize) -> Value {
-    let listed: Vec<Vec<String>> = answers.iter().map(listed_holders).collect();
-    let agreed = |holder: &String| listed.iter().filter(|l| l.contains(holder)).count() >= majority;
-    let mut holders: Vec<&String> = Vec::new();
-    for holder in listed.iter().flatten().filter(|h| agreed(h)) {
-        if !holders.contains(&holder) {
-            holders.push(holder);
-        }
-    }
-    let holding = |l: &Vec<String>| l.iter().any(|h| holders.contains(&h));
-    let Some(Value::Array(base)) = listed.iter().position(holding).map(|at| &answers[at]) else {
-        return Value::Nil;
-    };
-    let field = |answer: &Value, at: usize| match answer {
-        Value::Array(fields) => fields.get(at).cloned(),
-        _ => None,
-    };
-    // A majority holds it until the majority-th longest expiry among the nodes holding it
-    // (-1: no expiry, the longest).
-    let mut pttls: Vec<i64> = answers
-        .iter()
-        .zip(&listed)
-        .filter(|(_, l)| holding(l))
-        .filter_map(|(answer, _)| i64::from_redis_value(field(answer, 1)?).ok())
-        .map(|pttl| if pttl < 0 { i64::MAX } else { pttl })
-        .collect();
-    pttls.sort_unstable_by(|a, b| b.cmp(a));
-    let pttl = pttls.get(majority - 1).copied().unwrap_or(0);
-    let counter = answers
-        .iter()
-        .filter_map(|answer| String::from_redis_value(field(answer, 2)?).ok())
-        .filter_map(|digits| digits.parse::<u64>().ok())
-        .max()
-        .map_or_else(String::new, |c| c.to_string());
-    // `base` lists a holder, so it has every field before the members.
-    let mut view = base.iter().take(MEMBERS_AT).cloned().collect::<Vec<_>>();
-    view[1] = Value::Int(if pttl == i64::MAX { -1 } else { pttl });
-    view[2] = Value::BulkString(counter.into_bytes());
-    view[4] = Value::Int(i64::try_from(holders.len()).unwrap_or(i64::MAX));
-    view.extend(
-        holders
-            .into_iter()
-            .map(|h| Value::BulkString(h.clone().into_bytes())),
-    );
-    Value::Array(view)
-}
-
 fn check_key(key: &str) -> Result<(), LockError> {
     if key.is_empty() {
         return Err(LockError::InvalidKey {
@@ -355,7 +285,8 @@ fn glob_escape(text: &str) -> String {
     escaped
 }
 
-fn parse_info(key: &str, answer: Value) -> Result<Option<LockInfo>, LockError> {
+/// What `inspect` tells of the lock on `key`, from the inspect script's answer.
+fn info(key: &str, answer: Inspected) -> Result<LockInfo, LockError> {
     let bad = |what: &str| LockError::Redis {
         op: "inspect",
         source: redis::RedisError::from((
@@ -364,28 +295,8 @@ fn parse_info(key: &str, answer: Value) -> Result<Option<LockInfo>, LockError> {
             what.to_owned(),
         )),
     };
-    if matches!(answer, Value::Nil) {
-        return Ok(None);
-    }
-    let fields: Vec<Value> =
-        FromRedisValue::from_redis_value(answer).map_err(|e| bad(&e.to_string()))?;
-    let mut fields = fields.into_iter();
-    let mut next = || fields.next().ok_or_else(|| bad("too few fields"));
-    let text = |v: Value| String::from_redis_value(v).map_err(|e| bad(&e.to_string()));
-    let number = |v: Value| i64::from_redis_value(v).map_err(|e| bad(&e.to_string()));
-    let kind = text(next()?)?;
-    let pttl = number(next()?)?;
-    let counter = text(next()?)?;
-    let waiters = number(next()?)?;
-    let holders = number(next()?)?;
-    let queue: Vec<String> =
-        FromRedisValue::from_redis_value(next()?).map_err(|e| bad(&e.to_string()))?;
-    let mut members = Vec::new();
-    for member in fields {
-        members.push(text(member)?);
-    }
-    let mut queued = Vec::with_capacity(queue.len() / 2);
-    for pair in queue.chunks(2) {
+    let mut queued = Vec::with_capacity(answer.queue.len() / 2);
+    for pair in answer.queue.chunks(2) {
         let [token, word] = pair else {
             return Err(bad("a queued token without its mode"));
         };
@@ -393,19 +304,21 @@ fn parse_info(key: &str, answer: Value) -> Result<Option<LockInfo>, LockError> {
         queued.push(Owner::of(token, mode));
     }
     // A member is a token (shared), or `N token` (one of N permits): see scripts/holders.lua.
-    let split = |member: &str| match member.split_once(' ') {
-        Some((n, token)) => (LockMode::from_word(n), token.to_owned()),
-        None => (Some(LockMode::Shared), member.to_owned()),
-    };
-    let mut owners = Vec::with_capacity(members.len());
-    for member in &members {
-        let (mode, token) = match kind.as_str() {
-            "x" => (Some(LockMode::Exclusive), member.clone()),
+    fn split(member: &str) -> (Option<LockMode>, &str) {
+        match member.split_once(' ') {
+            Some((n, token)) => (LockMode::from_word(n), token),
+            None => (Some(LockMode::Shared), member),
+        }
+    }
+    let mut owners = Vec::with_capacity(answer.members.len());
+    for member in &answer.members {
+        let (mode, token) = match answer.kind.as_str() {
+            "x" => (Some(LockMode::Exclusive), member.as_str()),
             "s" => split(member),
             _ => return Err(bad("an unknown kind of holding")),
         };
         owners.push(Owner::of(
-            &token,
+            token,
             mode.ok_or_else(|| bad("a member of unknown mode"))?,
         ));
     }
@@ -416,21 +329,21 @@ fn parse_info(key: &str, answer: Value) -> Result<Option<LockInfo>, LockError> {
         .iter()
         .filter_map(|owner| owner.label.clone())
         .collect();
-    Ok(Some(LockInfo {
+    Ok(LockInfo {
         key: key.to_owned(),
-        remaining: u64::try_from(pttl)
+        remaining: u64::try_from(answer.pttl)
             .map(Duration::from_millis)
             .unwrap_or(Duration::MAX),
-        fencing_token: counter.parse().unwrap_or(0),
-        waiters: usize::try_from(waiters).unwrap_or(0),
+        fencing_token: answer.counter.parse().unwrap_or(0),
+        waiters: usize::try_from(answer.waiters).unwrap_or(0),
         token_prefix: first.token_prefix.clone(),
         holder: first.label.clone(),
         mode: first.mode,
-        holders: usize::try_from(holders).unwrap_or(0),
+        holders: usize::try_from(answer.holders).unwrap_or(0),
         holder_labels,
         owners,
         queued,
-    }))
+    })
 }
 
 #[cfg(test)]

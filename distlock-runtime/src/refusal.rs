@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::sync::LazyLock;
 
-use crate::call::{Kind, ScriptCall};
+use crate::call::{Confirm, ScriptCall};
 use crate::error::{LockError, Misconfiguration};
 use crate::failed::Failed;
 use crate::keys::LockKeys;
@@ -238,7 +238,7 @@ where
         .keys()
         .map(|key| String::from_utf8_lossy(key).into_owned())
         .collect();
-    let mut types_of = ScriptCall::new("diagnose", &TYPES, Kind::Read, keys.len());
+    let mut types_of = ScriptCall::new("diagnose", &TYPES, Confirm::No, keys.len());
     for key in &keys {
         types_of.key(key);
     }

@@ -14,7 +14,7 @@ use crate::error::{LockError, Misconfiguration, Reply};
 use crate::keys::LockKeys;
 use crate::scripts::{self, Queued};
 use crate::sync::lock;
-use crate::topology::{by_shard, Route};
+use crate::topology::{by_shard, Deployment};
 
 /// Deletes the keys still held by `token` (handing each to its oldest fair waiter, if it
 /// has one); returns how many were. With [`Queued::Maybe`], `token` also leaves the keys' fair
@@ -26,33 +26,28 @@ pub(crate) async fn release_keys(
     token: &str,
     queued: Queued,
 ) -> Result<usize, LockError> {
-    let route = context.redis();
+    let redis = context.redis();
     if let [keys] = redis_keys {
         // One key, one call: no grouping to do.
-        let call = release_call(route, std::iter::once(keys), token, queued);
-        return route.invoke::<usize>(&call).await;
+        let call = release_call(redis, std::iter::once(keys), token, queued);
+        return redis.release(&call).await;
     }
     let mut released = 0;
-    for group in by_shard(route, redis_keys) {
-        let call = release_call(route, group.iter().map(|&i| &redis_keys[i]), token, queued);
-        released += route.invoke::<usize>(&call).await?;
+    for group in by_shard(redis, redis_keys) {
+        let call = release_call(redis, group.iter().map(|&i| &redis_keys[i]), token, queued);
+        released += redis.release(&call).await?;
     }
     Ok(released)
 }
 
-/// The release script call for `keys` (which share a shard), announced as `route` does.
+/// The release script call for `keys` (which share a shard), announced as `redis` does.
 pub(crate) fn release_call<'a>(
-    route: &dyn Route,
+    redis: &Deployment,
     keys: impl ExactSizeIterator<Item = &'a LockKeys> + Clone,
     token: &str,
     queued: Queued,
 ) -> ScriptCall {
-    scripts::release_call(
-        (route.publish_command(), route.announces()),
-        keys,
-        token,
-        queued,
-    )
+    scripts::release_call(redis.announce(), keys, token, queued)
 }
 
 /// Releases from a spawned task: the fallback when a lease is dropped instead of released,

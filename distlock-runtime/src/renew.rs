@@ -21,7 +21,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::call::{Kind, ScriptCall};
+use crate::call::{Confirm, ScriptCall};
 use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::mode::Words;
@@ -29,7 +29,7 @@ use crate::scripts;
 use crate::sync::lock;
 use crate::telemetry::Throttle;
 use crate::time::millis;
-use crate::topology::{by_shard, Route};
+use crate::topology::{by_shard, Deployment};
 use crate::validity::LeaseState;
 
 /// How many leases one renewal script call carries at most. A batch holds Redis for roughly
@@ -47,7 +47,7 @@ pub(crate) struct Renewals {
 struct Shared {
     registry: Mutex<Registry>,
     wake: Notify,
-    redis: Arc<dyn Route>,
+    redis: Arc<Deployment>,
     failures: Mutex<FailureLog>,
 }
 
@@ -87,7 +87,7 @@ pub(crate) struct Registration {
 }
 
 impl Renewals {
-    pub(crate) fn new(redis: Arc<dyn Route>) -> Self {
+    pub(crate) fn new(redis: Arc<Deployment>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 registry: Mutex::new(Registry::default()),
@@ -404,7 +404,7 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
         .map(|lease| (&*lease.keys, &*lease.token, lease.ttl))
         .collect();
     let sent = Instant::now();
-    let answers = extend_leases(&*shared.redis, "renew", &leases).await;
+    let answers = extend_leases(&shared.redis, "renew", &leases).await;
     let now = Instant::now();
     // The first failure, for the log: each lease fails only on its own shards' calls.
     let failure = answers
@@ -525,19 +525,19 @@ impl Event {
 /// lease's keys, which its release then deletes), and fails only when one of its own shards'
 /// calls failed, so a slot that is failing over costs no lease elsewhere.
 pub(crate) async fn extend_leases(
-    route: &dyn Route,
+    redis: &Deployment,
     op: &'static str,
     leases: &[(&[LockKeys], &str, Duration)],
 ) -> Vec<Result<bool, String>> {
     let mut outcomes: Vec<Result<bool, String>> = vec![Ok(true); leases.len()];
-    for (members, answer) in extend_calls(route, op, leases).await {
+    for (members, answer) in extend_calls(redis, op, leases).await {
         for (k, &lease) in members.iter().enumerate() {
             let outcome = &mut outcomes[lease];
             match &answer {
                 Err(error) => *outcome = Err(error.to_string()),
                 Ok(owned) => {
                     if let Ok(extended) = outcome {
-                        *extended &= owned[k] == 1;
+                        *extended &= owned[k];
                     }
                 }
             }
@@ -551,14 +551,14 @@ pub(crate) async fn extend_leases(
 /// # Errors
 /// The first error of the calls to its shards.
 pub(crate) async fn extend_lease(
-    route: &dyn Route,
+    redis: &Deployment,
     keys: &[LockKeys],
     token: &str,
     ttl: Duration,
 ) -> Result<bool, LockError> {
     let mut extended = true;
-    for (_, answer) in extend_calls(route, "extend", &[(keys, token, ttl)]).await {
-        extended &= answer?.iter().all(|&owned| owned == 1);
+    for (_, answer) in extend_calls(redis, "extend", &[(keys, token, ttl)]).await {
+        extended &= answer?.iter().all(|&owned| owned);
     }
     Ok(extended)
 }
@@ -566,18 +566,18 @@ pub(crate) async fn extend_lease(
 /// The extension script calls for `leases`, one per shard, sent at once: each with the leases
 /// its entries belong to, and its answer (one 0 or 1 per entry).
 async fn extend_calls(
-    route: &dyn Route,
+    redis: &Deployment,
     op: &'static str,
     leases: &[(&[LockKeys], &str, Duration)],
-) -> Vec<(Vec<usize>, Result<Vec<i64>, LockError>)> {
+) -> Vec<(Vec<usize>, Result<Vec<bool>, LockError>)> {
     use futures_util::stream::{FuturesUnordered, StreamExt};
     // Per shard: its entries, each a lease (its index in `leases`) and the indices of its keys
     // in that shard.
     type Entries = Vec<(usize, Vec<usize>)>;
     let mut shards: Vec<(u16, Entries)> = Vec::new();
     for (i, (keys, _, _)) in leases.iter().enumerate() {
-        for group in by_shard(route, keys) {
-            let shard = route.shard(keys[group[0]].lock());
+        for group in by_shard(redis, keys) {
+            let shard = redis.shard(keys[group[0]].lock());
             let at = match shards.iter().position(|(s, _)| *s == shard) {
                 Some(at) => at,
                 None => {
@@ -591,7 +591,7 @@ async fn extend_calls(
     // One call per shard: every entry's keys, then every entry's arguments.
     let calls = shards.into_iter().map(|(_, entries)| {
         let key_count = entries.iter().map(|(_, group)| 2 * group.len()).sum();
-        let mut call = ScriptCall::new(op, &scripts::EXTEND, Kind::Extend, key_count);
+        let mut call = ScriptCall::new(op, &scripts::EXTEND, Confirm::Write, key_count);
         for (i, group) in &entries {
             for &k in group {
                 let keys = &leases[*i].0[k];
@@ -610,7 +610,7 @@ async fn extend_calls(
     });
     let pending: FuturesUnordered<_> = calls
         .map(|(call, members)| async move {
-            let answer = match route.invoke::<Vec<i64>>(&call).await {
+            let answer = match redis.extend(&call).await {
                 Ok(owned) if owned.len() == members.len() => Ok(owned),
                 Ok(_) => Err(LockError::Redis {
                     op,

@@ -360,54 +360,72 @@ impl LockRequest {
             let entry = match found.borrow(wait).await {
                 Ok(entry) => entry,
                 Err(error) => {
-                    if let Err(release) = lease.release().await {
-                        // The lease's drop retries it (see `Lease::release`), and warns if
-                        // that fails for good.
-                        tracing::debug!(error = %release, "distlock release failed; retrying in the background");
-                    }
+                    release(lease).await;
                     return Err(error);
                 }
             };
-            let fencing_token = lease.fencing_token();
-            tracing::Span::current().record("fencing_token", fencing_token);
-            let scoped = entry.scope(
-                Some(((Arc::clone(lease.shared_keys()), lease.modes()), fencing_token)),
-                body,
-            );
-            let output = tokio::select! {
-                biased;
-                () = lease.lost() => None,
-                output = scoped => Some(output),
-            };
-            let Some(output) = output else {
-                let keys = lease.keys().to_vec();
-                tracing::warn!(?keys, "distlock lease lost: {}; the body was stopped", lease.loss());
-                // Return now: Redis may be what failed, and the caller must not wait on it.
-                // Dropping the lease releases it in the background (a key still held by this
-                // owner, after renewal failed, is freed before its ttl once Redis answers).
-                drop(lease);
-                crate::telemetry::lease_lost(tags);
-                crate::telemetry::held(tags, acquired.elapsed());
-                tracing::Span::current().record("outcome", "lease_lost");
-                return Err(LockError::LeaseLost { keys });
-            };
-            let held_for = acquired.elapsed();
-            crate::telemetry::held(tags, held_for);
-            tracing::Span::current().record("outcome", "ok");
-            match self.hold_at_least.filter(|&hold| hold > held_for) {
-                Some(hold) => lease.keep_for(hold - held_for).await,
-                None => {
-                    if let Err(error) = lease.release().await {
-                        // The lease's drop retries it (see `Lease::release`), and warns if
-                        // that fails for good.
-                        tracing::debug!(%error, "distlock release failed; retrying in the background");
-                    }
-                }
-            }
-            Ok(output)
+            run_held(lease, entry, body, (tags, acquired), self.hold_at_least).await
         }
         .instrument(span)
         .await
+    }
+}
+
+/// Runs `body` under `lease` (taken at `acquired`, with `entry`'s re-entrancy scope), stopping
+/// it if the lease is lost; then keeps the lease until `hold_at_least` has passed, or releases
+/// it.
+async fn run_held<F: Future>(
+    lease: Lease,
+    entry: reentrancy::Entry,
+    body: F,
+    (tags, acquired): (Tags, tokio::time::Instant),
+    hold_at_least: Option<Duration>,
+) -> Result<F::Output, LockError> {
+    let fencing_token = lease.fencing_token();
+    tracing::Span::current().record("fencing_token", fencing_token);
+    let scoped = entry.scope(
+        Some((
+            (Arc::clone(lease.shared_keys()), lease.modes()),
+            fencing_token,
+        )),
+        body,
+    );
+    let output = tokio::select! {
+        biased;
+        () = lease.lost() => None,
+        output = scoped => Some(output),
+    };
+    let Some(output) = output else {
+        let keys = lease.keys().to_vec();
+        tracing::warn!(
+            ?keys,
+            "distlock lease lost: {}; the body was stopped",
+            lease.loss()
+        );
+        // Return now: Redis may be what failed, and the caller must not wait on it.
+        // Dropping the lease releases it in the background (a key still held by this
+        // owner, after renewal failed, is freed before its ttl once Redis answers).
+        drop(lease);
+        crate::telemetry::lease_lost(tags);
+        crate::telemetry::held(tags, acquired.elapsed());
+        tracing::Span::current().record("outcome", "lease_lost");
+        return Err(LockError::LeaseLost { keys });
+    };
+    let held_for = acquired.elapsed();
+    crate::telemetry::held(tags, held_for);
+    tracing::Span::current().record("outcome", "ok");
+    match hold_at_least.filter(|&hold| hold > held_for) {
+        Some(hold) => lease.keep_for(hold - held_for).await,
+        None => release(lease).await,
+    }
+    Ok(output)
+}
+
+/// Releases `lease`; a failure is left to its drop, which retries it (see `Lease::release`)
+/// and warns if that fails for good.
+async fn release(lease: Lease) {
+    if let Err(error) = lease.release().await {
+        tracing::debug!(%error, "distlock release failed; retrying in the background");
     }
 }
 

@@ -39,9 +39,9 @@ use crate::keys::LockKeys;
 use crate::lease::{Holding, Lease};
 use crate::mode::LockMode;
 use crate::release::{release_in_background, Leaving};
-use crate::scripts::{Acquire, Unconfirmed, Waiting};
+use crate::scripts::{Acquire, Taken, Unconfirmed, Waiting};
 use crate::telemetry::{self, Tags};
-use crate::topology::Grant;
+use crate::topology::{Deployment, Serial};
 use crate::validity::LeaseState;
 use crate::wait::{Wait, Waiter, Wake};
 
@@ -126,11 +126,11 @@ enum Exposure {
 }
 
 /// How a request's attempts go out.
-enum Attempts {
-    /// Where the keys live, by the route's grant (see `places.rs`).
+enum Attempts<'a> {
+    /// Where the keys live, by the deployment's grant rule (see `places.rs`).
     Places(Places),
-    /// One key, fairly: the queueing script.
-    Fair(FairAttempts),
+    /// One key, fairly: the queueing script, on the one server that holds it.
+    Fair(Box<FairAttempts>, &'a Serial),
 }
 
 /// One acquire under way.
@@ -140,7 +140,7 @@ struct Acquiring<'a> {
     /// The lease it forms, set up before the first request goes out: a lease it gets can never
     /// miss renewal.
     holding: Holding,
-    attempts_by: Attempts,
+    attempts_by: Attempts<'a>,
     /// Whether it waits, and has waited: says whether an attempt marks a held key.
     waiting: Waiting,
     waiter: Waiter<'a>,
@@ -169,12 +169,12 @@ impl<'a> Acquiring<'a> {
         } else {
             Waiting::NotYet
         };
-        let route = context.redis();
+        let redis = context.redis();
         let semaphore = ask
             .modes
             .iter()
             .any(|m| matches!(m, LockMode::Permits(n) if *n > 1));
-        if semaphore && matches!(route.grant(), Grant::Majority { .. }) {
+        if semaphore && matches!(redis, Deployment::Majority(_)) {
             return Err(LockError::InvalidConfig {
                 what: "permits",
                 reason: "a semaphore of more than one permit cannot be held on a quorum: each \
@@ -186,16 +186,15 @@ impl<'a> Acquiring<'a> {
         }
         let attempts_by = match ask.fairness {
             Fairness::Fair => {
-                if let Some(reason) = route.refuses_fair() {
-                    return Err(LockError::InvalidConfig {
-                        what: "fair",
-                        reason: reason.to_owned(),
-                    });
-                }
-                Attempts::Fair(FairAttempts::new(&redis_keys[0], ask.ttl, first_secret))
+                let serial = redis.fair().map_err(|reason| LockError::InvalidConfig {
+                    what: "fair",
+                    reason: reason.to_owned(),
+                })?;
+                let fair = FairAttempts::new(&redis_keys[0], ask.ttl, first_secret);
+                Attempts::Fair(Box::new(fair), serial)
             }
             Fairness::Unfair => Attempts::Places(Places::new(
-                route,
+                redis,
                 &redis_keys,
                 &token,
                 (ask.ttl, deadline(&ask.wait)),
@@ -249,9 +248,8 @@ impl<'a> Acquiring<'a> {
         // Taken first: validity is counted from a moment before the request is sent.
         let sent = Instant::now();
         let deadline = self.ask.wait.deadline();
-        let route = self.context.redis();
         let secret = match &mut self.attempts_by {
-            Attempts::Fair(fair) => Some(fair.next_secret(sent, deadline)),
+            Attempts::Fair(fair, _) => Some(fair.next_secret(sent, deadline)),
             Attempts::Places(_) => None,
         };
         self.waiter
@@ -262,12 +260,12 @@ impl<'a> Acquiring<'a> {
         let stats = &self.context.stats;
         stats.acquire_requests.fetch_add(1, Ordering::Relaxed);
         let taken = match &mut self.attempts_by {
-            Attempts::Places(places) => places.take(route).await,
-            Attempts::Fair(fair) => {
+            Attempts::Places(places) => places.take(self.context.redis()).await,
+            Attempts::Fair(fair, serial) => {
                 let (token, waiting) = (&self.holding.token, self.waiting);
-                fair.send(route, token, sent, deadline, waiting)
+                fair.send(serial, token, sent, deadline, waiting)
                     .await
-                    .map(|answer| places::Taken {
+                    .map(|answer| Taken {
                         answer,
                         late: false,
                     })
@@ -332,7 +330,6 @@ impl<'a> Acquiring<'a> {
                 Unconfirmed::error,
             ));
         }
-        let route = self.context.redis();
         if self.waiting == Waiting::NotYet || late {
             // Keys taken from now on are marked as waited on (see `scripts/`): other waiters
             // may still wait for them.
@@ -340,7 +337,7 @@ impl<'a> Acquiring<'a> {
             if let Attempts::Places(places) = &mut self.attempts_by {
                 let holding = &self.holding;
                 *places = Places::new(
-                    route,
+                    self.context.redis(),
                     &holding.redis_keys,
                     &holding.token,
                     (self.ask.ttl, deadline(&self.ask.wait)),
@@ -352,7 +349,7 @@ impl<'a> Acquiring<'a> {
         // queued, which it does with any wait left.
         let marked = match &self.attempts_by {
             Attempts::Places(_) => true,
-            Attempts::Fair(_) => {
+            Attempts::Fair(..) => {
                 self.between = Exposure::Written;
                 self.exposure = Exposure::Written;
                 FairAttempts::marked(sent, self.ask.wait.deadline())
@@ -416,7 +413,7 @@ impl<'a> Acquiring<'a> {
     /// A fair waiter that is the first of its key in this process keeps the others queued (see
     /// `fair/mod.rs`, "Queue"), before its own attempt, within its deadline.
     async fn keep_siblings_queued(&mut self) {
-        let Attempts::Fair(fair) = &mut self.attempts_by else {
+        let Attempts::Fair(fair, serial) = &mut self.attempts_by else {
             return;
         };
         let now = Instant::now();
@@ -424,8 +421,7 @@ impl<'a> Acquiring<'a> {
             return;
         }
         let siblings = self.waiter.fair_siblings();
-        let route = self.context.redis();
-        let keeping = fair.keep_queued(route, &siblings, now);
+        let keeping = fair.keep_queued(serial, &siblings, now);
         if let Ok(gone) = tokio::time::timeout_at(self.ask.wait.deadline(), keeping).await {
             self.waiter.wake_fair(&gone);
         }
@@ -433,7 +429,7 @@ impl<'a> Acquiring<'a> {
 
     /// A release handed this (fair) request the lock.
     fn handed(&mut self, handoff: &Handoff, sent: Instant) -> Stage {
-        let Attempts::Fair(fair) = &self.attempts_by else {
+        let Attempts::Fair(fair, _) = &self.attempts_by else {
             return Stage::Attempting;
         };
         let Some(start) = fair.trust(handoff) else {
@@ -496,7 +492,7 @@ impl<'a> Acquiring<'a> {
 
 impl Drop for Acquiring<'_> {
     fn drop(&mut self) {
-        let fair = matches!(self.attempts_by, Attempts::Fair(_));
+        let fair = matches!(self.attempts_by, Attempts::Fair(..));
         let leaving = match self.exposure {
             Exposure::Clean => return,
             Exposure::InFlight if fair => FairAttempts::leaving(true),

@@ -4,13 +4,13 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use super::HANDOFF_CLAIM;
-use crate::call::{Kind, ScriptCall};
+use crate::call::{Confirm, ScriptCall};
 use crate::failed::Failed;
 use crate::keys::LockKeys;
 use crate::mode::{LockMode, Words};
 use crate::scripts::{lua, read_taking, Answered, Lua, Waiting};
 use crate::time::millis;
-use crate::topology::Route;
+use crate::topology::Serial;
 
 /// Takes one lock key fairly, or joins its queue: `fair/acquire.lua`.
 //
@@ -69,13 +69,14 @@ impl FairRequest {
     /// `waiting`: whether this request found the key held before.
     pub(crate) async fn send(
         &self,
-        redis: &dyn Route,
+        redis: &Serial,
         token: &str,
         secret: &str,
         wait_left: Duration,
         waiting: Waiting,
     ) -> Result<FairAnswer, Failed> {
-        let mut invocation = ScriptCall::new("acquire", &ACQUIRE_FAIR, Kind::Fair, self.keys.len());
+        let mut invocation =
+            ScriptCall::new("acquire", &ACQUIRE_FAIR, Confirm::Write, self.keys.len());
         for key in &self.keys {
             invocation.key(key.as_str());
         }
@@ -101,10 +102,10 @@ impl FairRequest {
     /// queue; the tokens of those no longer in it.
     pub(crate) async fn refresh(
         &self,
-        redis: &dyn Route,
+        redis: &Serial,
         waiters: &[(Arc<str>, Duration)],
     ) -> Result<Vec<String>, Failed> {
-        let mut call = ScriptCall::new("refresh", &REFRESH_FAIR, Kind::Fair, 2);
+        let mut call = ScriptCall::new("refresh", &REFRESH_FAIR, Confirm::Write, 2);
         call.key(&self.keys[1])
             .key(&self.keys[2])
             .arg(self.claim_ms);

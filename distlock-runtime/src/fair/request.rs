@@ -15,7 +15,7 @@ use crate::ids::id_text;
 use crate::keys::LockKeys;
 use crate::release::Leaving;
 use crate::scripts::{Acquire, Waiting};
-use crate::topology::Route;
+use crate::topology::Serial;
 use crate::validity::validity;
 
 /// How long the queue keeps a fair waiter's entry after it was last kept: twice the ttl, and at
@@ -81,7 +81,7 @@ impl FairAttempts {
     /// that presence after its last attempt, so one failure never lets an entry lapse).
     pub(crate) async fn keep_queued(
         &mut self,
-        route: &dyn Route,
+        redis: &Serial,
         siblings: &[Sibling],
         now: Instant,
     ) -> Vec<String> {
@@ -104,7 +104,7 @@ impl FairAttempts {
             })
             .filter(|(_, left)| !left.is_zero())
             .collect();
-        match self.call.refresh(route, &keep).await {
+        match self.call.refresh(redis, &keep).await {
             Ok(gone) => {
                 self.refreshed = Some(now);
                 gone
@@ -140,7 +140,7 @@ impl FairAttempts {
     /// queued behind one (`first_held` 0).
     pub(crate) async fn send(
         &mut self,
-        route: &dyn Route,
+        redis: &Serial,
         token: &str,
         sent: Instant,
         deadline: Instant,
@@ -152,7 +152,7 @@ impl FairAttempts {
         let wait_left = deadline.saturating_duration_since(sent).min(self.presence);
         let answer = self
             .call
-            .send(route, token, secret, wait_left, waiting)
+            .send(redis, token, secret, wait_left, waiting)
             .await?;
         Ok(match answer {
             FairAnswer::Acquired { fencing_token } => Acquire::Acquired { fencing_token },

@@ -37,17 +37,18 @@
 //! marked the holder may have failed.
 
 use std::sync::{Arc, LazyLock};
-use std::time::Duration;
 
-use crate::call::{Kind, ScriptCall, Taking};
+use crate::call::{Confirm, ScriptCall, Taking};
 use crate::keys::LockKeys;
 use crate::mode::{LockMode, Words};
 use crate::time::millis;
 
 pub(crate) mod flags;
+mod inspected;
 pub(crate) mod lua;
 
 pub(crate) use flags::{Announce, Queued, Waiting};
+pub(crate) use inspected::Inspected;
 pub(crate) use lua::{lua, lua_spliced, Lua};
 
 /// Takes every lock key at once, or none: `acquire.lua`.
@@ -96,50 +97,58 @@ pub(crate) use queue_functions;
 pub(crate) static EXTEND: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(lua!("scripts/holders.lua", "scripts/extend.lua")));
 
-/// The acquire of the keys of `redis_keys` at `indices` (which share a shard) by `token`, for
-/// `ttl`, an attempt of a wait that ends at `deadline` (none for a try-lock): [`ACQUIRE`]'s
-/// call. `announce` and `publish` say how its undo announces itself.
-pub(crate) fn acquire_call(
-    redis_keys: &Arc<[LockKeys]>,
-    indices: Vec<usize>,
-    token: &Arc<str>,
-    (ttl, deadline): (Duration, Option<tokio::time::Instant>),
-    waiting: Waiting,
-    (publish, announce): (&'static str, Announce),
-) -> ScriptCall {
-    // The queue keys only when some key is shared: an exclusive request never looks at them.
-    let exclusive = indices
-        .iter()
-        .all(|&i| redis_keys[i].mode() == LockMode::Exclusive);
-    let kinds: &[fn(&LockKeys) -> &str] = if exclusive {
-        &[LockKeys::lock, LockKeys::fence, LockKeys::holders]
-    } else {
-        &[
-            LockKeys::lock,
-            LockKeys::fence,
-            LockKeys::holders,
-            LockKeys::queue,
-            LockKeys::waiters,
-        ]
-    };
-    let mut call = ScriptCall::new("acquire", &ACQUIRE, Kind::Read, kinds.len() * indices.len());
-    for kind in kinds {
-        for &i in &indices {
-            call.key(kind(&redis_keys[i]));
+impl Taking {
+    /// [`ACQUIRE`]'s call, an attempt of a wait that ends at `deadline` (none for a try-lock),
+    /// marking as `waiting` says.
+    pub(crate) fn call(
+        self: &Arc<Self>,
+        deadline: Option<tokio::time::Instant>,
+        waiting: Waiting,
+    ) -> ScriptCall {
+        let keys = || self.indices.iter().map(|&i| &self.keys[i]);
+        // The queue keys only when some key is shared: an exclusive request never looks at them.
+        let exclusive = keys().all(|k| k.mode() == LockMode::Exclusive);
+        let kinds: &[fn(&LockKeys) -> &str] = if exclusive {
+            &[LockKeys::lock, LockKeys::fence, LockKeys::holders]
+        } else {
+            &[
+                LockKeys::lock,
+                LockKeys::fence,
+                LockKeys::holders,
+                LockKeys::queue,
+                LockKeys::waiters,
+            ]
+        };
+        let key_count = kinds.len() * self.indices.len();
+        let mut call = ScriptCall::new(
+            "acquire",
+            &ACQUIRE,
+            Confirm::Acquire(Arc::clone(self)),
+            key_count,
+        );
+        for kind in kinds {
+            for keys in keys() {
+                call.key(kind(keys));
+            }
         }
+        let modes = Words(keys().map(LockKeys::mode));
+        call.arg(&*self.token)
+            .arg(millis(self.ttl))
+            .arg(waiting)
+            .arg(modes);
+        call.deadline = deadline;
+        call
     }
-    let modes = Words(indices.iter().map(|&i| redis_keys[i].mode()));
-    call.arg(&**token).arg(millis(ttl)).arg(waiting).arg(modes);
-    call.kind = Kind::Acquire(Taking {
-        keys: Arc::clone(redis_keys),
-        indices,
-        token: Arc::clone(token),
-        ttl,
-        publish,
-        announce,
-    });
-    call.deadline = deadline;
-    call
+
+    /// The release that undoes this acquire.
+    pub(crate) fn undo(&self) -> ScriptCall {
+        release_call(
+            (self.publish, self.announce),
+            self.indices.iter().map(|&i| &self.keys[i]),
+            &self.token,
+            Queued::No,
+        )
+    }
 }
 
 /// The release of `keys` (which share a shard) by `token`: [`RELEASE`]'s call, announced with
@@ -150,7 +159,7 @@ pub(crate) fn release_call<'a>(
     token: &str,
     queued: Queued,
 ) -> ScriptCall {
-    let mut call = ScriptCall::new("release", &RELEASE, Kind::Release, 5 * keys.len());
+    let mut call = ScriptCall::new("release", &RELEASE, Confirm::No, 5 * keys.len());
     for keys in keys.clone() {
         call.key(keys.lock())
             .key(keys.queue())
@@ -164,16 +173,6 @@ pub(crate) fn release_call<'a>(
         call.arg(Words(keys.map(LockKeys::mode)));
     }
     call
-}
-
-/// The release that undoes the acquire `taking` describes.
-pub(crate) fn undo(taking: &Taking) -> ScriptCall {
-    release_call(
-        (taking.publish, taking.announce),
-        taking.indices.iter().map(|&i| &taking.keys[i]),
-        &taking.token,
-        Queued::No,
-    )
 }
 
 /// What the acquire script answered.
@@ -191,6 +190,15 @@ pub(crate) enum Acquire {
         /// required (see `topology/replicas.rs`).
         unconfirmed: Option<Unconfirmed>,
     },
+}
+
+/// What one attempt of an acquire found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Taken {
+    pub(crate) answer: Acquire,
+    /// A place's acquire may still run and grant (a hung quorum node): the request must not
+    /// send its owner token again.
+    pub(crate) late: bool,
 }
 
 /// With `min_replicas`, an attempt that found a key held whose `WAIT` fewer replicas than

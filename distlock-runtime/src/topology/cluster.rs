@@ -49,7 +49,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Replicas;
-use super::{push_handler, Channels, Ended, Message, OnMessage, Route, Subscribe};
+use super::{push_handler, Channels, Ended, Message, OnMessage, Subscribe};
 use super::{Dial, Link, Timeouts};
 use crate::call::{BoxFuture, ScriptCall};
 use crate::error::{LockError, Misconfiguration};
@@ -686,78 +686,65 @@ impl Dial for NodeDial {
     }
 }
 
-impl Route for Cluster {
-    fn run<'a>(&'a self, call: &'a ScriptCall) -> BoxFuture<'a, Result<Value, Failed>> {
-        Box::pin(self.run_call(call))
+impl Cluster {
+    /// Runs `call` on the primary of its slot (see the module docs).
+    pub(crate) async fn run(&self, call: &ScriptCall) -> Result<Value, Failed> {
+        self.run_call(call).await
     }
 
-    fn shard(&self, key: &str) -> u16 {
-        slot(key)
+    pub(crate) fn subscriber(&self) -> Arc<dyn Subscribe> {
+        Arc::new(ClusterSubscriber(Arc::clone(&self.nodes)))
     }
 
-    fn publish_command(&self) -> &'static str {
-        "SPUBLISH"
+    /// The keys matching `pattern` on every primary.
+    pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, LockError> {
+        let mut found = Vec::new();
+        for node in self.nodes.primaries("scan (CLUSTER SLOTS)").await? {
+            found.extend(node.link.scan(pattern).await?);
+        }
+        Ok(found)
     }
 
-    fn subscriber(&self) -> Option<Arc<dyn Subscribe>> {
-        Some(Arc::new(ClusterSubscriber(Arc::clone(&self.nodes))))
-    }
-
-    fn scan<'a>(&'a self, pattern: &'a str) -> BoxFuture<'a, Result<Vec<String>, LockError>> {
-        Box::pin(async move {
-            let mut found = Vec::new();
-            for node in self.nodes.primaries("scan (CLUSTER SLOTS)").await? {
-                found.extend(node.link.scan(pattern).await?);
-            }
-            Ok(found)
-        })
-    }
-
-    fn response_timeout(&self) -> Duration {
+    pub(crate) fn response_timeout(&self) -> Duration {
         self.nodes.timeouts.response
     }
 
-    fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         self.endpoint.clone()
     }
 
-    fn refuses_fair(&self) -> Option<&'static str> {
-        self.replicas.map(|_| super::FAIR_WITH_REPLICAS)
+    pub(crate) fn waits_for_replicas(&self) -> bool {
+        self.replicas.is_some()
     }
 
-    fn run_on_every_server<'a>(
-        &'a self,
-        call: &'a ScriptCall,
-    ) -> BoxFuture<'a, Vec<(String, Result<Value, Failed>)>> {
+    /// Runs `call` on every primary: each one's address and answer.
+    pub(crate) async fn run_on_every_server(
+        &self,
+        call: &ScriptCall,
+    ) -> Vec<(String, Result<Value, Failed>)> {
         use futures_util::stream::{FuturesUnordered, StreamExt};
-        Box::pin(async move {
-            let primaries = match self.nodes.primaries(call.op).await {
-                Ok(primaries) => primaries,
-                Err(error) => {
-                    let failed = Failed {
-                        error,
-                        reached: Reached::No,
-                    };
-                    return vec![(self.endpoint.clone(), Err(failed))];
-                }
-            };
-            primaries
-                .iter()
-                .map(|node| async move {
-                    let (host, port) = &node.address;
-                    (format!("{host}:{port}"), node.link.run(call).await)
-                })
-                .collect::<FuturesUnordered<_>>()
-                .collect()
-                .await
-        })
+        let primaries = match self.nodes.primaries(call.op).await {
+            Ok(primaries) => primaries,
+            Err(error) => {
+                let failed = Failed {
+                    error,
+                    reached: Reached::No,
+                };
+                return vec![(self.endpoint.clone(), Err(failed))];
+            }
+        };
+        primaries
+            .iter()
+            .map(|node| async move {
+                let (host, port) = &node.address;
+                (format!("{host}:{port}"), node.link.run(call).await)
+            })
+            .collect::<FuturesUnordered<_>>()
+            .collect()
+            .await
     }
 
-    fn channel_commands(&self) -> (&'static str, &'static str, &'static str) {
-        ("SPUBLISH", "SSUBSCRIBE", "SUNSUBSCRIBE")
-    }
-
-    fn commands(&self) -> Vec<String> {
+    pub(crate) fn commands(&self) -> Vec<String> {
         let mut commands = vec!["CLUSTER SLOTS".to_owned(), "ASKING".to_owned()];
         if self.replicas.is_some() {
             commands.push("WAIT 0 0".to_owned());

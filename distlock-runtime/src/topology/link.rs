@@ -13,7 +13,7 @@ use redis::{Cmd, Value};
 
 use super::connect::Timeouts;
 use super::replicas::{Primary, Replicas, Replicated};
-use crate::call::{BoxFuture, ScriptCall};
+use crate::call::{BoxFuture, Confirm, ScriptCall};
 use crate::error::{LockError, Misconfiguration, Reply};
 use crate::failed::{failed, is_connection_failure, Failed, Reached, PASSING_RETRY};
 use crate::ids::next_id;
@@ -131,12 +131,6 @@ impl Link {
         self.replicated.is_some()
     }
 
-    /// Why fair requests cannot run on this link, if they cannot: with `min_replicas`, nothing
-    /// confirms a hand-off on the replicas.
-    pub(crate) fn refuses_fair(&self) -> Option<&'static str> {
-        self.waits_for_replicas().then_some(FAIR_WITH_REPLICAS)
-    }
-
     /// Runs a script call (`EVALSHA`, and `EVAL` if the server lost the script); with
     /// `min_replicas`, a write waits for its replicas.
     pub(crate) async fn run(&self, call: &ScriptCall) -> Result<Value, Failed> {
@@ -151,7 +145,7 @@ impl Link {
 
     async fn run_as(&self, call: &ScriptCall, asking: bool) -> Result<Value, Failed> {
         match &self.replicated {
-            Some(replicated) if call.kind.needs_replicas() => {
+            Some(replicated) if !matches!(call.confirm, Confirm::No) => {
                 Box::pin(replicated.run(self, call, asking)).await
             }
             _ => self.run_plain(call, asking).await,
@@ -556,7 +550,8 @@ impl Primary for Link {
     }
 }
 
-/// Why a link with `min_replicas` refuses fair requests.
+/// Why a deployment with `min_replicas` refuses fair requests: nothing confirms a hand-off on
+/// the replicas.
 pub(crate) const FAIR_WITH_REPLICAS: &str = "fair requests cannot be combined with min_replicas: \
     a fair lock is handed to its next waiter by the release script, and nothing confirms that \
     hand-off on the replicas before the waiter's body starts, so a failover could give the lock \

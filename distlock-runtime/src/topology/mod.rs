@@ -1,18 +1,19 @@
-//! How a command reaches Redis: one [`Route`] per kind of deployment, one file each.
+//! How a command reaches Redis: one [`Deployment`], a variant per kind, one file each.
 //!
 //! Everything above this layer (keys, tokens, validity, renewal, waiting, fairness,
-//! re-entrancy) describes its work as [`ScriptCall`]s and hands them to the manager's route,
-//! never asking which kind it is:
-//! - `standalone.rs`: one server (or a caller's pool), one multiplexed connection.
-//! - `sentinel.rs`: the primary Sentinel names, re-resolved on `READONLY`, a broken connection
-//!   or `+switch-master`.
+//! re-entrancy) describes its work as [`ScriptCall`]s and asks the deployment for an operation
+//! (an acquire, a release, an extension, a read of a lock); each reads its reply once into a
+//! type:
+//! - `one.rs`: one primary: a server (or a caller's pool), or the one Sentinel names
+//!   (`sentinel.rs`: re-resolved on `READONLY`, a broken connection or `+switch-master`); every
+//!   call on one multiplexed connection ([`Link`]).
 //! - `cluster.rs`: a Redis Cluster; each call goes to the primary of its keys' slot.
-//! - `quorum.rs`: Redlock over independent primaries; a call runs on every node at once and the
-//!   answers are combined by the call's [`Kind`](crate::call::Kind).
+//! - `quorum.rs`: Redlock over independent primaries: every operation runs on all nodes at
+//!   once, and a majority decides. It is the only file that knows a quorum.
 //!
-//! A route also says which keys can share one script call ([`Route::shard`]: a cluster slot;
-//! one shard elsewhere), how the scripts announce a release ([`Route::publish_command`]) and how
-//! to subscribe to those announcements ([`Route::subscriber`]).
+//! One primary and a cluster hold each key on one server at a time ([`Serial`]): their
+//! acquires take each slot's keys in turn, every slot granting (`acquire/places.rs`), and only
+//! they can run a fair queue, whose hand-off is made by one script on one server.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,156 +25,263 @@ use crate::call::{BoxFuture, ScriptCall};
 use crate::error::LockError;
 use crate::failed::{Failed, Reached};
 use crate::keys::LockKeys;
-use crate::scripts::Announce;
+use crate::scripts::{Announce, Inspected};
 
 pub(crate) mod cluster;
 mod connect;
 mod link;
+pub(crate) mod one;
 mod probe;
 pub(crate) mod quorum;
 mod replicas;
 pub(crate) mod sentinel;
-pub(crate) mod standalone;
 
+pub(crate) use cluster::Cluster;
 pub(crate) use connect::{client, create_pool, dial, parse_url, take_from_pool, Timeouts};
 pub(crate) use link::{Dial, Link, ReadOnly, FAIR_WITH_REPLICAS};
+pub(crate) use one::One;
 pub(crate) use probe::probe;
 pub use probe::ServerKind;
+pub(crate) use quorum::Quorum;
 pub(crate) use replicas::Replicas;
 
 /// A place's answer to a script call, or how it failed.
 pub(crate) type Answer = Result<Value, Failed>;
 
-/// Says, from a quorum's answers so far (in node order, `None` for one still out), whether
-/// they settle the round.
-pub(crate) type Enough = dyn Fn(&[Option<Answer>]) -> bool + Send + Sync;
+/// Where a manager's locks live.
+pub(crate) enum Deployment {
+    /// Each key on one server at a time.
+    Serial(Serial),
+    /// Independent primaries, a majority of which holds each lease (Redlock).
+    Majority(Quorum),
+}
 
-/// How one kind of deployment runs distlock's script calls.
-pub(crate) trait Route: Send + Sync + 'static {
-    /// Runs `call` (whose keys share one [`shard`](Route::shard)); the answer is the script's,
-    /// or for a quorum the combination its [`Kind`](crate::call::Kind) prescribes.
-    fn run<'a>(&'a self, call: &'a ScriptCall) -> BoxFuture<'a, Result<Value, Failed>>;
+/// A deployment that holds each key on one server at a time: a call runs where its keys live,
+/// and its answer is that server's.
+pub(crate) enum Serial {
+    /// One primary: a server, a caller's pool, or the primary Sentinel names.
+    One(One),
+    /// A Redis Cluster: each key on the primary of its slot.
+    Sharded(Cluster),
+}
 
-    /// Which keys one script call may carry together: those with the same shard.
-    fn shard(&self, _key: &str) -> u16 {
-        0
+impl Serial {
+    /// Runs `call` (whose keys share one [`shard`](Deployment::shard)) and reads its answer as
+    /// `T`, saying on failure how far the request got (and, for a refusal, what exactly Redis
+    /// refused: see `refusal.rs`).
+    pub(crate) async fn call<T: FromRedisValue>(&self, call: &ScriptCall) -> Result<T, Failed> {
+        match self.run(call).await {
+            Ok(value) => read(call, value),
+            Err(failed) => {
+                let probe = |types: ScriptCall| async move {
+                    let answer = self.run(&types).await;
+                    answer.and_then(|v| read(&types, v)).map_err(|f| f.error)
+                };
+                // Boxed: rare, and large (it may run a probe).
+                Err(Box::pin(crate::refusal::explain(call, failed, probe)).await)
+            }
+        }
+    }
+
+    async fn run(&self, call: &ScriptCall) -> Answer {
+        match self {
+            // Boxed: a link's call is large, and every lock future would embed it.
+            Self::One(one) => Box::pin(one.run(call)).await,
+            Self::Sharded(cluster) => Box::pin(cluster.run(call)).await,
+        }
     }
 
     /// The command the scripts announce releases with (`PUBLISH`, or `SPUBLISH` on a cluster,
     /// where a channel lives in its key's slot).
-    fn publish_command(&self) -> &'static str {
-        "PUBLISH"
+    pub(crate) fn publish_command(&self) -> &'static str {
+        match self {
+            Self::One(_) => "PUBLISH",
+            Self::Sharded(_) => "SPUBLISH",
+        }
     }
 
-    /// Which releases announce themselves: those of keys marked as waited on (see `scripts/`),
-    /// or every release, marked or not: a quorum's waiter listens on one node, whose copy of a
-    /// mark is missing when the attempt that set it failed there.
-    fn announces(&self) -> Announce {
-        Announce::WaitedOn
+    fn waits_for_replicas(&self) -> bool {
+        match self {
+            Self::One(one) => one.waits_for_replicas(),
+            Self::Sharded(cluster) => cluster.waits_for_replicas(),
+        }
+    }
+}
+
+impl Deployment {
+    /// Where fair requests run, or why they cannot: a quorum's nodes would each hand a lock to
+    /// their own oldest waiter; with `min_replicas`, nothing confirms a hand-off.
+    pub(crate) fn fair(&self) -> Result<&Serial, &'static str> {
+        match self {
+            Self::Serial(serial) if serial.waits_for_replicas() => Err(FAIR_WITH_REPLICAS),
+            Self::Serial(serial) => Ok(serial),
+            Self::Majority(_) => Err(quorum::FAIR_REFUSED),
+        }
     }
 
-    /// How an acquire takes a request's keys, and what must grant them.
-    fn grant(&self) -> Grant {
-        Grant::All
+    /// Which keys one script call may carry together: those with the same shard (a cluster
+    /// slot; one shard elsewhere).
+    pub(crate) fn shard(&self, key: &str) -> u16 {
+        match self {
+            Self::Serial(Serial::Sharded(_)) => cluster::slot(key),
+            _ => 0,
+        }
     }
 
-    /// A quorum's nodes ([`Grant::Majority`]): runs `call` on every node `to` marks, at once and
-    /// each in a task of its own (a round that ends early never drops a request before it was
-    /// written), each within `limit`, until `enough` says the answers so far (in node order,
-    /// `None` for one still out) settle the round. Never asked of a route that grants
-    /// [`Grant::All`].
-    fn fan_out<'a>(
-        &'a self,
-        call: Arc<ScriptCall>,
-        limit: Duration,
-        to: &'a [bool],
-        enough: &'a Enough,
-    ) -> BoxFuture<'a, Vec<Option<Answer>>> {
-        let _ = (call, limit, to, enough);
-        Box::pin(std::future::ready(Vec::new()))
-    }
-
-    /// How long one place may take to answer an acquire of `ttl`: the response timeout, but a
-    /// quorum node a tenth of the ttl (a hung node must not stall the round).
-    fn acquire_timeout(&self, ttl: Duration) -> Duration {
-        let _ = ttl;
-        self.response_timeout()
-    }
-
-    /// How to subscribe to those announcements; `None` when this route cannot (a caller's pool
-    /// says nowhere where it connects): waiters poll.
-    fn subscriber(&self) -> Option<Arc<dyn Subscribe>>;
-
-    /// The longest a single call waits for an answer.
-    fn response_timeout(&self) -> Duration;
-
-    /// Where it connects, without passwords.
-    fn endpoint(&self) -> String;
-
-    /// The deadpool pool its connections come from, if it uses one.
-    fn pool(&self) -> Option<&Pool> {
-        None
-    }
-
-    /// The keys matching `pattern` on every server that holds locks (`SCAN`).
-    fn scan<'a>(&'a self, pattern: &'a str) -> BoxFuture<'a, Result<Vec<String>, LockError>>;
-
-    /// Why fair requests cannot run here, if they cannot.
-    fn refuses_fair(&self) -> Option<&'static str> {
-        None
-    }
-
-    /// Runs `call` (which names no key) on every server that holds locks, each within the
-    /// response timeout: each server's name (without passwords) and answer.
-    fn run_on_every_server<'a>(
-        &'a self,
-        call: &'a ScriptCall,
-    ) -> BoxFuture<'a, Vec<(String, Result<Value, Failed>)>>;
-
-    /// How many of `servers` must answer for the deployment to serve: all of them, but on a
-    /// quorum a majority.
-    fn servers_needed(&self, servers: usize) -> usize {
-        servers
+    /// How the scripts announce a release: with `PUBLISH`, or `SPUBLISH` on a cluster; those of
+    /// keys marked as waited on (see `scripts/`), or on a quorum every release, marked or not:
+    /// its waiter listens on one node, whose copy of a mark is missing when the attempt that
+    /// set it failed there.
+    pub(crate) fn announce(&self) -> (&'static str, Announce) {
+        match self {
+            Self::Serial(serial) => (serial.publish_command(), Announce::WaitedOn),
+            Self::Majority(_) => ("PUBLISH", Announce::Always),
+        }
     }
 
     /// The commands that publish on, subscribe to and unsubscribe from a lock's channel.
-    fn channel_commands(&self) -> (&'static str, &'static str, &'static str) {
-        ("PUBLISH", "SUBSCRIBE", "UNSUBSCRIBE")
+    pub(crate) fn channel_commands(&self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Self::Serial(Serial::Sharded(_)) => ("SPUBLISH", "SSUBSCRIBE", "SUNSUBSCRIBE"),
+            _ => ("PUBLISH", "SUBSCRIBE", "UNSUBSCRIBE"),
+        }
     }
 
-    /// The commands this route sends outside scripts, besides `EVALSHA` and the channels'
-    /// (each with its words apart, as `LockManager::ping` checks them).
-    fn commands(&self) -> Vec<String>;
-}
-
-impl dyn Route {
-    /// Runs `call` and reads its answer as `T`, saying on failure how far the request got (and,
-    /// for a refusal, what exactly Redis refused: see `refusal.rs`).
-    pub(crate) async fn call<T: FromRedisValue>(&self, call: &ScriptCall) -> Result<T, Failed> {
-        let value = match self.run(call).await {
-            Ok(value) => value,
-            Err(failed) if failed.error.is_misconfigured() => {
-                let probe = |types: ScriptCall| async move { self.invoke(&types).await };
-                return Err(Box::pin(crate::refusal::explain(call, failed, probe)).await);
-            }
-            Err(failed) => return Err(failed),
-        };
-        T::from_redis_value(value).map_err(|error| Failed {
-            error: LockError::Redis {
-                op: call.op,
-                source: error.into(),
-            },
-            reached: Reached::Answered,
-        })
+    /// The commands sent outside scripts, besides `EVALSHA` and the channels' (each with its
+    /// words apart, as `LockManager::ping` checks them).
+    pub(crate) fn commands(&self) -> Vec<String> {
+        match self {
+            Self::Serial(Serial::One(one)) => one.commands(),
+            Self::Serial(Serial::Sharded(cluster)) => cluster.commands(),
+            Self::Majority(_) => vec!["SELECT 0".to_owned()],
+        }
     }
 
-    /// `call`, with just the error on failure.
-    pub(crate) async fn invoke<T: FromRedisValue>(
+    /// Where it connects, without passwords.
+    pub(crate) fn endpoint(&self) -> String {
+        match self {
+            Self::Serial(Serial::One(one)) => one.endpoint(),
+            Self::Serial(Serial::Sharded(cluster)) => cluster.endpoint(),
+            Self::Majority(quorum) => quorum.endpoint(),
+        }
+    }
+
+    /// The deadpool pool of one server's connections, if it uses one.
+    pub(crate) fn pool(&self) -> Option<&Pool> {
+        match self {
+            Self::Serial(Serial::One(one)) => one.pool(),
+            _ => None,
+        }
+    }
+
+    /// How to subscribe to release announcements; `None` when it cannot (a caller's pool says
+    /// nowhere where it connects): waiters poll.
+    pub(crate) fn subscriber(&self) -> Option<Arc<dyn Subscribe>> {
+        match self {
+            Self::Serial(Serial::One(one)) => one.subscriber(),
+            Self::Serial(Serial::Sharded(cluster)) => Some(cluster.subscriber()),
+            Self::Majority(quorum) => Some(quorum.subscriber()),
+        }
+    }
+
+    /// The longest a single call waits for an answer.
+    pub(crate) fn response_timeout(&self) -> Duration {
+        match self {
+            Self::Serial(Serial::One(one)) => one.response_timeout(),
+            Self::Serial(Serial::Sharded(cluster)) => cluster.response_timeout(),
+            Self::Majority(quorum) => quorum.response_timeout(),
+        }
+    }
+
+    /// The keys matching `pattern` on every server that holds locks (`SCAN`).
+    pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, LockError> {
+        match self {
+            Self::Serial(Serial::One(one)) => one.scan(pattern).await,
+            Self::Serial(Serial::Sharded(cluster)) => cluster.scan(pattern).await,
+            Self::Majority(quorum) => quorum.scan(pattern).await,
+        }
+    }
+
+    /// Runs `call` (which names no key) on every server that holds locks, each within the
+    /// response timeout: each server's name (without passwords) and answer, and how many must
+    /// answer for the deployment to serve (all, but a majority of a quorum's nodes).
+    pub(crate) async fn run_on_every_server(
         &self,
         call: &ScriptCall,
-    ) -> Result<T, LockError> {
-        self.call(call).await.map_err(|failed| failed.error)
+    ) -> (Vec<(String, Answer)>, usize) {
+        let answers = match self {
+            Self::Serial(Serial::One(one)) => vec![(one.endpoint(), one.run(call).await)],
+            Self::Serial(Serial::Sharded(cluster)) => cluster.run_on_every_server(call).await,
+            Self::Majority(quorum) => return quorum.run_on_every_server(call).await,
+        };
+        let needed = answers.len();
+        (answers, needed)
     }
+
+    /// Runs a call that writes nothing a lease relies on, read as `T` (a quorum answers once a
+    /// majority did): a release's count of keys released (on a quorum, the most any node
+    /// released), a probe of key types.
+    pub(crate) async fn read<T: FromRedisValue>(&self, call: &ScriptCall) -> Result<T, LockError> {
+        match self {
+            Self::Serial(serial) => serial.call(call).await,
+            Self::Majority(quorum) => quorum.read(call).await,
+        }
+        .map_err(|failed| failed.error)
+    }
+
+    /// Runs a release call: how many keys were released (on a quorum, the most any node of a
+    /// majority released).
+    pub(crate) async fn release(&self, call: &ScriptCall) -> Result<usize, LockError> {
+        match self {
+            Self::Serial(serial) => serial.call(call).await,
+            Self::Majority(quorum) => quorum.release(call, false).await,
+        }
+        .map_err(|failed| failed.error)
+    }
+
+    /// Runs a forced release: how many keys were released (on a quorum, run to the end on
+    /// every node before it counts).
+    pub(crate) async fn force_release(&self, call: &ScriptCall) -> Result<usize, LockError> {
+        match self {
+            Self::Serial(serial) => serial.call(call).await,
+            Self::Majority(quorum) => quorum.release(call, true).await,
+        }
+        .map_err(|failed| failed.error)
+    }
+
+    /// Runs an extension call: per lease, whether its owner still held its keys (on a quorum,
+    /// on a majority of nodes).
+    pub(crate) async fn extend(&self, call: &ScriptCall) -> Result<Vec<bool>, LockError> {
+        match self {
+            Self::Serial(serial) => serial
+                .call::<Vec<i64>>(call)
+                .await
+                .map(|owned| owned.into_iter().map(|o| o == 1).collect()),
+            Self::Majority(quorum) => quorum.extend(call).await,
+        }
+        .map_err(|failed| failed.error)
+    }
+
+    /// Runs an inspect call (`scripts/inspect.lua`): on a quorum, the lock as a majority of
+    /// nodes hold it.
+    pub(crate) async fn inspect(&self, call: &ScriptCall) -> Result<Option<Inspected>, LockError> {
+        match self {
+            Self::Serial(serial) => serial.call(call).await,
+            Self::Majority(quorum) => quorum.inspect(call).await,
+        }
+        .map_err(|failed| failed.error)
+    }
+}
+
+/// A place's answer to `call` read as `T`.
+pub(crate) fn read<T: FromRedisValue>(call: &ScriptCall, value: Value) -> Result<T, Failed> {
+    T::from_redis_value(value).map_err(|error| Failed {
+        error: LockError::Redis {
+            op: call.op,
+            source: error.into(),
+        },
+        reached: Reached::Answered,
+    })
 }
 
 /// How a route's scripts announce releases to subscribers.
@@ -278,41 +386,16 @@ pub(crate) enum Message {
     Dropped { channel: String },
 }
 
-/// How an acquire takes a request's keys where they live, and what must grant them (see
-/// `acquire/places.rs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Grant {
-    /// Each shard's group of keys on its one server, in turn, in one global order: every group
-    /// must grant (one server, Sentinel, a cluster).
-    All,
-    /// The same keys on every one of `nodes` independent servers at once: a majority must grant
-    /// (a quorum).
-    Majority {
-        /// How many nodes there are.
-        nodes: usize,
-    },
-}
-
-impl Grant {
-    /// How many of `places` must hold a lease's keys (with its fencing token) for it to count.
-    pub(crate) fn needed(self, places: usize) -> usize {
-        match self {
-            Self::All => places,
-            Self::Majority { nodes } => nodes / 2 + 1,
-        }
-    }
-}
-
 /// The indices of `redis_keys` grouped by shard, groups in shard order, keys in their order
-/// (one group on every route but a cluster's).
-pub(crate) fn by_shard(route: &dyn Route, redis_keys: &[LockKeys]) -> Vec<Vec<usize>> {
+/// (one group on every deployment but a cluster).
+pub(crate) fn by_shard(deployment: &Deployment, redis_keys: &[LockKeys]) -> Vec<Vec<usize>> {
     if redis_keys.len() == 1 {
         // Most requests: one group, whatever the route.
         return vec![vec![0]];
     }
     let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
     for (i, keys) in redis_keys.iter().enumerate() {
-        let shard = route.shard(keys.lock());
+        let shard = deployment.shard(keys.lock());
         match groups.iter_mut().find(|(s, _)| *s == shard) {
             Some((_, group)) => group.push(i),
             None => groups.push((shard, vec![i])),

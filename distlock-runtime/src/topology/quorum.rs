@@ -1,17 +1,23 @@
-//! Redlock: a lock held on a majority of independent primaries.
-//!
-//! Every call runs on all nodes at once, each bounded by the response timeout, and the answers
-//! are combined by the call's [`Kind`]:
-//! - **Acquire** is taken node by node by `acquire/places.rs` ([`Grant::Majority`]), through
-//!   [`Route::fan_out`], each node within [`Route::acquire_timeout`] (a tenth of the ttl, at
-//!   most the response timeout, so a node that hangs cannot stall the round).
-//! - Every node's request runs in a task of its own, so a round that ends early never drops a
-//!   request before it was written (which would leave a grant, or a lock not released, behind).
+//! Redlock: a lock held on a majority of independent primaries. The only file that knows a
+//! quorum: every operation runs on all nodes at once, each in a task of its own (a round that
+//! ends early never drops a request before it was written, which would leave a grant, or a
+//! lock not released, behind), each bounded by the response timeout, and a majority decides:
+//! - **Acquire** ([`Quorum::acquire`]): each node is proposed a token slightly ahead of this
+//!   host's clock ([`FLOOR_AHEAD_US`]), which nodes with close clocks all draw: the round ends
+//!   as soon as a majority granted the same one (a majority then holds it in its counters, no
+//!   write-back needed), each node within a tenth of the ttl (at most the response timeout), so
+//!   a node that hangs cannot stall the round. When too many nodes failed (down, erroring,
+//!   timed out) for a majority to be left, the round stops waiting at once. Without a majority,
+//!   what was granted is undone before the answer says who holds the keys. A node whose acquire
+//!   may still run (hung, or its answer lost) may grant late: the answer says so
+//!   ([`Taken::late`]), and the request never uses that owner token again (a clean-up of the
+//!   late grant could otherwise release a lease a later attempt of the same request took there).
 //! - **Extend** counts per lease when a majority extended it; without one the lease is lost.
-//! - **Release** runs everywhere, and counts when a majority answered.
-//! - **Read** and **Raise** count when a majority answered.
-//! - Fair requests are refused: a hand-off is made by one release script on one server, and a
-//!   quorum's nodes would each hand the lock to their own oldest waiter.
+//! - **Release** runs everywhere, and counts when a majority answered (a forced release, when
+//!   every node did).
+//! - **Inspect** lists the holders a majority of nodes list ([`view`]).
+//! - Fair requests are refused ([`FAIR_REFUSED`]), and so is `min_replicas` (a majority is its
+//!   redundancy).
 //!
 //! Release notifications come from whichever node the subscriber connection reached (each
 //! node announces every release); when that node is down, the next is tried.
@@ -23,18 +29,27 @@ use std::time::Duration;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::{FromRedisValue, Value};
 
-use super::standalone::{PlainSubscriber, PoolDial};
-use super::{Answer, Enough, Grant, Route, Subscribe};
-use super::{Link, Timeouts};
-use crate::call::{BoxFuture, Kind, ScriptCall};
+use super::one::{PlainSubscriber, PoolDial};
+use super::{read, Answer, Link, Subscribe, Timeouts};
+use crate::call::{ScriptCall, Taking};
 use crate::error::LockError;
 use crate::failed::{Failed, Reached};
-use crate::inspect::{listed_holders, quorum_view};
-use crate::scripts::Announce;
+use crate::fence::raise_call;
+use crate::scripts::{Acquire, Inspected, Taken};
 use crate::tls::Tls;
 
 /// Connections per node pool (the link takes one for good; the rest serve nobody else).
 const POOL_SIZE: usize = 2;
+
+/// How far ahead of this host's clock (µs) a quorum proposes fencing tokens: more than the
+/// round trip to a node plus the clock offsets between hosts, so every node draws the proposal.
+const FLOOR_AHEAD_US: u64 = 50_000;
+
+/// Why fair requests cannot run on a quorum.
+pub(crate) const FAIR_REFUSED: &str = "fair requests are not available on a quorum: a hand-off \
+    is made by one release script on one server, and a quorum's nodes would each hand the lock \
+    to their own oldest waiter; use unfair requests (waiters are still woken by release \
+    notifications)";
 
 /// A quorum of independent Redis primaries.
 pub(crate) struct Quorum {
@@ -86,21 +101,298 @@ impl Quorum {
         self.nodes.len() / 2 + 1
     }
 
-    /// Runs `call` on every node at once, each within `limit`; `enough` looks at the answers so
-    /// far (in node order, `None` for one still out) and says whether to stop waiting.
-    async fn fan_out(
+    pub(crate) fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+
+    pub(crate) fn response_timeout(&self) -> Duration {
+        self.timeouts.response
+    }
+
+    pub(crate) fn subscriber(&self) -> Arc<dyn Subscribe> {
+        Arc::new(PlainSubscriber {
+            clients: self.clients.clone(),
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// Takes `taking`'s keys by `acquire` (its call) on a majority of the nodes, at once (see
+    /// the module docs).
+    pub(crate) async fn acquire(
         &self,
-        call: &ScriptCall,
-        limit: Duration,
-        enough: impl Fn(&[Option<Answer>]) -> bool,
-    ) -> Vec<Option<Answer>> {
-        let all = vec![true; self.nodes.len()];
-        self.fan_out_on(Arc::new(call.detached()), limit, &all, enough)
+        taking: &Taking,
+        acquire: &ScriptCall,
+    ) -> Result<Taken, Failed> {
+        let (nodes, majority) = (self.nodes.len(), self.majority());
+        // A tenth of the ttl (at least 5 ms), never more than the response timeout: a hung node
+        // costs the round that at most.
+        let limit = (taking.ttl / 10)
+            .max(Duration::from_millis(5))
+            .min(self.timeouts.response);
+        let answers = self.propose(acquire, limit).await;
+        // Nodes that took the lock, and nodes that may yet (no answer, or one that may still
+        // arrive and run).
+        let took: Vec<bool> = answers.iter().map(|a| granted(a).is_some()).collect();
+        let late = answers.iter().any(|answer| match answer {
+            None => true,
+            Some(Err(failed)) => !matches!(failed.reached, Reached::No | Reached::Refused),
+            Some(Ok(_)) => false,
+        });
+        let (tokens, held, mut failures) = tally(acquire, answers);
+        if tokens.len() >= majority {
+            let token = tokens.iter().copied().max().unwrap_or(0);
+            // A majority already holds the token in its counters when every grant drew it.
+            let uniform = tokens.iter().all(|&t| t == token);
+            if uniform || self.raise(taking, token).await {
+                let answer = Acquire::Acquired {
+                    fencing_token: token,
+                };
+                return Ok(Taken { answer, late });
+            }
+            failures.push(Failed {
+                error: LockError::NoQuorum {
+                    op: "acquire (fencing write-back)",
+                    granted: 0,
+                    needed: majority,
+                    nodes,
+                    first_failure: None,
+                },
+                reached: Reached::Answered,
+            });
+        }
+        // No majority: take back what was granted, on the nodes that answered (within the
+        // same bound). A node that may still run the acquire is left to the request (`late`).
+        let undo = Arc::new(taking.undo().detached());
+        let undone = self.fan_out(undo, limit, &took, |_| false).await;
+        let took_undone = undone
+            .iter()
+            .zip(&took)
+            .all(|(answer, took)| !took || matches!(answer, Some(Ok(_))));
+        match held {
+            // Contention: who holds the key, so the caller waits for it.
+            Some(answer) if took_undone => Ok(Taken { answer, late }),
+            _ => {
+                let mut failed = no_quorum(acquire.op, tokens.len(), failures, nodes);
+                if !took_undone || late {
+                    // A grant the undo did not reach, or one still to come: the acquire
+                    // releases by token in the background too, until the ttl if Redis fails.
+                    failed.reached = Reached::Maybe;
+                }
+                self.explained(acquire, Err(failed)).await
+            }
+        }
+    }
+
+    /// Sends `acquire` to every node at once, each within `limit`, proposing a token slightly
+    /// ahead of this host's clock; the answers once a majority granted the same token, or too
+    /// many failed for a majority to be left. (A node that says the key is held is waited for:
+    /// contention is answered with who holds it, not an error.)
+    async fn propose(&self, acquire: &ScriptCall, limit: Duration) -> Vec<Option<Answer>> {
+        let (nodes, majority) = (self.nodes.len(), self.majority());
+        let floor = u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_micros(),
+        )
+        .unwrap_or(0)
+            + FLOOR_AHEAD_US;
+        let enough = move |answers: &[Option<Answer>]| {
+            let mut tokens = answers.iter().filter_map(granted);
+            let first = tokens.next();
+            let agreeing = first.map_or(0, |t| 1 + tokens.filter(|&u| u == t).count());
+            let failed = answers.iter().filter(|a| matches!(a, Some(Err(_)))).count();
+            agreeing >= majority || failed > nodes - majority
+        };
+        let proposed = Arc::new(acquire.with_arg(floor));
+        self.fan_out(proposed, limit, &vec![true; nodes], enough)
             .await
     }
 
-    /// [`fan_out`](Self::fan_out) on the nodes `to` marks.
-    async fn fan_out_on(
+    /// Writes `token` back to the fencing counters of the keys `taking` takes, on every node;
+    /// whether a majority took it.
+    async fn raise(&self, taking: &Taking, token: u64) -> bool {
+        let raise = Arc::new(raise_call(taking, token));
+        let all = vec![true; self.nodes.len()];
+        let answers = self
+            .fan_out(raise, self.timeouts.response, &all, |_| false)
+            .await;
+        answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count() >= self.majority()
+    }
+
+    /// Runs a call that writes nothing a lease relies on: the first answer, once a majority
+    /// answered.
+    pub(crate) async fn read<T: FromRedisValue>(&self, call: &ScriptCall) -> Result<T, Failed> {
+        let answer = self.first_of_majority(call).await;
+        let value = self.explained(call, answer).await?;
+        read(call, value)
+    }
+
+    /// [`read`](Self::read), its refusals unexplained: what explains them.
+    async fn first_of_majority(&self, call: &ScriptCall) -> Answer {
+        let majority = self.majority();
+        let answers = self
+            .fan_out_all(call, |answers| {
+                answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count() >= majority
+            })
+            .await;
+        let values = self.majority_answered(call.op, answers)?;
+        Ok(values.into_iter().next().unwrap_or(Value::Nil))
+    }
+
+    /// Runs a release: the most keys any node released, once a majority answered; a forced
+    /// release (`everywhere`) waits for every node: an operator's command, often from a
+    /// process that exits right after, which would end the other nodes' tasks and leave the
+    /// lock on the nodes that answered last.
+    pub(crate) async fn release(
+        &self,
+        call: &ScriptCall,
+        everywhere: bool,
+    ) -> Result<usize, Failed> {
+        let majority = self.majority();
+        let answers = self
+            .fan_out_all(call, |answers| {
+                !everywhere
+                    && answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count() >= majority
+            })
+            .await;
+        let values = self.majority_answered(call.op, answers);
+        let values = self.explained(call, values).await?;
+        let mut released = 0;
+        for value in values {
+            released = released.max(read::<usize>(call, value)?);
+        }
+        Ok(released)
+    }
+
+    /// Runs an extension on every node: per lease, whether a majority extended it.
+    pub(crate) async fn extend(&self, call: &ScriptCall) -> Result<Vec<bool>, Failed> {
+        let answers = self.fan_out_all(call, |_| false).await;
+        let mut votes: Vec<usize> = Vec::new();
+        let mut failures = Vec::new();
+        for answer in answers.into_iter().flatten() {
+            match answer.and_then(|value| read::<Vec<i64>>(call, value)) {
+                Ok(owned) => {
+                    votes.resize(votes.len().max(owned.len()), 0);
+                    for (vote, owned) in votes.iter_mut().zip(owned) {
+                        *vote += usize::from(owned == 1);
+                    }
+                }
+                Err(failed) => failures.push(failed),
+            }
+        }
+        if votes.is_empty() {
+            // No node answered: an outage, which renewal retries until the lease runs out.
+            let failed = no_quorum(call.op, 0, failures, self.nodes.len());
+            return self.explained(call, Err(failed)).await;
+        }
+        let majority = self.majority();
+        Ok(votes.into_iter().map(|v| v >= majority).collect())
+    }
+
+    /// Reads a lock as a majority of nodes hold it ([`view`]), once the answers settle it
+    /// ([`settled`]): a read just after an acquire or a release, whose requests may still be on
+    /// their way to some nodes, reports neither what the first node to answer says nor a holder
+    /// a majority may not have.
+    pub(crate) async fn inspect(&self, call: &ScriptCall) -> Result<Option<Inspected>, Failed> {
+        let majority = self.majority();
+        let answers = self
+            .fan_out_all(call, |answers| settled(answers, majority))
+            .await;
+        let values = self.majority_answered(call.op, answers);
+        let readings = self
+            .explained(call, values)
+            .await?
+            .into_iter()
+            .map(|value| read(call, value))
+            .collect::<Result<Vec<Option<Inspected>>, _>>()?;
+        Ok(view(&readings, majority))
+    }
+
+    /// The keys matching `pattern` on any node (the operator wants to see stragglers too),
+    /// once a majority answered.
+    pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, LockError> {
+        let mut found = Vec::new();
+        let mut answered = 0;
+        let mut last_error = None;
+        for node in &self.nodes {
+            match node.scan(pattern).await {
+                Ok(keys) => {
+                    answered += 1;
+                    found.extend(keys);
+                }
+                Err(error) => last_error = Some(error),
+            }
+        }
+        match last_error {
+            Some(error) if answered < self.majority() => Err(error),
+            _ => Ok(found),
+        }
+    }
+
+    /// Runs `call` on every node: each node's name and answer, and how many must answer.
+    pub(crate) async fn run_on_every_server(
+        &self,
+        call: &ScriptCall,
+    ) -> (Vec<(String, Answer)>, usize) {
+        let answers = self.fan_out_all(call, |_| false).await;
+        let named = self
+            .names
+            .iter()
+            .cloned()
+            .zip(answers)
+            .map(|(name, answer)| {
+                let answer = answer.unwrap_or_else(|| Err(self.timed_out(call.op)));
+                (name, answer)
+            })
+            .collect();
+        (named, self.majority())
+    }
+
+    fn timed_out(&self, op: &'static str) -> Failed {
+        Failed {
+            error: LockError::RedisTimeout {
+                op,
+                after: self.timeouts.response,
+            },
+            reached: Reached::Maybe,
+        }
+    }
+
+    /// `answer`, and on a refusal what exactly Redis refused (see `refusal.rs`).
+    async fn explained<T>(
+        &self,
+        call: &ScriptCall,
+        answer: Result<T, Failed>,
+    ) -> Result<T, Failed> {
+        match answer {
+            Err(failed) => {
+                let probe = |types: ScriptCall| async move {
+                    let answer = self.first_of_majority(&types).await;
+                    answer.and_then(|v| read(&types, v)).map_err(|f| f.error)
+                };
+                Err(Box::pin(crate::refusal::explain(call, failed, probe)).await)
+            }
+            answer => answer,
+        }
+    }
+
+    /// Runs `call` on every node at once, each within the response timeout, until `enough`.
+    async fn fan_out_all(
+        &self,
+        call: &ScriptCall,
+        enough: impl Fn(&[Option<Answer>]) -> bool,
+    ) -> Vec<Option<Answer>> {
+        let all = vec![true; self.nodes.len()];
+        let call = Arc::new(call.detached());
+        self.fan_out(call, self.timeouts.response, &all, enough)
+            .await
+    }
+
+    /// Runs `call` on the nodes `to` marks, at once, each within `limit`; `enough` looks at the
+    /// answers so far (in node order, `None` for one still out) and says whether to stop
+    /// waiting.
+    async fn fan_out(
         &self,
         call: Arc<ScriptCall>,
         limit: Duration,
@@ -108,10 +400,10 @@ impl Quorum {
         enough: impl Fn(&[Option<Answer>]) -> bool,
     ) -> Vec<Option<Answer>> {
         let op = call.op;
-        // Each node's request runs in a task of its own, so a round that ends early (enough
-        // answers) leaves the others to finish: a request dropped before it was written would
-        // never reach its node, and a release or a grant would be left behind there.
-        let owned = call;
+        let timed_out = move || Failed {
+            error: LockError::RedisTimeout { op, after: limit },
+            reached: Reached::Maybe,
+        };
         let mut answers: Vec<Option<Answer>> = self.nodes.iter().map(|_| None).collect();
         let mut pending: FuturesUnordered<_> = self
             .nodes
@@ -119,25 +411,13 @@ impl Quorum {
             .enumerate()
             .filter(|(i, _)| to.get(*i).copied().unwrap_or(false))
             .map(|(i, node)| {
-                let (node, call) = (Arc::clone(node), Arc::clone(&owned));
+                let (node, call) = (Arc::clone(node), Arc::clone(&call));
+                // In a task of its own (see the module docs).
                 let task = tokio::spawn(async move {
-                    match tokio::time::timeout(limit, node.run(&call)).await {
-                        Ok(answer) => answer,
-                        Err(_) => Err(Failed {
-                            error: LockError::RedisTimeout { op, after: limit },
-                            reached: Reached::Maybe,
-                        }),
-                    }
+                    (tokio::time::timeout(limit, node.run(&call)).await)
+                        .unwrap_or_else(|_| Err(timed_out()))
                 });
-                async move {
-                    let answer = task.await.unwrap_or_else(|_| {
-                        Err(Failed {
-                            error: LockError::RedisTimeout { op, after: limit },
-                            reached: Reached::Maybe,
-                        })
-                    });
-                    (i, answer)
-                }
+                async move { (i, task.await.unwrap_or_else(|_| Err(timed_out()))) }
             })
             .collect();
         while let Some((i, answer)) = pending.next().await {
@@ -149,60 +429,12 @@ impl Quorum {
         answers
     }
 
-    async fn run_call(&self, call: &ScriptCall) -> Result<Value, Failed> {
-        match &call.kind {
-            // An acquire is taken on a majority of the nodes by `acquire/places.rs`, through
-            // `fan_out`: never as one call.
-            Kind::Acquire(_) => Err(Failed {
-                error: LockError::InvalidConfig {
-                    what: "quorum",
-                    reason: "an acquire runs on a quorum's nodes one by one".to_owned(),
-                },
-                reached: Reached::No,
-            }),
-            Kind::Extend => self.extend(call).await,
-            Kind::Inspect => self.inspect(call).await,
-            Kind::Release | Kind::ForceRelease | Kind::Read | Kind::Check | Kind::Raise => {
-                // Done once a majority answered: the others were sent, and run anyway (in
-                // tasks of their own). A forced release waits for every node: an operator's
-                // command, often from a process that exits right after, which would end those
-                // tasks and leave the lock on the nodes that answered last.
-                let majority = self.majority();
-                let everywhere = matches!(call.kind, Kind::ForceRelease);
-                let answers = self
-                    .fan_out(call, self.timeouts.response, |answers| {
-                        !everywhere
-                            && answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count()
-                                >= majority
-                    })
-                    .await;
-                self.majority_answered(call.op, answers, |values| match call.kind {
-                    // The most keys any node released.
-                    Kind::Release | Kind::ForceRelease => values
-                        .iter()
-                        .filter_map(|v| i64::from_redis_value(v.clone()).ok())
-                        .max()
-                        .map_or(Value::Int(0), Value::Int),
-                    _ => values.first().cloned().unwrap_or(Value::Nil),
-                })
-            }
-            Kind::Fair => Err(Failed {
-                error: LockError::InvalidConfig {
-                    what: "fair",
-                    reason: FAIR_REFUSED.to_owned(),
-                },
-                reached: Reached::No,
-            }),
-        }
-    }
-
-    /// Succeeds with `combine` of the answers when a majority of nodes answered.
+    /// The values of `answers` when a majority of nodes answered.
     fn majority_answered(
         &self,
         op: &'static str,
         answers: Vec<Option<Answer>>,
-        combine: impl FnOnce(&[Value]) -> Value,
-    ) -> Result<Value, Failed> {
+    ) -> Result<Vec<Value>, Failed> {
         let mut values = Vec::new();
         let mut failures = Vec::new();
         for answer in answers.into_iter().flatten() {
@@ -212,57 +444,54 @@ impl Quorum {
             }
         }
         if values.len() >= self.majority() {
-            return Ok(combine(&values));
+            return Ok(values);
         }
         Err(no_quorum(op, values.len(), failures, self.nodes.len()))
     }
+}
 
-    /// Reads a lock as a majority of nodes hold it ([`quorum_view`]), once the answers settle
-    /// it ([`settled`]): a read just after an acquire or a release, whose requests may still be
-    /// on their way to some nodes, reports neither what the first node to answer says nor a
-    /// holder a majority may not have.
-    async fn inspect(&self, call: &ScriptCall) -> Result<Value, Failed> {
-        let majority = self.majority();
-        let answers = self
-            .fan_out(call, self.timeouts.response, |answers| {
-                settled(answers, majority)
-            })
-            .await;
-        self.majority_answered(call.op, answers, |values| quorum_view(values, majority))
+/// The fencing token a node's acquire answer grants, if it granted.
+fn granted(answer: &Option<Answer>) -> Option<u64> {
+    match answer {
+        Some(Ok(value)) => match Acquire::from_redis_value(value.clone()) {
+            Ok(Acquire::Acquired { fencing_token }) => Some(fencing_token),
+            _ => None,
+        },
+        _ => None,
     }
+}
 
-    async fn extend(&self, call: &ScriptCall) -> Result<Value, Failed> {
-        let answers = self.fan_out(call, self.timeouts.response, |_| false).await;
-        let mut votes: Vec<usize> = Vec::new();
-        for answer in answers.iter().flatten() {
-            let Ok(value) = answer else { continue };
-            let Ok(owned) = Vec::<i64>::from_redis_value(value.clone()) else {
-                continue;
-            };
-            if votes.len() < owned.len() {
-                votes.resize(owned.len(), 0);
+/// An acquire round's answers, each read once: the tokens granted, who holds the keys where
+/// they were held (the longest remaining of the holders found), and the failures.
+fn tally(
+    acquire: &ScriptCall,
+    answers: Vec<Option<Answer>>,
+) -> (Vec<u64>, Option<Acquire>, Vec<Failed>) {
+    let mut tokens = Vec::new();
+    let mut held: Option<Acquire> = None;
+    let mut failures = Vec::new();
+    for answer in answers.into_iter().flatten() {
+        match answer.and_then(|value| read(acquire, value)) {
+            Ok(Acquire::Acquired { fencing_token }) => tokens.push(fencing_token),
+            Ok(Acquire::Held {
+                first_held,
+                remaining,
+                ..
+            }) => {
+                let longest = match held {
+                    Some(Acquire::Held { remaining: r, .. }) => r.max(remaining),
+                    _ => remaining,
+                };
+                held = Some(Acquire::Held {
+                    first_held,
+                    remaining: longest,
+                    unconfirmed: None,
+                });
             }
-            for (vote, owned) in votes.iter_mut().zip(owned) {
-                *vote += usize::from(owned == 1);
-            }
+            Err(failed) => failures.push(failed),
         }
-        if votes.is_empty() {
-            // No node answered: an outage, which renewal retries until the lease runs out.
-            let failures = answers
-                .into_iter()
-                .flatten()
-                .filter_map(Result::err)
-                .collect();
-            return Err(no_quorum(call.op, 0, failures, self.nodes.len()));
-        }
-        let majority = self.majority();
-        Ok(Value::Array(
-            votes
-                .into_iter()
-                .map(|v| Value::Int(i64::from(v >= majority)))
-                .collect(),
-        ))
     }
+    (tokens, held, failures)
 }
 
 /// Whether the inspect answers so far (in node order, `None` for one still out) settle which
@@ -271,32 +500,74 @@ impl Quorum {
 /// longer answer.
 fn settled(answers: &[Option<Answer>], majority: usize) -> bool {
     let out = answers.iter().filter(|a| a.is_none()).count();
-    let values: Vec<&Value> = answers
+    let readings: Vec<Option<Inspected>> = answers
         .iter()
         .filter_map(|a| a.as_ref()?.as_ref().ok())
+        .map(|value| FromRedisValue::from_redis_value(value.clone()).unwrap_or(None))
         .collect();
-    if values.len() + out < majority {
+    if readings.len() + out < majority {
         return true;
     }
-    if values.len() < majority {
+    if readings.len() < majority {
         return false;
     }
-    let listed: Vec<Vec<String>> = values.into_iter().map(listed_holders).collect();
-    listed.iter().flatten().all(|holder| {
+    let listed: Vec<&[String]> = readings.iter().map(Inspected::members_of).collect();
+    listed.iter().copied().flatten().all(|holder| {
         let by = listed.iter().filter(|l| l.contains(holder)).count();
         by >= majority || by + out < majority
+    })
+}
+
+/// The lock as a quorum holds it, from the inspect answers of a majority (`majority`) of its
+/// nodes or more: a lease holds only where a majority of nodes granted it, so the holders that
+/// a majority list, held for as long as a majority still hold them, with the greatest fencing
+/// counter any node has; `None` when no holder is listed by a majority.
+fn view(readings: &[Option<Inspected>], majority: usize) -> Option<Inspected> {
+    let listed: Vec<&[String]> = readings.iter().map(Inspected::members_of).collect();
+    let agreed = |holder: &String| listed.iter().filter(|l| l.contains(holder)).count() >= majority;
+    let mut holders: Vec<String> = Vec::new();
+    for holder in listed.iter().copied().flatten().filter(|h| agreed(h)) {
+        if !holders.contains(holder) {
+            holders.push(holder.clone());
+        }
+    }
+    let holding = |l: &&[String]| l.iter().any(|h| holders.contains(h));
+    let base = readings
+        .iter()
+        .zip(&listed)
+        .find(|(_, l)| holding(l))?
+        .0
+        .as_ref()?;
+    // A majority holds it until the majority-th longest expiry among the nodes holding it
+    // (-1: no expiry, the longest).
+    let mut pttls: Vec<i64> = readings
+        .iter()
+        .zip(&listed)
+        .filter(|(_, l)| holding(l))
+        .filter_map(|(reading, _)| reading.as_ref())
+        .map(|r| if r.pttl < 0 { i64::MAX } else { r.pttl })
+        .collect();
+    pttls.sort_unstable_by(|a, b| b.cmp(a));
+    let pttl = pttls.get(majority - 1).copied().unwrap_or(0);
+    let counter = readings
+        .iter()
+        .flatten()
+        .filter_map(|r| r.counter.parse::<u64>().ok())
+        .max()
+        .map_or_else(String::new, |c| c.to_string());
+    Some(Inspected {
+        pttl: if pttl == i64::MAX { -1 } else { pttl },
+        counter,
+        holders: i64::try_from(holders.len()).unwrap_or(i64::MAX),
+        members: holders,
+        ..base.clone()
     })
 }
 
 /// Why no majority was had. When the nodes that refused (settings Redis rejects, a key of
 /// another type) are enough to deny a majority, the refusal itself: no outage is to blame,
 /// and retrying will not help. Else [`LockError::NoQuorum`], naming a refusal first.
-pub(crate) fn no_quorum(
-    op: &'static str,
-    granted: usize,
-    mut failures: Vec<Failed>,
-    nodes: usize,
-) -> Failed {
+fn no_quorum(op: &'static str, granted: usize, mut failures: Vec<Failed>, nodes: usize) -> Failed {
     let majority = nodes / 2 + 1;
     let reached = if failures.iter().any(|f| f.reached != Reached::No) {
         Reached::Maybe
@@ -324,119 +595,6 @@ pub(crate) fn no_quorum(
             },
             reached,
         },
-    }
-}
-
-const FAIR_REFUSED: &str = "fair requests are not available on a quorum: a hand-off is made by \
-    one release script on one server, and a quorum's nodes would each hand the lock to their own \
-    oldest waiter; use unfair requests (waiters are still woken by release notifications)";
-
-impl Route for Quorum {
-    fn run<'a>(&'a self, call: &'a ScriptCall) -> BoxFuture<'a, Result<Value, Failed>> {
-        Box::pin(self.run_call(call))
-    }
-
-    fn grant(&self) -> Grant {
-        Grant::Majority {
-            nodes: self.nodes.len(),
-        }
-    }
-
-    fn fan_out<'a>(
-        &'a self,
-        call: Arc<ScriptCall>,
-        limit: Duration,
-        to: &'a [bool],
-        enough: &'a Enough,
-    ) -> BoxFuture<'a, Vec<Option<Answer>>> {
-        Box::pin(self.fan_out_on(call, limit, to, enough))
-    }
-
-    /// A tenth of the ttl (at least 5 ms), never more than the response timeout: a hung node
-    /// costs the round that at most.
-    fn acquire_timeout(&self, ttl: Duration) -> Duration {
-        (ttl / 10)
-            .max(Duration::from_millis(5))
-            .min(self.timeouts.response)
-    }
-
-    fn announces(&self) -> Announce {
-        Announce::Always
-    }
-
-    fn subscriber(&self) -> Option<Arc<dyn Subscribe>> {
-        Some(Arc::new(PlainSubscriber {
-            clients: self.clients.clone(),
-            next: AtomicUsize::new(0),
-        }))
-    }
-
-    fn scan<'a>(&'a self, pattern: &'a str) -> BoxFuture<'a, Result<Vec<String>, LockError>> {
-        Box::pin(async move {
-            // A key any node holds: the operator wants to see stragglers too.
-            let mut found = Vec::new();
-            let mut answered = 0;
-            let mut last_error = None;
-            for node in &self.nodes {
-                match node.scan(pattern).await {
-                    Ok(keys) => {
-                        answered += 1;
-                        found.extend(keys);
-                    }
-                    Err(error) => last_error = Some(error),
-                }
-            }
-            match last_error {
-                Some(error) if answered < self.majority() => Err(error),
-                _ => Ok(found),
-            }
-        })
-    }
-
-    fn response_timeout(&self) -> Duration {
-        self.timeouts.response
-    }
-
-    fn endpoint(&self) -> String {
-        self.endpoint.clone()
-    }
-
-    fn refuses_fair(&self) -> Option<&'static str> {
-        Some(FAIR_REFUSED)
-    }
-
-    fn run_on_every_server<'a>(
-        &'a self,
-        call: &'a ScriptCall,
-    ) -> BoxFuture<'a, Vec<(String, Result<Value, Failed>)>> {
-        Box::pin(async move {
-            let answers = self.fan_out(call, self.timeouts.response, |_| false).await;
-            self.names
-                .iter()
-                .cloned()
-                .zip(answers)
-                .map(|(name, answer)| {
-                    let answer = answer.unwrap_or_else(|| {
-                        Err(Failed {
-                            error: LockError::RedisTimeout {
-                                op: call.op,
-                                after: self.timeouts.response,
-                            },
-                            reached: Reached::Maybe,
-                        })
-                    });
-                    (name, answer)
-                })
-                .collect()
-        })
-    }
-
-    fn servers_needed(&self, _servers: usize) -> usize {
-        self.majority()
-    }
-
-    fn commands(&self) -> Vec<String> {
-        vec!["SELECT 0".to_owned()]
     }
 }
 
@@ -492,18 +650,22 @@ mod tests {
     #[test]
     fn a_quorum_view_lists_the_holders_a_majority_lists() {
         let view = |answers: &[Option<Answer>]| {
-            let values: Vec<Value> = answers
+            let readings: Vec<Option<Inspected>> = answers
                 .iter()
-                .map(|a| a.as_ref().unwrap().as_ref().unwrap().clone())
+                .map(|a| {
+                    let value = a.as_ref().unwrap().as_ref().unwrap().clone();
+                    FromRedisValue::from_redis_value(value).unwrap()
+                })
                 .collect();
-            quorum_view(&values, 2)
+            view(&readings, 2)
         };
         assert_eq!(
             view(&[held_by(&["a"]), held_by(&[]), held_by(&["b"])]),
-            Value::Nil
+            None
         );
-        assert_eq!(view(&[held_by(&[]), held_by(&[])]), Value::Nil);
-        let seen = view(&[held_by(&[]), held_by(&["a"]), held_by(&["a", "b"])]);
-        assert_eq!(listed_holders(&seen), ["a"]);
+        assert_eq!(view(&[held_by(&[]), held_by(&[])]), None);
+        let seen = view(&[held_by(&[]), held_by(&["a"]), held_by(&["a", "b"])]).unwrap();
+        assert_eq!(seen.members, ["a"]);
+        assert_eq!(seen.holders, 1);
     }
 }

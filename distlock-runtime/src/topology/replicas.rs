@@ -16,7 +16,7 @@ use redis::aio::MultiplexedConnection;
 use redis::Value;
 use tokio::time::Instant;
 
-use crate::call::{BoxFuture, Kind, ScriptCall};
+use crate::call::{BoxFuture, Confirm, ScriptCall};
 use crate::error::{LockError, Misconfiguration};
 use crate::failed::{failed, Failed, Reached, PASSING_RETRY};
 use crate::scripts::Unconfirmed;
@@ -194,8 +194,8 @@ impl Replicated {
                         bounds(replicas.timeout, response_timeout, finish, Instant::now());
                     within = waited;
                     // `ping`'s check waits for no replica: it shows that `WAIT` is taken.
-                    let (count, wait_ms) = match call.kind {
-                        Kind::Check => (0, 0),
+                    let (count, wait_ms) = match call.confirm {
+                        Confirm::Shown => (0, 0),
                         _ => (replicas.count, millis(waited)),
                     };
                     let mut pipe = redis::pipe();
@@ -369,8 +369,8 @@ where
             })
         }
     };
-    let needed = match call.kind {
-        Kind::Check => 0,
+    let needed = match call.confirm {
+        Confirm::Shown => 0,
         _ => replicas.count,
     };
     let error = match acked {
@@ -384,8 +384,8 @@ where
         Err(refused) => refused,
     };
     let mut undone = false;
-    if let Kind::Acquire(taking) = &call.kind {
-        let undo = crate::scripts::undo(taking);
+    if let Confirm::Acquire(taking) = &call.confirm {
+        let undo = taking.undo();
         // The acquire script answers a fencing token when it took the keys, an array when
         // they are held (see `scripts/acquire.lua`).
         let took = matches!(answer, Value::Int(_) | Value::BulkString(_));
@@ -452,20 +452,20 @@ mod tests {
 
     /// An acquire of one key, as the request builds it.
     fn acquire() -> ScriptCall {
-        let keys: Arc<[LockKeys]> = vec![LockKeys::new("distlock:", "k")].into();
-        crate::scripts::acquire_call(
-            &keys,
-            vec![0],
-            &Arc::from("0a1b"),
-            (Duration::from_secs(30), None),
-            Waiting::NotYet,
-            ("PUBLISH", Announce::WaitedOn),
-        )
+        let taking = crate::call::Taking {
+            keys: vec![LockKeys::new("distlock:", "k")].into(),
+            indices: vec![0],
+            token: Arc::from("0a1b"),
+            ttl: Duration::from_secs(30),
+            publish: "PUBLISH",
+            announce: Announce::WaitedOn,
+        };
+        Arc::new(taking).call(None, Waiting::NotYet)
     }
 
     /// The check `ping` runs, which waits for no replica.
     fn check() -> ScriptCall {
-        ScriptCall::new("ping", &crate::diagnose::CHECK, Kind::Check, 0)
+        ScriptCall::new("ping", &crate::diagnose::CHECK, Confirm::Shown, 0)
     }
 
     /// A server's error reply, as it is read off the wire.

@@ -1,6 +1,6 @@
 //! The primary that Redis Sentinel names, followed across failovers.
 //!
-//! The route asks the sentinels (`SENTINEL GET-MASTER-ADDR-BY-NAME`, one after the other until
+//! It asks the sentinels (`SENTINEL GET-MASTER-ADDR-BY-NAME`, one after the other until
 //! one answers; one that names a server that is not a primary is asked last next time) where
 //! the primary is, connects, and checks with `ROLE` that the server is a primary before using
 //! it. No connection to a demoted primary is reused once the switch is known, and a write that
@@ -23,30 +23,20 @@
 //! been noticed yet; every write cannot.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use tokio::sync::watch;
 
-use super::standalone::open_plain;
+use super::one::open_plain;
 use super::Replicas;
-use super::{Channels, Ended, OnMessage, Route, Subscribe};
+use super::{Channels, Ended, OnMessage, One, Subscribe};
 use super::{Dial, Link, Timeouts};
-use crate::call::{BoxFuture, ScriptCall};
+use crate::call::BoxFuture;
 use crate::error::LockError;
-use crate::failed::Failed;
 use crate::tls::Tls;
-
-/// A Sentinel-managed primary.
-pub(crate) struct Sentinel {
-    link: Arc<Link>,
-    resolver: Arc<Resolver>,
-    /// The `+switch-master` watcher runs.
-    watching: AtomicBool,
-    endpoint: String,
-}
 
 /// Finds the primary through the sentinels, and says when it changed.
 struct Resolver {
@@ -62,65 +52,78 @@ struct Resolver {
     next: AtomicUsize,
     /// Bumped on every `+switch-master` for this primary.
     switched: watch::Sender<u64>,
+    /// The link to the primary, whose connection a switch drops.
+    link: OnceLock<Weak<Link>>,
+    /// The `+switch-master` watcher runs (started at the first dial: it needs a runtime).
+    watching: AtomicBool,
 }
 
-impl Sentinel {
-    pub(crate) fn new(
-        master: String,
-        urls: &[String],
-        tls: &Tls,
-        timeouts: Timeouts,
-        replicas: Option<Replicas>,
-    ) -> Result<Self, LockError> {
-        if urls.is_empty() || master.is_empty() {
-            return Err(LockError::InvalidConfig {
-                what: "sentinel",
-                reason: "give the primary's name and at least one sentinel URL".to_owned(),
-            });
-        }
-        let mut sentinels = Vec::with_capacity(urls.len());
-        let mut shown = Vec::with_capacity(urls.len());
-        for url in urls {
-            let (info, endpoint) = super::parse_url(url, tls)?;
-            sentinels.push(info);
-            shown.push(endpoint);
-        }
-        let primary = sentinels[0].redis_settings().clone();
-        let transport = sentinels[0].addr().clone();
-        let resolver = Arc::new(Resolver {
-            master: master.clone(),
-            sentinels,
-            primary,
-            transport,
-            timeouts,
-            next: AtomicUsize::new(0),
-            switched: watch::Sender::new(0),
+/// A Sentinel-managed primary: `master` as the sentinels at `urls` name it.
+pub(crate) fn primary(
+    master: String,
+    urls: &[String],
+    tls: &Tls,
+    timeouts: Timeouts,
+    replicas: Option<Replicas>,
+) -> Result<One, LockError> {
+    if urls.is_empty() || master.is_empty() {
+        return Err(LockError::InvalidConfig {
+            what: "sentinel",
+            reason: "give the primary's name and at least one sentinel URL".to_owned(),
         });
-        let dial = SentinelDial(Arc::clone(&resolver));
-        Ok(Self {
-            link: Arc::new(Link::new(Box::new(dial), timeouts, true, replicas)),
-            resolver,
-            watching: AtomicBool::new(false),
-            endpoint: format!("sentinel {master} [{}]", shown.join(", ")),
-        })
     }
+    let mut sentinels = Vec::with_capacity(urls.len());
+    let mut shown = Vec::with_capacity(urls.len());
+    for url in urls {
+        let (info, endpoint) = super::parse_url(url, tls)?;
+        sentinels.push(info);
+        shown.push(endpoint);
+    }
+    let primary = sentinels[0].redis_settings().clone();
+    let transport = sentinels[0].addr().clone();
+    let mut commands = vec!["ROLE".to_owned()];
+    if primary.db() != 0 {
+        commands.push("SELECT 0".to_owned());
+    }
+    if replicas.is_some() {
+        commands.push("WAIT 0 0".to_owned());
+    }
+    let resolver = Arc::new(Resolver {
+        master: master.clone(),
+        sentinels,
+        primary,
+        transport,
+        timeouts,
+        next: AtomicUsize::new(0),
+        switched: watch::Sender::new(0),
+        link: OnceLock::new(),
+        watching: AtomicBool::new(false),
+    });
+    let dial = SentinelDial(Arc::clone(&resolver));
+    let link = Arc::new(Link::new(Box::new(dial), timeouts, true, replicas));
+    let _ = resolver.link.set(Arc::downgrade(&link));
+    Ok(One::behind_sentinel(
+        link,
+        format!("sentinel {master} [{}]", shown.join(", ")),
+        Arc::new(SentinelSubscriber(resolver)),
+        commands,
+    ))
+}
 
-    fn watch_switches(&self) {
+impl Resolver {
+    /// Starts watching for switches of the primary, once (when a runtime runs).
+    fn watch(self: &Arc<Self>) {
         if self.watching.swap(true, Ordering::Relaxed) {
             return;
         }
+        let link = self.link.get().cloned().unwrap_or_default();
         if tokio::runtime::Handle::try_current().is_err() {
             self.watching.store(false, Ordering::Relaxed);
             return;
         }
-        tokio::spawn(watch_switches(
-            Arc::downgrade(&self.resolver),
-            Arc::downgrade(&self.link),
-        ));
+        tokio::spawn(watch_switches(Arc::downgrade(self), link));
     }
-}
 
-impl Resolver {
     /// The primary's address, from the first sentinel that answers.
     async fn primary(&self, op: &'static str) -> Result<redis::ConnectionInfo, LockError> {
         let count = self.sentinels.len();
@@ -228,6 +231,7 @@ struct SentinelDial(Arc<Resolver>);
 
 impl Dial for SentinelDial {
     fn dial(&self, op: &'static str) -> BoxFuture<'_, Result<MultiplexedConnection, LockError>> {
+        self.0.watch();
         Box::pin(self.0.dial_primary(op))
     }
 
@@ -297,54 +301,6 @@ async fn watch_switches(resolver: Weak<Resolver>, link: Weak<Link>) {
                 }
             }
         }
-    }
-}
-
-impl Route for Sentinel {
-    fn run<'a>(&'a self, call: &'a ScriptCall) -> BoxFuture<'a, Result<Value, Failed>> {
-        self.watch_switches();
-        Box::pin(self.link.run(call))
-    }
-
-    fn subscriber(&self) -> Option<Arc<dyn Subscribe>> {
-        Some(Arc::new(SentinelSubscriber(Arc::clone(&self.resolver))))
-    }
-
-    fn scan<'a>(&'a self, pattern: &'a str) -> BoxFuture<'a, Result<Vec<String>, LockError>> {
-        Box::pin(self.link.scan(pattern))
-    }
-
-    fn response_timeout(&self) -> Duration {
-        self.link.timeouts().response
-    }
-
-    fn endpoint(&self) -> String {
-        self.endpoint.clone()
-    }
-
-    fn refuses_fair(&self) -> Option<&'static str> {
-        self.link.refuses_fair()
-    }
-
-    fn run_on_every_server<'a>(
-        &'a self,
-        call: &'a ScriptCall,
-    ) -> BoxFuture<'a, Vec<(String, Result<Value, Failed>)>> {
-        Box::pin(async move {
-            self.watch_switches();
-            vec![(self.endpoint.clone(), self.link.run(call).await)]
-        })
-    }
-
-    fn commands(&self) -> Vec<String> {
-        let mut commands = vec!["ROLE".to_owned()];
-        if self.resolver.primary.db() != 0 {
-            commands.push("SELECT 0".to_owned());
-        }
-        if self.link.waits_for_replicas() {
-            commands.push("WAIT 0 0".to_owned());
-        }
-        commands
     }
 }
 

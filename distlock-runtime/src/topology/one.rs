@@ -1,34 +1,38 @@
-//! One Redis server: every call on one multiplexed connection taken from a deadpool pool
-//! (see [`take_from_pool`]), release announcements by `PUBLISH`, subscribed on a connection of
-//! their own. Also the plain pub/sub subscriber the sentinel and quorum routes reuse.
+//! One primary: a server (or a caller's pool), or the one Sentinel names (see `sentinel.rs`).
+//! Every call on one multiplexed connection ([`Link`]), taken from a deadpool pool (see
+//! [`take_from_pool`]) or dialled where the sentinels say; release announcements by `PUBLISH`,
+//! subscribed on a connection of their own. Also the plain pub/sub subscriber the quorum
+//! reuses.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::Pool;
 use redis::aio::MultiplexedConnection;
-use redis::Value;
 
 use super::Replicas;
-use super::{push_handler, Channels, Ended, OnMessage, Route, Subscribe};
+use super::{push_handler, Answer, Channels, Ended, OnMessage, Subscribe};
 use super::{take_from_pool, Dial, Link, Timeouts};
 use crate::call::{BoxFuture, ScriptCall};
 use crate::error::LockError;
-use crate::failed::Failed;
 
-/// One server, through a pool.
-pub(crate) struct Standalone {
-    link: Link,
-    pool: Pool,
-    /// For subscribing; `None` for a caller's pool, which does not say where it connects.
-    client: Option<redis::Client>,
+/// One primary.
+pub(crate) struct One {
+    link: Arc<Link>,
     endpoint: String,
+    /// A server's pool; `None` behind Sentinel.
+    pool: Option<Pool>,
+    /// `None` for a caller's pool, which does not say where it connects: waiters poll.
+    subscriber: Option<Arc<dyn Subscribe>>,
+    /// The commands it sends outside scripts (see `Deployment::commands`).
+    commands: Vec<String>,
 }
 
-impl Standalone {
-    /// `client`: the same server, for the subscriber connection (`None`: waiters poll).
-    /// `bounded_connections`: the pool's connections carry the response timeout themselves.
-    pub(crate) fn new(
+impl One {
+    /// One server through `pool`. `client`: the same server, for the subscriber connection
+    /// (`None`: waiters poll). `bounded_connections`: the pool's connections carry the response
+    /// timeout themselves.
+    pub(crate) fn server(
         pool: Pool,
         client: Option<redis::Client>,
         timeouts: Timeouts,
@@ -41,61 +45,73 @@ impl Standalone {
             timeouts,
             server: endpoint.clone(),
         };
+        let link = Link::new(Box::new(dial), timeouts, bounded_connections, replicas);
+        let subscriber = client.map(|client| {
+            Arc::new(PlainSubscriber {
+                clients: vec![client],
+                next: std::sync::atomic::AtomicUsize::new(0),
+            }) as Arc<dyn Subscribe>
+        });
+        let mut commands = vec!["SELECT 0".to_owned()];
+        if link.waits_for_replicas() {
+            commands.push("WAIT 0 0".to_owned());
+        }
         Self {
-            link: Link::new(Box::new(dial), timeouts, bounded_connections, replicas),
-            pool,
-            client,
+            link: Arc::new(link),
             endpoint,
+            pool: Some(pool),
+            subscriber,
+            commands,
         }
     }
-}
 
-impl Route for Standalone {
-    fn run<'a>(&'a self, call: &'a ScriptCall) -> BoxFuture<'a, Result<Value, Failed>> {
-        Box::pin(self.link.run(call))
+    /// The primary Sentinel names, reached through `link`.
+    pub(crate) fn behind_sentinel(
+        link: Arc<Link>,
+        endpoint: String,
+        subscriber: Arc<dyn Subscribe>,
+        commands: Vec<String>,
+    ) -> Self {
+        Self {
+            link,
+            endpoint,
+            pool: None,
+            subscriber: Some(subscriber),
+            commands,
+        }
     }
 
-    fn subscriber(&self) -> Option<Arc<dyn Subscribe>> {
-        let client = self.client.clone()?;
-        Some(Arc::new(PlainSubscriber {
-            clients: vec![client],
-            next: std::sync::atomic::AtomicUsize::new(0),
-        }))
+    /// Runs a script call (see [`Link::run`]).
+    pub(crate) async fn run(&self, call: &ScriptCall) -> Answer {
+        self.link.run(call).await
     }
 
-    fn scan<'a>(&'a self, pattern: &'a str) -> BoxFuture<'a, Result<Vec<String>, LockError>> {
-        Box::pin(self.link.scan(pattern))
+    pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, LockError> {
+        self.link.scan(pattern).await
     }
 
-    fn response_timeout(&self) -> Duration {
+    pub(crate) fn waits_for_replicas(&self) -> bool {
+        self.link.waits_for_replicas()
+    }
+
+    pub(crate) fn subscriber(&self) -> Option<Arc<dyn Subscribe>> {
+        self.subscriber.clone()
+    }
+
+    pub(crate) fn response_timeout(&self) -> Duration {
         self.link.timeouts().response
     }
 
-    fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         self.endpoint.clone()
     }
 
-    fn refuses_fair(&self) -> Option<&'static str> {
-        self.link.refuses_fair()
+    pub(crate) fn pool(&self) -> Option<&Pool> {
+        self.pool.as_ref()
     }
 
-    fn pool(&self) -> Option<&Pool> {
-        Some(&self.pool)
-    }
-
-    fn run_on_every_server<'a>(
-        &'a self,
-        call: &'a ScriptCall,
-    ) -> BoxFuture<'a, Vec<(String, Result<Value, Failed>)>> {
-        Box::pin(async move { vec![(self.endpoint.clone(), self.link.run(call).await)] })
-    }
-
-    fn commands(&self) -> Vec<String> {
-        let mut commands = vec!["SELECT 0".to_owned()];
-        if self.link.waits_for_replicas() {
-            commands.push("WAIT 0 0".to_owned());
-        }
-        commands
+    pub(crate) fn commands(&self) -> Vec<String> {
+        self.commands.clone()
     }
 }
 
