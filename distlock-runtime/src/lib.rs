@@ -79,56 +79,16 @@
 //! | `tokio` | `rt`, `time`, `sync`, `macros` | renewal and release tasks, timeouts: locks are taken on a Tokio runtime |
 //!
 //! # Guarantees
-//! - Mutual exclusion per key while leases are valid (an exclusive holder alone, readers only
-//!   beside readers, at most N holders of a semaphore's N permits). A lease's validity is counted from before
-//!   its request was sent, less a clock-drift margin, so this process gives up a lease before
-//!   Redis expires it. Redis expires keys by its wall clock: exclusion assumes that a server's
-//!   clock does not jump forward while it holds a lease, nor a replica's run ahead of its
-//!   primary's (a quorum too: a second majority can form around one node whose clock jumped).
-//!   Fencing tokens keep storage in order when it does.
-//! - A lock is only released or extended by its owner: a 128-bit token from the operating
-//!   system's random source (a uuid v4, never a seeded or forkable generator), compared in Lua.
-//!   Renewal never re-creates a lock that is gone.
-//! - Fencing tokens strictly increase per key, across all clients, also after expiry and after
-//!   Redis lost its data (see [Fencing tokens](#fencing-tokens)).
-//! - No lock outlives its ttl after its holder dies (nor a reader's or permit holder's share,
-//!   whatever the other holders do), and every key distlock writes expires.
-//! - Every Redis call is bounded by the manager's timeouts: a Redis that is down or hung is an
-//!   error, never a hang, and every wait ends by its deadline plus at most the attempt then in
-//!   flight: one response timeout on one server (the subscriber connection is opened, and keys
-//!   subscribed, by background tasks, never by a waiter). With `min_replicas` too: an attempt
-//!   waits for its replicas (`WAIT`) no later than half a response timeout past the deadline
-//!   (a try-lock, which does not wait, takes up to a response timeout and the replica timeout).
-//!   Other topologies' attempts can take longer, still bounded: a request for keys in
-//!   several cluster slots takes up to a response timeout per slot; a Sentinel dial asks the
-//!   sentinels in turn (a connect and a response timeout each); a quorum round takes at most a
-//!   tenth of the ttl (no more than a response timeout), plus a response timeout when its nodes
-//!   drew different fencing tokens. A lease lost while its `run` body runs returns [`LockError::LeaseLost`] when the
-//!   lease ends, without waiting on a release that cannot get through. Renewal against a failing
-//!   Redis retries with jittered backoff and logs once, then at most once a second. Settings
-//!   Redis refuses are [`LockError::Misconfigured`], not outages; [`LockManager::ping`] finds
-//!   them at startup. An acquire that may have taken a lock without returning a lease (its
-//!   call timed out or was cancelled while the request was out, or Redis ran it and answered
-//!   with an error) is released by token in the background; one that never reached Redis
-//!   leaves nothing to release.
-//! - No connection is held while a body runs.
-//! - Waiters are woken by release notifications (`PUBLISH` from the release script, one
-//!   subscriber connection per manager, one local waiter woken per release, oldest first), and
-//!   also at the holder's expiry; a lost notification costs latency, never a hang. Only a lock
-//!   somebody waits for announces its release: a waiter marks the holder it finds (a `~` before
-//!   the token in the lock's value, set by the attempt's own script), and a request that had to
-//!   wait takes its keys marked, for the waiters still behind it; a lock nobody waited for is
-//!   released with a `GET` and a `DEL`. A manager
-//!   built on a caller's pool has no client to subscribe with, and an ACL user may lack channel
-//!   rights (see [Least-privilege ACL user](#least-privilege-acl-user)): their waiters poll with
-//!   backoff.
-//! - Re-entrancy is for strict nesting only: a `run` (or annotated call) nested inside a `run`
-//!   body for keys its task already holds runs at once under the outer lease, but calls that
-//!   run side by side on one task (`join!`, `select!`, `FuturesUnordered` in the body) are
-//!   separate critical sections and never overlap: the first borrows the key until it ends,
-//!   the others wait their turn (see [`LockRequest::run`]).
-//! - Every manager serves again by itself after any fault, once the deployment is whole (see
-//!   [When Redis fails, or refuses](#when-redis-fails-or-refuses)).
+//! Mutual exclusion per key while leases are valid (an exclusive holder alone, readers only
+//! beside readers, at most N holders of a semaphore; a request's keys all taken or none), under
+//! an assumption about Redis's clock; a lock released or extended only by its owner's random
+//! token; [fencing tokens](#fencing-tokens) that rise per key, also after Redis lost its data; no
+//! lock outliving its ttl after its holder dies; every Redis call and every wait bounded by the
+//! manager's timeouts; no connection held while a body runs; re-entrancy for strict nesting
+//! only (see [`LockRequest::run`]); and every manager serving again by itself after any fault.
+//! `docs/guarantees.md` in the repository states each claim in full, with its assumptions and
+//! its bounds on each topology, and the repository's `tests/README.md` names the tests that
+//! prove it.
 //!
 //! # When Redis fails, or refuses
 //! Every [`LockError`] is in one of four classes ([`LockError::class`], [`ErrorClass`]):
@@ -136,16 +96,10 @@
 //! asked, or could not keep the lease: 503, try again later), **misconfigured** (settings or
 //! the deployment are wrong: retrying never helps) and **a bug in the caller** (500 both).
 //!
-//! **Recovery.** No object is shared by all of a manager's requests that could hang: each
-//! server's connection is replaced when it fails or times out, a cluster's slot map is fetched
-//! anew (over the node connections, from several nodes at once) whenever an answer shows it
-//! stale, subscriber connections are checked with a `PING` every 2 s and replaced, and the
-//! background work (releases of dropped leases, renewals) is bounded: at most 10,000 background
-//! releases wait per manager ([`LockStats::background_releases`]), at most 8 of them out at once.
-//! A fault test suite (`tests/tests/faults.rs`: servers killed, restarted with and without their
-//! data, paused; Sentinel and cluster failovers; slot migrations; a whole cluster restarted; a
-//! quorum's minority and majority lost) holds every manager of two loaded processes to serving
-//! again within 5 s of the deployment being whole; `docs/reliability.md` has the times measured.
+//! **Recovery.** A manager serves again by itself once the deployment is whole: its
+//! connections, a cluster's slot map and its subscriber connections replace themselves, and
+//! background releases are bounded ([`LockStats::background_releases`]). `docs/reliability.md`
+//! in the repository says what heals how, and the times the fault tests measure.
 //!
 //! **Redis errors.** One classification serves for a command and for a script alike: an error
 //! raised inside a script becomes the same [`LockError`] as outside one.
@@ -179,25 +133,18 @@
 //! answered; [`LockManager::servers`] returns it.
 //!
 //! # Fencing tokens
-//! A lease can end without its holder noticing in time: a process paused (GC, `SIGSTOP`), a
-//! host suspended, or a VM paused stops the monotonic clock this process counts validity on,
-//! or stops the process itself, and its next write may land after another holder took the
-//! lock. No lock can prevent that; storage can. Pass [`Lease::fencing_token`] (or
-//! [`current_fencing_token`] inside a body) with every write, and have the storage refuse a
-//! token smaller than the greatest it has seen for the resource: a paused holder's late write
-//! is then refused instead of corrupting the newer holder's work (the seckill example does this
-//! in one Lua script).
+//! A holder paused past its lease (GC, `SIGSTOP`, a suspended host or VM) can still send a write
+//! after another holder took the lock. No lock can prevent that; storage can. Pass
+//! [`Lease::fencing_token`] (or [`current_fencing_token`] inside a body) with every write, and
+//! have the storage refuse a token smaller than the greatest it has seen for the resource: a
+//! paused holder's late write is then refused instead of corrupting the newer holder's work (the
+//! seckill example does this in one Lua script).
 //!
-//! Each lock key has a counter beside it (`distlock:fence:{KEY}` by default), and a token is the greater of
-//! Redis's clock in microseconds (`TIME`) and one more than the counter, drawn in the same
-//! script that takes the lock. So tokens keep rising when Redis restarts without persistence,
-//! fails over to a replica that missed the last writes, or evicts the counter: they go on from
-//! the clock. The clock assumption: Redis's wall clock (and a new primary's after a failover)
-//! does not step back by more than the time between the last token drawn before a loss and the
-//! first one after; while the counter lives (a ttl after its last draw), a clock stepped back
-//! cannot make tokens fall at all. Tokens stay below 2^53 (about 1.8 x 10^15 today), so
-//! JavaScript numbers and Lua scripts compare them exactly. A lease on several keys has one
-//! token, greater than every earlier token of each of its keys.
+//! Tokens strictly increase per key across all clients, also after an expiry and after Redis
+//! lost its data (a restart without persistence, a failover to a replica that missed writes); a
+//! lease on several keys has one token, greater than every earlier token of each of its keys.
+//! How they are drawn, the clock assumption that goes with it, and their range (below 2^53,
+//! exact in JavaScript): `docs/guarantees.md` in the repository.
 //!
 //! # Fair locks
 //! A request for one key is fair by default: its waiters queue in Redis, and a release hands
