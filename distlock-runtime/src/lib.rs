@@ -125,12 +125,9 @@
 //! no answer in time, a broken connection, `READONLY` during a failover, a refused password),
 //! until the keys are gone or their ttl has passed; [`Lease::release`] still returns its error.
 //!
-//! [`LockManager::ping`] checks everything a lock needs before the first lock does, on every
-//! server that holds locks: address, TLS, credentials, database, a writable primary of Redis
-//! 7.0+ or Valkey, every command every script may run (contended and fair too) on the keys
-//! under the prefix, asked of Redis with `redis.acl_check_cmd`, and the commands the topology
-//! sends (`WAIT` itself, with `min_replicas`). It logs which server software and version
-//! answered; [`LockManager::servers`] returns it.
+//! [`LockManager::ping`] checks everything a lock needs, on every server that holds locks,
+//! before the first lock does; [`LockManager::servers`] says which server software and version
+//! answered.
 //!
 //! # Fencing tokens
 //! A holder paused past its lease (GC, `SIGSTOP`, a suspended host or VM) can still send a write
@@ -148,13 +145,14 @@
 //!
 //! # Fair locks
 //! A request for one key is fair by default: its waiters queue in Redis, and a release hands
-//! the lock to the oldest live waiter, whose body starts when the notification arrives. Turn it
-//! off per request with `fair = false` or [`LockRequest::fair`]`(false)`, or for a manager with
-//! [`LockManagerBuilder::default_fair`]`(false)`. Requests for several keys, and every request on
-//! a quorum or with `min_replicas`, are unfair. A hand-off holds the key for [`HANDOFF_CLAIM`]
-//! until its recipient confirms it, so a waiter whose process crashed while queued delays the
-//! queue by at most a claim and a quarter. `docs/fair.md` in the repository says when to choose
-//! which, and how the queue, the hand-off, its claim and its signature work.
+//! the lock straight to the oldest live waiter. Under contention that gives every waiter its
+//! turn and starts the next holder without an acquire round trip, which is why it is the
+//! default; its price is that a waiter whose process crashed while queued holds the queue up for
+//! a while ([`HANDOFF_CLAIM`]). Turn it off per request with `fair = false` or
+//! [`LockRequest::fair`]`(false)`, or for a manager with
+//! [`LockManagerBuilder::default_fair`]`(false)`. `docs/fair.md` in the repository says which
+//! requests can be fair, when to choose which, and how the queue, the hand-off, its claim and
+//! its signature work.
 //!
 //! # Read-write locks and semaphores
 //! A key is held exclusively, shared, or as one of N permits ([`LockMode`]): `read = ..` on the
