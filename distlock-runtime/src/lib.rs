@@ -253,60 +253,20 @@
 //! `redis-server` that runs.
 //!
 //! # Topologies
-//! A manager talks to exactly one deployment, chosen on its builder (two, or none, is
-//! [`LockError::InvalidConfig`]); the attribute and every request work the same on each. For a
+//! A manager talks to exactly one deployment, chosen on its builder: one server
+//! ([`url`](LockManagerBuilder::url) or [`pool`](LockManagerBuilder::pool)), a Sentinel-named
+//! primary ([`sentinel`](LockManagerBuilder::sentinel)), a Redis Cluster
+//! ([`cluster`](LockManagerBuilder::cluster)) or a Redlock quorum of independent primaries
+//! ([`quorum`](LockManagerBuilder::quorum)), with replica acknowledgement on request
+//! ([`min_replicas`](LockManagerBuilder::min_replicas)); two, or none, is
+//! [`LockError::InvalidConfig`]. The attribute and every request work the same on each. For a
 //! URL that comes from outside (an operator's `REDIS_URL`), [`LockManagerBuilder::probe`] asks
 //! its server whether it is one server, a cluster node or a Sentinel ([`ServerKind`]); a
 //! manager built with [`url`](LockManagerBuilder::url) for a cluster node fails its first call
 //! for a key of another node's slot with [`Misconfiguration::ClusterNode`], never as an outage.
-//!
-//! | builder | what it guarantees | what it does not |
-//! |---|---|---|
-//! | [`url`](LockManagerBuilder::url) / [`pool`](LockManagerBuilder::pool): one server | everything above, while that server keeps its data | a restart without persistence frees every lock (fencing tokens still rise) |
-//! | [`sentinel`](LockManagerBuilder::sentinel) | the primary is followed across failovers: on `READONLY`, a broken connection or `+switch-master`, the command and subscriber connections are replaced | replication is asynchronous: a failover can lose a lock just acquired, and two holders overlap, unless [`min_replicas`](LockManagerBuilder::min_replicas) is set |
-//! | [`cluster`](LockManagerBuilder::cluster) | each lock lives in its key's slot; `MOVED`, `ASK` and failovers are followed; keys in several slots are taken slot by slot, all or nothing | the same asynchronous-replication caveat per slot; a multi-slot acquire is not one atomic step (it takes slots in one global order and undoes what it took if a later slot is held) |
-//! | [`quorum`](LockManagerBuilder::quorum) | a lock is held when a majority of independent primaries granted it; a minority of nodes down or hung changes nothing | fair requests and semaphores of more than one permit are refused; needs the restart rule below |
-//!
-//! **Server side.** With Sentinel or a cluster, set `min-replicas-to-write` on the primaries
-//! (or [`min_replicas`](LockManagerBuilder::min_replicas) on the manager, which makes each
-//! acquire and extend wait for replica acknowledgement with `WAIT`, and undoes an acquire the
-//! replicas did not confirm: [`LockError::Replication`]; fair requests are refused with it, as
-//! nothing confirms a fair hand-off on the replicas). Persistence (`appendonly yes`) keeps
-//! locks across a restart of a single server. A quorum's nodes should be independent machines.
-//!
-//! **Redlock's restart rule.** A quorum node that crashes and comes back empty forgets the
-//! locks it granted, and with it a second majority can form while the first holder still runs.
-//! So a crashed node must stay down for at least the longest ttl in use before it rejoins, or
-//! run with `appendonly yes` and `appendfsync always`.
-//!
-//! **Kleppmann's critique** of Redlock is that no lock based on timing can be safe when a
-//! holder pauses (GC, a VM or process stop) past its lease, or clocks jump: the holder wakes up
-//! believing it holds the lock. distlock does not claim otherwise. Its answer is the fencing
-//! token: a quorum lease's token is the greatest any node drew, and it is written back to a
-//! majority before the lease is handed out, so every later majority draws a larger one, and
-//! storage that checks tokens refuses the paused holder's late write (see
-//! [Fencing tokens](#fencing-tokens)). On a cluster, a lease on keys in several slots gets the
-//! greatest token its slots drew, written back to the others the same way.
-//!
-//! **Keys and slots.** All of one lock's keys (the lock, its fencing counter, its fair queue)
-//! and its release channel share the lock key's cluster slot, through a hash tag around the
-//! key: `distlock:lock:{order:42}`. A template may choose the slot on purpose:
-//! `"{{user:{id}}}:wallet"` and `"{{user:{id}}}:cart"` render as `{user:7}:wallet` and
-//! `{user:7}:cart`, whose tag is `{user:7`, so the two are locked by one atomic script. Values
-//! are escaped and can never choose a slot.
-//!
-//! **Notifications.** Releases are announced with `PUBLISH` (with `SPUBLISH`, sharded pub/sub in
-//! the key's slot, on a cluster), and waiters subscribe, over RESP3 on every topology. When a
-//! subscription is lost (a node's connection lost, a slot moved, a Sentinel switch), every
-//! waiter that counted on it is woken to try again and subscribes anew; a waiter whose attempt
-//! meets the failover itself gets its error, as on one server.
-//!
-//! **Clocks.** A cluster lease on keys in several slots writes its token (drawn by one node's
-//! clock) back to the others' counters; a failover that loses that write (without
-//! `min_replicas`) leaves the next token to the new primary's clock, so fencing across slots
-//! assumes the nodes' clocks agree within the time between two leases of a key. A quorum does
-//! not: any two majorities share a node. And with `cluster-require-full-coverage yes` (Redis's
-//! default), a primary lost without a replica to take over stops every slot, so every lease.
+//! `docs/topologies.md` in the repository says what each deployment guarantees and what it does
+//! not, the server-side settings, Redlock's restart rule, how keys map to cluster slots (and how
+//! a template chooses one), and what each costs.
 //!
 //! # Architecture
 //! Each file holds one idea:
