@@ -58,8 +58,8 @@
 //! ```
 //!
 //! distlock needs Redis 7.0 or newer, or Valkey (its scripts declare themselves with `#!lua`,
-//! and the single-key acquire uses `SET ... NX GET`); its tests run on Redis 7.0 and 8.2 and on
-//! Valkey 8.1.
+//! and the single-key acquire uses `SET ... NX GET`); `docs/operations.md` ("Servers") in the
+//! repository lists the servers its tests run on.
 //!
 //! # Cargo features
 //! | feature | default | what it adds | what it costs |
