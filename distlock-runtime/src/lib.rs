@@ -91,10 +91,9 @@
 //! prove it.
 //!
 //! # When Redis fails, or refuses
-//! Every [`LockError`] is in one of four classes ([`LockError::class`], [`ErrorClass`]):
-//! **contention** (somebody else holds the lock: HTTP 409), **unavailable** (Redis could not be
-//! asked, or could not keep the lease: 503, try again later), **misconfigured** (settings or
-//! the deployment are wrong: retrying never helps) and **a bug in the caller** (500 both).
+//! Every [`LockError`] is in one of four classes ([`LockError::class`]): **contention**,
+//! **unavailable**, **misconfigured** and **a bug in the caller**; [`ErrorClass`] says what to
+//! do about each, and the HTTP status that answers it.
 //!
 //! **Recovery.** A manager serves again by itself once the deployment is whole: its
 //! connections, a cluster's slot map and its subscriber connections replace themselves, and
