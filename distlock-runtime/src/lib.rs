@@ -200,12 +200,11 @@
 //!
 //! # Testing your code
 //! With the cargo feature `testing`, the module `distlock_runtime::testing` starts throwaway
-//! `redis-server` (else `valkey-server`) processes for tests: `TestRedis::start().await` runs
-//! one on a free loopback port (persistence off) and stops it when dropped, `manager()` is a
-//! manager for it, and `TestCluster`, `TestSentinel` and `TestQuorum` start the other
-//! topologies. Each test gets servers of its own, so tests run in parallel. Redis 7.0 or newer,
-//! or Valkey, must be installed (the error says how when neither is). Enable the feature for
-//! tests only:
+//! `redis-server` processes for tests, each test its own, so tests run in parallel: `TestRedis`
+//! one server, `TestCluster`, `TestSentinel` and `TestQuorum` the other topologies. The
+//! module's docs say what each starts and how it stops, what must be installed, the faults a
+//! test can cause (a server paused, killed or restarted empty, a primary killed), and how to
+//! choose the server that runs. Enable the feature for tests only:
 //!
 //! ```toml
 //! [dev-dependencies]
@@ -246,10 +245,6 @@
 //! }
 //! # fn main() { a_seat_is_booked_by_one_instance_at_a_time().unwrap() }
 //! ```
-//!
-//! The module's docs list the faults a test can cause (a server paused, killed or restarted
-//! empty, a cluster's or a Sentinel group's primary killed) and how to choose the
-//! `redis-server` that runs.
 //!
 //! # Topologies
 //! A manager talks to exactly one deployment, chosen on its builder: one server
