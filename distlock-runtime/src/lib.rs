@@ -180,12 +180,12 @@
 //! # Leader election
 //! [`LockManager::election`] elects one leader per name across the fleet: [`Election::run`]
 //! serves for the process's life, calling its function with a [`Term`] while this candidate
-//! leads and stopping it when the term is lost; a leader that dies is replaced within the ttl, one
-//! that resigns, stops or panics hands over at once, to the next candidate in arrival order.
-//! [`Election::leader`] and [`Election::watch`] tell anyone who leads. A term is a renewed lease
-//! on the key `election:NAME`, with its guarantees: at most one valid term at a time, and a
-//! fencing token above every earlier term's. The repository's `docs/elections.md` has the
-//! timings, and what waiting candidates cost.
+//! leads and stopping it when the term is lost, and another candidate takes over when a term
+//! ends. [`Election::leader`] and [`Election::watch`] tell anyone who leads. A term is a renewed
+//! lease on the key `election:NAME`, with its guarantees: at most one valid term at a time, and
+//! a fencing token above every earlier term's. The repository's `docs/elections.md` says who
+//! takes over and how fast, after a resignation, a crash or a cut, and what waiting candidates
+//! cost.
 //!
 //! ```no_run
 //! # async fn tick(_fencing_token: u64) {}
