@@ -139,8 +139,8 @@
 //! Tokens strictly increase per key across all clients, also after an expiry and after Redis
 //! lost its data (a restart without persistence, a failover to a replica that missed writes); a
 //! lease on several keys has one token, greater than every earlier token of each of its keys.
-//! How they are drawn, the clock assumption that goes with it, and their range (below 2^53,
-//! exact in JavaScript): `docs/guarantees.md` in the repository.
+//! How they are drawn, the clock assumption that goes with it, and their range (exact in
+//! JavaScript numbers): `docs/guarantees.md` in the repository.
 //!
 //! # Fair locks
 //! A request for one key is fair by default: its waiters queue in Redis, and a release hands
@@ -340,11 +340,10 @@
 //! Other topologies add a few rights: `+wait` with `min_replicas`; on a Sentinel primary
 //! `+role` (the route checks it reached a primary); on a cluster `+cluster|slots` (the route
 //! fetches the slot map), `+asking` (a call to a slot being migrated) and, for notifications,
-//! `+spublish +ssubscribe +sunsubscribe` instead of the plain ones. Where a managed service
-//! refuses one of these whatever the ACL says (`CLUSTER` behind a cluster proxy, `WAIT` on
-//! serverless offerings), the error says what to configure instead: `.url` for the proxy, no
-//! `min_replicas` (`docs/operations.md`, "Servers", lists what each service is known to
-//! refuse).
+//! `+spublish +ssubscribe +sunsubscribe` instead of the plain ones. A managed service may refuse
+//! some of these whatever the ACL says, and the error then says what to configure instead;
+//! `docs/operations.md` ("Servers") in the repository lists what each service is known to
+//! refuse.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
