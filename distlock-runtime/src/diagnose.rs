@@ -43,8 +43,9 @@ pub struct ServerInfo {
     /// Its version (`8.1.8`): Valkey's own version for Valkey, not the Redis version it reports
     /// for compatibility.
     pub version: String,
-    /// The Redis version it reports (`redis_version`): its own for Redis, the Redis version it
-    /// is compatible with for Valkey (`7.2.4`).
+    /// The Redis version it reports, read by the check script from `redis.REDIS_VERSION` (no
+    /// `INFO` is sent): its own for Redis, the Redis version it is compatible with for Valkey
+    /// (`7.2.4`).
     pub redis_version: String,
 }
 

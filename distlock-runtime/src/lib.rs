@@ -58,8 +58,8 @@
 //! ```
 //!
 //! distlock needs Redis 7.0 or newer, or Valkey (its scripts declare themselves with `#!lua`,
-//! and the single-key acquire uses `SET ... NX GET`); its tests run on Redis 7.0 and 8.2 and on
-//! Valkey 8.1.
+//! and the single-key acquire uses `SET ... NX GET`); `docs/operations.md` ("Servers") in the
+//! repository lists the servers its tests run on.
 //!
 //! # Cargo features
 //! | feature | default | what it adds | what it costs |
@@ -79,73 +79,26 @@
 //! | `tokio` | `rt`, `time`, `sync`, `macros` | renewal and release tasks, timeouts: locks are taken on a Tokio runtime |
 //!
 //! # Guarantees
-//! - Mutual exclusion per key while leases are valid (an exclusive holder alone, readers only
-//!   beside readers, at most N holders of a semaphore's N permits). A lease's validity is counted from before
-//!   its request was sent, less a clock-drift margin, so this process gives up a lease before
-//!   Redis expires it. Redis expires keys by its wall clock: exclusion assumes that a server's
-//!   clock does not jump forward while it holds a lease, nor a replica's run ahead of its
-//!   primary's (a quorum too: a second majority can form around one node whose clock jumped).
-//!   Fencing tokens keep storage in order when it does.
-//! - A lock is only released or extended by its owner: a 128-bit token from the operating
-//!   system's random source (a uuid v4, never a seeded or forkable generator), compared in Lua.
-//!   Renewal never re-creates a lock that is gone.
-//! - Fencing tokens strictly increase per key, across all clients, also after expiry and after
-//!   Redis lost its data (see [Fencing tokens](#fencing-tokens)).
-//! - No lock outlives its ttl after its holder dies (nor a reader's or permit holder's share,
-//!   whatever the other holders do), and every key distlock writes expires.
-//! - Every Redis call is bounded by the manager's timeouts: a Redis that is down or hung is an
-//!   error, never a hang, and every wait ends by its deadline plus at most the attempt then in
-//!   flight: one response timeout on one server (the subscriber connection is opened, and keys
-//!   subscribed, by background tasks, never by a waiter). With `min_replicas` too: an attempt
-//!   waits for its replicas (`WAIT`) no later than half a response timeout past the deadline
-//!   (a try-lock, which does not wait, takes up to a response timeout and the replica timeout).
-//!   Other topologies' attempts can take longer, still bounded: a request for keys in
-//!   several cluster slots takes up to a response timeout per slot; a Sentinel dial asks the
-//!   sentinels in turn (a connect and a response timeout each); a quorum round takes at most a
-//!   tenth of the ttl (no more than a response timeout), plus a response timeout when its nodes
-//!   drew different fencing tokens. A lease lost while its `run` body runs returns [`LockError::LeaseLost`] when the
-//!   lease ends, without waiting on a release that cannot get through. Renewal against a failing
-//!   Redis retries with jittered backoff and logs once, then at most once a second. Settings
-//!   Redis refuses are [`LockError::Misconfigured`], not outages; [`LockManager::ping`] finds
-//!   them at startup. An acquire that may have taken a lock without returning a lease (its
-//!   call timed out or was cancelled while the request was out, or Redis ran it and answered
-//!   with an error) is released by token in the background; one that never reached Redis
-//!   leaves nothing to release.
-//! - No connection is held while a body runs.
-//! - Waiters are woken by release notifications (`PUBLISH` from the release script, one
-//!   subscriber connection per manager, one local waiter woken per release, oldest first), and
-//!   also at the holder's expiry; a lost notification costs latency, never a hang. Only a lock
-//!   somebody waits for announces its release: a waiter marks the holder it finds (a `~` before
-//!   the token in the lock's value, set by the attempt's own script), and a request that had to
-//!   wait takes its keys marked, for the waiters still behind it; a lock nobody waited for is
-//!   released with a `GET` and a `DEL`. A manager
-//!   built on a caller's pool has no client to subscribe with, and an ACL user may lack channel
-//!   rights (see [Least-privilege ACL user](#least-privilege-acl-user)): their waiters poll with
-//!   backoff.
-//! - Re-entrancy is for strict nesting only: a `run` (or annotated call) nested inside a `run`
-//!   body for keys its task already holds runs at once under the outer lease, but calls that
-//!   run side by side on one task (`join!`, `select!`, `FuturesUnordered` in the body) are
-//!   separate critical sections and never overlap: the first borrows the key until it ends,
-//!   the others wait their turn (see [`LockRequest::run`]).
-//! - Every manager serves again by itself after any fault, once the deployment is whole (see
-//!   [When Redis fails, or refuses](#when-redis-fails-or-refuses)).
+//! Mutual exclusion per key while leases are valid (an exclusive holder alone, readers only
+//! beside readers, at most N holders of a semaphore; a request's keys all taken or none), under
+//! an assumption about Redis's clock; a lock released or extended only by its owner's random
+//! token; [fencing tokens](#fencing-tokens) that rise per key, also after Redis lost its data; no
+//! lock outliving its ttl after its holder dies; every Redis call and every wait bounded by the
+//! manager's timeouts; no connection held while a body runs; re-entrancy for strict nesting
+//! only (see [`LockRequest::run`]); and every manager serving again by itself after any fault.
+//! `docs/guarantees.md` in the repository states each claim in full, with its assumptions and
+//! its bounds on each topology, and the repository's `tests/README.md` names the tests that
+//! prove it.
 //!
 //! # When Redis fails, or refuses
-//! Every [`LockError`] is in one of four classes ([`LockError::class`], [`ErrorClass`]):
-//! **contention** (somebody else holds the lock: HTTP 409), **unavailable** (Redis could not be
-//! asked, or could not keep the lease: 503, try again later), **misconfigured** (settings or
-//! the deployment are wrong: retrying never helps) and **a bug in the caller** (500 both).
+//! Every [`LockError`] is in one of four classes ([`LockError::class`]): **contention**,
+//! **unavailable**, **misconfigured** and **a bug in the caller**; [`ErrorClass`] says what to
+//! do about each, and the HTTP status that answers it.
 //!
-//! **Recovery.** No object is shared by all of a manager's requests that could hang: each
-//! server's connection is replaced when it fails or times out, a cluster's slot map is fetched
-//! anew (over the node connections, from several nodes at once) whenever an answer shows it
-//! stale, subscriber connections are checked with a `PING` every 2 s and replaced, and the
-//! background work (releases of dropped leases, renewals) is bounded: at most 10,000 background
-//! releases wait per manager ([`LockStats::background_releases`]), at most 8 of them out at once.
-//! A fault test suite (`tests/tests/faults.rs`: servers killed, restarted with and without their
-//! data, paused; Sentinel and cluster failovers; slot migrations; a whole cluster restarted; a
-//! quorum's minority and majority lost) holds every manager of two loaded processes to serving
-//! again within 5 s of the deployment being whole; `docs/reliability.md` has the times measured.
+//! **Recovery.** A manager serves again by itself once the deployment is whole: its
+//! connections, a cluster's slot map and its subscriber connections replace themselves, and
+//! background releases are bounded ([`LockStats::background_releases`]). `docs/reliability.md`
+//! in the repository says what heals how, and the times the fault tests measure.
 //!
 //! **Redis errors.** One classification serves for a command and for a script alike: an error
 //! raised inside a script becomes the same [`LockError`] as outside one.
@@ -171,43 +124,34 @@
 //! no answer in time, a broken connection, `READONLY` during a failover, a refused password),
 //! until the keys are gone or their ttl has passed; [`Lease::release`] still returns its error.
 //!
-//! [`LockManager::ping`] checks everything a lock needs before the first lock does, on every
-//! server that holds locks: address, TLS, credentials, database, a writable primary of Redis
-//! 7.0+ or Valkey, every command every script may run (contended and fair too) on the keys
-//! under the prefix, asked of Redis with `redis.acl_check_cmd`, and the commands the topology
-//! sends (`WAIT` itself, with `min_replicas`). It logs which server software and version
-//! answered; [`LockManager::servers`] returns it.
+//! [`LockManager::ping`] checks everything a lock needs, on every server that holds locks,
+//! before the first lock does; [`LockManager::servers`] says which server software and version
+//! answered.
 //!
 //! # Fencing tokens
-//! A lease can end without its holder noticing in time: a process paused (GC, `SIGSTOP`), a
-//! host suspended, or a VM paused stops the monotonic clock this process counts validity on,
-//! or stops the process itself, and its next write may land after another holder took the
-//! lock. No lock can prevent that; storage can. Pass [`Lease::fencing_token`] (or
-//! [`current_fencing_token`] inside a body) with every write, and have the storage refuse a
-//! token smaller than the greatest it has seen for the resource: a paused holder's late write
-//! is then refused instead of corrupting the newer holder's work (the seckill example does this
-//! in one Lua script).
+//! A holder paused past its lease (GC, `SIGSTOP`, a suspended host or VM) can still send a write
+//! after another holder took the lock. No lock can prevent that; storage can. Pass
+//! [`Lease::fencing_token`] (or [`current_fencing_token`] inside a body) with every write, and
+//! have the storage refuse a token smaller than the greatest it has seen for the resource: a
+//! paused holder's late write is then refused instead of corrupting the newer holder's work (the
+//! seckill example does this in one Lua script).
 //!
-//! Each lock key has a counter beside it (`distlock:fence:{KEY}` by default), and a token is the greater of
-//! Redis's clock in microseconds (`TIME`) and one more than the counter, drawn in the same
-//! script that takes the lock. So tokens keep rising when Redis restarts without persistence,
-//! fails over to a replica that missed the last writes, or evicts the counter: they go on from
-//! the clock. The clock assumption: Redis's wall clock (and a new primary's after a failover)
-//! does not step back by more than the time between the last token drawn before a loss and the
-//! first one after; while the counter lives (a ttl after its last draw), a clock stepped back
-//! cannot make tokens fall at all. Tokens stay below 2^53 (about 1.8 x 10^15 today), so
-//! JavaScript numbers and Lua scripts compare them exactly. A lease on several keys has one
-//! token, greater than every earlier token of each of its keys.
+//! Tokens strictly increase per key across all clients, also after an expiry and after Redis
+//! lost its data (a restart without persistence, a failover to a replica that missed writes); a
+//! lease on several keys has one token, greater than every earlier token of each of its keys.
+//! How they are drawn, the clock assumption that goes with it, and their range (exact in
+//! JavaScript numbers): `docs/guarantees.md` in the repository.
 //!
 //! # Fair locks
 //! A request for one key is fair by default: its waiters queue in Redis, and a release hands
-//! the lock to the oldest live waiter, whose body starts when the notification arrives. Turn it
-//! off per request with `fair = false` or [`LockRequest::fair`]`(false)`, or for a manager with
-//! [`LockManagerBuilder::default_fair`]`(false)`. Requests for several keys, and every request on
-//! a quorum or with `min_replicas`, are unfair. A hand-off holds the key for [`HANDOFF_CLAIM`]
-//! until its recipient confirms it, so a waiter whose process crashed while queued delays the
-//! queue by at most a claim and a quarter. `docs/fair.md` in the repository says when to choose
-//! which, and how the queue, the hand-off, its claim and its signature work.
+//! the lock straight to the oldest live waiter. Under contention that gives every waiter its
+//! turn and starts the next holder without an acquire round trip, which is why it is the
+//! default; its price is that a waiter whose process crashed while queued holds the queue up for
+//! a while ([`HANDOFF_CLAIM`]). Turn it off per request with `fair = false` or
+//! [`LockRequest::fair`]`(false)`, or for a manager with
+//! [`LockManagerBuilder::default_fair`]`(false)`. `docs/fair.md` in the repository says which
+//! requests can be fair, when to choose which, and how the queue, the hand-off, its claim and
+//! its signature work.
 //!
 //! # Read-write locks and semaphores
 //! A key is held exclusively, shared, or as one of N permits ([`LockMode`]): `read = ..` on the
@@ -236,12 +180,12 @@
 //! # Leader election
 //! [`LockManager::election`] elects one leader per name across the fleet: [`Election::run`]
 //! serves for the process's life, calling its function with a [`Term`] while this candidate
-//! leads and stopping it when the term is lost; a leader that dies is replaced within the ttl, one
-//! that resigns, stops or panics hands over at once, to the next candidate in arrival order.
-//! [`Election::leader`] and [`Election::watch`] tell anyone who leads. A term is a renewed lease
-//! on the key `election:NAME`, with its guarantees: at most one valid term at a time, and a
-//! fencing token above every earlier term's. The repository's `docs/elections.md` has the
-//! timings, and what waiting candidates cost.
+//! leads and stopping it when the term is lost, and another candidate takes over when a term
+//! ends. [`Election::leader`] and [`Election::watch`] tell anyone who leads. A term is a renewed
+//! lease on the key `election:NAME`, with its guarantees: at most one valid term at a time, and
+//! a fencing token above every earlier term's. The repository's `docs/elections.md` says who
+//! takes over and how fast, after a resignation, a crash or a cut, and what waiting candidates
+//! cost.
 //!
 //! ```no_run
 //! # async fn tick(_fencing_token: u64) {}
@@ -256,12 +200,11 @@
 //!
 //! # Testing your code
 //! With the cargo feature `testing`, the module `distlock_runtime::testing` starts throwaway
-//! `redis-server` (else `valkey-server`) processes for tests: `TestRedis::start().await` runs
-//! one on a free loopback port (persistence off) and stops it when dropped, `manager()` is a
-//! manager for it, and `TestCluster`, `TestSentinel` and `TestQuorum` start the other
-//! topologies. Each test gets servers of its own, so tests run in parallel. Redis 7.0 or newer,
-//! or Valkey, must be installed (the error says how when neither is). Enable the feature for
-//! tests only:
+//! `redis-server` processes for tests, each test its own, so tests run in parallel: `TestRedis`
+//! one server, `TestCluster`, `TestSentinel` and `TestQuorum` the other topologies. The
+//! module's docs say what each starts and how it stops, what must be installed, the faults a
+//! test can cause (a server paused, killed or restarted empty, a primary killed), and how to
+//! choose the server that runs. Enable the feature for tests only:
 //!
 //! ```toml
 //! [dev-dependencies]
@@ -303,65 +246,21 @@
 //! # fn main() { a_seat_is_booked_by_one_instance_at_a_time().unwrap() }
 //! ```
 //!
-//! The module's docs list the faults a test can cause (a server paused, killed or restarted
-//! empty, a cluster's or a Sentinel group's primary killed) and how to choose the
-//! `redis-server` that runs.
-//!
 //! # Topologies
-//! A manager talks to exactly one deployment, chosen on its builder (two, or none, is
-//! [`LockError::InvalidConfig`]); the attribute and every request work the same on each. For a
+//! A manager talks to exactly one deployment, chosen on its builder: one server
+//! ([`url`](LockManagerBuilder::url) or [`pool`](LockManagerBuilder::pool)), a Sentinel-named
+//! primary ([`sentinel`](LockManagerBuilder::sentinel)), a Redis Cluster
+//! ([`cluster`](LockManagerBuilder::cluster)) or a Redlock quorum of independent primaries
+//! ([`quorum`](LockManagerBuilder::quorum)), with replica acknowledgement on request
+//! ([`min_replicas`](LockManagerBuilder::min_replicas)); two, or none, is
+//! [`LockError::InvalidConfig`]. The attribute and every request work the same on each. For a
 //! URL that comes from outside (an operator's `REDIS_URL`), [`LockManagerBuilder::probe`] asks
 //! its server whether it is one server, a cluster node or a Sentinel ([`ServerKind`]); a
 //! manager built with [`url`](LockManagerBuilder::url) for a cluster node fails its first call
 //! for a key of another node's slot with [`Misconfiguration::ClusterNode`], never as an outage.
-//!
-//! | builder | what it guarantees | what it does not |
-//! |---|---|---|
-//! | [`url`](LockManagerBuilder::url) / [`pool`](LockManagerBuilder::pool): one server | everything above, while that server keeps its data | a restart without persistence frees every lock (fencing tokens still rise) |
-//! | [`sentinel`](LockManagerBuilder::sentinel) | the primary is followed across failovers: on `READONLY`, a broken connection or `+switch-master`, the command and subscriber connections are replaced | replication is asynchronous: a failover can lose a lock just acquired, and two holders overlap, unless [`min_replicas`](LockManagerBuilder::min_replicas) is set |
-//! | [`cluster`](LockManagerBuilder::cluster) | each lock lives in its key's slot; `MOVED`, `ASK` and failovers are followed; keys in several slots are taken slot by slot, all or nothing | the same asynchronous-replication caveat per slot; a multi-slot acquire is not one atomic step (it takes slots in one global order and undoes what it took if a later slot is held) |
-//! | [`quorum`](LockManagerBuilder::quorum) | a lock is held when a majority of independent primaries granted it; a minority of nodes down or hung changes nothing | fair requests and semaphores of more than one permit are refused; needs the restart rule below |
-//!
-//! **Server side.** With Sentinel or a cluster, set `min-replicas-to-write` on the primaries
-//! (or [`min_replicas`](LockManagerBuilder::min_replicas) on the manager, which makes each
-//! acquire and extend wait for replica acknowledgement with `WAIT`, and undoes an acquire the
-//! replicas did not confirm: [`LockError::Replication`]; fair requests are refused with it, as
-//! nothing confirms a fair hand-off on the replicas). Persistence (`appendonly yes`) keeps
-//! locks across a restart of a single server. A quorum's nodes should be independent machines.
-//!
-//! **Redlock's restart rule.** A quorum node that crashes and comes back empty forgets the
-//! locks it granted, and with it a second majority can form while the first holder still runs.
-//! So a crashed node must stay down for at least the longest ttl in use before it rejoins, or
-//! run with `appendonly yes` and `appendfsync always`.
-//!
-//! **Kleppmann's critique** of Redlock is that no lock based on timing can be safe when a
-//! holder pauses (GC, a VM or process stop) past its lease, or clocks jump: the holder wakes up
-//! believing it holds the lock. distlock does not claim otherwise. Its answer is the fencing
-//! token: a quorum lease's token is the greatest any node drew, and it is written back to a
-//! majority before the lease is handed out, so every later majority draws a larger one, and
-//! storage that checks tokens refuses the paused holder's late write (see
-//! [Fencing tokens](#fencing-tokens)). On a cluster, a lease on keys in several slots gets the
-//! greatest token its slots drew, written back to the others the same way.
-//!
-//! **Keys and slots.** All of one lock's keys (the lock, its fencing counter, its fair queue)
-//! and its release channel share the lock key's cluster slot, through a hash tag around the
-//! key: `distlock:lock:{order:42}`. A template may choose the slot on purpose:
-//! `"{{user:{id}}}:wallet"` and `"{{user:{id}}}:cart"` render as `{user:7}:wallet` and
-//! `{user:7}:cart`, whose tag is `{user:7`, so the two are locked by one atomic script. Values
-//! are escaped and can never choose a slot.
-//!
-//! **Notifications.** Releases are announced with `PUBLISH` (with `SPUBLISH`, sharded pub/sub in
-//! the key's slot, on a cluster), and waiters subscribe, over RESP3 on every topology. When a
-//! subscription is lost (a node's connection lost, a slot moved, a Sentinel switch), every
-//! waiter that counted on it is woken to try again and subscribes anew; a waiter whose attempt
-//! meets the failover itself gets its error, as on one server.
-//!
-//! **Clocks.** A cluster lease on keys in several slots writes its token (drawn by one node's
-//! clock) back to the others' counters; a failover that loses that write (without
-//! `min_replicas`) leaves the next token to the new primary's clock, so fencing across slots
-//! assumes the nodes' clocks agree within the time between two leases of a key. A quorum does
-//! not: any two majorities share a node. And with `cluster-require-full-coverage yes` (Redis's
-//! default), a primary lost without a replica to take over stops every slot, so every lease.
+//! `docs/topologies.md` in the repository says what each deployment guarantees and what it does
+//! not, the server-side settings, Redlock's restart rule, how keys map to cluster slots (and how
+//! a template chooses one), and what each costs.
 //!
 //! # Architecture
 //! Each file holds one idea:
@@ -441,11 +340,10 @@
 //! Other topologies add a few rights: `+wait` with `min_replicas`; on a Sentinel primary
 //! `+role` (the route checks it reached a primary); on a cluster `+cluster|slots` (the route
 //! fetches the slot map), `+asking` (a call to a slot being migrated) and, for notifications,
-//! `+spublish +ssubscribe +sunsubscribe` instead of the plain ones. Where a managed service
-//! refuses one of these whatever the ACL says (`CLUSTER` behind a cluster proxy, `WAIT` on
-//! serverless offerings), the error says what to configure instead: `.url` for the proxy, no
-//! `min_replicas` (`docs/operations.md`, "Servers", lists what each service is known to
-//! refuse).
+//! `+spublish +ssubscribe +sunsubscribe` instead of the plain ones. A managed service may refuse
+//! some of these whatever the ACL says, and the error then says what to configure instead;
+//! `docs/operations.md` ("Servers") in the repository lists what each service is known to
+//! refuse.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
