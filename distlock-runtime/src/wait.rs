@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::fair::{ClaimWatch, Handoff, Sibling};
-use crate::notify::{HolderWatch, Notifications, Ticket};
+use crate::fair::{self, ClaimWatch, Handoff, HolderWatch, Sibling};
+use crate::notify::{Notifications, Ticket};
 
 /// First backoff step.
 const FIRST: Duration = Duration::from_millis(1);
@@ -214,7 +214,8 @@ impl<'a> Waiter<'a> {
             // the first one tries then, and keeps it queued (it is woken when that one leaves).
             // The first tries at the latest a third of the shortest presence among them after
             // its last attempt, which keeps its own place and theirs.
-            let expiry = match ticket.watching() {
+            let watching = ticket.among_fair(|me, waiters| fair::watching(me, waiters));
+            let expiry = match watching.unwrap_or(HolderWatch::Holder { keep_within: None }) {
                 HolderWatch::Behind => self.deadline,
                 HolderWatch::Holder {
                     keep_within: Some(presence),
@@ -246,7 +247,7 @@ impl<'a> Waiter<'a> {
     pub(crate) fn fair_siblings(&self) -> Vec<Sibling> {
         self.ticket
             .as_ref()
-            .map(Ticket::fair_siblings)
+            .and_then(|ticket| ticket.among_fair(|me, waiters| fair::siblings(me, waiters)))
             .unwrap_or_default()
     }
 
@@ -254,7 +255,7 @@ impl<'a> Waiter<'a> {
     /// queued) to try again.
     pub(crate) fn wake_fair(&self, tokens: &[String]) {
         if let Some(ticket) = &self.ticket {
-            ticket.wake_fair(tokens);
+            ticket.among_fair(|_, waiters| fair::wake(tokens, waiters));
         }
     }
 

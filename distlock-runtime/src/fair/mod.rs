@@ -2,7 +2,10 @@
 //! release hands the lock to the oldest live waiter and says so, how the waiter trusts and dates
 //! that message, and how a crashed recipient's claim is watched. The rest of the runtime holds
 //! its opaque handles and no fair logic: an acquire holds a [`FairAttempts`], a waiter's ticket
-//! a [`FairWaiter`], a wait a [`ClaimWatch`]; the subscriber hands every hand-off to [`deliver`].
+//! a [`FairWaiter`], a wait a [`ClaimWatch`]; the notifier hands every hand-off to [`deliver`],
+//! and asks the rules of `waiter.rs` which of a key's local fair waiters ([`Local`]) watches
+//! the holder, keeps the others queued ([`watching`], [`siblings`]) and inherits its duties
+//! ([`joined`], [`leaving`]).
 //!
 //! | file | what |
 //! |---|---|
@@ -10,7 +13,7 @@
 //! | `queue.rs` | the fair acquire's script call and its answer |
 //! | `message.rs` | the hand-off message and its signature |
 //! | `request.rs` | the requester's side: a new secret per attempt, Redis's clock per attempt, and whether a hand-off can be trusted |
-//! | `waiter.rs` | the waiter's side: which local waiter a hand-off reaches, and who watches its claim |
+//! | `waiter.rs` | the waiter's side: which local waiter a hand-off reaches, who watches the holder and a hand-off's claim, who keeps the others queued |
 //!
 //! 1. **Queue.** A fair waiter that finds the key held joins the key's queue (see
 //!    `acquire.lua`): a list of tokens in arrival order, and a hash of each token's entry
@@ -45,7 +48,7 @@
 //!    recipient without renewal extends it at once ([`claim_renewal`]). A recipient that is gone
 //!    (its process crashed) leaves the claim to lapse; the oldest fair waiter of every subscribed
 //!    process watches it ([`deliver`], [`ClaimWatch`]), and retries once the claim (plus a quarter)
-//!    has passed; a watcher that leaves passes its watch on ([`pass_on_watch`]). Each crashed
+//!    has passed; a watcher that leaves passes its watch on ([`leaving`]). Each crashed
 //!    waiter at the head of the queue costs the queue at most that long.
 //! 6. **Leaving.** A fair waiter that leaves releases by token, which takes it out of the queue
 //!    and passes on a hand-off it was given; one whose attempt may still be on its way releases
@@ -61,7 +64,10 @@ mod waiter;
 pub(crate) use message::Handoff;
 pub(crate) use queue::{ACQUIRE_FAIR, REFRESH_FAIR};
 pub(crate) use request::{claim_renewal, presence, ClaimRenewal, FairAttempts};
-pub(crate) use waiter::{deliver, pass_on_watch, ClaimWatch, FairWaiter, Sibling};
+pub(crate) use waiter::{
+    deliver, joined, leaving, siblings, wake, watching, ClaimWatch, FairWaiter, HolderWatch, Local,
+    Sibling,
+};
 
 /// How long a lock handed to a fair waiter is held for it before the waiter extends it to its
 /// ttl (its renewal does, a third of the claim later). A hand-off to a waiter that is gone

@@ -4,7 +4,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::message::Handoff;
@@ -86,11 +85,6 @@ impl FairWaiter {
         }
     }
 
-    /// How long its queue entry lasts once kept.
-    pub(crate) fn presence(&self) -> Duration {
-        self.presence
-    }
-
     /// Whether its owner token is one of `tokens`.
     pub(crate) fn is_one_of(&self, tokens: &[String]) -> bool {
         tokens.iter().any(|t| **t == *self.token)
@@ -148,7 +142,7 @@ impl FairWaiter {
 /// has the claim watched by this process's oldest other fair waiter (every subscribed process
 /// has one, so the claim stays watched whichever processes are gone). A watcher tries again once the claim would have
 /// lapsed; a newer hand-off replaces the one it watched. `waiters` are this process's fair
-/// waiters of the key, oldest first, each with the `Notify` that wakes it.
+/// waiters of the key, oldest first.
 ///
 /// A hand-off reaches its recipient only if it is signed with the secret of the recipient's
 /// latest attempt. One signed with the attempt before is genuine but stale (made before the
@@ -156,11 +150,16 @@ impl FairWaiter {
 /// and the recipient learns of it from that attempt. One signed with neither is forged: dropped
 /// with a warning. A hand-off to a waiter of another process cannot be checked here; watchers
 /// take its claim as at most [`HANDOFF_CLAIM`], so a forged one delays them by little.
-pub(crate) fn deliver(channel: &str, handoff: Handoff, waiters: &[(&FairWaiter, &Notify)]) {
-    let named = |name: &str| waiters.iter().find(|(w, _)| &*w.token == name);
-    let mut recipient = named(&handoff.token);
-    if let Some((waiter, _)) = recipient {
-        match waiter.check(&handoff) {
+pub(crate) fn deliver<'a, L: Local<'a>>(
+    channel: &str,
+    handoff: Handoff,
+    mut waiters: impl Iterator<Item = L> + Clone,
+) {
+    let mut recipient = waiters
+        .clone()
+        .find(|w| *w.waiter().token == *handoff.token);
+    if let Some(local) = recipient {
+        match local.waiter().check(&handoff) {
             Shown::Latest => {}
             Shown::Earlier => recipient = None,
             Shown::Unknown => {
@@ -176,36 +175,127 @@ pub(crate) fn deliver(channel: &str, handoff: Handoff, waiters: &[(&FairWaiter, 
     // Some slack past the claim: the recipient's extension may be on its way.
     let claim = handoff.claim.min(HANDOFF_CLAIM);
     let until = Instant::now() + claim + claim / 4;
-    let oldest = waiters.iter().find(|(w, _)| *w.token != *handoff.token);
-    if let Some((watcher, wake)) = oldest {
+    let oldest = waiters.find(|w| *w.waiter().token != *handoff.token);
+    if let Some(watcher) = oldest {
         // A watcher already sleeping until an earlier watch finds this one when it wakes; only
         // one without a watch needs waking to take it into account.
-        if watcher.start_watch(until) {
-            wake.notify_one();
+        if watcher.waiter().start_watch(until) {
+            watcher.nudge();
         }
     }
-    if let Some((waiter, wake)) = recipient {
-        lock(&waiter.news).handed = Some(handoff);
-        wake.notify_one();
+    if let Some(recipient) = recipient {
+        lock(&recipient.waiter().news).handed = Some(handoff);
+        recipient.nudge();
     }
 }
 
-/// Passes the watch of a fair waiter that `leaves` (if it watches a claim not yet over) to the
-/// oldest of `heirs`, this process's fair waiters of the key still waiting, oldest first, each
-/// with the `Notify` that wakes it: the claim it watched does not go unwatched.
-pub(crate) fn pass_on_watch<'a>(
-    leaves: Option<&FairWaiter>,
-    mut heirs: impl Iterator<Item = (&'a FairWaiter, &'a Notify)>,
+/// Whether a waiter watches its key's holder for this process.
+pub(crate) enum HolderWatch {
+    /// A fair waiter behind another fair waiter of this process: that one watches for it.
+    Behind,
+    /// It watches the holder; the first fair waiter keeps the process's fair waiters queued
+    /// within the shortest presence among them (`None`: not a fair waiter).
+    Holder { keep_within: Option<Duration> },
+}
+
+/// One of this process's fair waiters of a key, as the notifier holds it (`notify/`): its state,
+/// and how to wake it. The rules below take a key's, oldest first.
+pub(crate) trait Local<'a>: Copy {
+    fn waiter(self) -> &'a FairWaiter;
+    /// Wakes it to look again at what it waits for (hand-off news, its watch).
+    fn nudge(self);
+    /// Wakes it to try again, as a release announcement does.
+    fn notify(self);
+}
+
+/// Whether `local` is `me`.
+fn is<'a>(local: impl Local<'a>, me: &FairWaiter) -> bool {
+    std::ptr::eq(local.waiter(), me)
+}
+
+/// The shortest presence among `waiters` (`but` aside).
+fn least_presence<'a, L: Local<'a>>(
+    waiters: impl Iterator<Item = L>,
+    but: Option<&FairWaiter>,
+) -> Option<Duration> {
+    waiters
+        .filter(|&w| but.is_none_or(|but| !is(w, but)))
+        .map(|w| w.waiter().presence)
+        .min()
+}
+
+/// `newcomer` joined `waiters`: the first keeps it queued, and looks again at when it must next
+/// do so if its entry lasts less than any it keeps.
+pub(crate) fn joined<'a, L: Local<'a>>(
+    newcomer: &FairWaiter,
+    mut waiters: impl Iterator<Item = L> + Clone,
 ) {
-    let Some(until) = leaves
-        .and_then(FairWaiter::watch)
-        .filter(|&until| until > Instant::now())
-    else {
+    let least = least_presence(waiters.clone(), Some(newcomer));
+    match waiters.next() {
+        Some(first)
+            if !is(first, newcomer) && newcomer.presence < least.unwrap_or(Duration::MAX) =>
+        {
+            first.nudge();
+        }
+        _ => {}
+    }
+}
+
+/// Whether `me` watches its key's holder for this process among `waiters`, and for the first,
+/// the shortest presence among those it keeps queued.
+pub(crate) fn watching<'a, L: Local<'a>>(
+    me: &FairWaiter,
+    mut waiters: impl Iterator<Item = L> + Clone,
+) -> HolderWatch {
+    let keep_within = least_presence(waiters.clone(), None);
+    match waiters.next() {
+        Some(first) if !is(first, me) => HolderWatch::Behind,
+        _ => HolderWatch::Holder { keep_within },
+    }
+}
+
+/// The other fair waiters, when `me` is the first of `waiters` (it keeps them queued); else
+/// none.
+pub(crate) fn siblings<'a, L: Local<'a>>(
+    me: &FairWaiter,
+    mut waiters: impl Iterator<Item = L>,
+) -> Vec<Sibling> {
+    if !waiters.next().is_some_and(|first| is(first, me)) {
+        return Vec::new();
+    }
+    waiters.map(|w| w.waiter().sibling()).collect()
+}
+
+/// Wakes those of `waiters` whose owner tokens are `tokens` to try again (they are no longer
+/// queued).
+pub(crate) fn wake<'a, L: Local<'a>>(tokens: &[String], waiters: impl Iterator<Item = L>) {
+    for waiter in waiters.filter(|w| w.waiter().is_one_of(tokens)) {
+        waiter.notify();
+    }
+}
+
+/// `me` leaves `waiters` (still among them): the next watches the holder (and keeps the others
+/// queued) if `me` was the first, and inherits the claim `me` watched, if not yet over, so that
+/// it does not go unwatched.
+pub(crate) fn leaving<'a, L: Local<'a>>(me: &FairWaiter, mut waiters: impl Iterator<Item = L>) {
+    let Some(first) = waiters.next() else {
         return;
     };
-    if let Some((heir, wake)) = heirs.next() {
-        heir.inherit_watch(until);
-        wake.notify_one();
+    let was_first = is(first, me);
+    let next = if was_first {
+        waiters.next()
+    } else {
+        Some(first)
+    };
+    let Some(next) = next else {
+        return;
+    };
+    if was_first {
+        next.nudge();
+    }
+    if let Some(until) = me.watch().filter(|&until| until > Instant::now()) {
+        next.waiter().inherit_watch(until);
+        next.nudge();
     }
 }
 
@@ -251,8 +341,121 @@ impl ClaimWatch {
 #[cfg(test)]
 mod tests {
 
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::super::message::mac;
     use super::*;
+
+    /// A local fair waiter in a test: the waiter, and counts of its nudges and notifications.
+    #[derive(Clone, Copy)]
+    struct Test<'a>(&'a FairWaiter, &'a AtomicUsize, &'a AtomicUsize);
+
+    impl<'a> Local<'a> for Test<'a> {
+        fn waiter(self) -> &'a FairWaiter {
+            self.0
+        }
+        fn nudge(self) {
+            self.1.fetch_add(1, Ordering::Relaxed);
+        }
+        fn notify(self) {
+            self.2.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn waiter(token: &str, presence_s: u64) -> FairWaiter {
+        let presence = Duration::from_secs(presence_s);
+        FairWaiter::new(token.into(), None, Instant::now(), presence)
+    }
+
+    /// Three waiters, oldest first, with their counters.
+    struct Three {
+        waiters: [FairWaiter; 3],
+        nudged: [AtomicUsize; 3],
+        notified: [AtomicUsize; 3],
+    }
+
+    impl Three {
+        fn new(presences: [u64; 3]) -> Self {
+            Self {
+                waiters: [
+                    waiter("a", presences[0]),
+                    waiter("b", presences[1]),
+                    waiter("c", presences[2]),
+                ],
+                nudged: Default::default(),
+                notified: Default::default(),
+            }
+        }
+
+        fn local(&self) -> impl Iterator<Item = Test<'_>> + Clone {
+            (0..3).map(|i| Test(&self.waiters[i], &self.nudged[i], &self.notified[i]))
+        }
+
+        fn nudged(&self) -> [usize; 3] {
+            self.nudged.each_ref().map(|n| n.load(Ordering::Relaxed))
+        }
+    }
+
+    #[test]
+    fn the_first_fair_waiter_watches_and_keeps_the_others_queued() {
+        let three = Three::new([20, 10, 30]);
+        let [a, b, _] = &three.waiters;
+        assert!(matches!(
+            watching(a, three.local()),
+            HolderWatch::Holder { keep_within: Some(d) } if d == Duration::from_secs(10)
+        ));
+        assert!(matches!(watching(b, three.local()), HolderWatch::Behind));
+        let kept: Vec<String> = siblings(a, three.local())
+            .iter()
+            .map(|s| s.token.to_string())
+            .collect();
+        assert_eq!(kept, ["b", "c"]);
+        assert!(siblings(b, three.local()).is_empty());
+    }
+
+    #[test]
+    fn a_newcomer_with_a_shorter_presence_wakes_the_first_to_keep_it_in_time() {
+        // `c` joined last: shorter than any other, so the first (`a`) looks again.
+        let three = Three::new([20, 10, 5]);
+        joined(&three.waiters[2], three.local());
+        assert_eq!(three.nudged(), [1, 0, 0]);
+        let three = Three::new([20, 10, 15]);
+        joined(&three.waiters[2], three.local());
+        assert_eq!(three.nudged(), [0, 0, 0]);
+        // The first joining wakes nobody.
+        let three = Three::new([5, 10, 15]);
+        joined(&three.waiters[0], three.local().take(1));
+        assert_eq!(three.nudged(), [0, 0, 0]);
+    }
+
+    #[test]
+    fn the_first_leaving_hands_its_duties_to_the_next() {
+        let three = Three::new([20, 10, 30]);
+        leaving(&three.waiters[0], three.local());
+        assert_eq!(three.nudged(), [0, 1, 0], "the next watches the holder now");
+        let three = Three::new([20, 10, 30]);
+        leaving(&three.waiters[1], three.local());
+        assert_eq!(
+            three.nudged(),
+            [0, 0, 0],
+            "one behind leaving changes nothing"
+        );
+        // Its watch goes to the oldest left.
+        let three = Three::new([20, 10, 30]);
+        let until = Instant::now() + Duration::from_secs(1);
+        three.waiters[1].inherit_watch(until);
+        leaving(&three.waiters[1], three.local());
+        assert_eq!(three.waiters[0].watch(), Some(until));
+        assert_eq!(three.nudged(), [1, 0, 0]);
+    }
+
+    #[test]
+    fn waiters_no_longer_queued_are_woken_to_try_again() {
+        let three = Three::new([20, 10, 30]);
+        wake(&["c".to_owned(), "x".to_owned()], three.local());
+        let notified = three.notified.each_ref().map(|n| n.load(Ordering::Relaxed));
+        assert_eq!(notified, [0, 0, 1]);
+    }
 
     #[test]
     fn only_a_hand_off_signed_with_the_latest_secret_reaches_its_waiter() {
@@ -262,27 +465,20 @@ mod tests {
             Instant::now(),
             Duration::ZERO,
         );
-        let wake = Notify::new();
+        let (nudged, notified) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let local = || std::iter::once(Test(&waiter, &nudged, &notified));
         let signed = "w1 7 1 2000";
         let handoff = |mac: String| Handoff::parse(format!("h {signed} {mac}").as_bytes());
         // Forged: the secret is unknown to the sender, or the signed fields were changed.
-        deliver("k", handoff("0".repeat(40)).unwrap(), &[(&waiter, &wake)]);
+        deliver("k", handoff("0".repeat(40)).unwrap(), local());
         let altered = Handoff::parse(format!("h w1 9 1 2000 {}", mac("s1", signed)).as_bytes());
-        deliver("k", altered.unwrap(), &[(&waiter, &wake)]);
+        deliver("k", altered.unwrap(), local());
         assert!(waiter.take_handed().is_none());
         waiter.expect_secret(Some("s2".into()));
         // Made before the latest attempt ran: that attempt finds the lock handed over.
-        deliver(
-            "k",
-            handoff(mac("s1", signed)).unwrap(),
-            &[(&waiter, &wake)],
-        );
+        deliver("k", handoff(mac("s1", signed)).unwrap(), local());
         assert!(waiter.take_handed().is_none());
-        deliver(
-            "k",
-            handoff(mac("s2", signed)).unwrap(),
-            &[(&waiter, &wake)],
-        );
+        deliver("k", handoff(mac("s2", signed)).unwrap(), local());
         assert_eq!(waiter.take_handed().map(|h| h.fencing_token), Some(7));
     }
 
@@ -313,25 +509,5 @@ mod tests {
             holder_until,
             holder_until
         ));
-    }
-
-    #[test]
-    fn a_leaving_watcher_passes_its_watch_to_the_oldest_waiter_left() {
-        let (leaving, heir, other) = (
-            FairWaiter::new("a".into(), None, Instant::now(), Duration::ZERO),
-            FairWaiter::new("b".into(), None, Instant::now(), Duration::ZERO),
-            FairWaiter::new("c".into(), None, Instant::now(), Duration::ZERO),
-        );
-        let wake = Notify::new();
-        let until = Instant::now() + Duration::from_secs(1);
-        pass_on_watch(Some(&leaving), [(&heir, &wake)].into_iter());
-        assert_eq!(heir.watch(), None, "nothing watched, nothing passed on");
-        leaving.inherit_watch(until);
-        pass_on_watch(
-            Some(&leaving),
-            [(&heir, &wake), (&other, &wake)].into_iter(),
-        );
-        assert_eq!(heir.watch(), Some(until));
-        assert_eq!(other.watch(), None);
     }
 }

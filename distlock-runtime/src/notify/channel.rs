@@ -156,7 +156,7 @@ impl<W, C: Clone + PartialEq> Default for Channel<W, C> {
 
 impl<W, C: Clone + PartialEq> Channel<W, C> {
     /// The waiters, oldest first.
-    pub(super) fn waiters(&self) -> impl Iterator<Item = &W> {
+    pub(super) fn waiters(&self) -> std::collections::vec_deque::Iter<'_, W> {
         self.waiters.iter()
     }
 

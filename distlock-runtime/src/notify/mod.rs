@@ -1,10 +1,12 @@
 //! Release notifications: the release script `PUBLISH`es (`SPUBLISH` on a cluster) on each
 //! lock key it deletes (the channel is the key's name), and one subscriber connection per
-//! manager (opened through the route's [`Subscribe`], over RESP3) hands each notification to one
+//! manager (opened through the deployment's [`Subscribe`], over RESP3) hands each notification to one
 //! local waiter of that key, oldest first, from the connection's own push handler (no task in
 //! between, so a hand-off reaches its waiter with one wake-up). A release that hands the lock to
 //! a fair waiter publishes a hand-off message instead, which `fair/` routes (to its recipient,
-//! and to the waiters that watch its claim; a watcher that leaves passes its watch on).
+//! and to the waiters that watch its claim). This module knows no fair rule: which fair waiter
+//! watches the holder, keeps the others queued or inherits a watch is decided by `fair/`, over
+//! the key's local fair waiters ([`FairWaiters`]) it is given.
 //!
 //! A waiter takes a [`Ticket`] (its place in the key's queue) and makes sure the manager is
 //! subscribed to the key before its next attempt, so a release between an attempt and the
@@ -47,7 +49,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::fair::{self, FairWaiter, Handoff, Sibling};
+use crate::fair::{self, FairWaiter, Handoff};
 use crate::sync::lock;
 use crate::topology::Timeouts;
 use crate::topology::{Channels, Ended, Message, OnMessage, Subscribe};
@@ -149,25 +151,88 @@ impl PartialEq for Link {
 }
 
 /// One waiting caller.
-#[derive(Default)]
 struct Slot {
     wake: Notify,
     /// A plain notification was handed to this waiter and not yet taken.
     woken: AtomicBool,
-    /// What a fair waiter keeps for hand-offs; `None` for other waiters.
-    fair: Option<FairWaiter>,
-    /// An observer (an election's watch), not a waiter: woken by every message on the key,
-    /// it never takes a notification meant for a waiter.
-    observer: bool,
+    role: Role,
 }
 
-/// Whether a waiter watches its key's holder for this process ([`Ticket::watching`]).
-pub(crate) enum HolderWatch {
-    /// A fair waiter behind another fair waiter of this process: that one watches for it.
-    Behind,
-    /// It watches the holder; the first fair waiter keeps the process's fair waiters queued
-    /// within the shortest presence among them (`None`: not a fair waiter).
-    Holder { keep_within: Option<Duration> },
+/// What a ticket's holder is to its key's notifications.
+enum Role {
+    /// A plain waiter: each release announcement wakes one, oldest first.
+    Waiter,
+    /// A fair waiter: as a plain one, and what it keeps for hand-offs, which `fair/` routes.
+    Fair(Box<FairWaiter>),
+    /// An observer (an election's watch), not a waiter: woken by every message on the key,
+    /// it never takes a notification meant for a waiter.
+    Observer,
+}
+
+impl Slot {
+    fn new(role: Role) -> Arc<Self> {
+        Arc::new(Self {
+            wake: Notify::new(),
+            woken: AtomicBool::new(false),
+            role,
+        })
+    }
+
+    fn fair(&self) -> Option<&FairWaiter> {
+        match &self.role {
+            Role::Fair(fair) => Some(fair),
+            _ => None,
+        }
+    }
+
+    /// Hands it a notification to take: it tries again.
+    fn notify(&self) {
+        self.woken.store(true, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+}
+
+/// A fair waiter of a key in this process, for the rules of `fair/`.
+#[derive(Clone, Copy)]
+pub(crate) struct LocalFair<'a> {
+    waiter: &'a FairWaiter,
+    slot: &'a Slot,
+}
+
+impl<'a> fair::Local<'a> for LocalFair<'a> {
+    fn waiter(self) -> &'a FairWaiter {
+        self.waiter
+    }
+
+    fn nudge(self) {
+        self.slot.wake.notify_one();
+    }
+
+    fn notify(self) {
+        self.slot.notify();
+    }
+}
+
+/// The fair waiters of a key in this process, oldest first.
+#[derive(Clone)]
+pub(crate) struct FairWaiters<'a>(std::collections::vec_deque::Iter<'a, Arc<Slot>>);
+
+impl<'a> Iterator for FairWaiters<'a> {
+    type Item = LocalFair<'a>;
+
+    fn next(&mut self) -> Option<LocalFair<'a>> {
+        self.0.by_ref().find_map(|slot| {
+            Some(LocalFair {
+                waiter: slot.fair()?,
+                slot,
+            })
+        })
+    }
+}
+
+/// The fair waiters of `channel` in this process, oldest first.
+fn fair_waiters(channel: &Channel) -> FairWaiters<'_> {
+    FairWaiters(channel.waiters())
 }
 
 /// A waiter's place in a key's queue; leaving it (drop) passes on a notification it did not
@@ -208,20 +273,18 @@ impl Notifications {
         secret: Option<Arc<str>>,
         deadline: Instant,
     ) -> Ticket {
-        let slot = Arc::new(Slot {
-            fair: fair.map(|(token, presence)| FairWaiter::new(token, secret, deadline, presence)),
-            ..Slot::default()
+        let slot = Slot::new(match fair {
+            Some((token, presence)) => {
+                Role::Fair(Box::new(FairWaiter::new(token, secret, deadline, presence)))
+            }
+            None => Role::Waiter,
         });
         let mut state = lock(&self.hub.state);
-        let channel_state = state.channels.entry(channel.to_owned()).or_default();
-        if let (Some(newcomer), Some(first)) = (&slot.fair, first_fair(channel_state)) {
-            // The first fair waiter keeps this one queued: one whose entry lasts less than any
-            // it keeps makes it look again at when it must next do so.
-            if newcomer.presence() < least_presence(channel_state).unwrap_or(Duration::MAX) {
-                first.wake.notify_one();
-            }
+        let waiters = state.channels.entry(channel.to_owned()).or_default();
+        waiters.join(Arc::clone(&slot));
+        if let Some(newcomer) = slot.fair() {
+            fair::joined(newcomer, fair_waiters(waiters));
         }
-        channel_state.join(Arc::clone(&slot));
         drop(state);
         self.ticket(channel, slot)
     }
@@ -243,10 +306,7 @@ impl Notifications {
     /// woken by every message on it (a release, a hand-off), while the key's waiters still
     /// get every notification as if it were not there.
     pub(crate) fn observe(&self, channel: &str) -> Ticket {
-        let slot = Arc::new(Slot {
-            observer: true,
-            ..Slot::default()
-        });
+        let slot = Slot::new(Role::Observer);
         lock(&self.hub.state)
             .channels
             .entry(channel.to_owned())
@@ -309,7 +369,7 @@ impl Ticket {
     pub(crate) async fn woken(&self) -> bool {
         self.slot.wake.notified().await;
         let plain = self.slot.woken.swap(false, Ordering::SeqCst);
-        if plain && !self.slot.observer {
+        if plain && !matches!(self.slot.role, Role::Observer) {
             self.owed.store(true, Ordering::SeqCst);
         }
         plain
@@ -323,114 +383,38 @@ impl Ticket {
 
     /// From now on, accepts only hand-offs that show `secret` (a new attempt stored it).
     pub(crate) fn expect_secret(&self, secret: Option<Arc<str>>) {
-        if let Some(fair) = &self.slot.fair {
+        if let Some(fair) = self.slot.fair() {
             fair.expect_secret(secret);
         }
     }
 
     /// Takes a hand-off to this waiter, if one came.
     pub(crate) fn take_handed(&self) -> Option<Handoff> {
-        self.slot.fair.as_ref()?.take_handed()
+        self.slot.fair()?.take_handed()
     }
 
-    /// Whether this waiter watches its key's holder for this process: every waiter but a fair
-    /// one behind another fair waiter of this process (see `fair/mod.rs`, "Queue"); and, for
-    /// the first fair waiter, the shortest presence among the fair waiters it keeps queued.
-    pub(crate) fn watching(&self) -> HolderWatch {
-        let everyone = HolderWatch::Holder { keep_within: None };
-        if self.slot.fair.is_none() {
-            return everyone;
-        }
+    /// What `decide` (a rule of `fair/`) makes of this fair waiter among its key's fair waiters
+    /// in this process; `None` when it is no fair waiter.
+    pub(crate) fn among_fair<R>(
+        &self,
+        decide: impl FnOnce(&FairWaiter, FairWaiters<'_>) -> R,
+    ) -> Option<R> {
+        let me = self.slot.fair()?;
         let state = lock(&self.hub.state);
-        let Some(channel) = state.channels.get(&self.channel) else {
-            return everyone;
-        };
-        match first_fair(channel) {
-            Some(first) if !Arc::ptr_eq(first, &self.slot) => HolderWatch::Behind,
-            _ => HolderWatch::Holder {
-                keep_within: least_presence(channel),
-            },
-        }
-    }
-
-    /// The other fair waiters of this key in this process, when this one is the first of them
-    /// (it keeps them queued); else none.
-    pub(crate) fn fair_siblings(&self) -> Vec<Sibling> {
-        if self.slot.fair.is_none() {
-            return Vec::new();
-        }
-        let state = lock(&self.hub.state);
-        let Some(channel) = state.channels.get(&self.channel) else {
-            return Vec::new();
-        };
-        if !first_fair(channel).is_some_and(|first| Arc::ptr_eq(first, &self.slot)) {
-            return Vec::new();
-        }
-        channel
-            .waiters()
-            .filter(|s| !Arc::ptr_eq(s, &self.slot))
-            .filter_map(|s| s.fair.as_ref())
-            .map(FairWaiter::sibling)
-            .collect()
-    }
-
-    /// Wakes the fair waiters of this key in this process whose owner tokens are `tokens`, to
-    /// try again (they are no longer queued).
-    pub(crate) fn wake_fair(&self, tokens: &[String]) {
-        if tokens.is_empty() {
-            return;
-        }
-        let state = lock(&self.hub.state);
-        let Some(channel) = state.channels.get(&self.channel) else {
-            return;
-        };
-        for slot in channel.waiters() {
-            if slot.fair.as_ref().is_some_and(|f| f.is_one_of(tokens)) {
-                slot.woken.store(true, Ordering::SeqCst);
-                slot.wake.notify_one();
-            }
-        }
+        let channel = state.channels.get(&self.channel)?;
+        Some(decide(me, fair_waiters(channel)))
     }
 
     /// When this waiter should look at the latest hand-off's claim, if it watches one.
     pub(crate) fn watch(&self) -> Option<tokio::time::Instant> {
-        self.slot.fair.as_ref()?.watch()
+        self.slot.fair()?.watch()
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let hub = &self.hub;
-        let mut state = lock(&hub.state);
-        let at = state.conditions(Instant::now());
-        let Some(channel) = state.channels.get_mut(&self.channel) else {
-            return;
-        };
-        let was_first_fair = first_fair(channel).is_some_and(|s| Arc::ptr_eq(s, &self.slot));
-        // The last waiter to leave a subscribed key unsubscribes it.
-        let action = channel.leave(|slot| Arc::ptr_eq(slot, &self.slot), &at);
-        if was_first_fair {
-            // The next fair waiter watches the holder (and keeps the others queued) now.
-            if let Some(next) = first_fair(channel) {
-                next.wake.notify_one();
-            }
-        }
-        if self.slot.woken.load(Ordering::SeqCst) || self.owed.load(Ordering::SeqCst) {
-            // This waiter leaves with a notification it did not use (or one whose attempt
-            // neither took the key nor marked its holder): the next one gets it.
-            wake_one(channel);
-        }
-        // Nor does the claim it watched go unwatched.
-        fair::pass_on_watch(
-            self.slot.fair.as_ref(),
-            channel
-                .waiters()
-                .filter_map(|s| Some((s.fair.as_ref()?, &s.wake))),
-        );
-        let mut sends = Vec::new();
-        hub.perform(&mut state, &self.channel, action, &mut sends);
-        drop(state);
-        hub.start(sends);
+        self.hub
+            .leave(&self.channel, &self.slot, self.owed.load(Ordering::SeqCst));
     }
 }
 
@@ -450,6 +434,29 @@ struct Outgoing {
 }
 
 impl Hub {
+    /// `slot` leaves the waiters of `channel`: a notification it did not use (or one it `owed`
+    /// the waiters behind it, see [`Ticket`]) goes to the next, a fair waiter's duties to the
+    /// other fair waiters (see `fair/`), and the last waiter to leave a subscribed key
+    /// unsubscribes it.
+    fn leave(self: &Arc<Self>, channel: &str, slot: &Arc<Slot>, owed: bool) {
+        let mut state = lock(&self.state);
+        let at = state.conditions(Instant::now());
+        let Some(waiters) = state.channels.get_mut(channel) else {
+            return;
+        };
+        if let Some(fair) = slot.fair() {
+            fair::leaving(fair, fair_waiters(waiters));
+        }
+        let action = waiters.leave(|s| Arc::ptr_eq(s, slot), &at);
+        if slot.woken.load(Ordering::SeqCst) || owed {
+            wake_one(waiters);
+        }
+        let mut sends = Vec::new();
+        self.perform(&mut state, channel, action, &mut sends);
+        drop(state);
+        self.start(sends);
+    }
+
     fn subscribed_since(&self, channel: &str) -> Option<tokio::time::Instant> {
         let state = lock(&self.state);
         let Connection::Up(link) = &state.connection else {
@@ -780,18 +787,15 @@ fn receive(hub: &Hub, message: Message) {
         return;
     };
     channel.message(Instant::now().into_std());
-    for observer in channel.waiters().filter(|s| s.observer) {
+    for observer in channel
+        .waiters()
+        .filter(|s| matches!(s.role, Role::Observer))
+    {
         observer.wake.notify_one();
     }
     match handoff {
         None => wake_one(channel),
-        Some(handoff) => {
-            let fair_waiters: Vec<_> = channel
-                .waiters()
-                .filter_map(|s| Some((s.fair.as_ref()?, &s.wake)))
-                .collect();
-            fair::deliver(&name, handoff, &fair_waiters);
-        }
+        Some(handoff) => fair::deliver(&name, handoff, fair_waiters(channel)),
     }
 }
 
@@ -820,25 +824,10 @@ impl Drop for Watching {
     }
 }
 
-/// The first (oldest) fair waiter of `channel` in this process.
-fn first_fair(channel: &Channel) -> Option<&Arc<Slot>> {
-    channel.waiters().find(|s| s.fair.is_some())
-}
-
-/// The shortest presence of the fair waiters of `channel` in this process.
-fn least_presence(channel: &Channel) -> Option<Duration> {
-    channel
-        .waiters()
-        .filter_map(|s| s.fair.as_ref())
-        .map(FairWaiter::presence)
-        .min()
-}
-
 /// Wakes every waiter of `channel`, each with a notification to take: they try again.
 fn wake_all(channel: &Channel) {
     for slot in channel.waiters() {
-        slot.woken.store(true, Ordering::SeqCst);
-        slot.wake.notify_one();
+        slot.notify();
     }
 }
 
@@ -846,9 +835,8 @@ fn wake_all(channel: &Channel) {
 fn wake_one(channel: &Channel) {
     if let Some(slot) = channel
         .waiters()
-        .find(|s| !s.observer && !s.woken.load(Ordering::SeqCst))
+        .find(|s| !matches!(s.role, Role::Observer) && !s.woken.load(Ordering::SeqCst))
     {
-        slot.woken.store(true, Ordering::SeqCst);
-        slot.wake.notify_one();
+        slot.notify();
     }
 }
