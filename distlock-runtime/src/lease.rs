@@ -15,7 +15,7 @@ use crate::release::{release_in_background, release_keys, Leaving};
 use crate::renew::{extend_lease, Registration};
 use crate::scripts::Queued;
 use crate::validity::check_ttl;
-use crate::validity::LeaseState;
+use crate::validity::{LeaseState, Loss};
 
 /// A lock held in Redis on one or more keys, until it is released, dropped or lost.
 ///
@@ -43,8 +43,15 @@ pub struct Lease {
     token: Arc<str>,
     fencing_token: u64,
     state: Arc<LeaseState>,
-    renewal: Option<Registration>,
-    released: bool,
+    standing: Standing,
+}
+
+/// Whether a lease still holds its keys, as far as it knows.
+enum Standing {
+    /// Held, renewed while its registration lives (with renewal); its drop releases it.
+    Held(Option<Registration>),
+    /// Released, or left to expire (`hold_at_least`): nothing is left to release.
+    Done,
 }
 
 /// What a lease holds in Redis, set up by its acquire before the first request goes out: its
@@ -142,8 +149,7 @@ impl Lease {
             token,
             fencing_token,
             state,
-            renewal: registration,
-            released: false,
+            standing: Standing::Held(registration),
         }
     }
 
@@ -259,12 +265,12 @@ impl Lease {
                     keys: self.keys.to_vec(),
                 });
             }
-            if let (true, Some(renewal)) = (current, &self.renewal) {
+            if let (true, Standing::Held(Some(renewal))) = (current, &self.standing) {
                 renewal.schedule(sent, ttl);
             }
             Ok(())
         } else {
-            self.state.mark_taken();
+            self.state.lose(Loss::Taken);
             Err(LockError::LeaseLost {
                 keys: self.keys.to_vec(),
             })
@@ -293,12 +299,12 @@ impl Lease {
     /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked (the
     /// release goes on in the background, as said above).
     pub async fn release(mut self) -> Result<(), LockError> {
-        self.renewal = None;
+        self.standing = Standing::Held(None);
         // On failure `self` is dropped unreleased: its drop hands the keys to the background
         // release, which retries an outage until they are gone or their ttl has passed.
         let deleted =
             release_keys(&self.manager, &self.redis_keys, &self.token, Queued::No).await?;
-        self.released = true;
+        self.standing = Standing::Done;
         if deleted < self.redis_keys.len() {
             tracing::debug!(keys = ?self.keys, deleted, "distlock lease had already expired in part");
         }
@@ -309,7 +315,7 @@ impl Lease {
     /// instead of releasing them: `hold_at_least`. If Redis cannot be asked, the keys expire
     /// at their current ttl, and a warning says so.
     pub(crate) async fn keep_for(mut self, keep: Duration) {
-        self.renewal = None;
+        self.standing = Standing::Held(None);
         let kept = crate::renew::extend_lease(
             self.manager.redis(),
             &self.redis_keys,
@@ -318,7 +324,7 @@ impl Lease {
         )
         .await;
         // Held until it expires, or gone: either way nothing is left to release.
-        self.released = true;
+        self.standing = Standing::Done;
         match kept {
             Ok(true) => {}
             Ok(false) => {
@@ -353,8 +359,8 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if !self.released {
-            self.renewal = None;
+        if let Standing::Held(renewal) = std::mem::replace(&mut self.standing, Standing::Done) {
+            drop(renewal);
             release_in_background(
                 &self.manager,
                 Arc::clone(&self.redis_keys),

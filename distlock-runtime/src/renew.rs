@@ -30,7 +30,7 @@ use crate::sync::lock;
 use crate::telemetry::Throttle;
 use crate::time::millis;
 use crate::topology::{by_shard, Deployment};
-use crate::validity::LeaseState;
+use crate::validity::{LeaseState, Loss};
 
 /// How many leases one renewal script call carries at most. A batch holds Redis for roughly
 /// 1 to 2 µs per key, so 10,000 leases cost one ~15 ms call per renewal interval.
@@ -362,7 +362,7 @@ fn collect_due(shared: &Shared) -> Collected {
     // A lost lease is never renewed again (its `run` is stopping it).
     registry
         .leases
-        .retain(|_, entry| !entry.state.is_lost_flag());
+        .retain(|_, entry| entry.state.loss().is_none());
     let mut batch = Vec::new();
     let mut next: Option<Instant> = None;
     for (&id, entry) in &registry.leases {
@@ -424,7 +424,7 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
         let outcome = match &answers[i] {
             Ok(true) => {
                 let current = entry.state.renewed(sent, lease.ttl);
-                if entry.state.is_lost_flag() {
+                if entry.state.loss().is_some() {
                     Event::ExpiredBeforeRenewal
                 } else {
                     if entry.once {
@@ -458,11 +458,10 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
                 continue;
             }
         };
-        if matches!(outcome, Event::NotOwned) {
-            entry.state.mark_taken();
-        } else {
-            entry.state.mark_lost();
-        }
+        entry.state.lose(match outcome {
+            Event::NotOwned => Loss::Taken,
+            _ => Loss::Expired,
+        });
         events.push((Arc::clone(&entry.keys), outcome));
         registry.leases.remove(&lease.id);
     }

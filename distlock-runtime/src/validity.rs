@@ -41,14 +41,30 @@ pub const MIN_TTL: Duration = Duration::from_millis(10);
 /// ```
 pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 
-/// What a lease and its renewal share: until when it is valid, its ttl, and whether it was lost.
+/// What a lease and its renewal share: until when it is valid, its ttl, and whether (and why)
+/// it was lost.
 pub(crate) struct LeaseState {
+    /// Cancelled once the lease is lost: what waits for the loss.
     lost: CancellationToken,
-    /// Redis said the lock is gone or someone else's (not just: its validity ran out).
-    taken: std::sync::atomic::AtomicBool,
     /// Whether the lease was asked to be renewed.
     renews: bool,
-    validity: Mutex<Validity>,
+    inner: Mutex<Inner>,
+}
+
+/// Why a lease was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Loss {
+    /// Its validity ran out before a renewal got through (or, without renewal, its ttl
+    /// passed).
+    Expired,
+    /// Redis said the lock is gone or someone else's.
+    Taken,
+}
+
+struct Inner {
+    validity: Validity,
+    /// Set once, for good: a lost lease never comes back.
+    loss: Option<Loss>,
 }
 
 #[derive(Clone, Copy)]
@@ -65,27 +81,29 @@ impl LeaseState {
     pub(crate) fn new(ttl: Duration, renews: bool) -> Self {
         Self {
             lost: CancellationToken::new(),
-            taken: std::sync::atomic::AtomicBool::new(false),
             renews,
-            validity: Mutex::new(Validity {
-                until: Instant::now(),
-                ttl,
-                sent: Instant::now(),
+            inner: Mutex::new(Inner {
+                validity: Validity {
+                    until: Instant::now(),
+                    ttl,
+                    sent: Instant::now(),
+                },
+                loss: None,
             }),
         }
     }
 
     pub(crate) fn ttl(&self) -> Duration {
-        lock(&self.validity).ttl
+        lock(&self.inner).validity.ttl
     }
 
     pub(crate) fn valid_until(&self) -> Instant {
-        lock(&self.validity).until
+        lock(&self.inner).validity.until
     }
 
     /// The acquire request sent at `sent` took the keys with `ttl`.
     pub(crate) fn acquired(&self, sent: Instant, ttl: Duration) {
-        *lock(&self.validity) = Validity {
+        lock(&self.inner).validity = Validity {
             until: sent + validity(ttl),
             ttl,
             sent,
@@ -96,7 +114,7 @@ impl LeaseState {
     /// earlier than `start` on this host's clock; renewals (the first one due at once when
     /// `claim` is shorter) extend it to `ttl`.
     pub(crate) fn handed(&self, start: Instant, claim: Duration, ttl: Duration) {
-        *lock(&self.validity) = Validity {
+        lock(&self.inner).validity = Validity {
             until: start + validity(claim),
             ttl,
             sent: start,
@@ -108,15 +126,11 @@ impl LeaseState {
     /// once lost, or whose validity ran out before this answer, stays lost: there was a moment
     /// when this owner could not know it held the lock.
     pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) -> bool {
-        let mut current = lock(&self.validity);
-        if self.lost.is_cancelled() || current.until <= Instant::now() {
-            self.lost.cancel();
+        let mut inner = lock(&self.inner);
+        if self.expired(&mut inner) || sent < inner.validity.sent {
             return false;
         }
-        if sent < current.sent {
-            return false;
-        }
-        *current = Validity {
+        inner.validity = Validity {
             until: sent + validity(ttl),
             ttl,
             sent,
@@ -124,54 +138,41 @@ impl LeaseState {
         true
     }
 
-    /// Whether the lease was marked lost (without checking the clock).
-    pub(crate) fn is_lost_flag(&self) -> bool {
-        self.lost.is_cancelled()
+    /// Whether `inner` says the lease is lost, marking it so when its validity ran out.
+    fn expired(&self, inner: &mut Inner) -> bool {
+        if inner.loss.is_none() && inner.validity.until <= Instant::now() {
+            inner.loss = Some(Loss::Expired);
+            self.lost.cancel();
+        }
+        inner.loss.is_some()
     }
 
-    pub(crate) fn mark_lost(&self) {
+    /// Why the lease was lost, if it was marked lost (without checking the clock).
+    pub(crate) fn loss(&self) -> Option<Loss> {
+        lock(&self.inner).loss
+    }
+
+    /// Marks the lease lost (a first cause stays).
+    pub(crate) fn lose(&self, loss: Loss) {
+        lock(&self.inner).loss.get_or_insert(loss);
         self.lost.cancel();
-    }
-
-    /// Marks the lease lost because Redis found its lock gone or owned by someone else.
-    pub(crate) fn mark_taken(&self) {
-        self.taken.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.lost.cancel();
-    }
-
-    /// Whether the lease was asked to be renewed.
-    pub(crate) fn renews(&self) -> bool {
-        self.renews
     }
 
     /// Why the lease was lost, for a log line.
     pub(crate) fn cause(&self) -> &'static str {
-        if self.was_taken() {
-            "the lock was deleted or taken by another owner"
-        } else if self.renews() {
-            "it expired before a renewal got through (Redis unreachable, hung or slow)"
-        } else {
-            "it reached its ttl without renewal (renew = false)"
+        match self.loss() {
+            Some(Loss::Taken) => "the lock was deleted or taken by another owner",
+            _ if self.renews => {
+                "it expired before a renewal got through (Redis unreachable, hung or slow)"
+            }
+            _ => "it reached its ttl without renewal (renew = false)",
         }
-    }
-
-    /// Whether the lease was lost because Redis found its lock gone or someone else's.
-    pub(crate) fn was_taken(&self) -> bool {
-        self.taken.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether the lease is lost; running out of validity loses it for good.
     pub(crate) fn is_lost(&self) -> bool {
-        if self.lost.is_cancelled() {
-            return true;
-        }
-        let current = lock(&self.validity);
-        if current.until <= Instant::now() {
-            // Under the validity lock, so a renewal cannot revive it in between.
-            self.lost.cancel();
-            return true;
-        }
-        false
+        // Under the lock, so a renewal cannot revive it in between.
+        self.expired(&mut lock(&self.inner))
     }
 
     pub(crate) async fn lost(&self) {
