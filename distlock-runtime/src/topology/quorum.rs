@@ -258,11 +258,8 @@ impl Quorum {
             .await;
         let values = self.majority_answered(call.op, answers);
         let values = self.explained(call, values).await?;
-        let mut released = 0;
-        for value in values {
-            released = released.max(read::<usize>(call, value)?);
-        }
-        Ok(released)
+        let released = values.into_iter().filter_map(|v| usize::from_redis_value(v).ok());
+        Ok(released.max().unwrap_or(0))
     }
 
     /// Runs an extension on every node: per lease, whether a majority extended it.
