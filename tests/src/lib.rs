@@ -225,6 +225,16 @@ impl RedisServer {
             .unwrap_or(0)
     }
 
+    /// How many error replies of kind `code` (`MOVED`, `NOPERM`: the reply's first word) the
+    /// server has sent since it started, from `INFO errorstats`.
+    pub fn errors_replied(&self, code: &str) -> u64 {
+        let info = self.command(&["INFO", "errorstats"]);
+        let prefix = format!("errorstat_{code}:count=");
+        info.lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str())?.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Stops the process with SIGSTOP: connections stay open, nothing is answered.
     pub fn pause(&mut self) {
         ok(self.0.pause());

@@ -261,6 +261,34 @@ async fn a_paused_primary_is_an_error_within_the_timeouts() {
     cluster.resume(paused);
 }
 
+/// The first call that meets `MOVED` after a slot migrated corrects the manager's slot map:
+/// twenty lock cycles on a key of that slot cost its old primary one `MOVED` at most, not one
+/// (or more) a call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_moved_away_is_learned_from_the_first_moved_not_redirected_on_every_call() {
+    let _load = distlock_tests::timed().await;
+    let cluster = RedisCluster::start(3, 0);
+    let locks = manager(&cluster);
+    // The manager learns the map, with the key's slot at its first primary.
+    distlock_tests::lock_once(&locks, "moving").await;
+    let slot = cluster.slot_of(&locks.redis_key("moving"));
+    let from = cluster.primary_of_slot(slot);
+    let to = (from + 1) % cluster.node_count();
+    cluster.migrate_slot(slot, to);
+    assert_eq!(cluster.primary_of_slot(slot), to);
+    let before = cluster.node(from).errors_replied("MOVED");
+    for _ in 0..20 {
+        distlock_tests::lock_once(&locks, "moving").await;
+    }
+    let moved = cluster.node(from).errors_replied("MOVED") - before;
+    println!("MOVED answered by the old primary to 20 lock cycles: {moved}");
+    assert!(
+        moved <= 1,
+        "the old primary (node {from}) answered MOVED {moved} times to 20 lock cycles on a slot \
+         that moved to node {to}: the slot map kept the old primary"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_primary_of_a_held_lock_loses_no_update() {
     let _load = distlock_tests::heavy().await;

@@ -153,21 +153,26 @@ async fn many_readers_and_some_writers_never_meet() {
     );
 }
 
-#[tokio::test]
-async fn a_crashed_readers_share_frees_at_its_own_ttl_while_another_reader_renews() {
-    let _load = distlock_tests::timed().await;
-    let server = RedisServer::start();
-    let locks = server.manager();
-    let ttl = Duration::from_millis(600);
-    // The crashed reader: no renewal, never released.
+/// A reader of `key` that crashes holding it: its lease, taken for `ttl`, is never renewed nor
+/// released.
+async fn crash_a_reader(locks: &LockManager, key: &str, ttl: Duration) {
     let crashed = locks
-        .read_lock("doc")
+        .read_lock(key)
         .ttl(ttl)
         .renew(false)
         .acquire()
         .await
         .unwrap();
     std::mem::forget(crashed);
+}
+
+#[tokio::test]
+async fn a_crashed_readers_share_frees_at_its_own_ttl_while_another_reader_renews() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let ttl = Duration::from_millis(600);
+    crash_a_reader(&locks, "doc", ttl).await;
     let live = locks.read_lock("doc").ttl(ttl).acquire().await.unwrap();
     assert_eq!(locks.inspect("doc").await.unwrap().unwrap().holders, 2);
     tokio::time::sleep(ttl * 3).await;
@@ -198,6 +203,41 @@ async fn a_crashed_readers_share_frees_at_its_own_ttl_while_another_reader_renew
     // And the holders key expired with its last member.
     let left = keys(&server, "*holders*").await;
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// A crashed reader's expired member no longer counts as a holder: a writer already waiting
+/// behind it and a live reader is handed the key at the live reader's release, not when the
+/// holders key itself expires (the live reader's 5 s ttl keeps it that long).
+#[tokio::test]
+async fn a_writer_waiting_behind_a_crashed_reader_is_handed_the_key_at_the_live_readers_release() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let ttl = Duration::from_millis(300);
+    crash_a_reader(&locks, "doc", ttl).await;
+    let crashed_at = Instant::now();
+    let live = locks
+        .read_lock("doc")
+        .ttl(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    let writer = distlock_tests::spawn_waiter(&locks, "doc", Duration::from_secs(10));
+    distlock_tests::until_queued(&server.client().await, "doc", 1).await;
+    tokio::time::sleep_until(crashed_at + ttl * 2).await;
+    assert!(!writer.is_finished(), "{:?}", writer.await);
+    let released = Instant::now();
+    live.release().await.unwrap();
+    let (acquired, writer) = writer.await.unwrap();
+    let writer = writer.expect("the writer gets the key");
+    let waited = acquired.duration_since(released.into_std());
+    println!("the writer got the key {waited:?} after the live reader's release");
+    assert!(
+        waited < Duration::from_secs(1),
+        "the writer got the key {waited:?} after the live reader left (the crashed reader's \
+         {ttl:?} had long passed)"
+    );
+    writer.release().await.unwrap();
 }
 
 #[tokio::test]

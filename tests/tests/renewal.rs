@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_runtime::LockError;
+use distlock_runtime::{LockError, LockManager};
 use distlock_tests::{exists, until_exists, until_gone, RedisServer};
 use redis::AsyncCommands;
 
@@ -477,6 +477,25 @@ async fn a_renewal_never_touches_a_lock_another_owner_holds_marked_as_waited_on(
     );
 }
 
+/// A manager that reaches `server` through a proxy handing it every answer `delay` after Redis
+/// sent it, with `timeout` for each call; its connection is open and its acquire, release and
+/// extension scripts are loaded, so that each later call (a renewal too) is one round trip.
+async fn manager_behind_delay(
+    server: &RedisServer,
+    delay: Duration,
+    timeout: Duration,
+) -> (distlock_tests::Proxy, LockManager) {
+    let proxy = distlock_tests::Proxy::start(server).await;
+    proxy.set_mode(distlock_tests::ProxyMode::Delay(delay));
+    let locks = distlock_tests::manager_at(&proxy.url(), timeout)
+        .build()
+        .unwrap();
+    let warm = locks.lock("warm-up").acquire().await.unwrap();
+    warm.extend(Duration::from_secs(30)).await.unwrap();
+    warm.release().await.unwrap();
+    (proxy, locks)
+}
+
 /// The clock-drift margin the docs promise a lease's validity leaves out: 1% of `ttl` + 2 ms,
 /// worked out here rather than by the runtime's own function.
 fn drift_margin(ttl: Duration) -> Duration {
@@ -522,13 +541,8 @@ async fn a_lease_is_valid_from_before_its_request_was_sent_not_from_when_the_ans
     let server = RedisServer::start();
     // Every answer reaches the manager 300 ms after Redis sent it: each lease's expiry was set
     // in Redis at least 300 ms before its holder learns of it.
-    let proxy = distlock_tests::Proxy::start(&server).await;
     let delay = Duration::from_millis(300);
-    proxy.set_mode(distlock_tests::ProxyMode::Delay(delay));
-    let locks = distlock_tests::manager_at(&proxy.url(), Duration::from_secs(2))
-        .build()
-        .unwrap();
-    distlock_tests::warm_up(&locks).await;
+    let (_proxy, locks) = manager_behind_delay(&server, delay, Duration::from_secs(2)).await;
 
     let ttl = Duration::from_secs(2);
     let lease = locks
@@ -574,6 +588,72 @@ async fn a_lease_is_valid_from_before_its_request_was_sent_not_from_when_the_ans
     );
 }
 
+/// Renewals and an explicit `extend` count the new validity from before their request was sent,
+/// as the acquire does: behind answers 300 ms late, a lease renewed in the background (and
+/// right after an `extend`) is never valid for more than its ttl less those 300 ms and the
+/// drift margin. Counted from the answer instead, it would be 300 ms longer after each one.
+#[tokio::test]
+async fn a_renewed_or_extended_lease_is_valid_from_before_its_request_was_sent() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let delay = Duration::from_millis(300);
+    let (_proxy, locks) = manager_behind_delay(&server, delay, Duration::from_secs(2)).await;
+
+    // Renewed every 500 ms (a third of the ttl), each renewal answered 300 ms after it left.
+    let ttl = Duration::from_millis(1_500);
+    let most = ttl - delay - drift_margin(ttl);
+    let lease = locks.lock("renewed-late").ttl(ttl).acquire().await.unwrap();
+    let (highest, renewals) = sample_remaining(&lease, Duration::from_secs(2)).await;
+    assert!(
+        renewals >= 2,
+        "{renewals} renewals seen in 2 s (every {:?} expected)",
+        ttl / 3
+    );
+    assert!(
+        highest <= most,
+        "remaining {highest:?} after a renewal answered {delay:?} after it was sent (at most \
+         {most:?} for a {ttl:?} ttl)"
+    );
+
+    // An explicit extend, then the renewals at its new ttl.
+    let ttl = Duration::from_millis(2_400);
+    let most = ttl - delay - drift_margin(ttl);
+    lease.extend(ttl).await.unwrap();
+    let remaining = lease.remaining();
+    assert!(
+        remaining <= most,
+        "remaining {remaining:?} right after an extend to {ttl:?} answered {delay:?} after it \
+         was sent (at most {most:?})"
+    );
+    let (highest, renewals) = sample_remaining(&lease, Duration::from_millis(1_200)).await;
+    assert!(renewals >= 1, "no renewal seen in 1.2 s at a {ttl:?} ttl");
+    assert!(
+        highest <= most,
+        "remaining {highest:?} after a renewal answered {delay:?} after it was sent (at most \
+         {most:?} for a {ttl:?} ttl)"
+    );
+    assert!(!lease.is_lost());
+    lease.release().await.unwrap();
+}
+
+/// Reads `lease.remaining()` every 5 ms for `during`: the highest value read, and how many
+/// times it went up (a renewal answered).
+async fn sample_remaining(lease: &distlock_runtime::Lease, during: Duration) -> (Duration, usize) {
+    let started = Instant::now();
+    let mut last = lease.remaining();
+    let (mut highest, mut renewals) = (last, 0);
+    while started.elapsed() < during {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let remaining = lease.remaining();
+        highest = highest.max(remaining);
+        if remaining > last {
+            renewals += 1;
+        }
+        last = remaining;
+    }
+    (highest, renewals)
+}
+
 #[tokio::test]
 async fn a_lease_that_expired_before_its_renewal_was_answered_is_renewed_no_more() {
     let _load = distlock_tests::timed().await;
@@ -581,15 +661,8 @@ async fn a_lease_that_expired_before_its_renewal_was_answered_is_renewed_no_more
     let server = RedisServer::start();
     // Every answer comes 700 ms late: the acquire's within the lease's validity (988 ms of a
     // 1 s ttl), the answer to the renewal sent on receiving it only after that validity ended.
-    let proxy = distlock_tests::Proxy::start(&server).await;
-    proxy.set_mode(distlock_tests::ProxyMode::Delay(Duration::from_millis(700)));
-    let locks = distlock_tests::manager_at(&proxy.url(), Duration::from_secs(3))
-        .build()
-        .unwrap();
-    // The extension script loaded too, so the renewal is one round trip.
-    let warm = locks.lock("warm-up").acquire().await.unwrap();
-    warm.extend(Duration::from_secs(30)).await.unwrap();
-    warm.release().await.unwrap();
+    let delay = Duration::from_millis(700);
+    let (_proxy, locks) = manager_behind_delay(&server, delay, Duration::from_secs(3)).await;
     let key = locks.redis_key("answered-late");
     let conn = server.client().await;
     let lease = locks
