@@ -269,24 +269,25 @@
 //! |---|---|
 //! | `manager.rs`, `builder.rs`, `request.rs`, `lease.rs`, `mode.rs` | the public entry points, their settings, a held lease, and the modes a key is held in |
 //! | `acquire/mod.rs` | the acquire loop: what a request asks ([`LockRequest`] becomes one `Ask`), where it stands (attempting, waiting, holding), and what it may have left in Redis if it ends without a lease |
-//! | `acquire/places.rs` | taking a request's keys where they live, by one grant rule: every shard in turn (one server, Sentinel, a cluster's slots) or a majority of a quorum's nodes at once; the greatest fencing token written back, what was taken undone |
-//! | `fair/` | the fair hand-off protocol, end to end: its Lua (the queue served in arrival order, readers, writers and permits alike: `admit.lua`), its message and signature, the requester's side and the waiter's |
-//! | `wait.rs`, `notify/` | how a waiter learns when to try again: release notifications, one subscriber connection per manager, each key's subscription a pure state machine (`notify/channel.rs`) |
+//! | `acquire/places.rs` | taking a request's keys where they live: every shard in turn (one server, Sentinel, a cluster's slots), the greatest fencing token written back, what was taken undone; on a quorum, its round (`topology/quorum.rs`) |
+//! | `fair/` | the fair hand-off protocol, end to end: its Lua (the queue served in arrival order, readers, writers and permits alike: `admit.lua`), its message and signature, the requester's side and the waiter's, and which of a process's fair waiters watches the holder for the others |
+//! | `wait.rs`, `notify/` | how a waiter learns when to try again: release notifications, one subscriber connection per manager, each key's subscription a pure state machine (`notify/channel.rs`); the notifier knows no fair rule |
 //! | `release.rs`, `background.rs` | releasing by token, and the one bounded background release |
 //! | `renew.rs`, `validity.rs` | the watchdog that extends leases, and how long a lease is trusted |
 //! | `reentrancy.rs`, `context.rs`, `keys.rs`, `fence.rs` | nesting on one task, what every part of a manager shares, the Redis keys of a lock, the fencing write-back |
 //! | `scripts/` | the Lua Redis runs, one `.lua` file per script or shared function (`holders.lua`: a key's shared and permit holders), composed at compile time; the flags sent to them as types; the builders of their calls |
-//! | `call.rs`, `failed.rs` | a script call (its script, keys, arguments and kind), and how far a failed one got |
-//! | `topology/` | how a call reaches Redis: one `Route` per kind of deployment (`standalone.rs`, `sentinel.rs`, `cluster.rs`, `quorum.rs`), over `link.rs` (one server's connection), `connect.rs` (URLs, dialling, pools) and `replicas.rs` (`min_replicas`) |
+//! | `call.rs`, `failed.rs` | a script call (its script, keys, arguments, and what `min_replicas` asks of it), and how far a failed one got |
+//! | `topology/` | where locks live: one `Deployment`, whose operations (acquire, release, extend, inspect) each read their reply once into a type; one primary (`one.rs`, `sentinel.rs`) or a cluster (`cluster.rs`) hold each key on one server, a quorum (`quorum.rs`, the only file that knows one) on a majority; over `link.rs` (one server's connection), `connect.rs` (URLs, dialling, pools) and `replicas.rs` (`min_replicas`) |
 //! | `error.rs`, `refusal.rs`, `diagnose.rs`, `inspect.rs`, `telemetry.rs`, `tls.rs` | errors and what a refusal means, `ping`, inspection, metrics, TLS |
 //! | `sync.rs`, `time.rs`, `ids.rs` | a mutex lock that ignores poisoning, durations as Redis takes them, owner tokens and unique ids |
 //!
 //! One acquire of `order:42`: the request renders the Redis keys (`keys.rs`), registers the
-//! lease with the watchdog, and takes the keys where the route says they live: one script call
-//! to the server (standalone, Sentinel) or to the slot's primary (cluster), or the same call to
-//! every node at once (quorum). A held key makes the request wait (`wait.rs`) for the release
-//! announcement on the key's channel, then try again. Adding a topology is adding a file under
-//! `topology/` and a builder method.
+//! lease with the watchdog, and takes the keys where the deployment says they live: one script
+//! call to the server (one server, Sentinel) or to the slot's primary (cluster), or the same
+//! call to every node at once (quorum). A held key makes the request wait (`wait.rs`) for the
+//! release announcement on the key's channel, then try again. Adding a topology is adding a
+//! file under `topology/`, a variant of `Deployment` (the compiler then names every operation it
+//! must say how to run) and a builder method.
 //!
 //! # Metrics and traces
 //! With the cargo feature `metrics` (on by default), distlock reports through the
