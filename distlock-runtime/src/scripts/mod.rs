@@ -297,6 +297,16 @@ mod tests {
     }
 
     #[test]
+    fn several_markers_are_spliced_in_turn() {
+        const SPLICED: &str = lua::spliced!(
+            "a\n--[[ x ]]\nb\n--[[ y ]]\n";
+            "--[[ x ]]" => "f()\n",
+            "--[[ y ]]" => "g()\n"
+        );
+        assert_eq!(SPLICED, "a\nf()\n\nb\ng()\n\n");
+    }
+
+    #[test]
     fn an_unconfirmed_held_answer_is_read_with_its_replicas() {
         use redis::FromRedisValue;
         let held = redis::Value::Array(vec![
