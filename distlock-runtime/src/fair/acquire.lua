@@ -38,7 +38,7 @@ local owner = redis.call('GET', L)
 -- Ours already (a hand-off, or a retried request): the ttl counts from now, and a mark stays.
 local ours
 if mode == EXCLUSIVE then
-  ours = owner == token or owner == '~' .. token
+  ours = is_owner(owner, token)
 else
   local score = redis.call('ZSCORE', H, member(mode, token))
   ours = score and tonumber(score) > now

@@ -18,7 +18,7 @@ use crate::topology::Route;
 pub(crate) static ACQUIRE_FAIR: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         "#!lua\n",
-        lua!("scripts/mark.lua"),
+        lua!("scripts/mark.lua", "scripts/owner.lua"),
         crate::scripts::queue_functions!(),
         lua!("fair/acquire.lua")
     ))

@@ -58,8 +58,9 @@ pub(crate) use lua::{lua, lua_spliced, Lua};
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(lua_spliced!(
         "#!lua";
-        "scripts/mark.lua", "scripts/draw.lua", "scripts/acquire.lua" at "--[[ holders ]]";
-        lua!("scripts/holders.lua", "fair/head_live.lua")
+        "scripts/draw.lua", "scripts/acquire.lua"
+        at "--[[ owner ]]"; lua!("scripts/mark.lua", "scripts/owner.lua"),
+        at "--[[ holders ]]"; lua!("scripts/holders.lua", "fair/head_live.lua")
     ))
 });
 
@@ -71,8 +72,9 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(lua_spliced!(
         "#!lua flags=allow-oom";
-        "scripts/release.lua" at "--[[ queue functions ]]";
-        queue_functions!()
+        "scripts/release.lua"
+        at "--[[ owner ]]"; lua!("scripts/owner.lua"),
+        at "--[[ queue functions ]]"; queue_functions!()
     ))
 });
 
@@ -93,8 +95,13 @@ pub(crate) use queue_functions;
 
 /// Extends several leases in one call, each only if its owner still holds every one of its
 /// keys: `extend.lua`.
-pub(crate) static EXTEND: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(lua!("scripts/holders.lua", "scripts/extend.lua")));
+pub(crate) static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(lua!(
+        "scripts/owner.lua",
+        "scripts/holders.lua",
+        "scripts/extend.lua"
+    ))
+});
 
 /// The acquire of the keys of `redis_keys` at `indices` (which share a shard) by `token`, for
 /// `ttl`, an attempt of a wait that ends at `deadline` (none for a try-lock): [`ACQUIRE`]'s
