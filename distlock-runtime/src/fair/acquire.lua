@@ -58,13 +58,7 @@ if not owner and queued then
 end
 if not owner and not queued then
   -- Free of a writer, and nobody queued: taken if the holders leave room.
-  local fits
-  if mode == EXCLUSIVE then
-    fits = redis.call('EXISTS', H) == 0 or live(H, now) == 0
-  else
-    fits = mode == 'r' or live(H, now) < tonumber(mode)
-  end
-  if fits then
+  if fits(mode, H, now) then
     hold(L, H, mode, token, ttl, now, waited)
     return draw(KEYS, 4, 4, ttl, t)
   end

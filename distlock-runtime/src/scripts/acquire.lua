@@ -100,17 +100,16 @@ local function blocked(i)
   if mode == EXCLUSIVE then
     if is_owner(holder, token) then return nil end
     if holder then return redis.call('PTTL', L), holder end
-    if live(H, now) > 0 then return until_free(mode, H, now) end
-    return nil
+  else
+    if holder then return redis.call('PTTL', L), holder end
+    local score = redis.call('ZSCORE', H, member(mode, token))
+    if score and tonumber(score) > now then return nil end
+    if redis.call('EXISTS', Q) == 1 and head_live(Q, W, now) then
+      local left = until_free(mode, H, now)
+      return left > 0 and left or -1
+    end
   end
-  if holder then return redis.call('PTTL', L), holder end
-  local score = redis.call('ZSCORE', H, member(mode, token))
-  if score and tonumber(score) > now then return nil end
-  if redis.call('EXISTS', Q) == 1 and head_live(Q, W, now) then
-    local left = until_free(mode, H, now)
-    return left > 0 and left or -1
-  end
-  if mode ~= 'r' and live(H, now) >= tonumber(mode) then return until_free(mode, H, now) end
+  if not fits(mode, H, now) then return until_free(mode, H, now) end
   return nil
 end
 local first, longest = 0, 0
