@@ -1,7 +1,7 @@
 -- FAIR_ACQUIRE: takes one lock key fairly, in a mode (scripts/holders.lua): only when it is free
 -- for that mode and no live waiter arrived first; otherwise joins the key's queue, to be handed
 -- the lock by a release.
--- KEYS: the lock key L, its queue Q, its queue's entries W (see fair/head_live.lua), its
+-- KEYS: the lock key L, its queue Q, its queue's entries W (see fair/entry.lua), its
 --   fencing counter F, its holders H (scripts/holders.lua).
 -- ARGV[1]: the owner token.
 -- ARGV[2]: the ttl in ms.
@@ -75,7 +75,7 @@ else
   pttl = until_free(mode, H, now)
 end
 if wait <= 0 then return {0, pttl, now} end
-local entry = string.format('%.0f %s %s %s', now + wait, claim, secret, mode)
+local entry = write_entry(now + wait, claim, secret, mode)
 -- The queue keys live until this waiter's wait and a claim are over; a later attempt keeps the
 -- waiter's place and moves its deadline on (ARGV[4] is at most the waiter's presence, see
 -- fair/request.rs: a waiter that stops trying drops out).

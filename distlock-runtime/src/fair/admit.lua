@@ -1,5 +1,5 @@
 -- admit(publish, L, Q, W, F, H, t, now, self, ttl): serves L's fair queue (Q, W: see
--- head_live) from its head, in arrival order, while nothing holds L exclusively, for as
+-- fair/entry.lua) from its head, in arrival order, while nothing holds L exclusively, for as
 -- long as the head fits beside L's holders (fits, scripts/holders.lua). A waiter that does not
 -- fit stops the serving (those behind it wait their turn: a writer is never overtaken by later
 -- readers), and after an exclusive one nothing more fits.

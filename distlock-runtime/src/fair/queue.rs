@@ -26,7 +26,7 @@ pub(crate) static ACQUIRE_FAIR: LazyLock<Lua> = LazyLock::new(|| {
 
 /// Moves the deadlines of a process's queued fair waiters of one key on: `fair/refresh.lua`.
 pub(crate) static REFRESH_FAIR: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(lua!("#!lua"; "fair/refresh.lua")));
+    LazyLock::new(|| Lua::new(lua!("#!lua"; "fair/entry.lua", "fair/refresh.lua")));
 
 /// A fair request's queueing script call, built once per acquire: the keys and fixed arguments;
 /// the token, the wait left and the attempt's secret are added per attempt.

@@ -3,7 +3,7 @@
 -- KEYS: the lock keys L1..Ln (sorted, de-duplicated), then their fencing counters F1..Fn (see
 --   draw.lua) and their holders H1..Hn (scripts/holders.lua), then, unless every key is taken
 --   exclusively, their fair queues Q1..Qn and the queues' entries W1..Wn (see
---   fair/head_live.lua), in the same order.
+--   fair/entry.lua), in the same order.
 -- ARGV[1]: the owner token.
 -- ARGV[2]: the ttl in ms.
 -- ARGV[3]: whether this request waits (`Waiting` in scripts/mod.rs): WAITED ('1') when it has

@@ -60,7 +60,7 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
         "#!lua";
         "scripts/draw.lua", "scripts/acquire.lua"
         at "--[[ owner ]]"; lua!("scripts/mark.lua", "scripts/owner.lua"),
-        at "--[[ holders ]]"; lua!("scripts/holders.lua", "fair/head_live.lua")
+        at "--[[ holders ]]"; lua!("scripts/holders.lua", "fair/entry.lua", "fair/head_live.lua")
     ))
 });
 
@@ -85,6 +85,7 @@ macro_rules! queue_functions {
         $crate::scripts::lua!(
             "scripts/draw.lua",
             "scripts/holders.lua",
+            "fair/entry.lua",
             "fair/head_live.lua",
             "fair/hand.lua",
             "fair/admit.lua"

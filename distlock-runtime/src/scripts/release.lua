@@ -1,7 +1,7 @@
 -- RELEASE: releases the lock keys this owner still holds, each in its mode; never touches a
 -- key, or a member, of someone else.
 -- KEYS: for each lock key five keys: the lock key L, its fair queue Q, its queue's entries W
---   (see fair/head_live.lua), its fencing counter F and its holders H (scripts/holders.lua).
+--   (see fair/entry.lua), its fencing counter F and its holders H (scripts/holders.lua).
 -- ARGV[1]: the owner token.
 -- ARGV[2]: QUEUED ('1') when the owner may be queued as a fair waiter (one that gives up, or
 --   whose attempt's outcome is unknown), which then leaves the queues too; '0' when it is not
