@@ -58,7 +58,7 @@ pub(crate) use lua::{lua, lua_spliced, Lua};
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(lua_spliced!(
         "#!lua";
-        "scripts/draw.lua", "scripts/acquire.lua"
+        "scripts/counter.lua", "scripts/draw.lua", "scripts/acquire.lua"
         at "--[[ owner ]]"; lua!("scripts/mark.lua", "scripts/owner.lua"),
         at "--[[ holders ]]"; lua!("scripts/holders.lua", "fair/entry.lua", "fair/head_live.lua")
     ))
@@ -83,6 +83,7 @@ pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
 macro_rules! queue_functions {
     () => {
         $crate::scripts::lua!(
+            "scripts/counter.lua",
             "scripts/draw.lua",
             "scripts/holders.lua",
             "fair/entry.lua",
