@@ -30,7 +30,7 @@ mod tests {
         ("acquire", "22bd0a5756192bf486c512c406d8fc09e8a75b63"),
         ("release", "66ce3a5ac667272b1d95a6d3ee7c0d186f11529e"),
         ("extend", "ad271079948c2dd6e74e09625638a77accfa57a4"),
-        ("fair_acquire", "2e9a2f80c9a7896c56a5c4277e16ad4a493230d3"),
+        ("fair_acquire", "c09cd411ffbb33a95407403a8bcbc1168d1ee9b2"),
         ("fair_refresh", "52bcf57a5866b9e1142b4fb17819257ead8545a5"),
         ("raise", "0eeb3641f21e578ad69c5fd93e1758f55dc94200"),
         ("inspect", "b502674578f6009af66138a198ad104cfef470f0"),

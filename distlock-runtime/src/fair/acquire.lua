@@ -48,17 +48,21 @@ if ours then
   return draw(KEYS, 4, 4, ttl, t)
 end
 local queued = redis.call('EXISTS', Q) == 1
+if not owner and not queued and fits(mode, H, now) then
+  -- Free for this mode, and nobody queued: taken.
+  hold(L, H, mode, token, ttl, now, waited)
+  return draw(KEYS, 4, 4, ttl, t)
+end
+-- The functions that serve the queue and queue this caller, put here by the composition
+-- (lua_spliced! in scripts/mod.rs): the paths above spend nothing on them.
+--[[ queue functions ]]
 if not owner and queued then
   -- Free of a writer, with waiters queued: they go first, in order, as far as they fit (this
-  -- caller among them, if its turn came).
+  -- caller among them, if its turn came); then it is taken as above if that left nobody queued.
   local admitted = admit(publish, L, Q, W, F, H, t, now, token, ttl)
   if admitted then return draw(KEYS, 4, 4, ttl, t) end
   owner = redis.call('GET', L)
-  queued = redis.call('EXISTS', Q) == 1
-end
-if not owner and not queued then
-  -- Free of a writer, and nobody queued: taken if the holders leave room.
-  if fits(mode, H, now) then
+  if not owner and redis.call('EXISTS', Q) == 0 and fits(mode, H, now) then
     hold(L, H, mode, token, ttl, now, waited)
     return draw(KEYS, 4, 4, ttl, t)
   end

@@ -8,7 +8,7 @@ use crate::call::{Kind, ScriptCall};
 use crate::failed::Failed;
 use crate::keys::LockKeys;
 use crate::mode::{LockMode, Words};
-use crate::scripts::{lua, read_taking, Answered, Lua, Waiting};
+use crate::scripts::{lua, lua_spliced, read_taking, Answered, Lua, Waiting};
 use crate::time::millis;
 use crate::topology::Route;
 
@@ -16,11 +16,11 @@ use crate::topology::Route;
 //
 // `#!lua`, as the plain acquire (see `scripts/mod.rs`).
 pub(crate) static ACQUIRE_FAIR: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(concat!(
-        "#!lua\n",
-        lua!("scripts/mark.lua", "scripts/owner.lua"),
-        crate::scripts::queue_functions!(),
-        lua!("fair/acquire.lua")
+    Lua::new(lua_spliced!(
+        "#!lua";
+        "scripts/owner.lua", "scripts/counter.lua", "scripts/draw.lua", "scripts/holders.lua",
+        "fair/acquire.lua" at "--[[ queue functions ]]";
+        concat!(lua!("scripts/mark.lua"), crate::scripts::serving!())
     ))
 });
 

@@ -82,10 +82,23 @@ pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
 /// they call each other.
 macro_rules! queue_functions {
     () => {
+        concat!(
+            $crate::scripts::lua!(
+                "scripts/counter.lua",
+                "scripts/draw.lua",
+                "scripts/holders.lua"
+            ),
+            $crate::scripts::serving!()
+        )
+    };
+}
+pub(crate) use queue_functions;
+
+/// The part of [`queue_functions!`] after `draw.lua` and `holders.lua` (which it calls): what a
+/// script that needs those anyway adds where it serves the queue.
+macro_rules! serving {
+    () => {
         $crate::scripts::lua!(
-            "scripts/counter.lua",
-            "scripts/draw.lua",
-            "scripts/holders.lua",
             "fair/entry.lua",
             "fair/head_live.lua",
             "fair/hand.lua",
@@ -93,7 +106,7 @@ macro_rules! queue_functions {
         )
     };
 }
-pub(crate) use queue_functions;
+pub(crate) use serving;
 
 /// Extends several leases in one call, each only if its owner still holds every one of its
 /// keys: `extend.lua`.
