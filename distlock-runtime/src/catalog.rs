@@ -27,8 +27,8 @@ mod tests {
     /// The SHA1 of every composed script, as `EVALSHA` names it: a change to a script's text
     /// shows here, and is made on purpose.
     const PINNED: [(&str, &str); 10] = [
-        ("acquire", "22bd0a5756192bf486c512c406d8fc09e8a75b63"),
-        ("release", "66ce3a5ac667272b1d95a6d3ee7c0d186f11529e"),
+        ("acquire", "656081332bb05279affb18bbf1c512d7367200f1"),
+        ("release", "c8ec605d68f014652e15007142a4b6d568ab251e"),
         ("extend", "ad271079948c2dd6e74e09625638a77accfa57a4"),
         ("fair_acquire", "c09cd411ffbb33a95407403a8bcbc1168d1ee9b2"),
         ("fair_refresh", "52bcf57a5866b9e1142b4fb17819257ead8545a5"),
@@ -71,10 +71,7 @@ mod tests {
                 !code.contains("#!") || code.starts_with("#!lua"),
                 "{name}: a `#!` line that is not the first"
             );
-            assert!(
-                !code.contains("--[[ draw"),
-                "{name}: a splice marker left in"
-            );
+            assert!(!code.contains("--[["), "{name}: a splice marker left in");
         }
     }
 }

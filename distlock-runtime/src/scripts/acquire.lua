@@ -49,14 +49,17 @@ if (ARGV[4] == 'r' or permits) and redis.call('EXISTS', KEYS[1]) == 0
   -- at once, a permit holder if fewer than N live members hold it (expired ones are dropped).
   -- A retried request finds its own member, whose expiry counts from now (a permit's retry
   -- that finds N held, itself among them, goes on below).
+  -- fits and hold (scripts/holders.lua) written out: defining the holders' functions before
+  -- this path cost a one-key shared acquire 12% more server time (0.99 µs of 8.2 µs, the median
+  -- of 800 paired batches of 300 calls, by `INFO commandstats`).
   local t = redis.call('TIME')
   local now = t[1] * 1000 + math.floor(t[2] / 1000)
-  local fits = true
+  local fit = true
   if permits then
     redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-    fits = redis.call('ZCARD', KEYS[3]) < permits
+    fit = redis.call('ZCARD', KEYS[3]) < permits
   end
-  if fits then
+  if fit then
     local member = permits and ARGV[4] .. ' ' .. token or token
     redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), member)
     if redis.call('PEXPIRE', KEYS[3], ARGV[2], 'NX') == 0 then

@@ -72,6 +72,9 @@ for i = 1, #KEYS, 5 do
   else
     local t = redis.call('TIME')
     local now = t[1] * 1000 + math.floor(t[2] / 1000)
+    -- member (scripts/holders.lua) written out: defining the holders' functions here cost a
+    -- shared release 5% more server time (0.36 to 0.44 µs of 6.8 to 7.8 µs, the medians of 800
+    -- paired batches of 300 calls, by `INFO commandstats`).
     local m = mode == 'r' and token or mode .. ' ' .. token
     -- pcall: holders of another type hold no member of ours.
     local score = redis.pcall('ZSCORE', H, m)
