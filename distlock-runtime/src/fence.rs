@@ -19,7 +19,9 @@
 /// Raises fencing counters to a token drawn elsewhere: `scripts/raise.lua`.
 pub(crate) static RAISE: std::sync::LazyLock<crate::scripts::Lua> =
     std::sync::LazyLock::new(|| {
-        crate::scripts::Lua::new(crate::scripts::lua!("#!lua"; "scripts/raise.lua"))
+        crate::scripts::Lua::new(
+            crate::scripts::lua!("#!lua"; "scripts/counter.lua", "scripts/raise.lua"),
+        )
     });
 
 /// The write-back of `token` to the fencing counters of the keys `taking` takes ([`RAISE`]).

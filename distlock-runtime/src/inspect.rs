@@ -103,7 +103,9 @@ impl Owner {
 
 /// Reads a lock without changing it: `scripts/inspect.lua`.
 pub(crate) static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(lua!("#!lua flags=no-writes"; "scripts/mark.lua", "scripts/inspect.lua"))
+    Lua::new(
+        lua!("#!lua flags=no-writes"; "scripts/mark.lua", "fair/entry.lua", "scripts/inspect.lua"),
+    )
 });
 
 /// Deletes a lock whoever holds it, as a release would: `scripts/force_release.lua`.

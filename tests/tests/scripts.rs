@@ -6,7 +6,8 @@
 //! what the script left behind: keys, ttls, members and their scores, queue, and the messages on
 //! the lock's channel. The scripts' contracts are at the top of their files in
 //! `distlock-runtime/src/scripts/` and `src/fair/`; the texts run here are the runtime's own, as
-//! composed for Redis (`__private::script`).
+//! composed for Redis (`__private::script`). The shared functions they are composed from are
+//! called on their own too, at the end.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -2263,4 +2264,135 @@ async fn key_types_names_each_keys_type() {
     assert_eq!(list, ["x"]);
     let zset: Vec<String> = conn.zrange("z", 0, -1).await.unwrap();
     assert_eq!(zset, ["x"]);
+}
+
+// ---- shared functions, called on their own ----
+
+/// The files of the shared functions the scripts are composed from (the runtime's `src/`).
+const OWNER_LUA: &str = include_str!("../../distlock-runtime/src/scripts/owner.lua");
+const COUNTER_LUA: &str = include_str!("../../distlock-runtime/src/scripts/counter.lua");
+const HOLDERS_LUA: &str = include_str!("../../distlock-runtime/src/scripts/holders.lua");
+const ENTRY_LUA: &str = include_str!("../../distlock-runtime/src/fair/entry.lua");
+
+/// Runs `body` after the shared functions of `files`, with `keys` and `args`, as `EVAL`.
+async fn call<T: FromRedisValue>(
+    conn: &mut MultiplexedConnection,
+    (files, body): (&[&str], &str),
+    keys: &[&str],
+    args: impl ToRedisArgs,
+) -> T {
+    redis::cmd("EVAL")
+        .arg(format!("{}{body}", files.concat()))
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn is_owner_is_the_token_marked_or_not_and_nothing_else() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let _: i64 = conn.rpush("a-list", "x").await.unwrap();
+    // 1 for each value the token owns: ARGV[2...], a missing key's false, and a GET under
+    // pcall of a key of another type.
+    let body = "local owned = {}
+      for i = 2, #ARGV do owned[#owned + 1] = is_owner(ARGV[i], ARGV[1]) and 1 or 0 end
+      owned[#owned + 1] = is_owner(false, ARGV[1]) and 1 or 0
+      owned[#owned + 1] = is_owner(redis.pcall('GET', KEYS[1]), ARGV[1]) and 1 or 0
+      return owned";
+    let marked = format!("~{OURS}");
+    let twice = format!("~~{OURS}");
+    let owned: Vec<i64> = call(
+        &mut conn,
+        (&[OWNER_LUA], body),
+        &["a-list"],
+        (OURS, OURS, &marked, THEIRS, &twice, ""),
+    )
+    .await;
+    assert_eq!(owned, [1, 1, 0, 0, 0, 0, 0]);
+}
+
+#[tokio::test]
+async fn exceeds_orders_tokens_as_numbers_and_keep_for_adds_how_far_one_is_ahead() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let body = "local pairs = {{'10', '9'}, {'9', '10'}, {'124', '123'}, {'123', '124'},
+        {'123', '123'}}
+      local order = {}
+      for _, p in ipairs(pairs) do order[#order + 1] = exceeds(p[1], p[2]) and 1 or 0 end
+      -- Redis's clock at 1,000,000 s.
+      local t = {'1000000', '0'}
+      return {order, {keep_for('5000', '999999000000', t), keep_for(5000, '1000000000000', t),
+        keep_for('5000', '1000002500001', t), keep_for(5000, 1000000000999, t)}}";
+    let (order, kept): (Vec<i64>, Vec<String>) =
+        call(&mut conn, (&[COUNTER_LUA], body), &[], NO_ARGS).await;
+    assert_eq!(order, [1, 0, 1, 0, 0]);
+    // Behind or at the clock: the ttl; ahead: as much longer, to the ms rounded up.
+    assert_eq!(kept, ["5000", "5000", "7501", "5001"]);
+}
+
+#[tokio::test]
+async fn an_entry_written_is_read_back_while_its_wait_lasts() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    // Each read as `claim|secret|mode`, or `none`.
+    let body = "local function read(entry, now)
+        local claim, secret, mode = read_entry(entry, now)
+        return claim and (claim .. '|' .. secret .. '|' .. mode) or 'none'
+      end
+      local entry = write_entry(1000, '2000', 'ab12', 'r')
+      return {entry, read(entry, 999), read(entry, 1000), read('1000 2000', 999),
+        read('1000 2000 ab12', 999), read('soon 2000 ab12 r', 999), read(false, 999),
+        read(redis.pcall('HGET', KEYS[1], 'x'), 999)}";
+    let _: () = conn.set("a-string", "x").await.unwrap();
+    let read: Vec<String> = call(&mut conn, (&[ENTRY_LUA], body), &["a-string"], NO_ARGS).await;
+    assert_eq!(
+        read,
+        [
+            &entry(1000, 2000, "ab12", "r"),
+            "2000|ab12|r",
+            // Its deadline passed.
+            "none",
+            // Entries from before secrets and modes: exclusive.
+            "2000||x",
+            "2000|ab12|x",
+            "none",
+            // No entry; an entries key of another type.
+            "none",
+            "none",
+        ]
+    );
+}
+
+/// Whether a lease fits beside the holders `holders` at `ms` (Redis time), in the modes 'x',
+/// 'r', '1' and '2', each 1 or 0.
+async fn fits(conn: &mut MultiplexedConnection, holders: &str, ms: u64) -> Vec<i64> {
+    let body = "local fit = {}
+      for _, mode in ipairs({'x', 'r', '1', '2'}) do
+        fit[#fit + 1] = fits(mode, KEYS[1], tonumber(ARGV[1])) and 1 or 0
+      end
+      return fit";
+    call(conn, (&[HOLDERS_LUA], body), &[holders], ms).await
+}
+
+#[tokio::test]
+async fn fits_counts_live_holders_by_mode_and_drops_expired_ones() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let (_, ms) = now(&mut conn).await;
+    // Nobody holds: everything fits.
+    assert_eq!(fits(&mut conn, "holders", ms).await, [1, 1, 1, 1]);
+    // Only an expired member: dropped, and everything fits.
+    let _: usize = conn.zadd("holders", "gone", ms - 1).await.unwrap();
+    assert_eq!(fits(&mut conn, "holders", ms).await, [1, 1, 1, 1]);
+    assert!(!exists(&mut conn, "holders").await);
+    // One live member: a reader, and one of 2 permits, but no writer nor 1 permit.
+    let _: usize = conn.zadd("holders", "live", ms + 30_000).await.unwrap();
+    let _: usize = conn.zadd("holders", "gone", ms - 1).await.unwrap();
+    assert_eq!(fits(&mut conn, "holders", ms).await, [0, 1, 0, 1]);
+    let members: Vec<String> = conn.zrange("holders", 0, -1).await.unwrap();
+    assert_eq!(members, ["live"]);
 }

@@ -1,7 +1,7 @@
 -- FAIR_ACQUIRE: takes one lock key fairly, in a mode (scripts/holders.lua): only when it is free
 -- for that mode and no live waiter arrived first; otherwise joins the key's queue, to be handed
 -- the lock by a release.
--- KEYS: the lock key L, its queue Q, its queue's entries W (see fair/head_live.lua), its
+-- KEYS: the lock key L, its queue Q, its queue's entries W (see fair/entry.lua), its
 --   fencing counter F, its holders H (scripts/holders.lua).
 -- ARGV[1]: the owner token.
 -- ARGV[2]: the ttl in ms.
@@ -38,7 +38,7 @@ local owner = redis.call('GET', L)
 -- Ours already (a hand-off, or a retried request): the ttl counts from now, and a mark stays.
 local ours
 if mode == EXCLUSIVE then
-  ours = owner == token or owner == '~' .. token
+  ours = is_owner(owner, token)
 else
   local score = redis.call('ZSCORE', H, member(mode, token))
   ours = score and tonumber(score) > now
@@ -48,23 +48,21 @@ if ours then
   return draw(KEYS, 4, 4, ttl, t)
 end
 local queued = redis.call('EXISTS', Q) == 1
+if not owner and not queued and fits(mode, H, now) then
+  -- Free for this mode, and nobody queued: taken.
+  hold(L, H, mode, token, ttl, now, waited)
+  return draw(KEYS, 4, 4, ttl, t)
+end
+-- The functions that serve the queue and queue this caller, put here by the composition
+-- (lua_spliced! in scripts/mod.rs): the paths above spend nothing on them.
+--[[ queue functions ]]
 if not owner and queued then
   -- Free of a writer, with waiters queued: they go first, in order, as far as they fit (this
-  -- caller among them, if its turn came).
+  -- caller among them, if its turn came); then it is taken as above if that left nobody queued.
   local admitted = admit(publish, L, Q, W, F, H, t, now, token, ttl)
   if admitted then return draw(KEYS, 4, 4, ttl, t) end
   owner = redis.call('GET', L)
-  queued = redis.call('EXISTS', Q) == 1
-end
-if not owner and not queued then
-  -- Free of a writer, and nobody queued: taken if the holders leave room.
-  local fits
-  if mode == EXCLUSIVE then
-    fits = redis.call('EXISTS', H) == 0 or live(H, now) == 0
-  else
-    fits = mode == 'r' or live(H, now) < tonumber(mode)
-  end
-  if fits then
+  if not owner and redis.call('EXISTS', Q) == 0 and fits(mode, H, now) then
     hold(L, H, mode, token, ttl, now, waited)
     return draw(KEYS, 4, 4, ttl, t)
   end
@@ -81,7 +79,7 @@ else
   pttl = until_free(mode, H, now)
 end
 if wait <= 0 then return {0, pttl, now} end
-local entry = string.format('%.0f %s %s %s', now + wait, claim, secret, mode)
+local entry = write_entry(now + wait, claim, secret, mode)
 -- The queue keys live until this waiter's wait and a claim are over; a later attempt keeps the
 -- waiter's place and moves its deadline on (ARGV[4] is at most the waiter's presence, see
 -- fair/request.rs: a waiter that stops trying drops out).

@@ -1,9 +1,8 @@
 -- admit(publish, L, Q, W, F, H, t, now, self, ttl): serves L's fair queue (Q, W: see
--- head_live) from its head, in arrival order, for as long as the head fits beside what holds
--- L now: an exclusive waiter when nothing holds it, a reader when no writer holds it, one of
--- N permits when fewer than N leases hold it. A waiter that does not fit stops the serving
--- (those behind it wait their turn: a writer is never overtaken by later readers), and after
--- an exclusive one nothing more fits.
+-- fair/entry.lua) from its head, in arrival order, while nothing holds L exclusively, for as
+-- long as the head fits beside L's holders (fits, scripts/holders.lua). A waiter that does not
+-- fit stops the serving (those behind it wait their turn: a writer is never overtaken by later
+-- readers), and after an exclusive one nothing more fits.
 --   publish: the command that announces a hand-off (PUBLISH, or SPUBLISH on a cluster).
 --   F, H: L's fencing counter and holders (scripts/holders.lua).
 --   t: Redis's TIME reply; now: the same time in ms.
@@ -11,21 +10,13 @@
 --     entry, when it comes up, is taken for it at once with its ttl, not handed by message;
 --     its attempt draws its token), and its ttl in ms.
 -- Returns whether the caller was admitted, and whether anyone was. Calls head_live, take_head,
--- hand, live and hold.
+-- hand, fits and hold.
 local function admit(publish, L, Q, W, F, H, t, now, self, ttl)
   local admitted, any = false, false
   while redis.call('EXISTS', L) == 0 do
     local head, claim, secret, mode = head_live(Q, W, now)
     if not head then break end
-    local fits
-    if mode == 'x' then
-      fits = redis.call('EXISTS', H) == 0 or live(H, now) == 0
-    elseif mode == 'r' then
-      fits = true
-    else
-      fits = live(H, now) < tonumber(mode)
-    end
-    if not fits then break end
+    if not fits(mode, H, now) then break end
     take_head(Q, W, head)
     any = true
     if head == self then

@@ -1,27 +1,15 @@
--- head_live(Q, W, now): the first live waiter of a fair queue, left in place; waiters before it
--- whose wait has passed are dropped on the way.
--- A fair queue is two keys beside its lock key: Q, a list of waiting owner tokens in arrival
--- order, and W, a hash from each waiting token to its entry "deadline_ms claim_ms secret mode"
--- (Redis time after which the waiter has given up; how long a hand-off to it holds before it
--- must confirm; a random value from the waiter's latest attempt, which only a hand-off made
--- by distlock's scripts can show it; the mode it waits to hold the key in, see
--- scripts/holders.lua, 'x' when absent). A token in Q without an entry in W is a waiter that
--- left (or whose entry was lost): skipped like one whose wait has passed.
+-- head_live(Q, W, now): the first live waiter of a fair queue (Q, W: see fair/entry.lua), left
+-- in place; waiters before it whose wait has passed, or without an entry, are dropped on the
+-- way.
 --   now: Redis time in ms.
 -- Returns the live waiter's token, claim time (digits, ms), secret (hex, possibly empty) and
--- mode; nil when the queue ran out. `take_head` takes it off the queue.
+-- mode; nil when the queue ran out. `take_head` takes it off the queue. Calls read_entry.
 local function head_live(Q, W, now)
   while true do
     local head = redis.call('LINDEX', Q, 0)
     if not head then return nil end
-    local entry = redis.pcall('HGET', W, head)
-    if type(entry) == 'string' then
-      local deadline, claim, secret, mode = string.match(entry, '^(%d+) (%d+) ?(%x*) ?(%w*)$')
-      if deadline and tonumber(deadline) > now then
-        if mode == '' then mode = 'x' end
-        return head, claim, secret, mode
-      end
-    end
+    local claim, secret, mode = read_entry(redis.pcall('HGET', W, head), now)
+    if claim then return head, claim, secret, mode end
     redis.call('LPOP', Q)
     redis.pcall('HDEL', W, head)
   end

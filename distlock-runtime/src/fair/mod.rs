@@ -9,7 +9,7 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `acquire.lua`, `head_live.lua`, `hand.lua`, `admit.lua` | the queue's Lua: the fair acquire, and the functions a release (and a forced release) serves the queue with, in arrival order and by mode |
+//! | `acquire.lua`, `entry.lua`, `head_live.lua`, `hand.lua`, `admit.lua` | the queue's Lua: the fair acquire, a waiter's queue entry, and the functions a release (and a forced release) serves the queue with, in arrival order and by mode |
 //! | `queue.rs` | the fair acquire's script call and its answer |
 //! | `message.rs` | the hand-off message and its signature |
 //! | `request.rs` | the requester's side: a new secret per attempt, Redis's clock per attempt, and whether a hand-off can be trusted |

@@ -8,7 +8,7 @@ use crate::call::{Confirm, ScriptCall};
 use crate::failed::Failed;
 use crate::keys::LockKeys;
 use crate::mode::{LockMode, Words};
-use crate::scripts::{lua, read_taking, Answered, Lua, Waiting};
+use crate::scripts::{lua, lua_spliced, read_taking, Answered, Lua, Waiting};
 use crate::time::millis;
 use crate::topology::Serial;
 
@@ -16,17 +16,17 @@ use crate::topology::Serial;
 //
 // `#!lua`, as the plain acquire (see `scripts/mod.rs`).
 pub(crate) static ACQUIRE_FAIR: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(concat!(
-        "#!lua\n",
-        lua!("scripts/mark.lua"),
-        crate::scripts::queue_functions!(),
-        lua!("fair/acquire.lua")
+    Lua::new(lua_spliced!(
+        "#!lua";
+        "scripts/owner.lua", "scripts/counter.lua", "scripts/draw.lua", "scripts/holders.lua",
+        "fair/acquire.lua" at "--[[ queue functions ]]";
+        concat!(lua!("scripts/mark.lua"), crate::scripts::serving!())
     ))
 });
 
 /// Moves the deadlines of a process's queued fair waiters of one key on: `fair/refresh.lua`.
 pub(crate) static REFRESH_FAIR: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(lua!("#!lua"; "fair/refresh.lua")));
+    LazyLock::new(|| Lua::new(lua!("#!lua"; "fair/entry.lua", "fair/refresh.lua")));
 
 /// A fair request's queueing script call, built once per acquire: the keys and fixed arguments;
 /// the token, the wait left and the attempt's secret are added per attempt.

@@ -1,7 +1,7 @@
 -- FAIR_REFRESH: keeps queued fair waiters of one process in the queue: moves each one's
 -- deadline on, so that a process's waiters cost one call per renewal, not one each (see
 -- fair/mod.rs, "Queue").
--- KEYS: the queue Q and its entries W of one lock key (see fair/head_live.lua).
+-- KEYS: the queue Q and its entries W of one lock key (see fair/entry.lua).
 -- ARGV[1]: the caller's claim time, in ms (the queue keys outlive the deadlines it sets by
 --   it; an entry's own claim time, in its entry, is kept).
 -- ARGV[2], ARGV[3], ...: pairs of a waiter's owner token and how long its entry lasts from now,
@@ -15,13 +15,9 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local gone, longest = {}, 0
 for i = 2, #ARGV, 2 do
   local token, keep = ARGV[i], tonumber(ARGV[i + 1])
-  local entry = redis.pcall('HGET', W, token)
-  local deadline, rest
-  if type(entry) == 'string' then
-    deadline, rest = string.match(entry, '^(%d+)( .*)$')
-  end
-  if deadline and tonumber(deadline) > now then
-    redis.call('HSET', W, token, string.format('%.0f', now + keep) .. rest)
+  local claim, secret, mode = read_entry(redis.pcall('HGET', W, token), now)
+  if claim then
+    redis.call('HSET', W, token, write_entry(now + keep, claim, secret, mode))
     if keep > longest then longest = keep end
   else
     gone[#gone + 1] = token

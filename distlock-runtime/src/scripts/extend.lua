@@ -10,7 +10,8 @@
 -- marked as waited on or not; a member whose expiry has not passed) and now lives ttl more;
 -- 0 when some key is gone, owned by another token or no longer of its type (pcall: one broken
 -- lease never fails the batch), in which case none of that lease's keys is touched (a lost
--- lock is never re-created or prolonged). Calls member and keep (scripts/holders.lua).
+-- lock is never re-created or prolonged). Calls is_owner (scripts/owner.lua), member and keep
+-- (scripts/holders.lua).
 local EXCLUSIVE = 'x'
 local now = nil
 local results = {}
@@ -23,8 +24,7 @@ for a = 1, #ARGV, 3 do
   for j, mode in ipairs(modes) do
     local key = KEYS[k + 2 * (j - 1)]
     if mode == EXCLUSIVE then
-      local owner = redis.pcall('GET', key)
-      if owner ~= token and owner ~= '~' .. token then owned = 0 break end
+      if not is_owner(redis.pcall('GET', key), token) then owned = 0 break end
     else
       if not now then
         local t = redis.call('TIME')

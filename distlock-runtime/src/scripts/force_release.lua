@@ -1,7 +1,7 @@
 -- FORCE_RELEASE: frees a lock whoever holds it, in whatever mode, as a release would: every
 -- holder is dropped (a shared or permit holder learns it at its next renewal), then its fair
 -- queue is served (admit), and the release announced to waiters unless a writer was handed it.
--- KEYS: the lock key L, its queue Q, its queue's entries W (see fair/head_live.lua), its
+-- KEYS: the lock key L, its queue Q, its queue's entries W (see fair/entry.lua), its
 --   fencing counter F, its holders H (scripts/holders.lua).
 -- ARGV[1]: the command that announces a release (PUBLISH, or SPUBLISH on a cluster).
 -- Returns 1 when the lock was held, 0 when it was free.

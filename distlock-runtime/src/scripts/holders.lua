@@ -32,6 +32,13 @@ local function hold(L, H, mode, token, ms, now, marked)
     keep(H, ms)
   end
 end
+-- fits(mode, H, now): whether a lease in mode fits beside L's live holders H, where no writer
+-- holds L: an exclusive lease when no member is live, a reader always, one of N permits when
+-- fewer than N members are live.
+local function fits(mode, H, now)
+  if mode == 'x' then return redis.call('EXISTS', H) == 0 or live(H, now) == 0 end
+  return mode == 'r' or live(H, now) < tonumber(mode)
+end
 -- until_free(mode, H, now): how long until live holders make room for a lease in mode, in ms
 -- (-1 when none holds): the last one's expiry for an exclusive lease or a reader (queued
 -- behind a writer that waits for them), the first one's for a permit.

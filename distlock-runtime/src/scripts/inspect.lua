@@ -1,6 +1,6 @@
 -- INSPECT: reads a lock without changing it.
--- KEYS: the lock key, its fencing counter, its queue's entries (see fair/head_live.lua), its
---   holders (scripts/holders.lua), its queue (fair/head_live.lua).
+-- KEYS: the lock key, its fencing counter, its queue's entries (see fair/entry.lua), its
+--   holders (scripts/holders.lua), its queue (fair/entry.lua).
 -- Returns nil when the lock is free (or its keys hold other types), else
 -- {kind, pttl, counter, waiters, holders, queued, member...}:
 --   kind: 'x' when held exclusively, 's' when by members (shared or permits);
@@ -44,13 +44,10 @@ local function queued()
     if type(token) ~= 'string' then break end
     local entry = redis.pcall('HGET', W, token)
     if refused(entry) then redis.call('HGET', W, token) end
-    if type(entry) == 'string' then
-      local deadline, mode = string.match(entry, '^(%d+) %d+ ?%x* ?(%w*)$')
-      if deadline and tonumber(deadline) > now then
-        if mode == '' then mode = 'x' end
-        live[#live + 1] = token
-        live[#live + 1] = mode
-      end
+    local claim, _, mode = read_entry(entry, now)
+    if claim then
+      live[#live + 1] = token
+      live[#live + 1] = mode
     end
   end
   return live

@@ -42,22 +42,40 @@ pub(crate) use lua;
 /// [`lua!`]) in one branch only: they are put in place of the marker `at` (a Lua comment, such
 /// as `--[[ queue functions ]]`), which
 /// must occur exactly once in the script, instead of before the script. A run of the script
-/// that does not reach that branch creates none of their closures.
+/// that does not reach that branch creates none of their closures. Several `at marker; shared`
+/// pairs, separated by commas, splice in turn.
 macro_rules! lua_spliced {
-    ($first_line:literal; $($script:literal),+ at $marker:literal; $shared:expr) => {{
-        const SCRIPT: &str = $crate::scripts::lua!($first_line; $($script),+);
-        const SHARED: &str = $shared;
-        const MARKER: &str = $marker;
-        const BYTES: [u8; SCRIPT.len() - MARKER.len() + SHARED.len()] =
-            $crate::scripts::lua::splice(SCRIPT, MARKER, SHARED);
-        const TEXT: &str = match ::core::str::from_utf8(&BYTES) {
-            Ok(text) => text,
-            Err(_) => panic!("a spliced script is not UTF-8"),
-        };
-        TEXT
-    }};
+    ($first_line:literal; $($script:literal),+ $(at $marker:literal; $shared:expr),+ $(,)?) => {
+        $crate::scripts::lua::spliced!(
+            $crate::scripts::lua!($first_line; $($script),+);
+            $($marker => $shared),+
+        )
+    };
 }
 pub(crate) use lua_spliced;
+
+/// `script` (an expression a `const` can hold) with each `shared` in place of its `marker`, in
+/// turn: [`lua_spliced!`]'s work.
+macro_rules! spliced {
+    ($script:expr; $marker:literal => $shared:expr $(, $markers:literal => $shareds:expr)*) => {
+        $crate::scripts::lua::spliced!({
+            const SCRIPT: &str = $script;
+            const SHARED: &str = $shared;
+            const MARKER: &str = $marker;
+            const BYTES: [u8; SCRIPT.len() - MARKER.len() + SHARED.len()] =
+                $crate::scripts::lua::splice(SCRIPT, MARKER, SHARED);
+            const TEXT: &str = match ::core::str::from_utf8(&BYTES) {
+                Ok(text) => text,
+                Err(_) => panic!("a spliced script is not UTF-8"),
+            };
+            TEXT
+        }; $($markers => $shareds),*)
+    };
+    ($script:expr;) => {
+        $script
+    };
+}
+pub(crate) use spliced;
 
 /// `script` with `shared` in place of `marker`, which occurs exactly once in it (else the
 /// build fails); `N` is the result's length. For [`lua_spliced!`], at compile time.

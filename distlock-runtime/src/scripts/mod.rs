@@ -3,20 +3,25 @@
 //!
 //! **Files.** Each script's file starts with its contract (KEYS, ARGV, what it returns) and is
 //! composed at compile time ([`lua!`]) after its first line (`#!lua` and its flags, which Redis
-//! reads only there) and the shared functions it calls, each defined once in a file of its own
-//! and taking everything it uses as arguments: `draw.lua` (a fencing token, see `fence.rs`),
-//! `mark.lua` (`is_marked`), and the fair queue's `pop_live.lua`, `hand.lua` and `serve.lua`,
-//! which live with the rest of the fair protocol in `fair/` (its acquire, `fair/acquire.lua`,
-//! too). A script that needs shared functions in one branch only has them put there instead
-//! ([`lua_spliced!`]): Redis creates a closure for every function definition a run of the
-//! script reaches, and defining the release's four up front made a release that hands nothing
-//! over cost about 13% more server time (0.67 µs of 5.1 µs per call: the median of 40 paired
-//! runs, by `INFO commandstats`). Each script's static sits
-//! beside the Rust that builds its calls (`ACQUIRE_FAIR` in `fair/queue.rs`, `RAISE` in `fence.rs`,
-//! `INSPECT` and `FORCE_RELEASE` in `inspect.rs`, `CHECK` in `diagnose.rs`, `TYPES` in
-//! `refusal.rs`); `catalog.rs` lists them, and pins each one's SHA1 so that an accidental
-//! change shows. The flags the Rust side sends are types ([`Waiting`], [`Queued`],
-//! [`Announce`]); each script names the values it tells apart once, as local constants.
+//! reads only there) and the shared functions it calls, each rule defined once, in one file,
+//! taking everything it uses as arguments: `counter.lua` (how fencing tokens compare, and how
+//! long a counter lives) and `draw.lua` (a fencing token, see `fence.rs`), `mark.lua`
+//! (`is_marked`), `owner.lua` (`is_owner`), `holders.lua` (a shared or permit lease's member,
+//! and whether a mode `fits` beside the holders), and the fair queue's `entry.lua` (a waiter's
+//! entry, written and read), `head_live.lua`, `hand.lua` and `admit.lua`, which live with the
+//! rest of the fair protocol in `fair/` (its acquire, `fair/acquire.lua`, too). A script that
+//! needs shared functions in some branches only has them put there instead ([`lua_spliced!`]):
+//! Redis creates a closure for every function definition a run of the script reaches, and
+//! defining the release's four up front made a release that hands nothing over cost about 13%
+//! more server time (0.67 µs of 5.1 µs per call: the median of 40 paired runs, by `INFO
+//! commandstats`). Where a common path would pay for functions it calls once, it writes the
+//! rule out instead, with the measured cost beside it (the one-key shared acquire, a shared
+//! release). Each script's static sits beside the Rust that builds its calls (`ACQUIRE_FAIR`
+//! and `REFRESH_FAIR` in `fair/queue.rs`, `RAISE` in `fence.rs`, `INSPECT` and `FORCE_RELEASE`
+//! in `inspect.rs`, `CHECK` in `diagnose.rs`, `TYPES` in `refusal.rs`); `catalog.rs` lists
+//! them, and pins each one's SHA1 so that an accidental change shows. The flags the Rust side
+//! sends are types ([`Waiting`], [`Queued`], [`Announce`]); each script names the values it
+//! tells apart once, as local constants.
 //!
 //! Each script is sent with `EVALSHA`, and with `EVAL` (which loads it again) on `NOSCRIPT`, so a
 //! `SCRIPT FLUSH`, a server restart or a promoted replica costs one extra round trip, never a
@@ -59,8 +64,9 @@ pub(crate) use lua::{lua, lua_spliced, Lua};
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(lua_spliced!(
         "#!lua";
-        "scripts/mark.lua", "scripts/draw.lua", "scripts/acquire.lua" at "--[[ holders ]]";
-        lua!("scripts/holders.lua", "fair/head_live.lua")
+        "scripts/counter.lua", "scripts/draw.lua", "scripts/acquire.lua"
+        at "--[[ owner ]]"; lua!("scripts/mark.lua", "scripts/owner.lua"),
+        at "--[[ holders ]]"; lua!("scripts/holders.lua", "fair/entry.lua", "fair/head_live.lua")
     ))
 });
 
@@ -72,8 +78,9 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(lua_spliced!(
         "#!lua flags=allow-oom";
-        "scripts/release.lua" at "--[[ queue functions ]]";
-        queue_functions!()
+        "scripts/release.lua"
+        at "--[[ owner ]]"; lua!("scripts/owner.lua"),
+        at "--[[ queue functions ]]"; queue_functions!()
     ))
 });
 
@@ -81,21 +88,41 @@ pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
 /// they call each other.
 macro_rules! queue_functions {
     () => {
+        concat!(
+            $crate::scripts::lua!(
+                "scripts/counter.lua",
+                "scripts/draw.lua",
+                "scripts/holders.lua"
+            ),
+            $crate::scripts::serving!()
+        )
+    };
+}
+pub(crate) use queue_functions;
+
+/// The part of [`queue_functions!`] after `draw.lua` and `holders.lua` (which it calls): what a
+/// script that needs those anyway adds where it serves the queue.
+macro_rules! serving {
+    () => {
         $crate::scripts::lua!(
-            "scripts/draw.lua",
-            "scripts/holders.lua",
+            "fair/entry.lua",
             "fair/head_live.lua",
             "fair/hand.lua",
             "fair/admit.lua"
         )
     };
 }
-pub(crate) use queue_functions;
+pub(crate) use serving;
 
 /// Extends several leases in one call, each only if its owner still holds every one of its
 /// keys: `extend.lua`.
-pub(crate) static EXTEND: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(lua!("scripts/holders.lua", "scripts/extend.lua")));
+pub(crate) static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(lua!(
+        "scripts/owner.lua",
+        "scripts/holders.lua",
+        "scripts/extend.lua"
+    ))
+});
 
 impl Taking {
     /// [`ACQUIRE`]'s call, an attempt of a wait that ends at `deadline` (none for a try-lock),
@@ -302,6 +329,16 @@ mod tests {
     fn a_splice_puts_the_shared_text_in_place_of_the_marker() {
         const SPLICED: [u8; 9] = lua::splice("a\n--[[ x ]]\nb\n", "--[[ x ]]", "f()\n");
         assert_eq!(&SPLICED, b"a\nf()\n\nb\n");
+    }
+
+    #[test]
+    fn several_markers_are_spliced_in_turn() {
+        const SPLICED: &str = lua::spliced!(
+            "a\n--[[ x ]]\nb\n--[[ y ]]\n";
+            "--[[ x ]]" => "f()\n",
+            "--[[ y ]]" => "g()\n"
+        );
+        assert_eq!(SPLICED, "a\nf()\n\nb\ng()\n\n");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 -- RELEASE: releases the lock keys this owner still holds, each in its mode; never touches a
 -- key, or a member, of someone else.
 -- KEYS: for each lock key five keys: the lock key L, its fair queue Q, its queue's entries W
---   (see fair/head_live.lua), its fencing counter F and its holders H (scripts/holders.lua).
+--   (see fair/entry.lua), its fencing counter F and its holders H (scripts/holders.lua).
 -- ARGV[1]: the owner token.
 -- ARGV[2]: QUEUED ('1') when the owner may be queued as a fair waiter (one that gives up, or
 --   whose attempt's outcome is unknown), which then leaves the queues too; '0' when it is not
@@ -60,14 +60,21 @@ for i = 1, #KEYS, 5 do
       -- Nobody waited on this lease (see scripts/mod.rs): nothing to hand over or announce.
       released = released + 1
       redis.call('DEL', L)
-    elseif owner == token or owner == '~' .. token then
-      released = released + 1
-      redis.call('DEL', L)
-      room, announce, free = true, true, true
+    else
+      -- The owner check, put here by the composition: the release above spends nothing on it.
+      --[[ owner ]]
+      if is_owner(owner, token) then
+        released = released + 1
+        redis.call('DEL', L)
+        room, announce, free = true, true, true
+      end
     end
   else
     local t = redis.call('TIME')
     local now = t[1] * 1000 + math.floor(t[2] / 1000)
+    -- member (scripts/holders.lua) written out: defining the holders' functions here cost a
+    -- shared release 5% more server time (0.36 to 0.44 µs of 6.8 to 7.8 µs, the medians of 800
+    -- paired batches of 300 calls, by `INFO commandstats`).
     local m = mode == 'r' and token or mode .. ' ' .. token
     -- pcall: holders of another type hold no member of ours.
     local score = redis.pcall('ZSCORE', H, m)
