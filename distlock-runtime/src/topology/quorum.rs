@@ -258,7 +258,9 @@ impl Quorum {
             .await;
         let values = self.majority_answered(call.op, answers);
         let values = self.explained(call, values).await?;
-        let released = values.into_iter().filter_map(|v| usize::from_redis_value(v).ok());
+        let released = values
+            .into_iter()
+            .filter_map(|v| usize::from_redis_value(v).ok());
         Ok(released.max().unwrap_or(0))
     }
 
