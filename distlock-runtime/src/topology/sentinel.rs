@@ -30,6 +30,7 @@ use redis::aio::MultiplexedConnection;
 use redis::Value;
 use tokio::sync::watch;
 
+use super::connect::within;
 use super::one::open_plain;
 use super::Replicas;
 use super::{Channels, Ended, OnMessage, One, Subscribe};
@@ -113,14 +114,12 @@ pub(crate) fn primary(
 impl Resolver {
     /// Starts watching for switches of the primary, once (when a runtime runs).
     fn watch(self: &Arc<Self>) {
-        if self.watching.swap(true, Ordering::Relaxed) {
+        if tokio::runtime::Handle::try_current().is_err()
+            || self.watching.swap(true, Ordering::Relaxed)
+        {
             return;
         }
         let link = self.link.get().cloned().unwrap_or_default();
-        if tokio::runtime::Handle::try_current().is_err() {
-            self.watching.store(false, Ordering::Relaxed);
-            return;
-        }
         tokio::spawn(watch_switches(Arc::downgrade(self), link));
     }
 
@@ -147,32 +146,18 @@ impl Resolver {
         op: &'static str,
     ) -> Result<redis::ConnectionInfo, LockError> {
         let client = super::client(self.sentinels[sentinel].clone())?;
-        let mut conn = self.connect(&client, op).await?;
+        let mut conn = super::dial(&client, self.timeouts, op).await?;
         let mut cmd = redis::cmd("SENTINEL");
         cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(&self.master);
-        let answer = tokio::time::timeout(
-            self.timeouts.response,
-            cmd.query_async::<Option<(String, u16)>>(&mut conn),
-        )
-        .await;
-        let (host, port) = match answer {
-            Ok(Ok(Some(address))) => address,
-            Ok(Ok(None)) => {
-                return Err(LockError::InvalidConfig {
-                    what: "sentinel",
-                    reason: format!(
-                        "the sentinels do not monitor a primary named {:?}",
-                        self.master
-                    ),
-                })
-            }
-            Ok(Err(source)) => return Err(LockError::from_redis(op, source)),
-            Err(_) => {
-                return Err(LockError::RedisTimeout {
-                    op,
-                    after: self.timeouts.response,
-                })
-            }
+        let answer = cmd.query_async::<Option<(String, u16)>>(&mut conn);
+        let Some((host, port)) = within(op, self.timeouts.response, answer).await? else {
+            return Err(LockError::InvalidConfig {
+                what: "sentinel",
+                reason: format!(
+                    "the sentinels do not monitor a primary named {:?}",
+                    self.master
+                ),
+            });
         };
         let addr = crate::tls::address_like(&self.transport, host, port);
         Ok(redis::IntoConnectionInfo::into_connection_info(addr)
@@ -182,47 +167,27 @@ impl Resolver {
             .set_redis_settings(self.primary.clone()))
     }
 
-    async fn connect(
-        &self,
-        client: &redis::Client,
-        op: &'static str,
-    ) -> Result<MultiplexedConnection, LockError> {
-        super::dial(client, self.timeouts, op).await
-    }
-
     /// A connection to the primary, checked with `ROLE` to be one.
     async fn dial_primary(&self, op: &'static str) -> Result<MultiplexedConnection, LockError> {
-        let address = self.primary(op).await?;
-        let client = super::client(address)?;
-        let mut conn = self.connect(&client, op).await?;
-        let role = tokio::time::timeout(
-            self.timeouts.response,
-            redis::cmd("ROLE").query_async::<Vec<Value>>(&mut conn),
-        )
-        .await;
-        match role {
-            Ok(Ok(role)) if matches!(role.first(), Some(Value::BulkString(r)) if r == b"master") => {
-                Ok(conn)
-            }
-            Ok(Ok(_)) => {
-                // That sentinel may lag behind the others: ask the next one first next time.
-                let count = self.sentinels.len();
-                let next = self.next.load(Ordering::Relaxed);
-                self.next.store((next + 1) % count, Ordering::Relaxed);
-                Err(LockError::Redis {
-                    op,
-                    source: redis::RedisError::from((
-                        redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
-                        "the server Sentinel named is not a primary (a failover is under way)",
-                    )),
-                })
-            }
-            Ok(Err(source)) => Err(LockError::from_redis(op, source)),
-            Err(_) => Err(LockError::RedisTimeout {
-                op,
-                after: self.timeouts.response,
-            }),
+        let client = super::client(self.primary(op).await?)?;
+        let mut conn = super::dial(&client, self.timeouts, op).await?;
+        let cmd = redis::cmd("ROLE");
+        let role: Vec<Value> =
+            within(op, self.timeouts.response, cmd.query_async(&mut conn)).await?;
+        if matches!(role.first(), Some(Value::BulkString(r)) if r == b"master") {
+            return Ok(conn);
         }
+        // That sentinel may lag behind the others: ask the next one first next time.
+        let next = self.next.load(Ordering::Relaxed);
+        self.next
+            .store((next + 1) % self.sentinels.len(), Ordering::Relaxed);
+        Err(LockError::Redis {
+            op,
+            source: redis::RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+                "the server Sentinel named is not a primary (a failover is under way)",
+            )),
+        })
     }
 }
 
