@@ -34,16 +34,22 @@ pub(crate) struct LockKeys {
     mode: LockMode,
 }
 
-/// The kinds of key, in their order in [`LockKeys`].
-const KINDS: [&str; 5] = ["lock:", "fence:", "queue:", "waiters:", "holders:"];
+/// The kinds of key, in their order in [`LockKeys`], with the word that names each.
+const KINDS: [(&str, KeyKind); 5] = [
+    ("lock:", KeyKind::Lock),
+    ("fence:", KeyKind::Fence),
+    ("queue:", KeyKind::Queue),
+    ("waiters:", KeyKind::Waiters),
+    ("holders:", KeyKind::Holders),
+];
 
 impl LockKeys {
     /// The keys of the lock on `key` under `prefix`, held exclusively.
     pub(crate) fn new(prefix: &str, key: &str) -> Self {
-        let length: usize = KINDS.iter().map(|kind| kind.len()).sum();
+        let length: usize = KINDS.iter().map(|(kind, _)| kind.len()).sum();
         let mut names = String::with_capacity(5 * (prefix.len() + key.len() + 2) + length);
         let mut ends = [0; 5];
-        for (end, kind) in ends.iter_mut().zip(KINDS) {
+        for (end, (kind, _)) in ends.iter_mut().zip(KINDS) {
             names.push_str(prefix);
             names.push_str(kind);
             names.push('{');
@@ -113,18 +119,10 @@ impl LockKeys {
     /// (a prefix holds no `{`); `None` for a name of no lock.
     pub(crate) fn kind_of(name: &str) -> Option<KeyKind> {
         let head = &name[..name.find('{')?];
-        let kinds = [
-            KeyKind::Lock,
-            KeyKind::Fence,
-            KeyKind::Queue,
-            KeyKind::Waiters,
-            KeyKind::Holders,
-        ];
         KINDS
             .iter()
-            .zip(kinds)
-            .find(|(kind, _)| head.ends_with(*kind))
-            .map(|(_, kind)| kind)
+            .find(|(kind, _)| head.ends_with(kind))
+            .map(|&(_, kind)| kind)
     }
 }
 
@@ -147,10 +145,6 @@ impl KeyKind {
             Self::Waiters => "hash",
             Self::Holders => "zset",
         }
-    }
-
-    pub(crate) fn is_fence(self) -> bool {
-        self == Self::Fence
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 use crate::call::{Confirm, ScriptCall};
 use crate::error::{LockError, Misconfiguration};
 use crate::failed::Failed;
-use crate::keys::LockKeys;
+use crate::keys::{KeyKind, LockKeys};
 use crate::scripts::Lua;
 
 /// Says more about a refusal of `call` than Redis did: which command an ACL user may not run
@@ -18,41 +18,31 @@ use crate::scripts::Lua;
 ///
 /// `probe` runs a script call on the same servers as `call` and reads its answer (the route's
 /// `invoke`): this module sits below the routes.
-pub(crate) async fn explain<F, Fut>(call: &ScriptCall, failed: Failed, probe: F) -> Failed
+pub(crate) async fn explain<F, Fut>(call: &ScriptCall, mut failed: Failed, probe: F) -> Failed
 where
     F: FnOnce(ScriptCall) -> Fut,
     Fut: Future<Output = Result<Vec<String>, LockError>>,
 {
-    let error = match failed.error {
+    match &mut failed.error {
         LockError::Misconfigured {
-            op,
-            problem: Misconfiguration::Permissions,
+            problem,
             detail,
             source,
-        } if detail.is_empty() => LockError::Misconfigured {
-            op,
-            problem: Misconfiguration::Permissions,
-            detail: refused_command(call.source(), &source.to_string()),
-            source,
-        },
-        LockError::Misconfigured {
-            op,
-            problem: Misconfiguration::Unsupported,
-            detail,
-            source,
-        } if detail.is_empty() => LockError::Misconfigured {
-            op,
-            problem: Misconfiguration::Unsupported,
-            detail: unoffered_command(call.source(), &source.to_string()),
-            source,
-        },
-        LockError::WrongType { op, key, .. } if key.is_empty() => {
-            let (key, found) = wrong_type(call, probe).await.unwrap_or_default();
-            LockError::WrongType { op, key, found }
+            ..
+        } if detail.is_empty() => {
+            let said = source.to_string();
+            *detail = match problem {
+                Misconfiguration::Permissions => refused_command(call.source(), &said),
+                Misconfiguration::Unsupported => unoffered_command(call.source(), &said),
+                _ => String::new(),
+            };
         }
-        error => error,
-    };
-    Failed { error, ..failed }
+        LockError::WrongType { key, found, .. } if key.is_empty() => {
+            (*key, *found) = wrong_type(call, probe).await.unwrap_or_default();
+        }
+        _ => {}
+    }
+    failed
 }
 
 /// What an ACL user may not run, from a refusal's text `error` of a script whose source is
@@ -192,13 +182,13 @@ pub(crate) fn instead(command: &str) -> Option<&'static str> {
 /// ([`Misconfiguration::Unsupported`]) says so; both say what to configure instead, where
 /// there is something.
 pub(crate) fn refused_own_command(command: &str, problem: Misconfiguration) -> String {
-    if problem != Misconfiguration::Permissions {
-        return not_offered(&[command.to_owned()], "");
-    }
-    let refusal = format!(
-        "it may not run {command}; grant it: ACL SETUSER <user> {}",
-        grant(command)
-    );
+    let refusal = match problem {
+        Misconfiguration::Permissions => format!(
+            "it may not run {command}; grant it: ACL SETUSER <user> {}",
+            grant(command)
+        ),
+        _ => format!("it does not offer {command}"),
+    };
     match instead(command) {
         Some(instead) => format!("{refusal}; {instead}"),
         None => refusal,
@@ -245,14 +235,13 @@ where
     let types = probe(types_of).await.ok()?;
     // A counter of another type is taken over by the scripts (see `scripts/draw.lua`): named
     // last.
-    let mismatched = keys
+    let (key, found) = keys
         .iter()
         .zip(&types)
         .filter(|(key, found)| {
             *found != "none" && LockKeys::kind_of(key).is_some_and(|kind| kind.holds() != *found)
         })
-        .min_by_key(|(key, _)| LockKeys::kind_of(key).is_some_and(|kind| kind.is_fence()));
-    let (key, found) = mismatched?;
+        .min_by_key(|(key, _)| LockKeys::kind_of(key) == Some(KeyKind::Fence))?;
     let found = match found.as_str() {
         "string" => "a string",
         "list" => "a list",
