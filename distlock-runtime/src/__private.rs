@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::error::LockError;
 use crate::manager::LockManager;
+use crate::request::LockRequest;
 
 /// The options written in the attribute; `None` keeps the manager's default.
 #[derive(Debug)]
@@ -146,21 +147,16 @@ impl IntoManager for LockManager {
     }
 }
 
-impl IntoManager for &LockManager {
-    fn into_manager(self) -> LockManager {
-        self.clone()
-    }
-}
-
 impl IntoManager for std::sync::Arc<LockManager> {
     fn into_manager(self) -> LockManager {
         (*self).clone()
     }
 }
 
-impl IntoManager for &std::sync::Arc<LockManager> {
+/// A reference to either: the manager, cloned.
+impl<M: IntoManager + Clone> IntoManager for &M {
     fn into_manager(self) -> LockManager {
-        (**self).clone()
+        self.clone().into_manager()
     }
 }
 
@@ -181,15 +177,6 @@ pub enum KeyPart<'a> {
     Text(&'a str),
     /// A placeholder's value, written with `Display` and escaped.
     Value(&'a dyn Display),
-}
-
-impl fmt::Debug for KeyPart<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Text(text) => f.debug_tuple("Text").field(text).finish(),
-            Self::Value(value) => f.debug_tuple("Value").field(&value.to_string()).finish(),
-        }
-    }
 }
 
 /// Renders a key template: text as written, values percent-encoded for `%`, `:`, `{` and `}`,
@@ -242,46 +229,44 @@ pub async fn run<R, F>(
 where
     F: Future<Output = R>,
 {
-    let manager = match manager {
-        Ok(manager) => manager,
+    let request = match request(manager, keys, options) {
+        Ok(request) => request,
         Err(error) => return on_error(error),
     };
-    let (ttl, wait, hold_at_least, permits) = match (
-        options.ttl.transpose(),
-        options.wait.transpose(),
-        options.hold_at_least.transpose(),
-        options.permits.transpose(),
-    ) {
-        (Ok(ttl), Ok(wait), Ok(hold), Ok(permits)) => (ttl, wait, hold, permits),
-        (Err(error), _, _, _)
-        | (_, Err(error), _, _)
-        | (_, _, Err(error), _)
-        | (_, _, _, Err(error)) => return on_error(error),
-    };
-    let mut request = manager
+    match request.run(body).await {
+        Ok(output) => output,
+        Err(error) => on_error(error),
+    }
+}
+
+/// The request of an annotated call: `manager`'s lock on `keys` with the attribute's `options`,
+/// or the first error among the manager and the options converted at the call.
+fn request(
+    manager: Result<LockManager, LockError>,
+    keys: Vec<String>,
+    options: Options,
+) -> Result<LockRequest, LockError> {
+    let mut request = manager?
         .lock_all(keys)
         .read_keys(options.read)
         .renew(options.renew)
         .metrics_label(options.template);
-    if let Some(ttl) = ttl {
+    if let Some(ttl) = options.ttl.transpose()? {
         request = request.ttl(ttl);
     }
-    if let Some(wait) = wait {
+    if let Some(wait) = options.wait.transpose()? {
         request = request.wait(wait);
     }
     if let Some(fair) = options.fair {
         request = request.fair(fair);
     }
-    if let Some(hold) = hold_at_least {
+    if let Some(hold) = options.hold_at_least.transpose()? {
         request = request.hold_at_least(hold);
     }
-    if let Some(permits) = permits {
+    if let Some(permits) = options.permits.transpose()? {
         request = request.permits(permits);
     }
-    match request.run(body).await {
-        Ok(output) => output,
-        Err(error) => on_error(error),
-    }
+    Ok(request)
 }
 
 /// Every Lua script distlock sends, as Redis receives it, by the name of its file in the
