@@ -197,22 +197,20 @@ pub(crate) fn refused_own_command(command: &str, problem: Misconfiguration) -> S
 
 /// The Redis commands a line of Lua calls (`redis.call('SET', ...)`, `redis.pcall(publish, ...)`).
 pub(crate) fn commands_on(line: &str) -> Vec<String> {
-    let mut commands = Vec::new();
-    for call in line.split("redis.").skip(1) {
-        let Some(args) = call
-            .strip_prefix("call(")
-            .or_else(|| call.strip_prefix("pcall("))
-        else {
-            continue;
-        };
-        if let Some(quoted) = args.strip_prefix('\'') {
-            if let Some(command) = quoted.split('\'').next() {
-                commands.push(command.to_uppercase());
+    let calls = line.split("redis.").skip(1);
+    let mut commands: Vec<String> = calls
+        .filter_map(|call| {
+            let args = call
+                .strip_prefix("call(")
+                .or_else(|| call.strip_prefix("pcall("))?;
+            match args.strip_prefix('\'') {
+                Some(quoted) => quoted.split('\'').next().map(str::to_uppercase),
+                None => args
+                    .starts_with("publish")
+                    .then(|| "PUBLISH (or SPUBLISH on a cluster)".to_owned()),
             }
-        } else if args.starts_with("publish") {
-            commands.push("PUBLISH (or SPUBLISH on a cluster)".to_owned());
-        }
-    }
+        })
+        .collect();
     commands.dedup();
     commands
 }
