@@ -73,13 +73,10 @@ pub(crate) fn primary(
             reason: "give the primary's name and at least one sentinel URL".to_owned(),
         });
     }
-    let mut sentinels = Vec::with_capacity(urls.len());
-    let mut shown = Vec::with_capacity(urls.len());
-    for url in urls {
-        let (info, endpoint) = super::parse_url(url, tls)?;
-        sentinels.push(info);
-        shown.push(endpoint);
-    }
+    let (sentinels, shown): (Vec<_>, Vec<_>) = urls
+        .iter()
+        .map(|url| super::parse_url(url, tls))
+        .collect::<Result<_, _>>()?;
     let primary = sentinels[0].redis_settings().clone();
     let transport = sentinels[0].addr().clone();
     let mut commands = vec!["ROLE".to_owned()];
