@@ -92,16 +92,11 @@ macro_rules! permits {
     ($($t:ty),*) => {$(
         impl IntoPermits for $t {
             fn into_permits(self) -> Result<u32, LockError> {
-                match u32::try_from(self) {
-                    Ok(0) | Err(_) => Err(LockError::InvalidConfig {
-                        what: "permits",
-                        reason: format!(
-                            "permits = {self}: a semaphore takes 1 to {} permits",
-                            u32::MAX
-                        ),
-                    }),
-                    Ok(n) => Ok(n),
-                }
+                let n = u32::try_from(self).ok().filter(|&n| n > 0);
+                n.ok_or_else(|| LockError::InvalidConfig {
+                    what: "permits",
+                    reason: format!("permits = {self}: a semaphore takes 1 to {} permits", u32::MAX),
+                })
             }
         }
     )*};
