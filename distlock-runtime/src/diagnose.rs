@@ -98,11 +98,9 @@ pub(crate) async fn ping(context: &Context) -> Result<(), LockError> {
     }
     let servers: Vec<String> = checked.iter().map(|c| c.server.to_string()).collect();
     let servers = servers.join(", ");
-    let silent: Vec<&str> = unanswered
-        .iter()
-        .map(|(server, _)| server.as_str())
-        .collect();
-    let seen_now = format!("{servers}; {}", silent.join(", "));
+    let silent: Vec<&str> = unanswered.iter().map(|u| u.0.as_str()).collect();
+    let silent = silent.join(", ");
+    let seen_now = format!("{servers}; {silent}");
     let mut seen = crate::sync::lock(&context.servers_seen);
     if seen.as_deref() != Some(seen_now.as_str()) {
         match unanswered.first() {
@@ -112,7 +110,7 @@ pub(crate) async fn ping(context: &Context) -> Result<(), LockError> {
             ),
             Some((_, error)) => tracing::info!(
                 %servers,
-                unanswered = %silent.join(", "),
+                unanswered = %silent,
                 %error,
                 "distlock: ping: the servers that answered grant every right a lock needs; \
                  the others did not answer (enough answered to serve)"
@@ -147,11 +145,8 @@ async fn check(
         .arg(probe.queue())
         .arg(probe.waiters())
         .arg(probe.holders());
-    let (publish, subscribe, unsubscribe) = redis.channel_commands();
-    call.arg(publish).arg(subscribe).arg(unsubscribe);
-    for command in redis.commands() {
-        call.arg(command);
-    }
+    // Each command a lock sends, one argument each.
+    call.arg(redis.channel_commands()).arg(redis.commands());
     let (answers, needed) = redis.run_on_every_server(&call).await;
     let mut checked = Vec::new();
     let mut unanswered = Vec::new();
