@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::call::{Confirm, ScriptCall};
 use crate::error::LockError;
+use crate::keys::LockKeys;
 use crate::manager::LockManager;
 use crate::mode::LockMode;
 use crate::scripts::{lua, lua_spliced};
@@ -154,8 +155,7 @@ impl LockManager {
     /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked;
     /// [`LockError::InvalidKey`] for an empty key.
     pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
-        check_key(key)?;
-        let keys = self.context().lock_keys(key);
+        let keys = lock_keys(self, key)?;
         let mut call = ScriptCall::new("inspect", &INSPECT, Confirm::No, 5);
         call.key(keys.lock())
             .key(keys.fence())
@@ -189,8 +189,7 @@ impl LockManager {
     /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked;
     /// [`LockError::InvalidKey`] for an empty key.
     pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
-        check_key(key)?;
-        let keys = self.context().lock_keys(key);
+        let keys = lock_keys(self, key)?;
         let redis = self.context().redis();
         let mut call = ScriptCall::new("force release", &FORCE_RELEASE, Confirm::No, 5);
         call.key(keys.lock())
@@ -244,14 +243,15 @@ impl LockManager {
     }
 }
 
-fn check_key(key: &str) -> Result<(), LockError> {
+/// The Redis keys of the lock on `key`, an operator's argument: refused when empty.
+fn lock_keys(manager: &LockManager, key: &str) -> Result<LockKeys, LockError> {
     if key.is_empty() {
         return Err(LockError::InvalidKey {
             key: String::new(),
             reason: "the key is empty",
         });
     }
-    Ok(())
+    Ok(manager.context().lock_keys(key))
 }
 
 /// `text` with glob specials escaped, for `SCAN MATCH`.
