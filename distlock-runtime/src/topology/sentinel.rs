@@ -116,8 +116,7 @@ impl Resolver {
         {
             return;
         }
-        let link = self.link.get().cloned().unwrap_or_default();
-        tokio::spawn(watch_switches(Arc::downgrade(self), link));
+        tokio::spawn(watch_switches(Arc::downgrade(self)));
     }
 
     /// The primary's address, from the first sentinel that answers.
@@ -208,7 +207,7 @@ impl Dial for SentinelDial {
 
 /// Listens for `+switch-master` on one sentinel after another until the manager is dropped;
 /// on a switch of this primary, drops the command connection and ends subscriber connections.
-async fn watch_switches(resolver: Weak<Resolver>, link: Weak<Link>) {
+async fn watch_switches(resolver: Weak<Resolver>) {
     let mut next = 0usize;
     loop {
         let Some(current) = resolver.upgrade() else {
@@ -255,7 +254,7 @@ async fn watch_switches(resolver: Weak<Resolver>, link: Weak<Link>) {
                     // "<name> <old-ip> <old-port> <new-ip> <new-port>"
                     if payload.split(' ').next() == Some(master.as_str()) {
                         tracing::info!(primary = %master, switch = %payload, "distlock: Sentinel switched the primary; reconnecting");
-                        if let Some(link) = link.upgrade() {
+                        if let Some(link) = resolver.link.get().and_then(Weak::upgrade) {
                             link.forget_current();
                         }
                         resolver.switched.send_modify(|n| *n += 1);
