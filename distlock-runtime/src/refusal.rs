@@ -116,29 +116,22 @@ pub(crate) fn not_offered(commands: &[String], at_line: &str) -> String {
 /// (`... script: <sha>, on @user_script:<line>.`), and ` (line N of distlock's script)` for
 /// messages; nothing for an error raised outside a script.
 fn commands_at(code: &str, error: &str) -> (Vec<String>, String) {
-    let line = error
-        .split("@user_script:")
-        .nth(1)
-        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse::<usize>().ok());
-    let commands = line
-        .and_then(|n| code.lines().nth(n.checked_sub(1)?))
-        .map(commands_on)
-        .unwrap_or_default();
-    let at_line = line
-        .map(|n| format!(" (line {n} of distlock's script)"))
-        .unwrap_or_default();
-    (commands, at_line)
+    let (_, rest) = error.split_once("@user_script:").unwrap_or_default();
+    let digits = rest.split(|c: char| !c.is_ascii_digit()).next();
+    let Some(n) = digits.and_then(|n| n.parse::<usize>().ok()) else {
+        return (Vec::new(), String::new());
+    };
+    let line = n.checked_sub(1).and_then(|i| code.lines().nth(i));
+    let commands = line.map(commands_on).unwrap_or_default();
+    (commands, format!(" (line {n} of distlock's script)"))
 }
 
 /// The first non-empty text between `before` and the next `'` in `error`: the command a
 /// server names (`... run the 'time' command`, `unknown command 'WAIT'`).
 fn quoted<'a>(error: &'a str, before: &str) -> Option<&'a str> {
-    error
-        .split(before)
-        .nth(1)
-        .and_then(|rest| rest.split('\'').next())
-        .filter(|command| !command.is_empty())
+    let (_, rest) = error.split_once(before)?;
+    let command = rest.split('\'').next()?;
+    (!command.is_empty()).then_some(command)
 }
 
 /// The `ACL SETUSER` word that grants a command as the messages show it (`WAIT`,
@@ -158,21 +151,19 @@ pub(crate) fn grant(command: &str) -> String {
 /// deployment offers.
 pub(crate) fn instead(command: &str) -> Option<&'static str> {
     let name = command.split([' ', '|']).next().unwrap_or_default();
-    if name.eq_ignore_ascii_case("WAIT") {
-        Some(
+    match name.to_uppercase().as_str() {
+        "WAIT" => Some(
             "min_replicas needs WAIT (each acquire and extension waits for its replicas with \
              it): where the service refuses WAIT (serverless offerings, some proxies), build \
              the manager without min_replicas",
-        )
-    } else if name.eq_ignore_ascii_case("CLUSTER") {
-        Some(
+        ),
+        "CLUSTER" => Some(
             "a cluster manager needs CLUSTER SLOTS (to find each slot's primary): behind a \
              proxy that offers no CLUSTER command (as some managed services present a \
              cluster), build the manager with LockManagerBuilder::url(the proxy's URL) (the \
              distlock tool: --url), and the proxy routes each key",
-        )
-    } else {
-        None
+        ),
+        _ => None,
     }
 }
 
