@@ -64,10 +64,8 @@ pub(crate) async fn probe(
                 .query_async::<Vec<Value>>(&mut conn)
                 .await
                 .map_err(|source| LockError::from_redis(OP, source))?;
-            let mut primaries: Vec<String> = masters
-                .iter()
-                .filter_map(|master| field(master, "name"))
-                .collect();
+            let mut primaries: Vec<String> =
+                masters.iter().filter_map(|m| field(m, "name")).collect();
             primaries.sort();
             Ok(ServerKind::Sentinel { primaries })
         }

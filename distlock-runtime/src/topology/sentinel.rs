@@ -22,8 +22,8 @@
 //! A read-only check (`LockManager::ping`) can still succeed on a demoted primary that has not
 //! been noticed yet; every write cannot.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Once, OnceLock, Weak};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -56,7 +56,7 @@ struct Resolver {
     /// The link to the primary, whose connection a switch drops.
     link: OnceLock<Weak<Link>>,
     /// The `+switch-master` watcher runs (started at the first dial: it needs a runtime).
-    watching: AtomicBool,
+    watching: Once,
 }
 
 /// A Sentinel-managed primary: `master` as the sentinels at `urls` name it.
@@ -95,7 +95,7 @@ pub(crate) fn primary(
         next: AtomicUsize::new(0),
         switched: watch::Sender::new(0),
         link: OnceLock::new(),
-        watching: AtomicBool::new(false),
+        watching: Once::new(),
     });
     let dial = SentinelDial(Arc::clone(&resolver));
     let link = Arc::new(Link::new(Box::new(dial), timeouts, true, replicas));
@@ -111,12 +111,11 @@ pub(crate) fn primary(
 impl Resolver {
     /// Starts watching for switches of the primary, once (when a runtime runs).
     fn watch(self: &Arc<Self>) {
-        if tokio::runtime::Handle::try_current().is_err()
-            || self.watching.swap(true, Ordering::Relaxed)
-        {
-            return;
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Detached: it ends by itself once the manager is dropped.
+            self.watching
+                .call_once(|| drop(tokio::spawn(watch_switches(Arc::downgrade(self)))));
         }
-        tokio::spawn(watch_switches(Arc::downgrade(self)));
     }
 
     /// The primary's address, from the first sentinel that answers.
