@@ -213,10 +213,7 @@ where
     F: FnOnce(ScriptCall) -> Fut,
     Fut: Future<Output = Result<Vec<String>, LockError>>,
 {
-    let keys: Vec<String> = call
-        .keys()
-        .map(|key| String::from_utf8_lossy(key).into_owned())
-        .collect();
+    let keys: Vec<_> = call.keys().map(String::from_utf8_lossy).collect();
     let mut types_of = ScriptCall::new("diagnose", &TYPES, Confirm::No, keys.len());
     for key in &keys {
         types_of.key(key);
@@ -232,12 +229,10 @@ where
         })
         .min_by_key(|(key, _)| LockKeys::kind_of(key) == Some(KeyKind::Fence))?;
     let found = match found.as_str() {
-        "string" => "a string",
-        "list" => "a list",
-        "hash" => "a hash",
-        _ => "a set, sorted set or stream",
+        found @ ("string" | "list" | "hash") => format!("a {found}"),
+        _ => "a set, sorted set or stream".to_owned(),
     };
-    Some((key.clone(), found.to_owned()))
+    Some((key.to_string(), found))
 }
 
 /// Probes the type of each key with the commands distlock has the rights for:
