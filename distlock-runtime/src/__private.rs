@@ -279,14 +279,12 @@ pub fn scripts() -> Vec<(&'static str, &'static str)> {
 /// # Panics
 /// When no script has that name; the message lists the names.
 pub fn script(name: &str) -> &'static str {
-    let scripts = crate::catalog::all();
-    match scripts.iter().find(|(script, _)| *script == name) {
-        Some((_, lua)) => lua.code(),
-        None => {
-            let names: Vec<&str> = scripts.iter().map(|(name, _)| *name).collect();
-            panic!("no script is named `{name}`; the scripts are {names:?}")
-        }
+    let scripts = scripts();
+    if let Some((_, code)) = scripts.iter().find(|(script, _)| *script == name) {
+        return code;
     }
+    let names: Vec<&str> = scripts.iter().map(|(name, _)| *name).collect();
+    panic!("no script is named `{name}`; the scripts are {names:?}")
 }
 
 #[cfg(test)]
