@@ -97,13 +97,13 @@ pub(crate) fn primary(
         link: OnceLock::new(),
         watching: Once::new(),
     });
-    let dial = SentinelDial(Arc::clone(&resolver));
+    let dial = Sentinel(Arc::clone(&resolver));
     let link = Arc::new(Link::new(Box::new(dial), timeouts, true, replicas));
     let _ = resolver.link.set(Arc::downgrade(&link));
     Ok(One::behind_sentinel(
         link,
         format!("sentinel {master} [{}]", shown.join(", ")),
-        Arc::new(SentinelSubscriber(resolver)),
+        Arc::new(Sentinel(resolver)),
         commands,
     ))
 }
@@ -186,10 +186,10 @@ impl Resolver {
     }
 }
 
-/// Dials the primary Sentinel names.
-struct SentinelDial(Arc<Resolver>);
+/// The primary Sentinel names, as its link dials it and its subscribers connect to it.
+struct Sentinel(Arc<Resolver>);
 
-impl Dial for SentinelDial {
+impl Dial for Sentinel {
     fn dial(&self, op: &'static str) -> BoxFuture<'_, Result<MultiplexedConnection, LockError>> {
         self.0.watch();
         Box::pin(self.0.dial_primary(op))
@@ -265,9 +265,7 @@ async fn watch_switches(resolver: Weak<Resolver>) {
 }
 
 /// Subscribes on the current primary, until Sentinel switches it.
-struct SentinelSubscriber(Arc<Resolver>);
-
-impl Subscribe for SentinelSubscriber {
+impl Subscribe for Sentinel {
     fn open(
         &self,
         on_message: OnMessage,
