@@ -71,8 +71,7 @@ impl Tls {
             invalid(
                 "tls_client_cert_pem",
                 "the key holds no PEM private key (-----BEGIN PRIVATE KEY-----, \
-                 RSA PRIVATE KEY or EC PRIVATE KEY)"
-                    .to_owned(),
+                 RSA PRIVATE KEY or EC PRIVATE KEY)",
             )
         })?;
         rustls::ClientConfig::builder_with_provider(provider)
@@ -166,13 +165,13 @@ fn certificates(pem: &[u8], what: &'static str) -> Result<Vec<CertificateDer<'st
     if certs.is_empty() {
         return Err(invalid(
             what,
-            "no certificate found: expected PEM text with -----BEGIN CERTIFICATE----- blocks"
-                .to_owned(),
+            "no certificate found: expected PEM text with -----BEGIN CERTIFICATE----- blocks",
         ));
     }
     Ok(certs)
 }
 
-fn invalid(what: &'static str, reason: String) -> LockError {
+fn invalid(what: &'static str, reason: impl Into<String>) -> LockError {
+    let reason = reason.into();
     LockError::InvalidConfig { what, reason }
 }
