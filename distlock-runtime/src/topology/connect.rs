@@ -44,31 +44,29 @@ pub(crate) async fn take_from_pool(
     op: &'static str,
 ) -> Result<MultiplexedConnection, LockError> {
     let after = timeouts.pool_wait + timeouts.connect;
-    let pooled = match tokio::time::timeout(after, pool.get()).await {
-        Ok(Ok(pooled)) => pooled,
-        Ok(Err(PoolError::Backend(source))) if !source.is_timeout() => {
-            return Err(LockError::from_redis(op, source))
-        }
+    let pooled = tokio::time::timeout(after, pool.get())
+        .await
+        .map_err(|_| LockError::RedisTimeout { op, after })?;
+    let pooled = pooled.map_err(|error| match error {
+        PoolError::Backend(source) if !source.is_timeout() => LockError::from_redis(op, source),
         // The pool's own create timeout is the connect timeout (see `create_pool`): it and
         // redis-rs's fire together, and either one is a connect that timed out.
-        Ok(Err(PoolError::Backend(_) | PoolError::Timeout(TimeoutType::Create))) => {
-            return Err(LockError::RedisTimeout {
+        PoolError::Backend(_) | PoolError::Timeout(TimeoutType::Create) => {
+            LockError::RedisTimeout {
                 op,
                 after: timeouts.connect,
-            })
+            }
         }
-        Ok(Err(PoolError::Timeout(_))) | Err(_) => {
-            return Err(LockError::RedisTimeout { op, after })
-        }
-        Ok(Err(other)) => {
-            let source = redis::RedisError::from((
+        PoolError::Timeout(_) => LockError::RedisTimeout { op, after },
+        other => LockError::Redis {
+            op,
+            source: redis::RedisError::from((
                 redis::ErrorKind::Client,
                 "connection pool",
                 other.to_string(),
-            ));
-            return Err(LockError::Redis { op, source });
-        }
-    };
+            )),
+        },
+    })?;
     let mut conn = deadpool_redis::Connection::take(pooled);
     // A pooled connection may have been switched to another database by its last user.
     let db = redis::aio::ConnectionLike::get_db(&conn);
