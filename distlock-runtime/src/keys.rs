@@ -34,13 +34,14 @@ pub(crate) struct LockKeys {
     mode: LockMode,
 }
 
-/// The kinds of key, in their order in [`LockKeys`], with the word that names each.
-const KINDS: [(&str, KeyKind); 5] = [
-    ("lock:", KeyKind::Lock),
-    ("fence:", KeyKind::Fence),
-    ("queue:", KeyKind::Queue),
-    ("waiters:", KeyKind::Waiters),
-    ("holders:", KeyKind::Holders),
+/// The kinds of key, in their order in [`LockKeys`], each with the Redis type distlock keeps
+/// in it.
+const KINDS: [(&str, &str); 5] = [
+    ("lock:", "string"),
+    ("fence:", "string"),
+    ("queue:", "list"),
+    ("waiters:", "hash"),
+    ("holders:", "zset"),
 ];
 
 impl LockKeys {
@@ -116,35 +117,11 @@ impl LockKeys {
     }
 
     /// Which of a lock's keys the Redis key `name` is, by the kind before its braced part
-    /// (a prefix holds no `{`); `None` for a name of no lock.
-    pub(crate) fn kind_of(name: &str) -> Option<KeyKind> {
+    /// (a prefix holds no `{`): the kind's word (`fence:`) and the Redis type distlock keeps
+    /// there (`string`); `None` for a name of no lock.
+    pub(crate) fn kind_of(name: &str) -> Option<(&'static str, &'static str)> {
         let head = &name[..name.find('{')?];
-        KINDS
-            .iter()
-            .find(|(kind, _)| head.ends_with(kind))
-            .map(|&(_, kind)| kind)
-    }
-}
-
-/// One of a lock's five keys (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum KeyKind {
-    Lock,
-    Fence,
-    Queue,
-    Waiters,
-    Holders,
-}
-
-impl KeyKind {
-    /// The Redis type distlock keeps in such a key.
-    pub(crate) fn holds(self) -> &'static str {
-        match self {
-            Self::Lock | Self::Fence => "string",
-            Self::Queue => "list",
-            Self::Waiters => "hash",
-            Self::Holders => "zset",
-        }
+        KINDS.into_iter().find(|(kind, _)| head.ends_with(kind))
     }
 }
 
@@ -160,12 +137,18 @@ mod tests {
         assert_eq!(keys.queue(), "app:queue:{order:42}");
         assert_eq!(keys.waiters(), "app:waiters:{order:42}");
         assert_eq!(keys.holders(), "app:holders:{order:42}");
-        assert_eq!(LockKeys::kind_of(keys.holders()), Some(KeyKind::Holders));
-        assert_eq!(LockKeys::kind_of(keys.queue()), Some(KeyKind::Queue));
-        assert_eq!(LockKeys::kind_of(keys.fence()), Some(KeyKind::Fence));
+        assert_eq!(
+            LockKeys::kind_of(keys.holders()),
+            Some(("holders:", "zset"))
+        );
+        assert_eq!(LockKeys::kind_of(keys.queue()), Some(("queue:", "list")));
+        assert_eq!(LockKeys::kind_of(keys.fence()), Some(("fence:", "string")));
         // The user's key may hold the kinds' words; the prefix decides.
         let tricky = LockKeys::new("app:", "lock:{queue:}");
-        assert_eq!(LockKeys::kind_of(tricky.waiters()), Some(KeyKind::Waiters));
+        assert_eq!(
+            LockKeys::kind_of(tricky.waiters()),
+            Some(("waiters:", "hash"))
+        );
         assert_eq!(LockKeys::kind_of("unrelated"), None);
     }
 }

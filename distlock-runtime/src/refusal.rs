@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 use crate::call::{Confirm, ScriptCall};
 use crate::error::{LockError, Misconfiguration};
 use crate::failed::Failed;
-use crate::keys::{KeyKind, LockKeys};
+use crate::keys::LockKeys;
 use crate::scripts::Lua;
 
 /// Says more about a refusal of `call` than Redis did: which command an ACL user may not run
@@ -225,9 +225,9 @@ where
         .iter()
         .zip(&types)
         .filter(|(key, found)| {
-            *found != "none" && LockKeys::kind_of(key).is_some_and(|kind| kind.holds() != *found)
+            *found != "none" && LockKeys::kind_of(key).is_some_and(|(_, holds)| holds != *found)
         })
-        .min_by_key(|(key, _)| LockKeys::kind_of(key) == Some(KeyKind::Fence))?;
+        .min_by_key(|(key, _)| LockKeys::kind_of(key).is_some_and(|(kind, _)| kind == "fence:"))?;
     let found = match found.as_str() {
         found @ ("string" | "list" | "hash") => format!("a {found}"),
         _ => "a set, sorted set or stream".to_owned(),
