@@ -27,7 +27,7 @@ use std::sync::{Arc, Once, OnceLock, Weak};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::Value;
+use redis::{ConnectionInfo, Value};
 use tokio::sync::watch;
 
 use super::connect::within;
@@ -42,7 +42,7 @@ use crate::tls::Tls;
 /// Finds the primary through the sentinels, and says when it changed.
 struct Resolver {
     master: String,
-    sentinels: Vec<redis::ConnectionInfo>,
+    sentinels: Vec<ConnectionInfo>,
     /// User, password and database for the primary.
     primary: redis::RedisConnectionInfo,
     /// How the primary is reached: over TLS, with the certificates of the first sentinel's
@@ -119,7 +119,7 @@ impl Resolver {
     }
 
     /// The primary's address, from the first sentinel that answers.
-    async fn primary(&self, op: &'static str) -> Result<redis::ConnectionInfo, LockError> {
+    async fn primary(&self, op: &'static str) -> Result<ConnectionInfo, LockError> {
         let count = self.sentinels.len();
         let first = self.next.load(Ordering::Relaxed);
         let mut last_error = None;
@@ -135,23 +135,17 @@ impl Resolver {
         Err(last_error.unwrap_or(LockError::NotConfigured))
     }
 
-    async fn ask(
-        &self,
-        sentinel: usize,
-        op: &'static str,
-    ) -> Result<redis::ConnectionInfo, LockError> {
+    async fn ask(&self, sentinel: usize, op: &'static str) -> Result<ConnectionInfo, LockError> {
         let client = super::client(self.sentinels[sentinel].clone())?;
         let mut conn = super::dial(&client, self.timeouts, op).await?;
+        let master = &self.master;
         let mut cmd = redis::cmd("SENTINEL");
-        cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(&self.master);
+        cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(master);
         let answer = cmd.query_async::<Option<(String, u16)>>(&mut conn);
         let Some((host, port)) = within(op, self.timeouts.response, answer).await? else {
             return Err(LockError::InvalidConfig {
                 what: "sentinel",
-                reason: format!(
-                    "the sentinels do not monitor a primary named {:?}",
-                    self.master
-                ),
+                reason: format!("the sentinels do not monitor a primary named {master:?}"),
             });
         };
         let addr = crate::tls::address_like(&self.transport, host, port);
@@ -173,9 +167,8 @@ impl Resolver {
             return Ok(conn);
         }
         // That sentinel may lag behind the others: ask the next one first next time.
-        let next = self.next.load(Ordering::Relaxed);
-        self.next
-            .store((next + 1) % self.sentinels.len(), Ordering::Relaxed);
+        let next = (self.next.load(Ordering::Relaxed) + 1) % self.sentinels.len();
+        self.next.store(next, Ordering::Relaxed);
         Err(LockError::Redis {
             op,
             source: redis::RedisError::from((
