@@ -181,15 +181,13 @@ fn parse(server: String, value: Value) -> Result<Checked, LockError> {
             op: "ping",
             source: parse.into(),
         })?;
-    let product = if product == "valkey" {
-        ServerProduct::Valkey
-    } else {
-        ServerProduct::Redis
-    };
     Ok(Checked {
         server: ServerInfo {
             address: address(&server),
-            product,
+            product: match product.as_str() {
+                "valkey" => ServerProduct::Valkey,
+                _ => ServerProduct::Redis,
+            },
             version,
             redis_version,
         },
