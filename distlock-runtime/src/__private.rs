@@ -142,16 +142,21 @@ impl IntoManager for LockManager {
     }
 }
 
+impl IntoManager for &LockManager {
+    fn into_manager(self) -> LockManager {
+        self.clone()
+    }
+}
+
 impl IntoManager for std::sync::Arc<LockManager> {
     fn into_manager(self) -> LockManager {
         (*self).clone()
     }
 }
 
-/// A reference to either: the manager, cloned.
-impl<M: IntoManager + Clone> IntoManager for &M {
+impl IntoManager for &std::sync::Arc<LockManager> {
     fn into_manager(self) -> LockManager {
-        self.clone().into_manager()
+        (**self).clone()
     }
 }
 
@@ -224,12 +229,8 @@ pub async fn run<R, F>(
 where
     F: Future<Output = R>,
 {
-    let request = match request(manager, keys, options) {
-        Ok(request) => request,
-        Err(error) => return on_error(error),
-    };
-    match request.run(body).await {
-        Ok(output) => output,
+    match request(manager, keys, options) {
+        Ok(request) => request.run(body).await.unwrap_or_else(on_error),
         Err(error) => on_error(error),
     }
 }
