@@ -163,10 +163,8 @@ async fn check(
             }
         }
     }
-    if checked.len() < needed {
-        if let Some((_, error)) = unanswered.first() {
-            return Err(error.clone());
-        }
+    if let Some((_, error)) = unanswered.first().filter(|_| checked.len() < needed) {
+        return Err(error.clone());
     }
     checked.sort_by(|a, b| a.server.address.cmp(&b.server.address));
     unanswered.sort_by(|a, b| a.0.cmp(&b.0));

@@ -93,10 +93,9 @@ pub struct Owner {
 impl Owner {
     /// The owner of `token` (`<random hex>:<label>`) in `mode`.
     fn of(token: &str, mode: LockMode) -> Self {
-        let (random, label) = match token.split_once(':') {
-            Some((random, label)) => (random, Some(label)),
-            None => (token, None),
-        };
+        let (random, label) = token
+            .split_once(':')
+            .map_or((token, None), |(random, label)| (random, Some(label)));
         Self {
             token_prefix: random.chars().take(8).collect(),
             label: label.map(str::to_owned),
