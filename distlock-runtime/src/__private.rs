@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::error::LockError;
 use crate::manager::LockManager;
+use crate::request::LockRequest;
 
 /// The options written in the attribute; `None` keeps the manager's default.
 #[derive(Debug)]
@@ -91,16 +92,11 @@ macro_rules! permits {
     ($($t:ty),*) => {$(
         impl IntoPermits for $t {
             fn into_permits(self) -> Result<u32, LockError> {
-                match u32::try_from(self) {
-                    Ok(0) | Err(_) => Err(LockError::InvalidConfig {
-                        what: "permits",
-                        reason: format!(
-                            "permits = {self}: a semaphore takes 1 to {} permits",
-                            u32::MAX
-                        ),
-                    }),
-                    Ok(n) => Ok(n),
-                }
+                let n = u32::try_from(self).ok().filter(|&n| n > 0);
+                n.ok_or_else(|| LockError::InvalidConfig {
+                    what: "permits",
+                    reason: format!("permits = {self}: a semaphore takes 1 to {} permits", u32::MAX),
+                })
             }
         }
     )*};
@@ -183,15 +179,6 @@ pub enum KeyPart<'a> {
     Value(&'a dyn Display),
 }
 
-impl fmt::Debug for KeyPart<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Text(text) => f.debug_tuple("Text").field(text).finish(),
-            Self::Value(value) => f.debug_tuple("Value").field(&value.to_string()).finish(),
-        }
-    }
-}
-
 /// Renders a key template: text as written, values percent-encoded for `%`, `:`, `{` and `}`,
 /// so two different values never render the same key and a value cannot pick a Redis Cluster
 /// hash slot (`{...}`).
@@ -242,46 +229,40 @@ pub async fn run<R, F>(
 where
     F: Future<Output = R>,
 {
-    let manager = match manager {
-        Ok(manager) => manager,
-        Err(error) => return on_error(error),
-    };
-    let (ttl, wait, hold_at_least, permits) = match (
-        options.ttl.transpose(),
-        options.wait.transpose(),
-        options.hold_at_least.transpose(),
-        options.permits.transpose(),
-    ) {
-        (Ok(ttl), Ok(wait), Ok(hold), Ok(permits)) => (ttl, wait, hold, permits),
-        (Err(error), _, _, _)
-        | (_, Err(error), _, _)
-        | (_, _, Err(error), _)
-        | (_, _, _, Err(error)) => return on_error(error),
-    };
-    let mut request = manager
+    match request(manager, keys, options) {
+        Ok(request) => request.run(body).await.unwrap_or_else(on_error),
+        Err(error) => on_error(error),
+    }
+}
+
+/// The request of an annotated call: `manager`'s lock on `keys` with the attribute's `options`,
+/// or the first error among the manager and the options converted at the call.
+fn request(
+    manager: Result<LockManager, LockError>,
+    keys: Vec<String>,
+    options: Options,
+) -> Result<LockRequest, LockError> {
+    let mut request = manager?
         .lock_all(keys)
         .read_keys(options.read)
         .renew(options.renew)
         .metrics_label(options.template);
-    if let Some(ttl) = ttl {
+    if let Some(ttl) = options.ttl.transpose()? {
         request = request.ttl(ttl);
     }
-    if let Some(wait) = wait {
+    if let Some(wait) = options.wait.transpose()? {
         request = request.wait(wait);
     }
     if let Some(fair) = options.fair {
         request = request.fair(fair);
     }
-    if let Some(hold) = hold_at_least {
+    if let Some(hold) = options.hold_at_least.transpose()? {
         request = request.hold_at_least(hold);
     }
-    if let Some(permits) = permits {
+    if let Some(permits) = options.permits.transpose()? {
         request = request.permits(permits);
     }
-    match request.run(body).await {
-        Ok(output) => output,
-        Err(error) => on_error(error),
-    }
+    Ok(request)
 }
 
 /// Every Lua script distlock sends, as Redis receives it, by the name of its file in the
@@ -299,14 +280,12 @@ pub fn scripts() -> Vec<(&'static str, &'static str)> {
 /// # Panics
 /// When no script has that name; the message lists the names.
 pub fn script(name: &str) -> &'static str {
-    let scripts = crate::catalog::all();
-    match scripts.iter().find(|(script, _)| *script == name) {
-        Some((_, lua)) => lua.code(),
-        None => {
-            let names: Vec<&str> = scripts.iter().map(|(name, _)| *name).collect();
-            panic!("no script is named `{name}`; the scripts are {names:?}")
-        }
+    let scripts = scripts();
+    if let Some((_, code)) = scripts.iter().find(|(script, _)| *script == name) {
+        return code;
     }
+    let names: Vec<&str> = scripts.iter().map(|(name, _)| *name).collect();
+    panic!("no script is named `{name}`; the scripts are {names:?}")
 }
 
 #[cfg(test)]

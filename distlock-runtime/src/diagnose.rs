@@ -16,6 +16,7 @@ use redis::Value;
 use crate::call::{Confirm, ScriptCall};
 use crate::context::Context;
 use crate::error::{LockError, Misconfiguration};
+use crate::refusal::{grant, instead, not_offered};
 use crate::scripts::Lua;
 
 /// Checks what a manager needs on one server, writing nothing: `scripts/check.lua` (see the
@@ -80,9 +81,8 @@ struct Checked {
     server: ServerInfo,
     /// The checks the user fails (`GET distlock:lock:{ping}`).
     missing: Vec<String>,
-    /// Whether it may publish on, and subscribe to, a lock's channel.
-    publish: bool,
-    subscribe: bool,
+    /// Whether it may subscribe to a lock's channel, but not publish on it.
+    subscribes_only: bool,
     /// The checks of commands the server does not know (renamed away, or disabled).
     unknown: Vec<String>,
 }
@@ -94,16 +94,13 @@ pub(crate) async fn ping(context: &Context) -> Result<(), LockError> {
     let (checked, unanswered) = check(context, Confirm::Shown).await?;
     let notifies = context.redis().subscriber().is_some();
     for checked in &checked {
-        if let Some(error) = refused_rights(context, checked, notifies) {
-            return Err(error);
-        }
+        check_rights(context, checked, notifies)?;
     }
-    let servers = summary(checked.iter().map(|checked| &checked.server));
-    let silent: Vec<&str> = unanswered
-        .iter()
-        .map(|(server, _)| server.as_str())
-        .collect();
-    let seen_now = format!("{servers}; {}", silent.join(", "));
+    let servers: Vec<String> = checked.iter().map(|c| c.server.to_string()).collect();
+    let servers = servers.join(", ");
+    let silent: Vec<&str> = unanswered.iter().map(|u| u.0.as_str()).collect();
+    let silent = silent.join(", ");
+    let seen_now = format!("{servers}; {silent}");
     let mut seen = crate::sync::lock(&context.servers_seen);
     if seen.as_deref() != Some(seen_now.as_str()) {
         match unanswered.first() {
@@ -113,7 +110,7 @@ pub(crate) async fn ping(context: &Context) -> Result<(), LockError> {
             ),
             Some((_, error)) => tracing::info!(
                 %servers,
-                unanswered = %silent.join(", "),
+                unanswered = %silent,
                 %error,
                 "distlock: ping: the servers that answered grant every right a lock needs; \
                  the others did not answer (enough answered to serve)"
@@ -131,20 +128,15 @@ pub(crate) async fn servers(context: &Context) -> Result<Vec<ServerInfo>, LockEr
     Ok(checked.into_iter().map(|checked| checked.server).collect())
 }
 
-/// `servers` in one line: `Redis 8.2.3 at 127.0.0.1:7000, Redis 8.2.3 at 127.0.0.1:7001`.
-fn summary<'a>(servers: impl Iterator<Item = &'a ServerInfo>) -> String {
-    servers
-        .map(ServerInfo::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// Runs the check on every server (see the module docs) as a call that `confirm`s as said (`Confirm::Shown`
 /// goes with a `WAIT` where the manager waits for replicas: see `call.rs`): what each server
 /// that answered is, and lacks, in the order of their addresses, and the servers that did not
 /// answer, with why. Fails on a refusal anywhere (what it refused said exactly, see
 /// `refusal.rs`), and on an outage of more servers than the deployment can do without.
-async fn check(context: &Context, confirm: Confirm) -> Result<Checks, LockError> {
+async fn check(
+    context: &Context,
+    confirm: Confirm,
+) -> Result<(Vec<Checked>, Vec<(String, LockError)>), LockError> {
     let redis = context.redis();
     let probe = context.lock_keys("ping");
     let mut call = ScriptCall::new("ping", &CHECK, confirm, 0);
@@ -153,18 +145,14 @@ async fn check(context: &Context, confirm: Confirm) -> Result<Checks, LockError>
         .arg(probe.queue())
         .arg(probe.waiters())
         .arg(probe.holders());
-    let (publish, subscribe, unsubscribe) = redis.channel_commands();
-    call.arg(publish).arg(subscribe).arg(unsubscribe);
-    for command in redis.commands() {
-        call.arg(command);
-    }
+    // Each command a lock sends, one argument each.
+    call.arg(redis.channel_commands()).arg(redis.commands());
     let (answers, needed) = redis.run_on_every_server(&call).await;
-    let servers = answers.len();
-    let mut checked = Vec::with_capacity(servers);
+    let mut checked = Vec::new();
     let mut unanswered = Vec::new();
     for (server, answer) in answers {
-        let value = match answer {
-            Ok(value) => value,
+        match answer {
+            Ok(value) => checked.push(parse(server, value)?),
             Err(failed) => {
                 let probe = |types: ScriptCall| async move { redis.read(&types).await };
                 let error = crate::refusal::explain(&call, failed, probe).await.error;
@@ -172,23 +160,16 @@ async fn check(context: &Context, confirm: Confirm) -> Result<Checks, LockError>
                     return Err(error);
                 }
                 unanswered.push((server, error));
-                continue;
             }
-        };
-        checked.push(parse(server, value)?);
-    }
-    if checked.len() < needed {
-        if let Some((_, error)) = unanswered.first() {
-            return Err(error.clone());
         }
+    }
+    if let Some((_, error)) = unanswered.first().filter(|_| checked.len() < needed) {
+        return Err(error.clone());
     }
     checked.sort_by(|a, b| a.server.address.cmp(&b.server.address));
     unanswered.sort_by(|a, b| a.0.cmp(&b.0));
     Ok((checked, unanswered))
 }
-
-/// What [`check`] found: the servers that answered, and those that did not, with why.
-type Checks = (Vec<Checked>, Vec<(String, LockError)>);
 
 /// The check's answer `value` on `server` (see `scripts/check.lua`).
 fn parse(server: String, value: Value) -> Result<Checked, LockError> {
@@ -198,29 +179,26 @@ fn parse(server: String, value: Value) -> Result<Checked, LockError> {
             op: "ping",
             source: parse.into(),
         })?;
-    let product = if product == "valkey" {
-        ServerProduct::Valkey
-    } else {
-        ServerProduct::Redis
-    };
     Ok(Checked {
         server: ServerInfo {
             address: address(&server),
-            product,
+            product: match product.as_str() {
+                "valkey" => ServerProduct::Valkey,
+                _ => ServerProduct::Redis,
+            },
             version,
             redis_version,
         },
         missing,
-        publish: publish == 1,
-        subscribe: subscribe == 1,
+        subscribes_only: subscribe == 1 && publish != 1,
         unknown,
     })
 }
 
-/// What the check found `checked` lacks, as the error to report (`notifies`: whether the
-/// manager subscribes to release notifications): a command the server does not offer
+/// Fails with what the check found `checked` lacks (`notifies`: whether the manager subscribes
+/// to release notifications): a command the server does not offer
 /// ([`Misconfiguration::Unsupported`]) first, then the rights the user lacks.
-fn refused_rights(context: &Context, checked: &Checked, notifies: bool) -> Option<LockError> {
+fn check_rights(context: &Context, checked: &Checked, notifies: bool) -> Result<(), LockError> {
     let server = &checked.server;
     let on = format!(
         "on {} ({} {})",
@@ -228,22 +206,19 @@ fn refused_rights(context: &Context, checked: &Checked, notifies: bool) -> Optio
     );
     if !checked.unknown.is_empty() {
         let commands: Vec<String> = checked.unknown.iter().map(|c| shown(c)).collect();
-        let detail = format!("{on} {}", crate::refusal::not_offered(&commands, ""));
-        return Some(refusal(Misconfiguration::Unsupported, detail));
+        let detail = format!("{on} {}", not_offered(&commands, ""));
+        return Err(refusal(Misconfiguration::Unsupported, detail));
     }
     let mut missing: Vec<String> = checked.missing.iter().map(|c| shown(c)).collect();
-    if notifies && checked.subscribe && !checked.publish {
+    if notifies && checked.subscribes_only {
         // Subscribed waiters would sleep through every release until the holder's expiry.
         missing.push("PUBLISH (on the locks' channels)".to_owned());
     }
     if missing.is_empty() {
-        return None;
+        return Ok(());
     }
     let prefix = &context.prefix;
-    let mut grants: Vec<String> = missing
-        .iter()
-        .map(|check| crate::refusal::grant(check))
-        .collect();
+    let mut grants: Vec<String> = missing.iter().map(|c| grant(c)).collect();
     grants.sort();
     grants.dedup();
     let channels = if missing.iter().any(|m| m.starts_with("PUBLISH")) {
@@ -256,11 +231,11 @@ fn refused_rights(context: &Context, checked: &Checked, notifies: bool) -> Optio
         missing.join(", "),
         grants.join(" ")
     );
-    for instead in missing.iter().filter_map(|c| crate::refusal::instead(c)) {
+    for instead in missing.iter().filter_map(|c| instead(c)) {
         detail.push_str("; or, ");
         detail.push_str(instead);
     }
-    Some(refusal(Misconfiguration::Permissions, detail))
+    Err(refusal(Misconfiguration::Permissions, detail))
 }
 
 /// `host:port` of a server as a route names it (`rediss://user:***@host:port/2`, or already

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::call::{Confirm, ScriptCall};
 use crate::error::LockError;
+use crate::keys::LockKeys;
 use crate::manager::LockManager;
 use crate::mode::LockMode;
 use crate::scripts::{lua, lua_spliced};
@@ -92,7 +93,9 @@ pub struct Owner {
 impl Owner {
     /// The owner of `token` (`<random hex>:<label>`) in `mode`.
     fn of(token: &str, mode: LockMode) -> Self {
-        let (random, label) = split_token(token);
+        let (random, label) = token
+            .split_once(':')
+            .map_or((token, None), |(random, label)| (random, Some(label)));
         Self {
             token_prefix: random.chars().take(8).collect(),
             label: label.map(str::to_owned),
@@ -119,27 +122,10 @@ pub(crate) static FORCE_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     ))
 });
 
-/// Splits an owner token into its random part and its holder label.
-pub(crate) fn split_token(token: &str) -> (&str, Option<&str>) {
-    match token.split_once(':') {
-        Some((random, label)) => (random, Some(label)),
-        None => (token, None),
-    }
-}
-
 /// A label made fit for a token: no spaces or control characters (hand-off messages are
 /// space-separated), at most 64 bytes.
 pub(crate) fn clean_label(label: &str) -> String {
-    let mut clean: String = label
-        .chars()
-        .map(|c| {
-            if c.is_whitespace() || c.is_control() {
-                '_'
-            } else {
-                c
-            }
-        })
-        .collect();
+    let mut clean = label.replace(|c: char| c.is_whitespace() || c.is_control(), "_");
     while clean.len() > 64 {
         clean.pop();
     }
@@ -170,8 +156,7 @@ impl LockManager {
     /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked;
     /// [`LockError::InvalidKey`] for an empty key.
     pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
-        check_key(key)?;
-        let keys = self.context().lock_keys(key);
+        let keys = lock_keys(self, key)?;
         let mut call = ScriptCall::new("inspect", &INSPECT, Confirm::No, 5);
         call.key(keys.lock())
             .key(keys.fence())
@@ -205,8 +190,7 @@ impl LockManager {
     /// [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis cannot be asked;
     /// [`LockError::InvalidKey`] for an empty key.
     pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
-        check_key(key)?;
-        let keys = self.context().lock_keys(key);
+        let keys = lock_keys(self, key)?;
         let redis = self.context().redis();
         let mut call = ScriptCall::new("force release", &FORCE_RELEASE, Confirm::No, 5);
         call.key(keys.lock())
@@ -240,23 +224,18 @@ impl LockManager {
         for kind in ["lock:", "holders:"] {
             let prefix = format!("{}{kind}", self.prefix());
             let glob = format!("{}{{{}}}", glob_escape(&prefix), pattern);
-            for name in self.context().redis().scan(&glob).await? {
-                if let Some(key) = name
-                    .strip_prefix(&prefix)
-                    .and_then(|n| n.strip_prefix('{'))
-                    .and_then(|n| n.strip_suffix('}'))
-                {
-                    names.push(key.to_owned());
-                }
-            }
+            let found = self.context().redis().scan(&glob).await?;
+            names.extend(found.iter().filter_map(|name| {
+                let braced = name.strip_prefix(&prefix)?.strip_prefix('{')?;
+                braced.strip_suffix('}').map(str::to_owned)
+            }));
         }
-        let mut keys: Vec<&str> = names.iter().map(String::as_str).collect();
         // By the key, as documented (`order:1` before `order:10`), each once (a quorum's
         // nodes list a key each).
-        keys.sort_unstable();
-        keys.dedup();
-        let mut held = Vec::with_capacity(keys.len());
-        for key in keys {
+        names.sort_unstable();
+        names.dedup();
+        let mut held = Vec::with_capacity(names.len());
+        for key in &names {
             if let Some(info) = self.inspect(key).await? {
                 held.push(info);
             }
@@ -265,14 +244,15 @@ impl LockManager {
     }
 }
 
-fn check_key(key: &str) -> Result<(), LockError> {
+/// The Redis keys of the lock on `key`, an operator's argument: refused when empty.
+fn lock_keys(manager: &LockManager, key: &str) -> Result<LockKeys, LockError> {
     if key.is_empty() {
         return Err(LockError::InvalidKey {
             key: String::new(),
             reason: "the key is empty",
         });
     }
-    Ok(())
+    Ok(manager.context().lock_keys(key))
 }
 
 /// `text` with glob specials escaped, for `SCAN MATCH`.
@@ -306,31 +286,20 @@ fn info(key: &str, answer: Inspected) -> Result<LockInfo, LockError> {
         queued.push(Owner::of(token, mode));
     }
     // A member is a token (shared), or `N token` (one of N permits): see scripts/holders.lua.
-    fn split(member: &str) -> (Option<LockMode>, &str) {
-        match member.split_once(' ') {
-            Some((n, token)) => (LockMode::from_word(n), token),
-            None => (Some(LockMode::Shared), member),
-        }
-    }
     let mut owners = Vec::with_capacity(answer.members.len());
     for member in &answer.members {
-        let (mode, token) = match answer.kind.as_str() {
-            "x" => (Some(LockMode::Exclusive), member.as_str()),
-            "s" => split(member),
+        let (mode, token) = match (answer.kind.as_str(), member.split_once(' ')) {
+            ("x", _) => (Some(LockMode::Exclusive), member.as_str()),
+            ("s", None) => (Some(LockMode::Shared), member.as_str()),
+            ("s", Some((n, token))) => (LockMode::from_word(n), token),
             _ => return Err(bad("an unknown kind of holding")),
         };
-        owners.push(Owner::of(
-            token,
-            mode.ok_or_else(|| bad("a member of unknown mode"))?,
-        ));
+        let mode = mode.ok_or_else(|| bad("a member of unknown mode"))?;
+        owners.push(Owner::of(token, mode));
     }
     let Some(first) = owners.first() else {
         return Err(bad("a holding without holders"));
     };
-    let holder_labels = owners
-        .iter()
-        .filter_map(|owner| owner.label.clone())
-        .collect();
     Ok(LockInfo {
         key: key.to_owned(),
         remaining: u64::try_from(answer.pttl)
@@ -342,7 +311,7 @@ fn info(key: &str, answer: Inspected) -> Result<LockInfo, LockError> {
         holder: first.label.clone(),
         mode: first.mode,
         holders: usize::try_from(answer.holders).unwrap_or(0),
-        holder_labels,
+        holder_labels: owners.iter().filter_map(|o| o.label.clone()).collect(),
         owners,
         queued,
     })
@@ -357,11 +326,10 @@ mod tests {
         assert_eq!(clean_label("web-1 pid 42\n"), "web-1_pid_42_");
         assert_eq!(clean_label(&"x".repeat(100)).len(), 64);
         let token = format!("{}:{}", "0af3".repeat(8), clean_label("host:9"));
-        assert_eq!(
-            split_token(&token),
-            ("0af30af30af30af30af30af30af30af3", Some("host:9"))
-        );
-        assert_eq!(split_token("0af3"), ("0af3", None));
+        let owner = Owner::of(&token, LockMode::Shared);
+        assert_eq!(owner.token_prefix, "0af30af3");
+        assert_eq!(owner.label.as_deref(), Some("host:9"));
+        assert_eq!(Owner::of("0af3", LockMode::Shared).label, None);
         assert_eq!(glob_escape("a*b[c]"), "a\\*b\\[c\\]");
     }
 }

@@ -34,16 +34,23 @@ pub(crate) struct LockKeys {
     mode: LockMode,
 }
 
-/// The kinds of key, in their order in [`LockKeys`].
-const KINDS: [&str; 5] = ["lock:", "fence:", "queue:", "waiters:", "holders:"];
+/// The kinds of key, in their order in [`LockKeys`], each with the Redis type distlock keeps
+/// in it.
+const KINDS: [(&str, &str); 5] = [
+    ("lock:", "string"),
+    ("fence:", "string"),
+    ("queue:", "list"),
+    ("waiters:", "hash"),
+    ("holders:", "zset"),
+];
 
 impl LockKeys {
     /// The keys of the lock on `key` under `prefix`, held exclusively.
     pub(crate) fn new(prefix: &str, key: &str) -> Self {
-        let length: usize = KINDS.iter().map(|kind| kind.len()).sum();
+        let length: usize = KINDS.iter().map(|(kind, _)| kind.len()).sum();
         let mut names = String::with_capacity(5 * (prefix.len() + key.len() + 2) + length);
         let mut ends = [0; 5];
-        for (end, kind) in ends.iter_mut().zip(KINDS) {
+        for (end, (kind, _)) in ends.iter_mut().zip(KINDS) {
             names.push_str(prefix);
             names.push_str(kind);
             names.push('{');
@@ -110,47 +117,11 @@ impl LockKeys {
     }
 
     /// Which of a lock's keys the Redis key `name` is, by the kind before its braced part
-    /// (a prefix holds no `{`); `None` for a name of no lock.
-    pub(crate) fn kind_of(name: &str) -> Option<KeyKind> {
+    /// (a prefix holds no `{`): the kind's word (`fence:`) and the Redis type distlock keeps
+    /// there (`string`); `None` for a name of no lock.
+    pub(crate) fn kind_of(name: &str) -> Option<(&'static str, &'static str)> {
         let head = &name[..name.find('{')?];
-        let kinds = [
-            KeyKind::Lock,
-            KeyKind::Fence,
-            KeyKind::Queue,
-            KeyKind::Waiters,
-            KeyKind::Holders,
-        ];
-        KINDS
-            .iter()
-            .zip(kinds)
-            .find(|(kind, _)| head.ends_with(*kind))
-            .map(|(_, kind)| kind)
-    }
-}
-
-/// One of a lock's five keys (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum KeyKind {
-    Lock,
-    Fence,
-    Queue,
-    Waiters,
-    Holders,
-}
-
-impl KeyKind {
-    /// The Redis type distlock keeps in such a key.
-    pub(crate) fn holds(self) -> &'static str {
-        match self {
-            Self::Lock | Self::Fence => "string",
-            Self::Queue => "list",
-            Self::Waiters => "hash",
-            Self::Holders => "zset",
-        }
-    }
-
-    pub(crate) fn is_fence(self) -> bool {
-        self == Self::Fence
+        KINDS.into_iter().find(|(kind, _)| head.ends_with(kind))
     }
 }
 
@@ -166,12 +137,18 @@ mod tests {
         assert_eq!(keys.queue(), "app:queue:{order:42}");
         assert_eq!(keys.waiters(), "app:waiters:{order:42}");
         assert_eq!(keys.holders(), "app:holders:{order:42}");
-        assert_eq!(LockKeys::kind_of(keys.holders()), Some(KeyKind::Holders));
-        assert_eq!(LockKeys::kind_of(keys.queue()), Some(KeyKind::Queue));
-        assert_eq!(LockKeys::kind_of(keys.fence()), Some(KeyKind::Fence));
+        assert_eq!(
+            LockKeys::kind_of(keys.holders()),
+            Some(("holders:", "zset"))
+        );
+        assert_eq!(LockKeys::kind_of(keys.queue()), Some(("queue:", "list")));
+        assert_eq!(LockKeys::kind_of(keys.fence()), Some(("fence:", "string")));
         // The user's key may hold the kinds' words; the prefix decides.
         let tricky = LockKeys::new("app:", "lock:{queue:}");
-        assert_eq!(LockKeys::kind_of(tricky.waiters()), Some(KeyKind::Waiters));
+        assert_eq!(
+            LockKeys::kind_of(tricky.waiters()),
+            Some(("waiters:", "hash"))
+        );
         assert_eq!(LockKeys::kind_of("unrelated"), None);
     }
 }

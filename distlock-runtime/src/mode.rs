@@ -1,5 +1,6 @@
 //! The modes a lease holds a key in ([`LockMode`]), and how the scripts are told them.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use redis::{RedisWrite, ToRedisArgs};
@@ -56,7 +57,17 @@ impl LockMode {
         }
     }
 
-    /// The mode a script's word names (`x`, `r`, or the digits of `n`), if any.
+    /// The word the scripts read for it: `x` exclusive, `r` shared, the digits of `n` for one
+    /// of `n` permits.
+    pub(crate) fn word(self) -> Cow<'static, str> {
+        match self {
+            Self::Exclusive => Cow::Borrowed("x"),
+            Self::Shared => Cow::Borrowed("r"),
+            Self::Permits(n) => Cow::Owned(n.to_string()),
+        }
+    }
+
+    /// The mode a script's word names (see [`word`](Self::word)), if any.
     pub(crate) fn from_word(word: &str) -> Option<Self> {
         match word {
             "x" => Some(Self::Exclusive),
@@ -69,9 +80,8 @@ impl LockMode {
 impl fmt::Display for LockMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Exclusive => f.write_str("exclusive"),
-            Self::Shared => f.write_str("shared"),
             Self::Permits(n) => write!(f, "{n} permits"),
+            mode => f.write_str(mode.name()),
         }
     }
 }
@@ -87,22 +97,11 @@ impl<I: Iterator<Item = LockMode> + Clone> ToRedisArgs for Words<I> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
         let mut modes = self.0.clone();
         match (modes.next(), modes.next()) {
-            // The common case, without an allocation.
-            (Some(LockMode::Exclusive), None) => out.write_arg(b"x"),
-            (Some(LockMode::Shared), None) => out.write_arg(b"r"),
+            // The common case, without joining.
+            (Some(mode), None) => out.write_arg(mode.word().as_bytes()),
             _ => {
-                let mut words = String::new();
-                for mode in self.0.clone() {
-                    if !words.is_empty() {
-                        words.push(' ');
-                    }
-                    match mode {
-                        LockMode::Exclusive => words.push('x'),
-                        LockMode::Shared => words.push('r'),
-                        LockMode::Permits(n) => words.push_str(&n.to_string()),
-                    }
-                }
-                out.write_arg(words.as_bytes());
+                let words: Vec<_> = self.0.clone().map(LockMode::word).collect();
+                out.write_arg(words.join(" ").as_bytes());
             }
         }
     }

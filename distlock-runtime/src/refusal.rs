@@ -18,41 +18,31 @@ use crate::scripts::Lua;
 ///
 /// `probe` runs a script call on the same servers as `call` and reads its answer (the route's
 /// `invoke`): this module sits below the routes.
-pub(crate) async fn explain<F, Fut>(call: &ScriptCall, failed: Failed, probe: F) -> Failed
+pub(crate) async fn explain<F, Fut>(call: &ScriptCall, mut failed: Failed, probe: F) -> Failed
 where
     F: FnOnce(ScriptCall) -> Fut,
     Fut: Future<Output = Result<Vec<String>, LockError>>,
 {
-    let error = match failed.error {
+    match &mut failed.error {
         LockError::Misconfigured {
-            op,
-            problem: Misconfiguration::Permissions,
+            problem,
             detail,
             source,
-        } if detail.is_empty() => LockError::Misconfigured {
-            op,
-            problem: Misconfiguration::Permissions,
-            detail: refused_command(call.source(), &source.to_string()),
-            source,
-        },
-        LockError::Misconfigured {
-            op,
-            problem: Misconfiguration::Unsupported,
-            detail,
-            source,
-        } if detail.is_empty() => LockError::Misconfigured {
-            op,
-            problem: Misconfiguration::Unsupported,
-            detail: unoffered_command(call.source(), &source.to_string()),
-            source,
-        },
-        LockError::WrongType { op, key, .. } if key.is_empty() => {
-            let (key, found) = wrong_type(call, probe).await.unwrap_or_default();
-            LockError::WrongType { op, key, found }
+            ..
+        } if detail.is_empty() => {
+            let said = source.to_string();
+            *detail = match problem {
+                Misconfiguration::Permissions => refused_command(call.source(), &said),
+                Misconfiguration::Unsupported => unoffered_command(call.source(), &said),
+                _ => String::new(),
+            };
         }
-        error => error,
-    };
-    Failed { error, ..failed }
+        LockError::WrongType { key, found, .. } if key.is_empty() => {
+            (*key, *found) = wrong_type(call, probe).await.unwrap_or_default();
+        }
+        _ => {}
+    }
+    failed
 }
 
 /// What an ACL user may not run, from a refusal's text `error` of a script whose source is
@@ -126,29 +116,22 @@ pub(crate) fn not_offered(commands: &[String], at_line: &str) -> String {
 /// (`... script: <sha>, on @user_script:<line>.`), and ` (line N of distlock's script)` for
 /// messages; nothing for an error raised outside a script.
 fn commands_at(code: &str, error: &str) -> (Vec<String>, String) {
-    let line = error
-        .split("@user_script:")
-        .nth(1)
-        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse::<usize>().ok());
-    let commands = line
-        .and_then(|n| code.lines().nth(n.checked_sub(1)?))
-        .map(commands_on)
-        .unwrap_or_default();
-    let at_line = line
-        .map(|n| format!(" (line {n} of distlock's script)"))
-        .unwrap_or_default();
-    (commands, at_line)
+    let (_, rest) = error.split_once("@user_script:").unwrap_or_default();
+    let digits = rest.split(|c: char| !c.is_ascii_digit()).next();
+    let Some(n) = digits.and_then(|n| n.parse::<usize>().ok()) else {
+        return (Vec::new(), String::new());
+    };
+    let line = n.checked_sub(1).and_then(|i| code.lines().nth(i));
+    let commands = line.map(commands_on).unwrap_or_default();
+    (commands, format!(" (line {n} of distlock's script)"))
 }
 
 /// The first non-empty text between `before` and the next `'` in `error`: the command a
 /// server names (`... run the 'time' command`, `unknown command 'WAIT'`).
 fn quoted<'a>(error: &'a str, before: &str) -> Option<&'a str> {
-    error
-        .split(before)
-        .nth(1)
-        .and_then(|rest| rest.split('\'').next())
-        .filter(|command| !command.is_empty())
+    let (_, rest) = error.split_once(before)?;
+    let command = rest.split('\'').next()?;
+    (!command.is_empty()).then_some(command)
 }
 
 /// The `ACL SETUSER` word that grants a command as the messages show it (`WAIT`,
@@ -168,21 +151,19 @@ pub(crate) fn grant(command: &str) -> String {
 /// deployment offers.
 pub(crate) fn instead(command: &str) -> Option<&'static str> {
     let name = command.split([' ', '|']).next().unwrap_or_default();
-    if name.eq_ignore_ascii_case("WAIT") {
-        Some(
+    match name.to_uppercase().as_str() {
+        "WAIT" => Some(
             "min_replicas needs WAIT (each acquire and extension waits for its replicas with \
              it): where the service refuses WAIT (serverless offerings, some proxies), build \
              the manager without min_replicas",
-        )
-    } else if name.eq_ignore_ascii_case("CLUSTER") {
-        Some(
+        ),
+        "CLUSTER" => Some(
             "a cluster manager needs CLUSTER SLOTS (to find each slot's primary): behind a \
              proxy that offers no CLUSTER command (as some managed services present a \
              cluster), build the manager with LockManagerBuilder::url(the proxy's URL) (the \
              distlock tool: --url), and the proxy routes each key",
-        )
-    } else {
-        None
+        ),
+        _ => None,
     }
 }
 
@@ -192,13 +173,13 @@ pub(crate) fn instead(command: &str) -> Option<&'static str> {
 /// ([`Misconfiguration::Unsupported`]) says so; both say what to configure instead, where
 /// there is something.
 pub(crate) fn refused_own_command(command: &str, problem: Misconfiguration) -> String {
-    if problem != Misconfiguration::Permissions {
-        return not_offered(&[command.to_owned()], "");
-    }
-    let refusal = format!(
-        "it may not run {command}; grant it: ACL SETUSER <user> {}",
-        grant(command)
-    );
+    let refusal = match problem {
+        Misconfiguration::Permissions => format!(
+            "it may not run {command}; grant it: ACL SETUSER <user> {}",
+            grant(command)
+        ),
+        _ => format!("it does not offer {command}"),
+    };
     match instead(command) {
         Some(instead) => format!("{refusal}; {instead}"),
         None => refusal,
@@ -207,22 +188,20 @@ pub(crate) fn refused_own_command(command: &str, problem: Misconfiguration) -> S
 
 /// The Redis commands a line of Lua calls (`redis.call('SET', ...)`, `redis.pcall(publish, ...)`).
 pub(crate) fn commands_on(line: &str) -> Vec<String> {
-    let mut commands = Vec::new();
-    for call in line.split("redis.").skip(1) {
-        let Some(args) = call
-            .strip_prefix("call(")
-            .or_else(|| call.strip_prefix("pcall("))
-        else {
-            continue;
-        };
-        if let Some(quoted) = args.strip_prefix('\'') {
-            if let Some(command) = quoted.split('\'').next() {
-                commands.push(command.to_uppercase());
+    let calls = line.split("redis.").skip(1);
+    let mut commands: Vec<String> = calls
+        .filter_map(|call| {
+            let args = call
+                .strip_prefix("call(")
+                .or_else(|| call.strip_prefix("pcall("))?;
+            match args.strip_prefix('\'') {
+                Some(quoted) => quoted.split('\'').next().map(str::to_uppercase),
+                None => args
+                    .starts_with("publish")
+                    .then(|| "PUBLISH (or SPUBLISH on a cluster)".to_owned()),
             }
-        } else if args.starts_with("publish") {
-            commands.push("PUBLISH (or SPUBLISH on a cluster)".to_owned());
-        }
-    }
+        })
+        .collect();
     commands.dedup();
     commands
 }
@@ -234,10 +213,7 @@ where
     F: FnOnce(ScriptCall) -> Fut,
     Fut: Future<Output = Result<Vec<String>, LockError>>,
 {
-    let keys: Vec<String> = call
-        .keys()
-        .map(|key| String::from_utf8_lossy(key).into_owned())
-        .collect();
+    let keys: Vec<_> = call.keys().map(String::from_utf8_lossy).collect();
     let mut types_of = ScriptCall::new("diagnose", &TYPES, Confirm::No, keys.len());
     for key in &keys {
         types_of.key(key);
@@ -245,21 +221,18 @@ where
     let types = probe(types_of).await.ok()?;
     // A counter of another type is taken over by the scripts (see `scripts/draw.lua`): named
     // last.
-    let mismatched = keys
+    let (key, found) = keys
         .iter()
         .zip(&types)
         .filter(|(key, found)| {
-            *found != "none" && LockKeys::kind_of(key).is_some_and(|kind| kind.holds() != *found)
+            *found != "none" && LockKeys::kind_of(key).is_some_and(|(_, holds)| holds != *found)
         })
-        .min_by_key(|(key, _)| LockKeys::kind_of(key).is_some_and(|kind| kind.is_fence()));
-    let (key, found) = mismatched?;
+        .min_by_key(|(key, _)| LockKeys::kind_of(key).is_some_and(|(kind, _)| kind == "fence:"))?;
     let found = match found.as_str() {
-        "string" => "a string",
-        "list" => "a list",
-        "hash" => "a hash",
-        _ => "a set, sorted set or stream",
+        found @ ("string" | "list" | "hash") => format!("a {found}"),
+        _ => "a set, sorted set or stream".to_owned(),
     };
-    Some((key.clone(), found.to_owned()))
+    Some((key.to_string(), found))
 }
 
 /// Probes the type of each key with the commands distlock has the rights for:

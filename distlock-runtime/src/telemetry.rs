@@ -20,6 +20,9 @@
 //! keys: `exclusive`, `shared`, `permits`, or `mixed` (exclusive and shared keys in one
 //! request). `election` is the election's name (a role, such as `scheduler`: few per fleet).
 
+// Without the feature, nothing is recorded: the arguments and the labels go unused.
+#![cfg_attr(not(feature = "metrics"), allow(unused_variables, dead_code))]
+
 use std::time::Duration;
 
 use crate::error::LockError;
@@ -59,8 +62,6 @@ pub(crate) fn acquisition(tags: Tags, outcome: Result<Duration, &LockError>, wai
     #[cfg(feature = "metrics")]
     metrics::counter!("distlock_acquisitions_total", "template" => tags.template, "mode" => tags.mode, "outcome" => outcome)
         .increment(1);
-    #[cfg(not(feature = "metrics"))]
-    let _ = (tags, outcome);
 }
 
 /// How long an acquire took, for `distlock_wait_seconds`.
@@ -68,8 +69,6 @@ pub(crate) fn waited(tags: Tags, wait: Duration) {
     #[cfg(feature = "metrics")]
     metrics::histogram!("distlock_wait_seconds", "template" => tags.template, "mode" => tags.mode)
         .record(wait.as_secs_f64());
-    #[cfg(not(feature = "metrics"))]
-    let _ = (tags, wait);
 }
 
 /// How long a body held its lease, for `distlock_hold_seconds`.
@@ -77,8 +76,6 @@ pub(crate) fn held(tags: Tags, hold: Duration) {
     #[cfg(feature = "metrics")]
     metrics::histogram!("distlock_hold_seconds", "template" => tags.template, "mode" => tags.mode)
         .record(hold.as_secs_f64());
-    #[cfg(not(feature = "metrics"))]
-    let _ = (tags, hold);
 }
 
 /// A lease lost while its body ran.
@@ -86,8 +83,6 @@ pub(crate) fn lease_lost(tags: Tags) {
     #[cfg(feature = "metrics")]
     metrics::counter!("distlock_leases_lost_total", "template" => tags.template, "mode" => tags.mode)
         .increment(1);
-    #[cfg(not(feature = "metrics"))]
-    let _ = tags;
 }
 
 /// A fair lease handed over by a release.
@@ -95,24 +90,18 @@ pub(crate) fn handed_over(tags: Tags) {
     #[cfg(feature = "metrics")]
     metrics::counter!("distlock_handoffs_total", "template" => tags.template, "mode" => tags.mode)
         .increment(1);
-    #[cfg(not(feature = "metrics"))]
-    let _ = tags;
 }
 
 /// A term of the election `name` began in this process.
 pub(crate) fn term_started(name: &str) {
     #[cfg(feature = "metrics")]
     metrics::counter!("distlock_terms_started_total", "election" => name.to_owned()).increment(1);
-    #[cfg(not(feature = "metrics"))]
-    let _ = name;
 }
 
 /// A term of the election `name` held by this process was lost.
 pub(crate) fn term_lost(name: &str) {
     #[cfg(feature = "metrics")]
     metrics::counter!("distlock_terms_lost_total", "election" => name.to_owned()).increment(1);
-    #[cfg(not(feature = "metrics"))]
-    let _ = name;
 }
 
 /// One renewal round trip, and whether it failed.
@@ -120,8 +109,6 @@ pub(crate) fn renewal(ok: bool) {
     #[cfg(feature = "metrics")]
     metrics::counter!("distlock_renewals_total", "outcome" => if ok { "ok" } else { "failed" })
         .increment(1);
-    #[cfg(not(feature = "metrics"))]
-    let _ = ok;
 }
 
 /// A subscriber connection opened after the manager's first.

@@ -53,8 +53,7 @@ impl Tls {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore::empty();
         if !self.ca_pem.is_empty() {
-            let certs = certificates(&self.ca_pem, "tls_ca_pem")?;
-            for cert in certs {
+            for cert in certificates(&self.ca_pem, "tls_ca_pem")? {
                 roots.add(cert).map_err(|e| {
                     invalid(
                         "tls_ca_pem",
@@ -72,8 +71,7 @@ impl Tls {
             invalid(
                 "tls_client_cert_pem",
                 "the key holds no PEM private key (-----BEGIN PRIVATE KEY-----, \
-                 RSA PRIVATE KEY or EC PRIVATE KEY)"
-                    .to_owned(),
+                 RSA PRIVATE KEY or EC PRIVATE KEY)",
             )
         })?;
         rustls::ClientConfig::builder_with_provider(provider)
@@ -95,15 +93,6 @@ impl Tls {
         Ok(())
     }
 
-    /// The certificates in redis-rs's form; `None` when none were given (the system's roots
-    /// are trusted, and no client certificate is sent).
-    pub(crate) fn certificates(&self) -> Option<TlsCertificates> {
-        self.is_set().then(|| TlsCertificates {
-            client_tls: self.client.clone(),
-            root_cert: (!self.ca_pem.is_empty()).then(|| self.ca_pem.clone()),
-        })
-    }
-
     /// `info` with these certificates when it is a TLS address (`rediss://`); unchanged
     /// otherwise. Installs the crypto provider for a TLS address.
     pub(crate) fn apply(&self, info: ConnectionInfo) -> Result<ConnectionInfo, LockError> {
@@ -120,8 +109,13 @@ impl Tls {
             _ => return Ok(info),
         }
         install_provider();
-        let Some(certificates) = self.certificates() else {
+        // None given: the system's roots are trusted, and no client certificate is sent.
+        if !self.is_set() {
             return Ok(info);
+        }
+        let certificates = TlsCertificates {
+            client_tls: self.client.clone(),
+            root_cert: (!self.ca_pem.is_empty()).then(|| self.ca_pem.clone()),
         };
         redis::Client::build_with_tls(info, certificates)
             .map(|client| client.get_connection_info().clone())
@@ -171,13 +165,13 @@ fn certificates(pem: &[u8], what: &'static str) -> Result<Vec<CertificateDer<'st
     if certs.is_empty() {
         return Err(invalid(
             what,
-            "no certificate found: expected PEM text with -----BEGIN CERTIFICATE----- blocks"
-                .to_owned(),
+            "no certificate found: expected PEM text with -----BEGIN CERTIFICATE----- blocks",
         ));
     }
     Ok(certs)
 }
 
-fn invalid(what: &'static str, reason: String) -> LockError {
+fn invalid(what: &'static str, reason: impl Into<String>) -> LockError {
+    let reason = reason.into();
     LockError::InvalidConfig { what, reason }
 }

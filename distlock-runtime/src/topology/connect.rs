@@ -1,6 +1,7 @@
 //! Reaching one server: its URL parsed without leaking the password, a client, a bounded dial,
 //! the pool the builder creates, and a connection taken out of a pool for good.
 
+use std::future::Future;
 use std::time::Duration;
 
 use deadpool_redis::{Pool, PoolError, Runtime, TimeoutType};
@@ -15,6 +16,16 @@ pub(crate) struct Timeouts {
     pub(crate) connect: Duration,
     pub(crate) response: Duration,
     pub(crate) pool_wait: Duration,
+}
+
+impl Timeouts {
+    /// A connection's settings: opened within the connect timeout, each call bounded by the
+    /// response timeout.
+    fn config(self) -> redis::AsyncConnectionConfig {
+        redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect))
+            .set_response_timeout(Some(self.response))
+    }
 }
 
 /// Takes a connection out of `pool` for good and selects its database: how a standalone link
@@ -33,47 +44,50 @@ pub(crate) async fn take_from_pool(
     op: &'static str,
 ) -> Result<MultiplexedConnection, LockError> {
     let after = timeouts.pool_wait + timeouts.connect;
-    let pooled = match tokio::time::timeout(after, pool.get()).await {
-        Ok(Ok(pooled)) => pooled,
-        Ok(Err(PoolError::Backend(source))) if source.is_timeout() => {
-            return Err(LockError::RedisTimeout {
-                op,
-                after: timeouts.connect,
-            })
-        }
-        Ok(Err(PoolError::Backend(source))) => return Err(LockError::from_redis(op, source)),
+    let pooled = tokio::time::timeout(after, pool.get())
+        .await
+        .map_err(|_| LockError::RedisTimeout { op, after })?;
+    let pooled = pooled.map_err(|error| match error {
+        PoolError::Backend(source) if !source.is_timeout() => LockError::from_redis(op, source),
         // The pool's own create timeout is the connect timeout (see `create_pool`): it and
         // redis-rs's fire together, and either one is a connect that timed out.
-        Ok(Err(PoolError::Timeout(TimeoutType::Create))) => {
-            return Err(LockError::RedisTimeout {
+        PoolError::Backend(_) | PoolError::Timeout(TimeoutType::Create) => {
+            LockError::RedisTimeout {
                 op,
                 after: timeouts.connect,
-            })
+            }
         }
-        Ok(Err(PoolError::Timeout(_))) | Err(_) => {
-            return Err(LockError::RedisTimeout { op, after })
-        }
-        Ok(Err(other)) => {
-            let source = redis::RedisError::from((
+        PoolError::Timeout(_) => LockError::RedisTimeout { op, after },
+        other => LockError::Redis {
+            op,
+            source: redis::RedisError::from((
                 redis::ErrorKind::Client,
                 "connection pool",
                 other.to_string(),
-            ));
-            return Err(LockError::Redis { op, source });
-        }
-    };
+            )),
+        },
+    })?;
     let mut conn = deadpool_redis::Connection::take(pooled);
     // A pooled connection may have been switched to another database by its last user.
     let db = redis::aio::ConnectionLike::get_db(&conn);
     let mut select = redis::cmd("SELECT");
     select.arg(db);
-    match tokio::time::timeout(timeouts.response, select.exec_async(&mut conn)).await {
-        Ok(Ok(())) => Ok(conn),
-        Ok(Err(source)) => Err(LockError::from_redis(op, source)),
-        Err(_) => Err(LockError::RedisTimeout {
-            op,
-            after: timeouts.response,
-        }),
+    within(op, timeouts.response, select.exec_async(&mut conn)).await?;
+    Ok(conn)
+}
+
+/// What `request`, a request of `op`, answers within `after`: a timeout, the client's or this
+/// one's, is a [`LockError::RedisTimeout`]; another error is classified by
+/// [`LockError::from_redis`].
+pub(crate) async fn within<T>(
+    op: &'static str,
+    after: Duration,
+    request: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, LockError> {
+    match tokio::time::timeout(after, request).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(source)) if !source.is_timeout() => Err(LockError::from_redis(op, source)),
+        Ok(Err(_)) | Err(_) => Err(LockError::RedisTimeout { op, after }),
     }
 }
 
@@ -123,22 +137,9 @@ pub(crate) async fn dial(
     timeouts: Timeouts,
     op: &'static str,
 ) -> Result<MultiplexedConnection, LockError> {
-    let config = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(timeouts.connect))
-        .set_response_timeout(Some(timeouts.response));
+    let config = timeouts.config();
     let connect = client.get_multiplexed_async_connection_with_config(&config);
-    match tokio::time::timeout(timeouts.connect, connect).await {
-        Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(source)) if source.is_timeout() => Err(LockError::RedisTimeout {
-            op,
-            after: timeouts.connect,
-        }),
-        Ok(Err(source)) => Err(LockError::from_redis(op, source)),
-        Err(_) => Err(LockError::RedisTimeout {
-            op,
-            after: timeouts.connect,
-        }),
-    }
+    within(op, timeouts.connect, connect).await
 }
 
 /// A client for `info` (for a subscriber connection).
@@ -154,14 +155,12 @@ pub(crate) fn create_pool(
     size: usize,
     timeouts: Timeouts,
 ) -> Result<Pool, LockError> {
-    let config = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(timeouts.connect))
-        .set_response_timeout(Some(timeouts.response));
-    let manager = deadpool_redis::Manager::new_with_config(info, config).map_err(|e| {
-        LockError::InvalidUrl {
-            reason: e.to_string(),
-        }
-    })?;
+    let manager =
+        deadpool_redis::Manager::new_with_config(info, timeouts.config()).map_err(|e| {
+            LockError::InvalidUrl {
+                reason: e.to_string(),
+            }
+        })?;
     Pool::builder(manager)
         .max_size(size)
         .runtime(Runtime::Tokio1)

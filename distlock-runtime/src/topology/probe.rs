@@ -64,10 +64,8 @@ pub(crate) async fn probe(
                 .query_async::<Vec<Value>>(&mut conn)
                 .await
                 .map_err(|source| LockError::from_redis(OP, source))?;
-            let mut primaries: Vec<String> = masters
-                .iter()
-                .filter_map(|master| field(master, "name"))
-                .collect();
+            let mut primaries: Vec<String> =
+                masters.iter().filter_map(|m| field(m, "name")).collect();
             primaries.sort();
             Ok(ServerKind::Sentinel { primaries })
         }
@@ -77,20 +75,15 @@ pub(crate) async fn probe(
 
 /// The text of field `name` of a map reply (a RESP3 map, or RESP2's flat array of pairs).
 fn field(reply: &Value, name: &str) -> Option<String> {
-    let pairs: Vec<(&Value, &Value)> = match reply {
-        Value::Map(pairs) => pairs.iter().map(|(k, v)| (k, v)).collect(),
+    let text = |value: &Value| redis::from_redis_value_ref::<String>(value).ok();
+    let named = |key: &Value, value: &Value| (text(key)? == name).then(|| text(value))?;
+    match reply {
+        Value::Map(pairs) => pairs.iter().find_map(|(key, value)| named(key, value)),
         Value::Array(items) => items
             .chunks_exact(2)
-            .map(|pair| (&pair[0], &pair[1]))
-            .collect(),
-        _ => return None,
-    };
-    pairs.into_iter().find_map(|(key, value)| {
-        let key: String = redis::from_redis_value_ref(key).ok()?;
-        (key == name)
-            .then(|| redis::from_redis_value_ref(value).ok())
-            .flatten()
-    })
+            .find_map(|pair| named(&pair[0], &pair[1])),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

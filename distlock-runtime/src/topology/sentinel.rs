@@ -22,14 +22,15 @@
 //! A read-only check (`LockManager::ping`) can still succeed on a demoted primary that has not
 //! been noticed yet; every write cannot.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Once, OnceLock, Weak};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::Value;
+use redis::{ConnectionInfo, Value};
 use tokio::sync::watch;
 
+use super::connect::within;
 use super::one::open_plain;
 use super::Replicas;
 use super::{Channels, Ended, OnMessage, One, Subscribe};
@@ -41,7 +42,7 @@ use crate::tls::Tls;
 /// Finds the primary through the sentinels, and says when it changed.
 struct Resolver {
     master: String,
-    sentinels: Vec<redis::ConnectionInfo>,
+    sentinels: Vec<ConnectionInfo>,
     /// User, password and database for the primary.
     primary: redis::RedisConnectionInfo,
     /// How the primary is reached: over TLS, with the certificates of the first sentinel's
@@ -55,7 +56,7 @@ struct Resolver {
     /// The link to the primary, whose connection a switch drops.
     link: OnceLock<Weak<Link>>,
     /// The `+switch-master` watcher runs (started at the first dial: it needs a runtime).
-    watching: AtomicBool,
+    watching: Once,
 }
 
 /// A Sentinel-managed primary: `master` as the sentinels at `urls` name it.
@@ -72,13 +73,10 @@ pub(crate) fn primary(
             reason: "give the primary's name and at least one sentinel URL".to_owned(),
         });
     }
-    let mut sentinels = Vec::with_capacity(urls.len());
-    let mut shown = Vec::with_capacity(urls.len());
-    for url in urls {
-        let (info, endpoint) = super::parse_url(url, tls)?;
-        sentinels.push(info);
-        shown.push(endpoint);
-    }
+    let (sentinels, shown): (Vec<_>, Vec<_>) = urls
+        .iter()
+        .map(|url| super::parse_url(url, tls))
+        .collect::<Result<_, _>>()?;
     let primary = sentinels[0].redis_settings().clone();
     let transport = sentinels[0].addr().clone();
     let mut commands = vec!["ROLE".to_owned()];
@@ -97,15 +95,15 @@ pub(crate) fn primary(
         next: AtomicUsize::new(0),
         switched: watch::Sender::new(0),
         link: OnceLock::new(),
-        watching: AtomicBool::new(false),
+        watching: Once::new(),
     });
-    let dial = SentinelDial(Arc::clone(&resolver));
+    let dial = Sentinel(Arc::clone(&resolver));
     let link = Arc::new(Link::new(Box::new(dial), timeouts, true, replicas));
     let _ = resolver.link.set(Arc::downgrade(&link));
     Ok(One::behind_sentinel(
         link,
         format!("sentinel {master} [{}]", shown.join(", ")),
-        Arc::new(SentinelSubscriber(resolver)),
+        Arc::new(Sentinel(resolver)),
         commands,
     ))
 }
@@ -113,19 +111,15 @@ pub(crate) fn primary(
 impl Resolver {
     /// Starts watching for switches of the primary, once (when a runtime runs).
     fn watch(self: &Arc<Self>) {
-        if self.watching.swap(true, Ordering::Relaxed) {
-            return;
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Detached: it ends by itself once the manager is dropped.
+            self.watching
+                .call_once(|| drop(tokio::spawn(watch_switches(Arc::downgrade(self)))));
         }
-        let link = self.link.get().cloned().unwrap_or_default();
-        if tokio::runtime::Handle::try_current().is_err() {
-            self.watching.store(false, Ordering::Relaxed);
-            return;
-        }
-        tokio::spawn(watch_switches(Arc::downgrade(self), link));
     }
 
     /// The primary's address, from the first sentinel that answers.
-    async fn primary(&self, op: &'static str) -> Result<redis::ConnectionInfo, LockError> {
+    async fn primary(&self, op: &'static str) -> Result<ConnectionInfo, LockError> {
         let count = self.sentinels.len();
         let first = self.next.load(Ordering::Relaxed);
         let mut last_error = None;
@@ -141,38 +135,18 @@ impl Resolver {
         Err(last_error.unwrap_or(LockError::NotConfigured))
     }
 
-    async fn ask(
-        &self,
-        sentinel: usize,
-        op: &'static str,
-    ) -> Result<redis::ConnectionInfo, LockError> {
+    async fn ask(&self, sentinel: usize, op: &'static str) -> Result<ConnectionInfo, LockError> {
         let client = super::client(self.sentinels[sentinel].clone())?;
-        let mut conn = self.connect(&client, op).await?;
+        let mut conn = super::dial(&client, self.timeouts, op).await?;
+        let master = &self.master;
         let mut cmd = redis::cmd("SENTINEL");
-        cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(&self.master);
-        let answer = tokio::time::timeout(
-            self.timeouts.response,
-            cmd.query_async::<Option<(String, u16)>>(&mut conn),
-        )
-        .await;
-        let (host, port) = match answer {
-            Ok(Ok(Some(address))) => address,
-            Ok(Ok(None)) => {
-                return Err(LockError::InvalidConfig {
-                    what: "sentinel",
-                    reason: format!(
-                        "the sentinels do not monitor a primary named {:?}",
-                        self.master
-                    ),
-                })
-            }
-            Ok(Err(source)) => return Err(LockError::from_redis(op, source)),
-            Err(_) => {
-                return Err(LockError::RedisTimeout {
-                    op,
-                    after: self.timeouts.response,
-                })
-            }
+        cmd.arg("GET-MASTER-ADDR-BY-NAME").arg(master);
+        let answer = cmd.query_async::<Option<(String, u16)>>(&mut conn);
+        let Some((host, port)) = within(op, self.timeouts.response, answer).await? else {
+            return Err(LockError::InvalidConfig {
+                what: "sentinel",
+                reason: format!("the sentinels do not monitor a primary named {master:?}"),
+            });
         };
         let addr = crate::tls::address_like(&self.transport, host, port);
         Ok(redis::IntoConnectionInfo::into_connection_info(addr)
@@ -182,54 +156,33 @@ impl Resolver {
             .set_redis_settings(self.primary.clone()))
     }
 
-    async fn connect(
-        &self,
-        client: &redis::Client,
-        op: &'static str,
-    ) -> Result<MultiplexedConnection, LockError> {
-        super::dial(client, self.timeouts, op).await
-    }
-
     /// A connection to the primary, checked with `ROLE` to be one.
     async fn dial_primary(&self, op: &'static str) -> Result<MultiplexedConnection, LockError> {
-        let address = self.primary(op).await?;
-        let client = super::client(address)?;
-        let mut conn = self.connect(&client, op).await?;
-        let role = tokio::time::timeout(
-            self.timeouts.response,
-            redis::cmd("ROLE").query_async::<Vec<Value>>(&mut conn),
-        )
-        .await;
-        match role {
-            Ok(Ok(role)) if matches!(role.first(), Some(Value::BulkString(r)) if r == b"master") => {
-                Ok(conn)
-            }
-            Ok(Ok(_)) => {
-                // That sentinel may lag behind the others: ask the next one first next time.
-                let count = self.sentinels.len();
-                let next = self.next.load(Ordering::Relaxed);
-                self.next.store((next + 1) % count, Ordering::Relaxed);
-                Err(LockError::Redis {
-                    op,
-                    source: redis::RedisError::from((
-                        redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
-                        "the server Sentinel named is not a primary (a failover is under way)",
-                    )),
-                })
-            }
-            Ok(Err(source)) => Err(LockError::from_redis(op, source)),
-            Err(_) => Err(LockError::RedisTimeout {
-                op,
-                after: self.timeouts.response,
-            }),
+        let client = super::client(self.primary(op).await?)?;
+        let mut conn = super::dial(&client, self.timeouts, op).await?;
+        let cmd = redis::cmd("ROLE");
+        let role: Vec<Value> =
+            within(op, self.timeouts.response, cmd.query_async(&mut conn)).await?;
+        if matches!(role.first(), Some(Value::BulkString(r)) if r == b"master") {
+            return Ok(conn);
         }
+        // That sentinel may lag behind the others: ask the next one first next time.
+        let next = (self.next.load(Ordering::Relaxed) + 1) % self.sentinels.len();
+        self.next.store(next, Ordering::Relaxed);
+        Err(LockError::Redis {
+            op,
+            source: redis::RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+                "the server Sentinel named is not a primary (a failover is under way)",
+            )),
+        })
     }
 }
 
-/// Dials the primary Sentinel names.
-struct SentinelDial(Arc<Resolver>);
+/// The primary Sentinel names, as its link dials it and its subscribers connect to it.
+struct Sentinel(Arc<Resolver>);
 
-impl Dial for SentinelDial {
+impl Dial for Sentinel {
     fn dial(&self, op: &'static str) -> BoxFuture<'_, Result<MultiplexedConnection, LockError>> {
         self.0.watch();
         Box::pin(self.0.dial_primary(op))
@@ -246,7 +199,7 @@ impl Dial for SentinelDial {
 
 /// Listens for `+switch-master` on one sentinel after another until the manager is dropped;
 /// on a switch of this primary, drops the command connection and ends subscriber connections.
-async fn watch_switches(resolver: Weak<Resolver>, link: Weak<Link>) {
+async fn watch_switches(resolver: Weak<Resolver>) {
     let mut next = 0usize;
     loop {
         let Some(current) = resolver.upgrade() else {
@@ -293,7 +246,7 @@ async fn watch_switches(resolver: Weak<Resolver>, link: Weak<Link>) {
                     // "<name> <old-ip> <old-port> <new-ip> <new-port>"
                     if payload.split(' ').next() == Some(master.as_str()) {
                         tracing::info!(primary = %master, switch = %payload, "distlock: Sentinel switched the primary; reconnecting");
-                        if let Some(link) = link.upgrade() {
+                        if let Some(link) = resolver.link.get().and_then(Weak::upgrade) {
                             link.forget_current();
                         }
                         resolver.switched.send_modify(|n| *n += 1);
@@ -305,9 +258,7 @@ async fn watch_switches(resolver: Weak<Resolver>, link: Weak<Link>) {
 }
 
 /// Subscribes on the current primary, until Sentinel switches it.
-struct SentinelSubscriber(Arc<Resolver>);
-
-impl Subscribe for SentinelSubscriber {
+impl Subscribe for Sentinel {
     fn open(
         &self,
         on_message: OnMessage,
