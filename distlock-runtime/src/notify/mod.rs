@@ -260,15 +260,10 @@ impl Notifications {
         secret: Option<Arc<str>>,
         deadline: Instant,
     ) -> Ticket {
-        self.join(
-            channel,
-            match fair {
-                Some((token, presence)) => {
-                    Role::Fair(Box::new(FairWaiter::new(token, secret, deadline, presence)))
-                }
-                None => Role::Waiter,
-            },
-        )
+        let role = fair.map_or(Role::Waiter, |(token, presence)| {
+            Role::Fair(Box::new(FairWaiter::new(token, secret, deadline, presence)))
+        });
+        self.join(channel, role)
     }
 
     /// Starts observing the lock key `channel`: the ticket keeps the key subscribed, and is
@@ -397,20 +392,13 @@ impl Ticket {
     }
 }
 
+/// The waiter leaves the waiters of its key: a notification it did not use (or one it owed the
+/// waiters behind it) goes to the next, a fair waiter's duties to the other fair waiters (see
+/// `fair/`), and the last waiter to leave a subscribed key unsubscribes it.
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.hub
-            .leave(&self.channel, &self.slot, self.owed.load(Ordering::SeqCst));
-    }
-}
-
-impl Hub {
-    /// `slot` leaves the waiters of `channel`: a notification it did not use (or one it `owed`
-    /// the waiters behind it, see [`Ticket`]) goes to the next, a fair waiter's duties to the
-    /// other fair waiters (see `fair/`), and the last waiter to leave a subscribed key
-    /// unsubscribes it.
-    fn leave(self: &Arc<Self>, channel: &str, slot: &Arc<Slot>, owed: bool) {
-        self.update(channel, |waiters, at| {
+        let (slot, owed) = (&self.slot, self.owed.load(Ordering::SeqCst));
+        self.hub.update(&self.channel, |waiters, at| {
             if let Some(fair) = slot.fair() {
                 fair::leaving(fair, FairWaiters(waiters.waiters()));
             }
@@ -421,7 +409,9 @@ impl Hub {
             action
         });
     }
+}
 
+impl Hub {
     fn subscribed_since(&self, channel: &str) -> Option<tokio::time::Instant> {
         let state = lock(&self.state);
         let up = state.conditions(Instant::now()).connection;
@@ -513,13 +503,6 @@ impl Hub {
         }
     }
 
-    /// The command out for `channel` ended with `outcome`: tells the channel, and does what it
-    /// decides next.
-    fn answered(self: &Arc<Self>, channel: &str, outcome: Outcome) {
-        self.update(channel, |entry, at| entry.answered(outcome, at));
-        self.changed.notify_waiters();
-    }
-
     /// Redis refused a `SUBSCRIBE` for want of rights: waiters poll for a while.
     fn refused(&self, error: &redis::RedisError) {
         let mut state = lock(&self.state);
@@ -574,14 +557,12 @@ impl Drop for Connecting {
 /// and starts the task that notices its end.
 async fn connect(mut connecting: Connecting) {
     let hub = Arc::clone(&connecting.hub);
-    let on_message: OnMessage = {
-        let hub = Arc::downgrade(&hub);
-        Arc::new(move |message| {
-            if let Some(hub) = hub.upgrade() {
-                receive(&hub, message);
-            }
-        })
-    };
+    let weak = Arc::downgrade(&hub);
+    let on_message: OnMessage = Arc::new(move |message| {
+        if let Some(hub) = weak.upgrade() {
+            receive(&hub, message);
+        }
+    });
     let opened = tokio::time::timeout(hub.timeouts.connect, hub.subscriber.open(on_message))
         .await
         .map_err(|_| format!("no answer within {:?}", hub.timeouts.connect))
@@ -635,12 +616,9 @@ impl InFlight {
     /// Sends `command` and reports how it ended.
     async fn send(mut self, command: Command<Arc<Link>>) {
         let channel = self.channel.as_str();
-        let sink = &command.on.sink;
-        let request = async {
-            match command.kind {
-                Kind::Subscribe => sink.subscribe(channel).await,
-                Kind::Unsubscribe => sink.unsubscribe(channel).await,
-            }
+        let request = match command.kind {
+            Kind::Subscribe => command.on.sink.subscribe(channel),
+            Kind::Unsubscribe => command.on.sink.unsubscribe(channel),
         };
         // On a cluster, a subscription may open its node's connection first.
         let timeouts = &self.hub.timeouts;
@@ -668,9 +646,13 @@ impl InFlight {
     }
 }
 
+/// The command ended: the channel hears how, and does what it decides next.
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.hub.answered(&self.channel, self.outcome);
+        let outcome = self.outcome;
+        self.hub
+            .update(&self.channel, |entry, at| entry.answered(outcome, at));
+        self.hub.changed.notify_waiters();
     }
 }
 
