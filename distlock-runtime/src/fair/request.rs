@@ -96,15 +96,14 @@ impl FairAttempts {
         {
             return Vec::new();
         }
-        let keep: Vec<(Arc<str>, Duration)> = siblings
+        let keep = siblings
             .iter()
             .map(|s| {
                 let left = s.deadline.saturating_duration_since(now).min(s.presence);
-                (Arc::clone(&s.token), left)
+                (&*s.token, left)
             })
-            .filter(|(_, left)| !left.is_zero())
-            .collect();
-        match self.call.refresh(redis, &keep).await {
+            .filter(|(_, left)| !left.is_zero());
+        match self.call.refresh(redis, keep).await {
             Ok(gone) => {
                 self.refreshed = Some(now);
                 gone
