@@ -25,19 +25,15 @@ impl Handoff {
     pub(crate) fn parse(message: &[u8]) -> Option<Self> {
         let text = std::str::from_utf8(message).ok()?.strip_prefix("h ")?;
         let (signed, mac) = text.rsplit_once(' ')?;
-        let mut fields = signed.split(' ');
-        let token = fields.next()?.to_owned();
-        let fencing_token = fields.next()?.parse().ok()?;
-        let server_ms = fields.next()?.parse().ok()?;
-        let claim = Duration::from_millis(fields.next()?.parse().ok()?);
-        if fields.next().is_some() {
+        let [token, fencing_token, server_ms, claim] = signed.split(' ').collect::<Vec<_>>()[..]
+        else {
             return None;
-        }
+        };
         Some(Self {
-            token,
-            fencing_token,
-            server_ms,
-            claim,
+            token: token.to_owned(),
+            fencing_token: fencing_token.parse().ok()?,
+            server_ms: server_ms.parse().ok()?,
+            claim: Duration::from_millis(claim.parse().ok()?),
             signed: signed.to_owned(),
             mac: mac.to_owned(),
         })
