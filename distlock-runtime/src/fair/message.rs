@@ -39,9 +39,9 @@ impl Handoff {
         })
     }
 
-    /// Whether `secret` signed this message.
-    pub(super) fn signed_with(&self, secret: &str) -> bool {
-        !secret.is_empty() && mac(secret, &self.signed) == self.mac
+    /// Whether `secret` (if there is one) signed this message.
+    pub(super) fn signed_with(&self, secret: Option<&str>) -> bool {
+        secret.is_some_and(|secret| !secret.is_empty() && mac(secret, &self.signed) == self.mac)
     }
 }
 

@@ -87,14 +87,9 @@ impl FairWaiter {
 
     fn check(&self, handoff: &Handoff) -> Shown {
         let secrets = lock(&self.secrets);
-        let signed = |secret: &Option<Arc<str>>| {
-            secret
-                .as_deref()
-                .is_some_and(|secret| handoff.signed_with(secret))
-        };
-        if signed(&secrets.latest) {
+        if handoff.signed_with(secrets.latest.as_deref()) {
             Shown::Latest
-        } else if signed(&secrets.earlier) {
+        } else if handoff.signed_with(secrets.earlier.as_deref()) {
             Shown::Earlier
         } else {
             Shown::Unknown
