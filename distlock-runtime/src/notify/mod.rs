@@ -503,15 +503,6 @@ impl Hub {
         }
     }
 
-    /// Redis refused a `SUBSCRIBE` for want of rights: waiters poll for a while.
-    fn refused(&self, error: &redis::RedisError) {
-        let mut state = lock(&self.state);
-        if state.refused_until.is_none() {
-            tracing::warn!(%error, "distlock may not subscribe to release notifications (the ACL user has no channel rights); waiters poll instead");
-        }
-        state.refused_until = Some(Instant::now() + REFUSED_FOR);
-    }
-
     /// Closes the subscriber connection `id` (if it is still the current one): every
     /// subscription it held ends with it on the server. Wakes every waiter to try again.
     fn close(&self, state: &mut State, id: u64, next: Connection) {
@@ -626,7 +617,12 @@ impl InFlight {
         let outcome = match answer {
             Ok(Ok(())) => Outcome::Done,
             Ok(Err(error)) if error.code() == Some("NOPERM") => {
-                self.hub.refused(&error);
+                // Refused for want of rights: waiters poll for a while.
+                let mut state = lock(&self.hub.state);
+                if state.refused_until.is_none() {
+                    tracing::warn!(%error, "distlock may not subscribe to release notifications (the ACL user has no channel rights); waiters poll instead");
+                }
+                state.refused_until = Some(Instant::now() + REFUSED_FOR);
                 Outcome::Refused
             }
             Ok(Err(error)) if !crate::failed::is_connection_failure(&error) => {
