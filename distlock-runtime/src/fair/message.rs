@@ -25,27 +25,23 @@ impl Handoff {
     pub(crate) fn parse(message: &[u8]) -> Option<Self> {
         let text = std::str::from_utf8(message).ok()?.strip_prefix("h ")?;
         let (signed, mac) = text.rsplit_once(' ')?;
-        let mut fields = signed.split(' ');
-        let token = fields.next()?.to_owned();
-        let fencing_token = fields.next()?.parse().ok()?;
-        let server_ms = fields.next()?.parse().ok()?;
-        let claim = Duration::from_millis(fields.next()?.parse().ok()?);
-        if fields.next().is_some() {
+        let [token, fencing_token, server_ms, claim] = signed.split(' ').collect::<Vec<_>>()[..]
+        else {
             return None;
-        }
+        };
         Some(Self {
-            token,
-            fencing_token,
-            server_ms,
-            claim,
+            token: token.to_owned(),
+            fencing_token: fencing_token.parse().ok()?,
+            server_ms: server_ms.parse().ok()?,
+            claim: Duration::from_millis(claim.parse().ok()?),
             signed: signed.to_owned(),
             mac: mac.to_owned(),
         })
     }
 
-    /// Whether `secret` signed this message.
-    pub(super) fn signed_with(&self, secret: &str) -> bool {
-        !secret.is_empty() && mac(secret, &self.signed) == self.mac
+    /// Whether `secret` (if there is one) signed this message.
+    pub(super) fn signed_with(&self, secret: Option<&str>) -> bool {
+        secret.is_some_and(|secret| !secret.is_empty() && mac(secret, &self.signed) == self.mac)
     }
 }
 

@@ -1,13 +1,13 @@
 //! The fair acquire's script call, built once per request, and its answer.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use super::HANDOFF_CLAIM;
 use crate::call::{Confirm, ScriptCall};
 use crate::failed::Failed;
 use crate::keys::LockKeys;
-use crate::mode::{LockMode, Words};
+use crate::mode::Words;
 use crate::scripts::{lua, lua_spliced, read_taking, Answered, Lua, Waiting};
 use crate::time::millis;
 use crate::topology::Serial;
@@ -28,13 +28,11 @@ pub(crate) static ACQUIRE_FAIR: LazyLock<Lua> = LazyLock::new(|| {
 pub(crate) static REFRESH_FAIR: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(lua!("#!lua"; "fair/entry.lua", "fair/refresh.lua")));
 
-/// A fair request's queueing script call, built once per acquire: the keys and fixed arguments;
-/// the token, the wait left and the attempt's secret are added per attempt.
+/// A fair request's queueing script call: its keys (and mode) and ttl; the token, the wait
+/// left and the attempt's secret are added per attempt.
 pub(crate) struct FairRequest {
-    keys: [String; 5],
-    ttl_ms: u64,
-    claim_ms: u64,
-    mode: LockMode,
+    keys: LockKeys,
+    ttl: Duration,
 }
 
 /// What one fair attempt found, with Redis's clock (ms) when the script ran.
@@ -52,16 +50,8 @@ pub(crate) enum FairAnswer {
 impl FairRequest {
     pub(crate) fn new(keys: &LockKeys, ttl: Duration) -> Self {
         Self {
-            keys: [
-                keys.lock().to_owned(),
-                keys.queue().to_owned(),
-                keys.waiters().to_owned(),
-                keys.fence().to_owned(),
-                keys.holders().to_owned(),
-            ],
-            ttl_ms: millis(ttl),
-            claim_ms: millis(ttl.min(HANDOFF_CLAIM)),
-            mode: keys.mode(),
+            keys: keys.clone(),
+            ttl,
         }
     }
 
@@ -75,10 +65,10 @@ impl FairRequest {
         wait_left: Duration,
         waiting: Waiting,
     ) -> Result<FairAnswer, Failed> {
-        let mut invocation =
-            ScriptCall::new("acquire", &ACQUIRE_FAIR, Confirm::Write, self.keys.len());
-        for key in &self.keys {
-            invocation.key(key.as_str());
+        let k = &self.keys;
+        let mut invocation = ScriptCall::new("acquire", &ACQUIRE_FAIR, Confirm::Write, 5);
+        for key in [k.lock(), k.queue(), k.waiters(), k.fence(), k.holders()] {
+            invocation.key(key);
         }
         // At most a century: the script does arithmetic on it in Lua numbers.
         let wait_ms = u64::try_from(wait_left.as_millis())
@@ -86,31 +76,29 @@ impl FairRequest {
             .min(100 * 365 * 86_400_000);
         invocation
             .arg(token)
-            .arg(self.ttl_ms)
-            .arg(self.claim_ms)
+            .arg(millis(self.ttl))
+            .arg(millis(self.ttl.min(HANDOFF_CLAIM)))
             .arg(wait_ms)
             .arg(secret)
             .arg(redis.publish_command())
             .arg(waiting)
-            .arg(Words(std::iter::once(self.mode)));
+            .arg(Words(std::iter::once(k.mode())));
         redis.call(&invocation).await
     }
-}
 
-impl FairRequest {
     /// Keeps `waiters` (each an owner token and how long its entry is to last from now) in the
     /// queue; the tokens of those no longer in it.
     pub(crate) async fn refresh(
         &self,
         redis: &Serial,
-        waiters: &[(Arc<str>, Duration)],
+        waiters: impl Iterator<Item = (&str, Duration)>,
     ) -> Result<Vec<String>, Failed> {
         let mut call = ScriptCall::new("refresh", &REFRESH_FAIR, Confirm::Write, 2);
-        call.key(&self.keys[1])
-            .key(&self.keys[2])
-            .arg(self.claim_ms);
+        call.key(self.keys.queue())
+            .key(self.keys.waiters())
+            .arg(millis(self.ttl.min(HANDOFF_CLAIM)));
         for (token, keep) in waiters {
-            call.arg(&**token).arg(millis(*keep));
+            call.arg(token).arg(millis(keep));
         }
         redis.call(&call).await
     }
@@ -122,18 +110,13 @@ impl redis::FromRedisValue for FairAnswer {
             Answered::Token(fencing_token) => return Ok(Self::Acquired { fencing_token }),
             Answered::Fields(fields) => fields,
         };
-        let server_ms = |now: i64| {
-            u64::try_from(now).map_err(|_| redis::ParsingError::from("negative server time"))
+        let [0, pttl, now] = fields[..] else {
+            return Err("unexpected fair acquire script reply".into());
         };
-        match fields.as_slice() {
-            [0, pttl, now] => Ok(Self::Queued {
-                remaining: u64::try_from(*pttl).ok().map(Duration::from_millis),
-                server_ms: server_ms(*now)?,
-            }),
-            _ => Err(redis::ParsingError::from(
-                "unexpected fair acquire script reply",
-            )),
-        }
+        Ok(Self::Queued {
+            remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+            server_ms: u64::try_from(now).map_err(|_| "negative server time")?,
+        })
     }
 }
 

@@ -69,8 +69,13 @@ impl FairAttempts {
     /// Whether keeping the others queued may be due at `now`: not while a quarter of the least
     /// presence has not passed since it last was (a cheap look before they are gathered).
     pub(crate) fn may_keep_queued(&self, now: Instant) -> bool {
+        self.since_refreshed(now) >= PRESENCE_FLOOR / 4
+    }
+
+    /// How long before `now` this waiter last kept the others queued (for ever if never).
+    fn since_refreshed(&self, now: Instant) -> Duration {
         self.refreshed
-            .is_none_or(|at| now.saturating_duration_since(at) >= PRESENCE_FLOOR / 4)
+            .map_or(Duration::MAX, |at| now.saturating_duration_since(at))
     }
 
     /// Keeps `siblings` (the other fair waiters of the key in this process) queued, when a
@@ -89,22 +94,17 @@ impl FairAttempts {
             .iter()
             .map(|s| s.presence)
             .fold(self.presence, Duration::min);
-        if siblings.is_empty()
-            || self
-                .refreshed
-                .is_some_and(|at| now.saturating_duration_since(at) < least / 4)
-        {
+        if siblings.is_empty() || self.since_refreshed(now) < least / 4 {
             return Vec::new();
         }
-        let keep: Vec<(Arc<str>, Duration)> = siblings
+        let keep = siblings
             .iter()
             .map(|s| {
                 let left = s.deadline.saturating_duration_since(now).min(s.presence);
-                (Arc::clone(&s.token), left)
+                (&*s.token, left)
             })
-            .filter(|(_, left)| !left.is_zero())
-            .collect();
-        match self.call.refresh(redis, &keep).await {
+            .filter(|(_, left)| !left.is_zero());
+        match self.call.refresh(redis, keep).await {
             Ok(gone) => {
                 self.refreshed = Some(now);
                 gone

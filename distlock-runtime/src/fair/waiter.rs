@@ -13,11 +13,9 @@ use crate::sync::lock;
 /// What a local fair waiter keeps for the subscriber to find: its token (hand-offs name it),
 /// its attempts' secrets (a real hand-off shows one) and the news hand-offs brought it.
 pub(crate) struct FairWaiter {
-    token: Arc<str>,
-    /// When its wait ends: its queue entry is never kept past it.
-    deadline: Instant,
-    /// How long its queue entry lasts once kept (see `request.rs`, [`presence`](super::presence)).
-    presence: Duration,
+    /// Its token, when its wait ends (its queue entry is never kept past it) and how long its
+    /// entry lasts once kept (see `request.rs`, [`presence`](super::presence)).
+    entry: Sibling,
     secrets: Mutex<Secrets>,
     news: Mutex<News>,
 }
@@ -65,29 +63,17 @@ impl FairWaiter {
         presence: Duration,
     ) -> Self {
         Self {
-            token,
-            deadline,
-            presence,
+            entry: Sibling {
+                token,
+                deadline,
+                presence,
+            },
             secrets: Mutex::new(Secrets {
                 latest: secret,
                 earlier: None,
             }),
             news: Mutex::new(News::default()),
         }
-    }
-
-    /// What the first fair waiter of its process needs to keep it queued.
-    pub(crate) fn sibling(&self) -> Sibling {
-        Sibling {
-            token: Arc::clone(&self.token),
-            deadline: self.deadline,
-            presence: self.presence,
-        }
-    }
-
-    /// Whether its owner token is one of `tokens`.
-    pub(crate) fn is_one_of(&self, tokens: &[String]) -> bool {
-        tokens.iter().any(|t| **t == *self.token)
     }
 
     /// From now on, a hand-off must be signed with `secret` (a new attempt stored it); one
@@ -101,14 +87,9 @@ impl FairWaiter {
 
     fn check(&self, handoff: &Handoff) -> Shown {
         let secrets = lock(&self.secrets);
-        let signed = |secret: &Option<Arc<str>>| {
-            secret
-                .as_deref()
-                .is_some_and(|secret| handoff.signed_with(secret))
-        };
-        if signed(&secrets.latest) {
+        if handoff.signed_with(secrets.latest.as_deref()) {
             Shown::Latest
-        } else if signed(&secrets.earlier) {
+        } else if handoff.signed_with(secrets.earlier.as_deref()) {
             Shown::Earlier
         } else {
             Shown::Unknown
@@ -157,7 +138,7 @@ pub(crate) fn deliver<'a, L: Local<'a>>(
 ) {
     let mut recipient = waiters
         .clone()
-        .find(|w| *w.waiter().token == *handoff.token);
+        .find(|w| *w.waiter().entry.token == *handoff.token);
     if let Some(local) = recipient {
         match local.waiter().check(&handoff) {
             Shown::Latest => {}
@@ -175,8 +156,7 @@ pub(crate) fn deliver<'a, L: Local<'a>>(
     // Some slack past the claim: the recipient's extension may be on its way.
     let claim = handoff.claim.min(HANDOFF_CLAIM);
     let until = Instant::now() + claim + claim / 4;
-    let oldest = waiters.find(|w| *w.waiter().token != *handoff.token);
-    if let Some(watcher) = oldest {
+    if let Some(watcher) = waiters.find(|w| *w.waiter().entry.token != *handoff.token) {
         // A watcher already sleeping until an earlier watch finds this one when it wakes; only
         // one without a watch needs waking to take it into account.
         if watcher.waiter().start_watch(until) {
@@ -213,31 +193,21 @@ fn is<'a>(local: impl Local<'a>, me: &FairWaiter) -> bool {
     std::ptr::eq(local.waiter(), me)
 }
 
-/// The shortest presence among `waiters` (`but` aside).
-fn least_presence<'a, L: Local<'a>>(
-    waiters: impl Iterator<Item = L>,
-    but: Option<&FairWaiter>,
-) -> Option<Duration> {
-    waiters
-        .filter(|&w| but.is_none_or(|but| !is(w, but)))
-        .map(|w| w.waiter().presence)
-        .min()
-}
-
 /// `newcomer` joined `waiters`: the first keeps it queued, and looks again at when it must next
 /// do so if its entry lasts less than any it keeps.
 pub(crate) fn joined<'a, L: Local<'a>>(
     newcomer: &FairWaiter,
-    mut waiters: impl Iterator<Item = L> + Clone,
+    waiters: impl Iterator<Item = L> + Clone,
 ) {
-    let least = least_presence(waiters.clone(), Some(newcomer));
-    match waiters.next() {
-        Some(first)
-            if !is(first, newcomer) && newcomer.presence < least.unwrap_or(Duration::MAX) =>
-        {
-            first.nudge();
-        }
-        _ => {}
+    let Some(first) = waiters.clone().next() else {
+        return;
+    };
+    let presence = newcomer.entry.presence;
+    let shortest = waiters
+        .filter(|&w| !is(w, newcomer))
+        .all(|w| presence < w.waiter().entry.presence);
+    if !is(first, newcomer) && shortest {
+        first.nudge();
     }
 }
 
@@ -247,7 +217,7 @@ pub(crate) fn watching<'a, L: Local<'a>>(
     me: &FairWaiter,
     mut waiters: impl Iterator<Item = L> + Clone,
 ) -> HolderWatch {
-    let keep_within = least_presence(waiters.clone(), None);
+    let keep_within = waiters.clone().map(|w| w.waiter().entry.presence).min();
     match waiters.next() {
         Some(first) if !is(first, me) => HolderWatch::Behind,
         _ => HolderWatch::Holder { keep_within },
@@ -263,13 +233,13 @@ pub(crate) fn siblings<'a, L: Local<'a>>(
     if !waiters.next().is_some_and(|first| is(first, me)) {
         return Vec::new();
     }
-    waiters.map(|w| w.waiter().sibling()).collect()
+    waiters.map(|w| w.waiter().entry.clone()).collect()
 }
 
 /// Wakes those of `waiters` whose owner tokens are `tokens` to try again (they are no longer
 /// queued).
 pub(crate) fn wake<'a, L: Local<'a>>(tokens: &[String], waiters: impl Iterator<Item = L>) {
-    for waiter in waiters.filter(|w| w.waiter().is_one_of(tokens)) {
+    for waiter in waiters.filter(|w| tokens.iter().any(|t| **t == *w.waiter().entry.token)) {
         waiter.notify();
     }
 }
@@ -277,17 +247,10 @@ pub(crate) fn wake<'a, L: Local<'a>>(tokens: &[String], waiters: impl Iterator<I
 /// `me` leaves `waiters` (still among them): the next watches the holder (and keeps the others
 /// queued) if `me` was the first, and inherits the claim `me` watched, if not yet over, so that
 /// it does not go unwatched.
-pub(crate) fn leaving<'a, L: Local<'a>>(me: &FairWaiter, mut waiters: impl Iterator<Item = L>) {
-    let Some(first) = waiters.next() else {
-        return;
-    };
-    let was_first = is(first, me);
-    let next = if was_first {
-        waiters.next()
-    } else {
-        Some(first)
-    };
-    let Some(next) = next else {
+pub(crate) fn leaving<'a, L: Local<'a>>(me: &FairWaiter, waiters: impl Iterator<Item = L>) {
+    let mut waiters = waiters.peekable();
+    let was_first = waiters.peek().is_some_and(|&first| is(first, me));
+    let Some(next) = waiters.find(|&w| !is(w, me)) else {
         return;
     };
     if was_first {

@@ -177,7 +177,7 @@ impl<W, C: Clone + PartialEq> Channel<W, C> {
     /// Whether a message came at or after `sent` but before `joined`.
     pub(super) fn message_since(&self, sent: Instant, joined: Instant) -> bool {
         self.last_message
-            .is_some_and(|at| at >= sent && at < joined)
+            .is_some_and(|at| (sent..joined).contains(&at))
     }
 
     /// A message came on the channel at `at`.
@@ -304,12 +304,8 @@ impl<W, C: Clone + PartialEq> Channel<W, C> {
     /// With nothing in flight: the command that makes the subscription match whether it is
     /// [wanted](Self::wanted), if one is needed.
     fn next(&mut self, at: &Conditions<C>) -> Action<C> {
-        let held = if self.subscribed_since(at.connection.as_ref()).is_some() {
-            Held::Yes
-        } else {
-            Held::No
-        };
-        self.settle(held, at)
+        let held = self.subscribed_since(at.connection.as_ref());
+        self.settle(held.map_or(Held::No, |_| Held::Yes), at)
     }
 
     /// With nothing in flight and `held` on the current connection: the command that makes

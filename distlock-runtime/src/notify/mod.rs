@@ -170,14 +170,6 @@ enum Role {
 }
 
 impl Slot {
-    fn new(role: Role) -> Arc<Self> {
-        Arc::new(Self {
-            wake: Notify::new(),
-            woken: AtomicBool::new(false),
-            role,
-        })
-    }
-
     fn fair(&self) -> Option<&FairWaiter> {
         match &self.role {
             Role::Fair(fair) => Some(fair),
@@ -230,11 +222,6 @@ impl<'a> Iterator for FairWaiters<'a> {
     }
 }
 
-/// The fair waiters of `channel` in this process, oldest first.
-fn fair_waiters(channel: &Channel) -> FairWaiters<'_> {
-    FairWaiters(channel.waiters())
-}
-
 /// A waiter's place in a key's queue; leaving it (drop) passes on a notification it did not
 /// take and unsubscribes with the last waiter.
 pub(crate) struct Ticket {
@@ -273,24 +260,33 @@ impl Notifications {
         secret: Option<Arc<str>>,
         deadline: Instant,
     ) -> Ticket {
-        let slot = Slot::new(match fair {
-            Some((token, presence)) => {
-                Role::Fair(Box::new(FairWaiter::new(token, secret, deadline, presence)))
-            }
-            None => Role::Waiter,
+        let role = fair.map_or(Role::Waiter, |(token, presence)| {
+            Role::Fair(Box::new(FairWaiter::new(token, secret, deadline, presence)))
+        });
+        self.join(channel, role)
+    }
+
+    /// Starts observing the lock key `channel`: the ticket keeps the key subscribed, and is
+    /// woken by every message on it (a release, a hand-off), while the key's waiters still
+    /// get every notification as if it were not there.
+    pub(crate) fn observe(&self, channel: &str) -> Ticket {
+        self.join(channel, Role::Observer)
+    }
+
+    /// Joins the waiters of `channel` (last in line) as `role`.
+    fn join(&self, channel: &str, role: Role) -> Ticket {
+        let slot = Arc::new(Slot {
+            wake: Notify::new(),
+            woken: AtomicBool::new(false),
+            role,
         });
         let mut state = lock(&self.hub.state);
         let waiters = state.channels.entry(channel.to_owned()).or_default();
         waiters.join(Arc::clone(&slot));
         if let Some(newcomer) = slot.fair() {
-            fair::joined(newcomer, fair_waiters(waiters));
+            fair::joined(newcomer, FairWaiters(waiters.waiters()));
         }
         drop(state);
-        self.ticket(channel, slot)
-    }
-
-    /// The ticket of `slot`, which just joined the waiters of `channel`.
-    fn ticket(&self, channel: &str, slot: Arc<Slot>) -> Ticket {
         Ticket {
             hub: Arc::clone(&self.hub),
             channel: channel.to_owned(),
@@ -298,21 +294,6 @@ impl Notifications {
             joined: Instant::now(),
             owed: AtomicBool::new(false),
         }
-    }
-}
-
-impl Notifications {
-    /// Starts observing the lock key `channel`: the ticket keeps the key subscribed, and is
-    /// woken by every message on it (a release, a hand-off), while the key's waiters still
-    /// get every notification as if it were not there.
-    pub(crate) fn observe(&self, channel: &str) -> Ticket {
-        let slot = Slot::new(Role::Observer);
-        lock(&self.hub.state)
-            .channels
-            .entry(channel.to_owned())
-            .or_default()
-            .join(Arc::clone(&slot));
-        self.ticket(channel, slot)
     }
 
     /// Whether notifications for the lock key `channel` reach this manager now.
@@ -352,9 +333,9 @@ impl Ticket {
             tokio::pin!(changed);
             changed.as_mut().enable();
             match hub.advance(&self.channel) {
-                Progress::Subscribed => return true,
-                Progress::Poll => return false,
-                Progress::Pending => {}
+                Request::Subscribed(_) => return true,
+                Request::Poll => return false,
+                Request::Wait | Request::Send(_) => {}
             }
             tokio::select! {
                 () = changed => {}
@@ -402,7 +383,7 @@ impl Ticket {
         let me = self.slot.fair()?;
         let state = lock(&self.hub.state);
         let channel = state.channels.get(&self.channel)?;
-        Some(decide(me, fair_waiters(channel)))
+        Some(decide(me, FairWaiters(channel.waiters())))
     }
 
     /// When this waiter should look at the latest hand-off's claim, if it watches one.
@@ -411,180 +392,126 @@ impl Ticket {
     }
 }
 
+/// The waiter leaves the waiters of its key: a notification it did not use (or one it owed the
+/// waiters behind it) goes to the next, a fair waiter's duties to the other fair waiters (see
+/// `fair/`), and the last waiter to leave a subscribed key unsubscribes it.
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.hub
-            .leave(&self.channel, &self.slot, self.owed.load(Ordering::SeqCst));
+        let (slot, owed) = (&self.slot, self.owed.load(Ordering::SeqCst));
+        self.hub.update(&self.channel, |waiters, at| {
+            if let Some(fair) = slot.fair() {
+                fair::leaving(fair, FairWaiters(waiters.waiters()));
+            }
+            let action = waiters.leave(|s| Arc::ptr_eq(s, slot), at);
+            if slot.woken.load(Ordering::SeqCst) || owed {
+                wake_one(waiters);
+            }
+            action
+        });
     }
-}
-
-/// Where a waiter's subscription stands.
-enum Progress {
-    Subscribed,
-    /// Being connected or subscribed by a background task.
-    Pending,
-    /// Not now: poll.
-    Poll,
-}
-
-/// A command a channel decided on, for a task to send.
-struct Outgoing {
-    channel: String,
-    command: Command<Arc<Link>>,
 }
 
 impl Hub {
-    /// `slot` leaves the waiters of `channel`: a notification it did not use (or one it `owed`
-    /// the waiters behind it, see [`Ticket`]) goes to the next, a fair waiter's duties to the
-    /// other fair waiters (see `fair/`), and the last waiter to leave a subscribed key
-    /// unsubscribes it.
-    fn leave(self: &Arc<Self>, channel: &str, slot: &Arc<Slot>, owed: bool) {
-        let mut state = lock(&self.state);
-        let at = state.conditions(Instant::now());
-        let Some(waiters) = state.channels.get_mut(channel) else {
-            return;
-        };
-        if let Some(fair) = slot.fair() {
-            fair::leaving(fair, fair_waiters(waiters));
-        }
-        let action = waiters.leave(|s| Arc::ptr_eq(s, slot), &at);
-        if slot.woken.load(Ordering::SeqCst) || owed {
-            wake_one(waiters);
-        }
-        let mut sends = Vec::new();
-        self.perform(&mut state, channel, action, &mut sends);
-        drop(state);
-        self.start(sends);
-    }
-
     fn subscribed_since(&self, channel: &str) -> Option<tokio::time::Instant> {
         let state = lock(&self.state);
-        let Connection::Up(link) = &state.connection else {
-            return None;
-        };
-        let since = state.channels.get(channel)?.subscribed_since(Some(link))?;
+        let up = state.conditions(Instant::now()).connection;
+        let since = state.channels.get(channel)?.subscribed_since(up.as_ref())?;
         Some(Instant::from_std(since))
     }
 
     /// Moves `channel`'s subscription on (starting a connect or a `SUBSCRIBE` in the
-    /// background when none runs) and says where it stands.
-    fn advance(self: &Arc<Self>, channel: &str) -> Progress {
+    /// background when none runs) and says where it stands: subscribed, to wait for the
+    /// background work (never [`Request::Send`]), or to poll.
+    fn advance(self: &Arc<Self>, channel: &str) -> Request<Arc<Link>> {
         let mut state = lock(&self.state);
         let now = Instant::now();
         if state.refused_until.is_some_and(|until| now < until) {
-            return Progress::Poll;
+            return Request::Poll;
         }
         match &state.connection {
             Connection::Up(_) => {}
-            Connection::Connecting => return Progress::Pending,
-            Connection::Failed { retry_after } if now < *retry_after => return Progress::Poll,
+            Connection::Connecting => return Request::Wait,
+            Connection::Failed { retry_after } if now < *retry_after => return Request::Poll,
             Connection::Down | Connection::Failed { .. } => {
                 state.connection = Connection::Connecting;
                 drop(state);
                 tokio::spawn(connect(Connecting {
                     hub: Arc::clone(self),
-                    ended: false,
+                    next: Connection::Down,
                 }));
-                return Progress::Pending;
+                return Request::Wait;
             }
         }
         let at = state.conditions(now);
         let Some(entry) = state.channels.get_mut(channel) else {
-            return Progress::Poll;
+            return Request::Poll;
         };
         match entry.request(&at) {
-            Request::Subscribed(_) => Progress::Subscribed,
-            Request::Poll => Progress::Poll,
-            Request::Wait => Progress::Pending,
             Request::Send(command) => {
                 drop(state);
-                self.start(vec![Outgoing {
-                    channel: channel.to_owned(),
-                    command,
-                }]);
-                Progress::Pending
+                self.start(channel, Some(command));
+                Request::Wait
             }
+            request => request,
         }
     }
 
-    /// Does what `channel`'s state machine decided; a command to send is added to `sends`
-    /// (for [`Hub::start`] once the state is unlocked). Forgets the channel once it is idle.
-    fn perform(
-        &self,
-        state: &mut State,
+    /// Hands an event to `channel`'s state machine (`event`, given the channel and the
+    /// conditions now) and does what it decides: a command is started once the state is
+    /// unlocked. Forgets the channel once it is idle.
+    fn update(
+        self: &Arc<Self>,
         channel: &str,
-        action: Action<Arc<Link>>,
-        sends: &mut Vec<Outgoing>,
+        event: impl FnOnce(&mut Channel, &Conditions<Arc<Link>>) -> Action<Arc<Link>>,
     ) {
-        match action {
-            Action::Nothing => {}
-            Action::Send(command) => sends.push(Outgoing {
-                channel: channel.to_owned(),
-                command,
-            }),
-            Action::Close(link) => self.close(
-                state,
-                link.id,
-                Connection::Failed {
-                    retry_after: Instant::now() + RECONNECT_AFTER,
-                },
-            ),
-        }
+        let mut state = lock(&self.state);
+        let at = state.conditions(Instant::now());
+        let Some(entry) = state.channels.get_mut(channel) else {
+            return;
+        };
+        let command = match event(entry, &at) {
+            Action::Nothing => None,
+            Action::Send(command) => Some(command),
+            Action::Close(link) => {
+                let retry_after = Instant::now() + RECONNECT_AFTER;
+                self.close(&mut state, link.id, Connection::Failed { retry_after });
+                None
+            }
+        };
         if state.channels.get(channel).is_some_and(Channel::idle) {
             state.channels.remove(channel);
         }
-    }
-
-    /// Starts a task for each command (the state must not be locked: a task dropped at once,
-    /// its runtime shutting down, reports itself unanswered). Without a runtime to run it on (a
-    /// waiter left outside one), a command counts as unanswered.
-    fn start(self: &Arc<Self>, sends: Vec<Outgoing>) {
-        for outgoing in sends {
-            let out = InFlight {
-                hub: Arc::clone(self),
-                channel: Some(outgoing.channel),
-            };
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(out.send(outgoing.command));
-                }
-                Err(_) => out.answer(Outcome::Unanswered),
-            }
-        }
-    }
-
-    /// The command out for `channel` ended with `outcome`: tells the channel, and does what it
-    /// decides next.
-    fn answered(self: &Arc<Self>, channel: &str, outcome: Outcome) {
-        let mut sends = Vec::new();
-        let mut state = lock(&self.state);
-        let at = state.conditions(Instant::now());
-        if let Some(entry) = state.channels.get_mut(channel) {
-            let action = entry.answered(outcome, &at);
-            self.perform(&mut state, channel, action, &mut sends);
-        }
         drop(state);
-        self.changed.notify_waiters();
-        self.start(sends);
+        self.start(channel, command);
     }
 
-    /// Redis refused a `SUBSCRIBE` for want of rights: waiters poll for a while.
-    fn refused(&self, error: &redis::RedisError) {
-        let mut state = lock(&self.state);
-        if state.refused_until.is_none() {
-            tracing::warn!(%error, "distlock may not subscribe to release notifications (the ACL user has no channel rights); waiters poll instead");
+    /// Starts a task for `command` (the state must not be locked: a task dropped at once, its
+    /// runtime shutting down, reports itself unanswered). Without a runtime to run it on (a
+    /// waiter left outside one), the command counts as unanswered.
+    fn start(self: &Arc<Self>, channel: &str, command: Option<Command<Arc<Link>>>) {
+        let Some(command) = command else {
+            return;
+        };
+        let out = InFlight {
+            hub: Arc::clone(self),
+            channel: channel.to_owned(),
+            outcome: Outcome::Unanswered,
+        };
+        // Without a runtime, `out` is dropped here: unanswered.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(out.send(command));
         }
-        state.refused_until = Some(Instant::now() + REFUSED_FOR);
     }
 
     /// Closes the subscriber connection `id` (if it is still the current one): every
     /// subscription it held ends with it on the server. Wakes every waiter to try again.
     fn close(&self, state: &mut State, id: u64, next: Connection) {
-        if !matches!(&state.connection, Connection::Up(link) if link.id == id) {
-            return;
-        }
-        let Connection::Up(link) = std::mem::replace(&mut state.connection, next) else {
-            return;
+        let link = match std::mem::replace(&mut state.connection, next) {
+            Connection::Up(link) if link.id == id => link,
+            other => {
+                state.connection = other;
+                return;
+            }
         };
         link.close.cancel();
         state.channels.retain(|_, channel| {
@@ -597,29 +524,20 @@ impl Hub {
     }
 }
 
-/// A connect under way. Dropped before it ends (its task dropped with its runtime half way), it
-/// leaves the connection down: the next waiter connects anew.
+/// A connect under way: dropped, it ends, and the connection becomes `next`. Dropped before it
+/// set `next` (its task dropped with its runtime half way), it leaves the connection down: the
+/// next waiter connects anew.
 struct Connecting {
     hub: Arc<Hub>,
-    ended: bool,
-}
-
-impl Connecting {
-    /// The connect ended with `connection`.
-    fn end(&mut self, state: &mut State, connection: Connection) {
-        state.connection = connection;
-        self.ended = true;
-    }
+    next: Connection,
 }
 
 impl Drop for Connecting {
     fn drop(&mut self) {
-        if self.ended {
-            return;
-        }
         let mut state = lock(&self.hub.state);
+        // Only the connect under way moves the connection on from `Connecting`.
         if matches!(state.connection, Connection::Connecting) {
-            state.connection = Connection::Down;
+            state.connection = std::mem::take(&mut self.next);
         }
         drop(state);
         self.hub.changed.notify_waiters();
@@ -630,18 +548,19 @@ impl Drop for Connecting {
 /// and starts the task that notices its end.
 async fn connect(mut connecting: Connecting) {
     let hub = Arc::clone(&connecting.hub);
-    let on_message: OnMessage = {
-        let hub = Arc::downgrade(&hub);
-        Arc::new(move |message| {
-            if let Some(hub) = hub.upgrade() {
-                receive(&hub, message);
-            }
-        })
-    };
-    let opened = tokio::time::timeout(hub.timeouts.connect, hub.subscriber.open(on_message)).await;
-    let mut state = lock(&hub.state);
+    let weak = Arc::downgrade(&hub);
+    let on_message: OnMessage = Arc::new(move |message| {
+        if let Some(hub) = weak.upgrade() {
+            receive(&hub, message);
+        }
+    });
+    let opened = tokio::time::timeout(hub.timeouts.connect, hub.subscriber.open(on_message))
+        .await
+        .map_err(|_| format!("no answer within {:?}", hub.timeouts.connect))
+        .and_then(|opened| opened.map_err(|error| error.to_string()));
     let watch = match opened {
-        Ok(Ok((sink, ended))) if !hub.closed.is_cancelled() => {
+        Ok((sink, ended)) => {
+            let mut state = lock(&hub.state);
             state.opened += 1;
             if state.opened > 1 {
                 crate::telemetry::subscriber_reconnect();
@@ -652,23 +571,18 @@ async fn connect(mut connecting: Connecting) {
                 close: hub.closed.child_token(),
                 since: Instant::now(),
             });
-            connecting.end(&mut state, Connection::Up(Arc::clone(&link)));
+            connecting.next = Connection::Up(Arc::clone(&link));
             Some((link, ended))
         }
-        outcome => {
-            let error = match outcome {
-                Ok(Err(error)) => error.to_string(),
-                Ok(Ok(_)) => "the manager was dropped".to_owned(),
-                Err(_) => format!("no answer within {:?}", hub.timeouts.connect),
-            };
+        Err(error) => {
             tracing::debug!(%error, "distlock could not open its subscriber connection; waiters poll");
             let retry_after = Instant::now() + RECONNECT_AFTER;
-            connecting.end(&mut state, Connection::Failed { retry_after });
+            connecting.next = Connection::Failed { retry_after };
             None
         }
     };
-    drop(state);
-    hub.changed.notify_waiters();
+    // Sets the connection, and wakes the waiters.
+    drop(connecting);
     if let Some((link, ended)) = watch {
         // Made here, so that the connection is closed even if the task never runs.
         let watching = Watching {
@@ -679,26 +593,23 @@ async fn connect(mut connecting: Connecting) {
     }
 }
 
-/// The channel whose command a task has out: it hears the outcome once, by
-/// [`InFlight::answer`], or as unanswered if the task is dropped half way (with its runtime), so
-/// it is never left with a command in flight for good.
+/// The channel whose command a task has out: it hears the outcome once, when this is dropped
+/// (unanswered if the task is dropped half way, with its runtime), so it is never left with a
+/// command in flight for good.
 struct InFlight {
     hub: Arc<Hub>,
-    channel: Option<String>,
+    channel: String,
+    /// How the command ended: unanswered until an answer came.
+    outcome: Outcome,
 }
 
 impl InFlight {
     /// Sends `command` and reports how it ended.
-    async fn send(self, command: Command<Arc<Link>>) {
-        let Some(channel) = self.channel.as_deref() else {
-            return;
-        };
-        let sink = &command.on.sink;
-        let request = async {
-            match command.kind {
-                Kind::Subscribe => sink.subscribe(channel).await,
-                Kind::Unsubscribe => sink.unsubscribe(channel).await,
-            }
+    async fn send(mut self, command: Command<Arc<Link>>) {
+        let channel = self.channel.as_str();
+        let request = match command.kind {
+            Kind::Subscribe => command.on.sink.subscribe(channel),
+            Kind::Unsubscribe => command.on.sink.unsubscribe(channel),
         };
         // On a cluster, a subscription may open its node's connection first.
         let timeouts = &self.hub.timeouts;
@@ -706,7 +617,12 @@ impl InFlight {
         let outcome = match answer {
             Ok(Ok(())) => Outcome::Done,
             Ok(Err(error)) if error.code() == Some("NOPERM") => {
-                self.hub.refused(&error);
+                // Refused for want of rights: waiters poll for a while.
+                let mut state = lock(&self.hub.state);
+                if state.refused_until.is_none() {
+                    tracing::warn!(%error, "distlock may not subscribe to release notifications (the ACL user has no channel rights); waiters poll instead");
+                }
+                state.refused_until = Some(Instant::now() + REFUSED_FOR);
                 Outcome::Refused
             }
             Ok(Err(error)) if !crate::failed::is_connection_failure(&error) => {
@@ -722,21 +638,17 @@ impl InFlight {
                 Outcome::Unanswered
             }
         };
-        self.answer(outcome);
-    }
-
-    fn answer(mut self, outcome: Outcome) {
-        if let Some(channel) = self.channel.take() {
-            self.hub.answered(&channel, outcome);
-        }
+        self.outcome = outcome;
     }
 }
 
+/// The command ended: the channel hears how, and does what it decides next.
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if let Some(channel) = self.channel.take() {
-            self.hub.answered(&channel, Outcome::Unanswered);
-        }
+        let outcome = self.outcome;
+        self.hub
+            .update(&self.channel, |entry, at| entry.answered(outcome, at));
+        self.hub.changed.notify_waiters();
     }
 }
 
@@ -764,19 +676,18 @@ async fn watch_end(_watching: Watching, link: Arc<Link>, ended: Ended, response:
 /// Hands a notification to the oldest waiter of its key that has none pending (a plain
 /// release), or to its fair recipient and watchers (a hand-off): called on the subscriber
 /// connection's own task, for each message.
-fn receive(hub: &Hub, message: Message) {
+fn receive(hub: &Arc<Hub>, message: Message) {
     let (name, payload) = match message {
         Message::Published { channel, payload } => (channel, payload),
         Message::Dropped { channel } => {
             // The server ended the subscription (its slot moved): its waiters try again,
             // and subscribe anew where the slot lives now.
-            let mut state = lock(&hub.state);
-            if let Some(entry) = state.channels.get_mut(&channel) {
+            hub.update(&channel, |entry, _| {
                 if entry.ended() == Wake::All {
                     wake_all(entry);
                 }
-            }
-            drop(state);
+                Action::Nothing
+            });
             hub.changed.notify_waiters();
             return;
         }
@@ -795,7 +706,7 @@ fn receive(hub: &Hub, message: Message) {
     }
     match handoff {
         None => wake_one(channel),
-        Some(handoff) => fair::deliver(&name, handoff, fair_waiters(channel)),
+        Some(handoff) => fair::deliver(&name, handoff, FairWaiters(channel.waiters())),
     }
 }
 
