@@ -230,14 +230,13 @@ impl Quorum {
 
     /// [`read`](Self::read), its refusals unexplained: what explains them.
     async fn first_of_majority(&self, call: &ScriptCall) -> Answer {
-        let majority = self.majority();
-        let answers = self
-            .fan_out_all(call, |answers| {
-                answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count() >= majority
-            })
-            .await;
-        let values = self.majority_answered(call.op, answers)?;
+        let values = self.majority_of(call, |a| self.majority_ok(a)).await?;
         Ok(values.into_iter().next().unwrap_or(Value::Nil))
+    }
+
+    /// Whether a majority of nodes answered among `answers`.
+    fn majority_ok(&self, answers: &[Option<Answer>]) -> bool {
+        answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count() >= self.majority()
     }
 
     /// Runs a release: the most keys any node released, once a majority answered; a forced
@@ -249,14 +248,9 @@ impl Quorum {
         call: &ScriptCall,
         everywhere: bool,
     ) -> Result<usize, Failed> {
-        let majority = self.majority();
-        let answers = self
-            .fan_out_all(call, |answers| {
-                !everywhere
-                    && answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count() >= majority
-            })
+        let values = self
+            .majority_of(call, |a| !everywhere && self.majority_ok(a))
             .await;
-        let values = self.majority_answered(call.op, answers);
         let values = self.explained(call, values).await?;
         let released = values
             .into_iter()
@@ -295,10 +289,7 @@ impl Quorum {
     /// a majority may not have.
     pub(crate) async fn inspect(&self, call: &ScriptCall) -> Result<Option<Inspected>, Failed> {
         let majority = self.majority();
-        let answers = self
-            .fan_out_all(call, |answers| settled(answers, majority))
-            .await;
-        let values = self.majority_answered(call.op, answers);
+        let values = self.majority_of(call, |a| settled(a, majority)).await;
         let readings = self
             .explained(call, values)
             .await?
@@ -428,12 +419,14 @@ impl Quorum {
         answers
     }
 
-    /// The values of `answers` when a majority of nodes answered.
-    fn majority_answered(
+    /// The answers to `call` (run on every node until `enough`) when a majority of nodes
+    /// answered.
+    async fn majority_of(
         &self,
-        op: &'static str,
-        answers: Vec<Option<Answer>>,
+        call: &ScriptCall,
+        enough: impl Fn(&[Option<Answer>]) -> bool,
     ) -> Result<Vec<Value>, Failed> {
+        let answers = self.fan_out_all(call, enough).await;
         let mut values = Vec::new();
         let mut failures = Vec::new();
         for answer in answers.into_iter().flatten() {
@@ -445,7 +438,7 @@ impl Quorum {
         if values.len() >= self.majority() {
             return Ok(values);
         }
-        Err(no_quorum(op, values.len(), failures, self.nodes.len()))
+        Err(no_quorum(call.op, values.len(), failures, self.nodes.len()))
     }
 }
 
