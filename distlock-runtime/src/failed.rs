@@ -17,6 +17,12 @@ pub(crate) struct Failed {
 }
 
 impl Failed {
+    /// A failure whose request may have reached Redis, and run.
+    pub(crate) fn maybe(error: LockError) -> Self {
+        let reached = Reached::Maybe;
+        Self { error, reached }
+    }
+
     /// Whether a replica (a demoted primary) refused the write before running it.
     pub(crate) fn is_read_only(&self) -> bool {
         matches!(&self.error, LockError::Redis { source, .. }
