@@ -2,7 +2,8 @@
 //! classification of a failed reply, [`Reply`]), how long to pause before each try (a base
 //! doubling up to a cap, half of it random or not) and until when. Every retry loop asks it,
 //! after a failed try ([`Retry::decide`]) or for its next pause ([`Retry::pause`]), and does what
-//! it says; its presets hold each loop's figures: the background release's
+//! it says; its presets hold each loop's figures: a link's tries and a replicated write's
+//! ([`Retry::link`]), the cluster router's ([`Retry::routed`]), the background release's
 //! ([`Retry::release`]), renewal's ([`Retry::renewal`]), a waiter's ([`Retry::waiting`]) and an
 //! election's ([`Retry::campaign`], [`Retry::unled`]).
 
@@ -11,7 +12,19 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::{LockError, Misconfiguration, Reply};
-use crate::failed::Failed;
+use crate::failed::{Failed, Reached};
+
+/// A node's address as a cluster names it: host and port.
+pub(crate) type Address = (String, u16);
+
+/// A cluster's redirection of a call, read off its reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Redirect {
+    /// `MOVED`: the slot lives at this address now.
+    Moved(Address),
+    /// `ASK`: this one call goes to that address, after `ASKING` (a slot being migrated).
+    Ask(Address),
+}
 
 /// A retry policy: which failures are tried again, the pause before each try, and until when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +54,16 @@ pub(crate) enum Until {
 /// Which failures a policy tries again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Retries {
+    /// A request on a link to one server: one refused for a passing reason (`LOADING`, `BUSY`,
+    /// `MASTERDOWN`, also while connecting) after a pause, on the same connection; `NOSCRIPT`
+    /// once, with the whole script; a broken connection kept from an earlier call (it may have
+    /// died while idle) once, on a fresh one; and with `read_only`, `READONLY` once, on a fresh
+    /// one (which may reach the primary). The rest, redirections included, is the caller's.
+    Link { read_only: bool },
+    /// A call the cluster router routes: `MOVED` and `ASK` followed; `TRYAGAIN`, `CLUSTERDOWN`,
+    /// `READONLY` and a node that refuses connections (each means nothing ran, unless an
+    /// earlier try may have) after a pause.
+    Routed,
     /// Outages only: no answer in time, a broken connection, no quorum, a passing refusal,
     /// `READONLY` (a failover may make the server a primary again, or move a DNS name to the
     /// new one), refused credentials (redis-rs reports every refused `AUTH` so, also one of a
@@ -58,14 +81,26 @@ pub(crate) enum Retries {
 pub(crate) enum Decision {
     /// Again, after this pause (on a link, on the same connection).
     After(Duration),
+    /// Again at once, on a fresh connection.
+    Reconnect,
+    /// Again at once, with the whole script (`EVAL`): the server lost it.
+    Reload,
+    /// Again, where the cluster redirection says.
+    Redirect(Redirect),
     /// No more tries: the failure stands.
     GiveUp,
 }
 
-/// What a request's tries have used of its policy: the pauses so far.
+/// What a request's tries have used of its policy: the pauses so far, and the retries it
+/// allows once each.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Tried {
     paused: u32,
+    /// The last try went on a connection kept from an earlier call.
+    pub(crate) kept: bool,
+    read_only: bool,
+    reconnected: bool,
+    reloaded: bool,
 }
 
 /// How long before a lease's validity ends its last renewal retry is sent at the latest.
@@ -90,6 +125,19 @@ impl Retry {
             jitter,
             until,
         }
+    }
+
+    /// A request on a link (or a replicated write), its tries started before `until`: 20 ms
+    /// apart; `read_only`: a `READONLY` is tried once more (not on a cluster node, whose caller
+    /// routes by itself).
+    pub(crate) fn link(until: Instant, read_only: bool) -> Self {
+        let retries = Retries::Link { read_only };
+        Self::new(retries, ms(20), ms(20), false, Until::Before(until))
+    }
+
+    /// A call the cluster router routes, its tries started before `until`: 20 ms apart.
+    pub(crate) fn routed(until: Instant) -> Self {
+        Self::new(Retries::Routed, ms(20), ms(20), false, Until::Before(until))
     }
 
     /// A background release, given up at `give_up` (the keys have expired by then): from 50 ms,
@@ -133,15 +181,36 @@ impl Retry {
 
     /// What to do at `now` after a try failed with `failed`; counts what it allows in `tried`.
     pub(crate) fn decide(&self, failed: &Failed, tried: &mut Tried, now: Instant) -> Decision {
-        use Retries::{Every, Fixable, Outages};
-        let error = &failed.error;
-        match self.retries {
-            Outages if passes(error) => self.after(tried, now),
-            Fixable if !error.is_misconfigured() && !error.is_caller_bug() => {
+        use Decision::{GiveUp, Reconnect, Reload};
+        use Reply as R;
+        use Retries::{Every, Fixable, Link, Outages, Routed};
+        let (error, unsent) = (&failed.error, failed.reached == Reached::No);
+        let once = |used: &mut bool, decision| match std::mem::replace(used, true) {
+            false => decision,
+            true => GiveUp,
+        };
+        match (self.retries, failed.reply()) {
+            (Link { .. }, Some(R::Passing)) => self.after(tried, now),
+            // No connection was had: only a refusal while connecting is waited out.
+            (Link { .. }, _) if unsent => GiveUp,
+            (Link { read_only: true }, Some(R::ReadOnly)) => once(&mut tried.read_only, Reconnect),
+            (Link { .. }, Some(R::NoScript)) => once(&mut tried.reloaded, Reload),
+            (Link { .. }, Some(R::Connection)) if tried.kept => {
+                once(&mut tried.reconnected, Reconnect)
+            }
+            (Routed, Some(R::Redirect(to))) if self.open(now) => Decision::Redirect(to),
+            (Routed, Some(R::Resharding | R::ReadOnly)) => self.after(tried, now),
+            // A node that refuses connections (gone, or restarting): its replica may be taking
+            // over. (One that accepts none in time is hung: an error now, not a second wait.)
+            (Routed, _) if unsent && matches!(error, LockError::Redis { .. }) => {
                 self.after(tried, now)
             }
-            Every => self.after(tried, now),
-            _ => Decision::GiveUp,
+            (Outages, _) if passes(error) => self.after(tried, now),
+            (Fixable, _) if !error.is_misconfigured() && !error.is_caller_bug() => {
+                self.after(tried, now)
+            }
+            (Every, _) => self.after(tried, now),
+            _ => GiveUp,
         }
     }
 
@@ -172,6 +241,11 @@ impl Retry {
             Until::At(until) => (now < until).then(|| pause.min(until - now)),
         }
     }
+
+    /// Whether a try may start at `now`.
+    fn open(&self, now: Instant) -> bool {
+        !matches!(self.until, Until::Before(until) | Until::At(until) if now >= until)
+    }
 }
 
 /// Whether `error` is an outage that may pass (see [`Retries::Outages`]).
@@ -200,17 +274,191 @@ mod tests {
         value.extract_error().unwrap_err()
     }
 
+    /// A try that `text` answered, as a link reads it.
+    fn answered(text: &str) -> Failed {
+        failed("test", reply(text), RESPONSE)
+    }
+
     /// A try whose connection broke (or was refused) with `kind`.
     fn broken(kind: ErrorKind) -> Failed {
         failed("test", std::io::Error::from(kind).into(), RESPONSE)
     }
 
+    /// A try that found no connection: the dial failed with `error`.
+    fn not_connected(error: LockError) -> Failed {
+        Failed {
+            error,
+            reached: Reached::No,
+        }
+    }
+
     /// `retry`'s decisions, one after the other at `now`, on `failed`.
     fn decisions(retry: Retry, failed: &Failed, now: Instant, tries: usize) -> Vec<Decision> {
-        let mut tried = Tried::default();
+        let mut tried = Tried {
+            kept: true,
+            ..Tried::default()
+        };
         (0..tries)
             .map(|_| retry.decide(failed, &mut tried, now))
             .collect()
+    }
+
+    #[test]
+    fn a_link_waits_out_a_passing_refusal_20_ms_apart_until_its_deadline() {
+        let now = Instant::now();
+        let retry = Retry::link(now + RESPONSE, true);
+        let after = Decision::After(ms(20));
+        for text in [
+            "LOADING Redis is loading the dataset in memory",
+            "BUSY Redis is busy running a script.",
+            "MASTERDOWN Link with MASTER is down",
+        ] {
+            // On the same connection, as long as a try can start before the deadline.
+            assert_eq!(
+                decisions(retry, &answered(text), now, 3),
+                vec![after.clone(); 3]
+            );
+            let tried = &mut Tried::default();
+            let last = now + RESPONSE - ms(21);
+            assert_eq!(retry.decide(&answered(text), tried, last), after);
+            let past = now + RESPONSE - ms(20);
+            assert_eq!(retry.decide(&answered(text), tried, past), Decision::GiveUp);
+        }
+        // Refused while connecting (`LOADING` to `AUTH`): the same.
+        let loading = LockError::from_redis("test", reply("LOADING Redis is loading"));
+        let dial = not_connected(loading);
+        assert_eq!(decisions(retry, &dial, now, 1), [after]);
+    }
+
+    #[test]
+    fn a_link_retries_once_on_a_fresh_connection_or_with_the_whole_script() {
+        let now = Instant::now();
+        let retry = Retry::link(now + RESPONSE, true);
+        let once = |decision| vec![decision, Decision::GiveUp];
+        // A replica refused it: once more on a fresh connection, which may reach the primary;
+        // not on a cluster node, whose router follows it.
+        let read_only = answered("READONLY You can't write against a read only replica.");
+        assert_eq!(
+            decisions(retry, &read_only, now, 2),
+            once(Decision::Reconnect)
+        );
+        let node = Retry::link(now + RESPONSE, false);
+        assert_eq!(decisions(node, &read_only, now, 1), [Decision::GiveUp]);
+        // The server lost the script: once with the whole script.
+        let noscript = answered("NOSCRIPT No matching script. Please use EVAL.");
+        assert_eq!(decisions(retry, &noscript, now, 2), once(Decision::Reload));
+        // A connection kept from an earlier call broke (it died while idle): once on a fresh
+        // one; a fresh one that broke, never.
+        let reset = broken(ErrorKind::ConnectionReset);
+        assert_eq!(decisions(retry, &reset, now, 2), once(Decision::Reconnect));
+        let mut fresh = Tried::default();
+        assert_eq!(retry.decide(&reset, &mut fresh, now), Decision::GiveUp);
+        // No connection could be had: only a passing refusal is waited out, not a server that
+        // Sentinel named but is no primary, nor one that refuses connections.
+        let not_primary = LockError::Redis {
+            op: "test",
+            source: reply("READONLY the server Sentinel named is not a primary"),
+        };
+        assert_eq!(
+            decisions(retry, &not_connected(not_primary), now, 1),
+            [Decision::GiveUp]
+        );
+        let refused = broken(ErrorKind::ConnectionRefused).error;
+        assert_eq!(
+            decisions(retry, &not_connected(refused), now, 1),
+            [Decision::GiveUp]
+        );
+    }
+
+    #[test]
+    fn a_link_gives_up_on_refusals_redirections_and_timeouts() {
+        let now = Instant::now();
+        let retry = Retry::link(now + RESPONSE, true);
+        for text in [
+            "NOPERM User u has no permissions to run the 'set' command",
+            "ERR ACL failure in script: No permissions to access a key script: cbaa9c, on \
+             @user_script:1.",
+            "ERR The user executing the script can't run this command or subcommand script: \
+             4959c9, on @user_script:3.",
+            "WRONGPASS invalid username-password pair",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+            "ERR unknown command 'WAIT', with args beginning with: '1' '500' ",
+            // The cluster's: the router's to follow (or a misconfiguration on one server).
+            "MOVED 3999 127.0.0.1:6381",
+            "ASK 3999 127.0.0.1:6381",
+            "CROSSSLOT Keys in request don't hash to the same slot",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+        ] {
+            assert_eq!(
+                decisions(retry, &answered(text), now, 1),
+                [Decision::GiveUp],
+                "{text}"
+            );
+        }
+        // No answer in time: it may still run; the caller hears of it now.
+        let timeout = Failed::maybe(LockError::RedisTimeout {
+            op: "test",
+            after: RESPONSE,
+        });
+        assert_eq!(decisions(retry, &timeout, now, 1), [Decision::GiveUp]);
+    }
+
+    #[test]
+    fn the_cluster_router_follows_redirections_and_waits_out_resharding() {
+        let now = Instant::now();
+        let retry = Retry::routed(now + RESPONSE);
+        let to = || ("127.0.0.1".to_owned(), 6381);
+        let moved = answered("MOVED 3999 127.0.0.1:6381");
+        let moved_to = Decision::Redirect(Redirect::Moved(to()));
+        assert_eq!(
+            decisions(retry, &moved, now, 2),
+            [moved_to.clone(), moved_to]
+        );
+        let ask = answered("ASK 3999 127.0.0.1:6381");
+        assert_eq!(
+            decisions(retry, &ask, now, 1),
+            [Decision::Redirect(Redirect::Ask(to()))]
+        );
+        // Nothing ran: again 20 ms later, where the slot map says the slot lives then.
+        let after = Decision::After(ms(20));
+        for text in [
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "CLUSTERDOWN The cluster is down",
+            "READONLY You can't write against a read only replica.",
+        ] {
+            assert_eq!(
+                decisions(retry, &answered(text), now, 2),
+                [after.clone(), after.clone()]
+            );
+        }
+        // A node that refuses connections: its replica may be taking over.
+        let refused = broken(ErrorKind::ConnectionRefused).error;
+        assert_eq!(decisions(retry, &not_connected(refused), now, 1), [after]);
+        // But not after a try that may have run (its failure says so), nor a node that
+        // accepted no connection in time (hung), nor what the node's link gave up on.
+        let mut maybe = broken(ErrorKind::ConnectionRefused);
+        maybe.reached = Reached::Maybe;
+        let hung = not_connected(LockError::RedisTimeout {
+            op: "test",
+            after: RESPONSE,
+        });
+        let loading = answered("LOADING Redis is loading the dataset in memory");
+        for failed in [maybe, hung, loading, answered("NOPERM no permissions")] {
+            assert_eq!(
+                decisions(retry, &failed, now, 1),
+                [Decision::GiveUp],
+                "{failed:?}"
+            );
+        }
+        // Within one response timeout.
+        let late = now + RESPONSE;
+        assert_eq!(decisions(retry, &moved, late, 1), [Decision::GiveUp]);
+        let clusterdown = answered("CLUSTERDOWN The cluster is down");
+        assert_eq!(
+            decisions(retry, &clusterdown, late - ms(20), 1),
+            [Decision::GiveUp]
+        );
     }
 
     #[test]
@@ -326,9 +574,9 @@ mod tests {
         let now = Instant::now();
         let until = now + ms(100);
         // Every try before it: no pause that would end at or past it.
-        let release = Retry::release(until);
-        assert_eq!(release.pause(1, now + ms(49)), Some(ms(50)));
-        assert_eq!(release.pause(1, now + ms(50)), None);
+        let link = Retry::link(until, true);
+        assert_eq!(link.pause(1, now + ms(79)), Some(ms(20)));
+        assert_eq!(link.pause(1, now + ms(80)), None);
         // One last try at it: pauses end there at the latest.
         let waiting = Retry::waiting(until);
         assert_eq!(waiting.pause_with(7, now + ms(90), |h| h), Some(ms(10)));
