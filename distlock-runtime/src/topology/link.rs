@@ -173,6 +173,14 @@ struct Current {
     conn: MultiplexedConnection,
 }
 
+impl Current {
+    /// This connection, for a call (`reused`: it was kept from an earlier call).
+    fn checkout(&self, reused: bool) -> (Checkout, MultiplexedConnection) {
+        let generation = self.generation;
+        (Checkout { generation, reused }, self.conn.clone())
+    }
+}
+
 impl Link {
     /// `bounded_connections`: the connections `dial` opens have `timeouts.response` as their
     /// own response timeout, so no second timer is needed per call.
@@ -383,11 +391,7 @@ impl Link {
         op: &'static str,
     ) -> Result<(Checkout, MultiplexedConnection), LockError> {
         if let Some(current) = &*lock(&self.current) {
-            let checkout = Checkout {
-                generation: current.generation,
-                reused: true,
-            };
-            return Ok((checkout, current.conn.clone()));
+            return Ok(current.checkout(true));
         }
         // Rare (first call, reconnect) and large: keep it out of every lock future.
         Box::pin(self.connect(op)).await
@@ -405,11 +409,7 @@ impl Link {
         let until = tokio::time::Instant::now() + waited_for;
         loop {
             if let Some(existing) = &*lock(&self.current) {
-                let checkout = Checkout {
-                    generation: existing.generation,
-                    reused: false,
-                };
-                return Ok((checkout, existing.conn.clone()));
+                return Ok(existing.checkout(false));
             }
             let ended = self.dialed.notified();
             tokio::pin!(ended);
@@ -455,24 +455,11 @@ impl Link {
             }
         };
         let mut current = lock(&self.current);
-        if let Some(existing) = &*current {
-            // Made meanwhile by a call that did not wait (a failover's forget and redial).
-            let checkout = Checkout {
-                generation: existing.generation,
-                reused: false,
-            };
-            return Ok((checkout, existing.conn.clone()));
-        }
+        // One may have been made meanwhile by a call that did not wait (a failover's forget and
+        // redial).
         let generation = next_id();
-        *current = Some(Current {
-            generation,
-            conn: conn.clone(),
-        });
-        let checkout = Checkout {
-            generation,
-            reused: false,
-        };
-        Ok((checkout, conn))
+        let current = current.get_or_insert(Current { generation, conn });
+        Ok(current.checkout(false))
     }
 
     /// Stops using the connection of `generation`, unless it was already replaced; the spare
