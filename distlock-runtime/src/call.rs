@@ -2,19 +2,17 @@
 //!
 //! The request logic describes each Redis operation as a [`ScriptCall`] (a [`Lua`] script, its
 //! keys and arguments, and what `min_replicas` asks of it); the deployment (`topology/`) runs
-//! it; a call that fails says how far its request got ([`Failed`],
+//! it; a call that fails says how far its request got ([`Failed`](crate::failed::Failed),
 //! [`Reached`](crate::failed::Reached)), which decides whether what it would have written may
 //! be there.
 
-use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{Arg, Cmd, ToRedisArgs, Value};
+use redis::{Arg, Cmd, ToRedisArgs};
 
-use crate::failed::Failed;
 use crate::keys::LockKeys;
 use crate::scripts::flags::Announce;
 use crate::scripts::lua::Lua;
@@ -199,20 +197,6 @@ impl ScriptCall {
             }
         }
         eval
-    }
-
-    /// Sends `EVALSHA` through `send`, and `EVAL` once if the server does not know the script.
-    /// Every distlock script may run twice: an acquire that finds its own token takes the key
-    /// as it is, release and extend are idempotent.
-    pub(crate) async fn run_with<'a, F, Fut>(&'a self, mut send: F) -> Result<Value, Failed>
-    where
-        F: FnMut(Cow<'a, Cmd>) -> Fut,
-        Fut: Future<Output = Result<Value, Failed>>,
-    {
-        match send(Cow::Borrowed(self.evalsha())).await {
-            Err(failed) if failed.is_noscript() => send(Cow::Owned(self.eval())).await,
-            answer => answer,
-        }
     }
 }
 

@@ -29,8 +29,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::LockError;
+use crate::failed::Failed;
 use crate::lease::Lease;
 use crate::manager::LockManager;
+use crate::retry::{Decision, Retry, Tried};
 use crate::sync::lock;
 use crate::validity::LeaseState;
 
@@ -42,17 +44,9 @@ fn election_key(name: &str) -> String {
 /// The metrics and spans label of an election's lock requests.
 const LABEL: &str = "election";
 
-/// The first pause before [`Election::run`] campaigns again after Redis failed; it doubles up
-/// to a third of the ttl.
-const RETRY_FIRST: Duration = Duration::from_millis(100);
-
 /// How long [`Election::run`] waits before it campaigns again after the leader's function
 /// returned by itself (so one that returns at once does not spin on Redis).
 const AFTER_RETURN: Duration = Duration::from_secs(1);
-
-/// While nobody leads, an observer reads again after this, doubling up to a renewal interval:
-/// a new leader (a candidate that took the free key, which announces nothing) is seen soon.
-const UNLED_FIRST: Duration = Duration::from_millis(50);
 
 /// A leader election: at most one candidate of the fleet leads `name` at a time, for a term
 /// that ends when it resigns, dies, or loses its lease. Made by [`LockManager::election`];
@@ -309,21 +303,22 @@ impl Election {
         F: FnMut(Term) -> Fut,
         Fut: Future,
     {
-        let mut pause = RETRY_FIRST;
+        let (retry, mut tried) = (Retry::campaign(self.ttl), Tried::default());
         loop {
             let term = match self.campaign().await {
                 Ok(term) => term,
-                Err(error) if error.is_misconfigured() || error.is_caller_bug() => {
-                    return Err(error)
-                }
                 Err(error) => {
-                    tracing::warn!(election = %self.name, %error, retry_in = ?pause, "distlock could not campaign; trying again");
+                    let failed = Failed::maybe(error);
+                    let Decision::After(pause) = retry.decide(&failed, &mut tried, Instant::now())
+                    else {
+                        return Err(failed.error);
+                    };
+                    tracing::warn!(election = %self.name, error = %failed.error, retry_in = ?pause, "distlock could not campaign; trying again");
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min((self.ttl / 3).max(RETRY_FIRST));
                     continue;
                 }
             };
-            pause = RETRY_FIRST;
+            tried = Tried::default();
             // `run` keeps the office while the leader's function runs (the function may drop
             // its term), and stops the function when the term is lost or the leader resigned.
             // The term's own watcher logs a loss.
@@ -429,25 +424,15 @@ impl Election {
 async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
     // A ttl out of range (refused only when campaigning) reads no more often than every 100 ms.
     let every = (election.ttl / 3).clamp(Duration::from_millis(100), crate::MAX_TTL);
-    // `now + d`, for a `d` that may be huge (a key without expiry reads as `Duration::MAX`).
-    let after = |now: Instant, d: Duration| now.checked_add(d).unwrap_or(now + every);
-    let channel = election
-        .manager
-        .context()
-        .lock_keys(&election.key())
-        .lock()
-        .to_owned();
-    let ticket = election
-        .manager
-        .context()
-        .notifications
-        .as_ref()
-        .map(|notifications| notifications.observe(&channel));
+    let context = election.manager.context();
+    let channel = context.lock_keys(&election.key()).lock().to_owned();
+    let ticket = context.notifications.as_ref().map(|n| n.observe(&channel));
     // Until when the last leader read stands while Redis cannot be read.
     let mut stands_until: Option<Instant> = None;
-    // How soon to read again while nobody leads, or while a release was announced and the
-    // leader before it still shows.
-    let mut unled = UNLED_FIRST;
+    // Reads in a row that came soon after each other ([`Retry::unled`]): while nobody leads (a
+    // new leader, a candidate that took the free key, announces nothing), or while a release
+    // was announced and the leader before it still shows.
+    let mut soon = 0;
     // A release was announced since the leader last changed: on a quorum it reaches the nodes
     // one by one, so a read right after its notice may still show the leader it ended.
     let mut announced = false;
@@ -466,23 +451,19 @@ async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
                 let before_notice = announced
                     && matches!((&*sender.borrow(), &leader), (Some(was), Some(is)) if was.same_term(is));
                 if let Some(leader) = &leader {
-                    let expiry = after(
-                        now,
-                        leader.remaining.saturating_add(Duration::from_millis(1)),
-                    );
+                    // A key without expiry reads as `Duration::MAX`.
+                    let remaining = leader.remaining.saturating_add(Duration::from_millis(1));
+                    let expiry = now.checked_add(remaining).unwrap_or(next);
                     stands_until = Some(expiry);
                     next = next.min(expiry);
-                    if before_notice && unled < every {
-                        next = next.min(now + unled);
-                        unled = (unled * 2).min(every);
-                    } else {
-                        announced = false;
-                        unled = UNLED_FIRST;
-                    }
+                }
+                let pause = Retry::unled(every).pause(soon + 1, now).unwrap_or(every);
+                if leader.is_none() || (before_notice && pause < every) {
+                    next = next.min(now + pause);
+                    soon += 1;
+                    announced &= leader.is_some();
                 } else {
-                    announced = false;
-                    next = next.min(now + unled);
-                    unled = (unled * 2).min(every);
+                    (soon, announced) = (0, false);
                 }
                 publish(&sender, leader);
             }
@@ -510,8 +491,7 @@ async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
                     None => std::future::pending().await,
                 }
             } => {
-                announced = true;
-                unled = UNLED_FIRST;
+                (soon, announced) = (0, true);
             }
             () = tokio::time::sleep_until(next) => {}
         }

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::retry::Redirect;
+
 /// Why a lock operation failed.
 ///
 /// Each variant's message says what happened and what to do about it. Match on the variant to
@@ -450,9 +452,9 @@ pub enum ErrorClass {
 
 /// What a Redis error means to distlock: the one classification of every error reply (and of
 /// the client's own errors), for a command and for a script alike, which says which
-/// [`LockError`] it becomes and whether it is sent again. The crate docs' table ("Redis
-/// errors") lists each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// [`LockError`] it becomes and, through the retry policy (`retry.rs`), whether it is sent
+/// again. The crate docs' table ("Redis errors") lists each.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Reply {
     /// The connection broke, timed out, or could not be opened: an outage. A request on a
     /// connection that had died while idle is sent again on a fresh one (see `topology/link.rs`).
@@ -460,7 +462,7 @@ pub(crate) enum Reply {
     /// `MOVED`, `ASK`: the cluster router follows it. On a link that does not route (one
     /// server, a quorum node, a Sentinel primary) it means the URL names a cluster node:
     /// [`Misconfiguration::ClusterNode`].
-    Redirect,
+    Redirect(Redirect),
     /// `CROSSSLOT`: a call's keys are in several slots, which only a cluster node refuses (the
     /// cluster router never sends such a call): [`Misconfiguration::ClusterNode`] on a link
     /// that does not route, an outage on one that does.
@@ -502,7 +504,16 @@ impl Reply {
             return Self::Connection;
         }
         match error.kind() {
-            redis::ErrorKind::Server(S::Moved | S::Ask) => Self::Redirect,
+            redis::ErrorKind::Server(kind @ (S::Moved | S::Ask)) => {
+                let (to, _) = error.redirect_node().unwrap_or_default();
+                let address =
+                    |(host, port): (&str, &str)| Some((host.to_owned(), port.parse().ok()?));
+                match to.rsplit_once(':').and_then(address) {
+                    Some(to) if kind == S::Moved => Self::Redirect(Redirect::Moved(to)),
+                    Some(to) => Self::Redirect(Redirect::Ask(to)),
+                    None => Self::Other,
+                }
+            }
             redis::ErrorKind::Server(S::CrossSlot) => Self::CrossSlot,
             redis::ErrorKind::Server(S::TryAgain | S::ClusterDown) => Self::Resharding,
             redis::ErrorKind::Server(S::BusyLoading | S::MasterDown) => Self::Passing,
@@ -990,8 +1001,14 @@ mod tests {
                 server("CLUSTERDOWN", "The cluster is down"),
                 Reply::Resharding,
             ),
-            (server("MOVED", "3999 127.0.0.1:6381"), Reply::Redirect),
-            (server("ASK", "3999 127.0.0.1:6381"), Reply::Redirect),
+            (
+                server("MOVED", "3999 127.0.0.1:6381"),
+                Reply::Redirect(Redirect::Moved(("127.0.0.1".to_owned(), 6381))),
+            ),
+            (
+                server("ASK", "3999 127.0.0.1:6381"),
+                Reply::Redirect(Redirect::Ask(("127.0.0.1".to_owned(), 6381))),
+            ),
             (
                 server("CROSSSLOT", "Keys in request don't hash to the same slot"),
                 Reply::CrossSlot,

@@ -1,13 +1,9 @@
-//! A call that failed, how far its request got, and the one classification of a failed reply
-//! that every route uses: whether what the request would have written may be there.
+//! A call that failed, and how far its request got: whether what the request would have
+//! written may be there. (What its reply means is [`Reply`]'s to say.)
 
 use std::time::Duration;
 
 use crate::error::{LockError, Reply};
-
-/// The pause before a request refused for a passing reason (`LOADING`, `BUSY`, `MASTERDOWN`,
-/// see [`Failed::is_passing`]) is sent again.
-pub(crate) const PASSING_RETRY: Duration = Duration::from_millis(20);
 
 /// A call that failed, and how far its request got.
 #[derive(Debug)]
@@ -17,29 +13,15 @@ pub(crate) struct Failed {
 }
 
 impl Failed {
-    /// Whether a replica (a demoted primary) refused the write before running it.
-    pub(crate) fn is_read_only(&self) -> bool {
-        matches!(&self.error, LockError::Redis { source, .. }
-            if source.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly))
+    /// A failure whose request may have reached Redis, and run.
+    pub(crate) fn maybe(error: LockError) -> Self {
+        let reached = Reached::Maybe;
+        Self { error, reached }
     }
 
-    /// Whether the server refused it for a passing reason (`LOADING`, `BUSY`, `MASTERDOWN`)
-    /// before running it.
-    pub(crate) fn is_passing(&self) -> bool {
-        self.error
-            .redis_source()
-            .is_some_and(|source| Reply::of(source) == Reply::Passing)
-    }
-
-    /// Whether the connection broke (or could not be used) under the request.
-    pub(crate) fn broke_connection(&self) -> bool {
-        matches!(&self.error, LockError::Redis { source, .. } if is_connection_failure(source))
-    }
-
-    /// Whether the server did not know the script (`NOSCRIPT`): nothing ran.
-    pub(crate) fn is_noscript(&self) -> bool {
-        matches!(&self.error, LockError::Redis { source, .. }
-            if source.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
+    /// What Redis (or the client) answered, if it did.
+    pub(crate) fn reply(&self) -> Option<Reply> {
+        self.error.redis_source().map(Reply::of)
     }
 }
 
@@ -69,12 +51,15 @@ pub(crate) fn ran(error: &redis::RedisError) -> bool {
 }
 
 impl Reached {
-    /// A refusal after an earlier try that may have reached Redis still may have.
-    pub(crate) fn max_with(self, earlier: Reached) -> Reached {
-        if earlier == Reached::Maybe && self == Reached::Refused {
-            Reached::Maybe
-        } else {
-            self
+    /// How far a request got whose last try got as far as this (`unsent`: it failed before it
+    /// left), after tries that got as far as `earlier`: a try that never left got no further
+    /// than those before it, and one refused (or never sent) after one that may have reached
+    /// Redis still may have.
+    pub(crate) fn after(self, earlier: Reached, unsent: bool) -> Reached {
+        match self {
+            Reached::Maybe if unsent => earlier,
+            Reached::No | Reached::Refused if earlier == Reached::Maybe => Reached::Maybe,
+            reached => reached,
         }
     }
 }
@@ -84,16 +69,10 @@ impl Reached {
 /// [`ran`]).
 pub(crate) fn failed(op: &'static str, source: redis::RedisError, after: Duration) -> Failed {
     if source.is_timeout() {
-        return Failed {
-            error: LockError::RedisTimeout { op, after },
-            reached: Reached::Maybe,
-        };
+        return Failed::maybe(LockError::RedisTimeout { op, after });
     }
     if Reply::of(&source) == Reply::Connection {
-        return Failed {
-            error: LockError::Redis { op, source },
-            reached: Reached::Maybe,
-        };
+        return Failed::maybe(LockError::Redis { op, source });
     }
     let reached = if ran(&source) {
         Reached::Answered
@@ -104,12 +83,4 @@ pub(crate) fn failed(op: &'static str, source: redis::RedisError, after: Duratio
         error: LockError::from_redis(op, source),
         reached,
     }
-}
-
-/// True when the error says the connection itself is unusable, not that the command failed.
-pub(crate) fn is_connection_failure(err: &redis::RedisError) -> bool {
-    err.is_io_error()
-        || err.is_connection_dropped()
-        || err.is_timeout()
-        || err.is_unrecoverable_error()
 }

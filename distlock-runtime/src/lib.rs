@@ -372,6 +372,7 @@ mod refusal;
 mod release;
 mod renew;
 mod request;
+mod retry;
 mod scripts;
 mod sync;
 mod telemetry;

@@ -10,8 +10,10 @@ use tokio::time::Instant;
 use crate::background::MAX_PENDING;
 use crate::call::ScriptCall;
 use crate::context::Context;
-use crate::error::{LockError, Misconfiguration, Reply};
+use crate::error::LockError;
+use crate::failed::Failed;
 use crate::keys::LockKeys;
+use crate::retry::{Decision, Retry, Tried};
 use crate::scripts::{self, Queued};
 use crate::sync::lock;
 use crate::topology::{by_shard, Deployment};
@@ -90,10 +92,33 @@ pub(crate) fn release_in_background(
         tracing::debug!(keys = ?lock_names(&redis_keys), ?leaving, "distlock releasing in the background");
     }
     let give_up = Instant::now() + ttl;
-    let response_timeout = context.redis().response_timeout();
-    runtime.spawn(async move {
-        let context = &pending.0;
-        let mut pause = Duration::from_millis(50);
+    runtime.spawn(async move { pending.release(&redis_keys, &token, leaving, give_up).await });
+}
+
+/// One background release counted in [`Background::pending`](crate::background::Background::pending) (uncounted when dropped, also
+/// with its runtime).
+struct Pending(Arc<Context>);
+
+impl Pending {
+    fn enter(context: &Arc<Context>) -> Option<Self> {
+        context
+            .background
+            .enter()
+            .then(|| Self(Arc::clone(context)))
+    }
+
+    /// Releases `redis_keys` by `token`, repeated as `leaving` says, and retried as
+    /// [`Retry::release`] says until `give_up`.
+    async fn release(
+        &self,
+        redis_keys: &[LockKeys],
+        token: &str,
+        leaving: Leaving,
+        give_up: Instant,
+    ) {
+        let context = &self.0;
+        let response_timeout = context.redis().response_timeout();
+        let (retry, mut tried) = (Retry::release(give_up), Tried::default());
         let mut repeats = match leaving {
             Leaving::InFlight | Leaving::InFlightFair | Leaving::Late => 2,
             Leaving::Dropped | Leaving::Queued | Leaving::Lost => 0,
@@ -104,10 +129,10 @@ pub(crate) fn release_in_background(
                 // ttl: they are gone by then anyway.
                 let turn = context.background.in_flight.acquire();
                 let Ok(_turn) = tokio::time::timeout_at(give_up, turn).await else {
-                    tracing::debug!(keys = ?lock_names(&redis_keys), "distlock background release gave up waiting for its turn; the keys expire by their ttl");
+                    tracing::debug!(keys = ?lock_names(redis_keys), "distlock background release gave up waiting for its turn; the keys expire by their ttl");
                     return;
                 };
-                release_keys(context, &redis_keys, &token, leaving.queued()).await
+                release_keys(context, redis_keys, token, leaving.queued()).await
             };
             let error = match released {
                 Ok(released)
@@ -123,57 +148,32 @@ pub(crate) fn release_in_background(
                 Ok(_) => return,
                 Err(error) => error,
             };
-            // Redis refusing the release (an ACL, say) refuses it again: only an outage
-            // is worth waiting out.
-            let outage = match &error {
-                LockError::RedisTimeout { .. } | LockError::NoQuorum { .. } => true,
-                LockError::Redis { source, .. } => matches!(
-                    Reply::of(source),
-                    Reply::Connection | Reply::Passing | Reply::Resharding | Reply::ReadOnly
-                ),
-                // redis-rs reports every refused AUTH so, also one of a server at its client
-                // limit; a password may be being rotated; and a failover may make the server a
-                // primary again (or move a DNS name to the new one).
-                LockError::Misconfigured {
-                    problem: Misconfiguration::Credentials | Misconfiguration::Replica,
-                    ..
-                } => true,
-                _ => false,
-            };
-            if !outage || Instant::now() + pause >= give_up {
-                let keys = lock_names(&redis_keys);
-                match leaving {
-                    // A lease its owner let go of: the lock is held, and others wait for it.
-                    Leaving::Dropped => {
-                        let unreported = lock(&context.background.failed).note(Instant::now());
-                        if let Some(unreported) = unreported {
-                            tracing::warn!(?keys, %error, unreported, "distlock release failed; the lock expires after its ttl");
-                        }
-                    }
-                    Leaving::Lost => tracing::debug!(?keys, %error, "distlock could not release a lost lease; its keys expire after their ttl at the latest"),
-                    // Nothing is known to be held: an acquire that may never have run, a
-                    // waiter's queue entry (which lapses by itself), a lease already lost.
-                    _ => tracing::debug!(?keys, %error, ?leaving, "distlock could not undo an acquire that may have reached Redis; if it took the lock, the lock expires after its ttl"),
-                }
-                return;
+            let failed = Failed::maybe(error);
+            if let Decision::After(pause) = retry.decide(&failed, &mut tried, Instant::now()) {
+                tracing::debug!(keys = ?lock_names(redis_keys), error = %failed.error, "distlock background release failed; retrying");
+                tokio::time::sleep(pause).await;
+                continue;
             }
-            tracing::debug!(keys = ?lock_names(&redis_keys), %error, "distlock background release failed; retrying");
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(1));
+            let (keys, error) = (lock_names(redis_keys), failed.error);
+            match leaving {
+                // A lease its owner let go of: the lock is held, and others wait for it.
+                Leaving::Dropped => {
+                    let unreported = lock(&context.background.failed).note(Instant::now());
+                    if let Some(unreported) = unreported {
+                        tracing::warn!(?keys, %error, unreported, "distlock release failed; the lock expires after its ttl");
+                    }
+                }
+                Leaving::Lost => {
+                    tracing::debug!(?keys, %error, "distlock could not release a lost lease; its keys expire after their ttl at the latest")
+                }
+                // Nothing is known to be held: an acquire that may never have run, a
+                // waiter's queue entry (which lapses by itself), a lease already lost.
+                _ => {
+                    tracing::debug!(?keys, %error, ?leaving, "distlock could not undo an acquire that may have reached Redis; if it took the lock, the lock expires after its ttl")
+                }
+            }
+            return;
         }
-    });
-}
-
-/// One background release counted in [`Background::pending`](crate::background::Background::pending) (uncounted when dropped, also
-/// with its runtime).
-struct Pending(Arc<Context>);
-
-impl Pending {
-    fn enter(context: &Arc<Context>) -> Option<Self> {
-        context
-            .background
-            .enter()
-            .then(|| Self(Arc::clone(context)))
     }
 }
 

@@ -5,7 +5,7 @@
 //! cancelled, so nothing renews a lease its owner has let go. Leases due in the same tick are
 //! extended by one script call; each lease's answer is its own, so a lease found gone is marked
 //! lost without touching the others. Redis errors are retried with jittered exponential backoff
-//! (see [`retry_delay`]) until the lease's own validity has run out, then the lease is lost; a
+//! (see [`Retry::renewal`]) until the lease's own validity has run out, then the lease is lost; a
 //! failing Redis is reported once, then at most once a second with a count ([`FailureLog`]), so an
 //! outage costs neither a core nor a flood of log lines. The driver stops after [`IDLE`] without
 //! leases.
@@ -25,6 +25,7 @@ use crate::call::{Confirm, ScriptCall};
 use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::mode::Words;
+use crate::retry::Retry;
 use crate::scripts;
 use crate::sync::lock;
 use crate::telemetry::Throttle;
@@ -200,38 +201,15 @@ pub(crate) fn interval(ttl: Duration) -> Duration {
     ttl / 3
 }
 
-/// How long before a lease's validity ends its last renewal retry is sent at the latest.
-const LAST_TRY_BEFORE_EXPIRY: Duration = Duration::from_millis(20);
-
 /// The shortest pause between two renewal attempts of a lease.
 const MIN_RETRY: Duration = Duration::from_millis(5);
 
-/// How soon to retry the renewal of a lease of `ttl` after its `failures`-th failure in a row:
-/// from an eighth of the renewal interval (10 to 250 ms), doubling up to a quarter of the ttl
-/// (at most 2 s), half of it random ("equal jitter"), so leases of many processes do not retry in
-/// step. A lease renewed every ttl/3 has two thirds of its ttl left when the first renewal fails:
-/// enough for several retries before it is lost.
-fn retry_delay(ttl: Duration, failures: u32) -> Duration {
-    let first = (interval(ttl) / 8).clamp(Duration::from_millis(10), Duration::from_millis(250));
-    let cap = (ttl / 4).clamp(first, Duration::from_secs(2));
-    let step = first
-        .saturating_mul(1 << failures.saturating_sub(1).min(16))
-        .min(cap);
-    let half = step / 2;
-    half + Duration::from_nanos(fastrand::u64(0..=half.as_nanos() as u64))
-}
-
 /// When to retry the renewal of a lease of `ttl`, valid until `valid_until`, after its
-/// `failures`-th failure in a row at `now`: after [`retry_delay`], but never past the lease's
-/// last chance ([`LAST_TRY_BEFORE_EXPIRY`] before it ends: a Redis back just before then still
-/// saves it), and never sooner than [`MIN_RETRY`] (no tight loop).
+/// `failures`-th failure in a row at `now`: as [`Retry::renewal`] says (never past the lease's
+/// last chance), but never sooner than [`MIN_RETRY`] (no tight loop).
 fn next_retry(now: Instant, valid_until: Instant, ttl: Duration, failures: u32) -> Instant {
-    let last_chance = valid_until
-        .checked_sub(LAST_TRY_BEFORE_EXPIRY)
-        .unwrap_or(now);
-    (now + retry_delay(ttl, failures))
-        .min(last_chance)
-        .max(now + MIN_RETRY)
+    let pause = Retry::renewal(ttl, valid_until).pause(failures, now);
+    now + pause.map_or(MIN_RETRY, |pause| pause.max(MIN_RETRY))
 }
 
 /// Rate-limits the warning for failed renewals: the first failure is logged at once, later ones
@@ -421,6 +399,7 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
         let Some(entry) = registry.leases.get_mut(&lease.id) else {
             continue;
         };
+        let valid_until = entry.state.valid_until();
         let outcome = match &answers[i] {
             Ok(true) => {
                 let current = entry.state.renewed(sent, lease.ttl);
@@ -444,17 +423,10 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
                 }
             }
             Ok(false) => Event::NotOwned,
-            Err(error) if entry.state.valid_until() <= now => {
-                Event::FailedUntilExpiry(error.clone())
-            }
+            Err(error) if valid_until <= now => Event::FailedUntilExpiry(error.clone()),
             Err(_) => {
                 entry.failures = entry.failures.saturating_add(1);
-                entry.due = Some(next_retry(
-                    now,
-                    entry.state.valid_until(),
-                    lease.ttl,
-                    entry.failures,
-                ));
+                entry.due = Some(next_retry(now, valid_until, lease.ttl, entry.failures));
                 continue;
             }
         };
@@ -629,6 +601,7 @@ async fn extend_calls(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::retry::LAST_TRY_BEFORE_EXPIRY;
 
     #[test]
     fn a_retry_never_waits_past_the_leases_last_chance_nor_spins() {
@@ -656,28 +629,6 @@ mod tests {
         // At or past the last chance: still a pause, never a tight loop.
         for valid_until in [now, now + Duration::from_millis(10)] {
             assert_eq!(next_retry(now, valid_until, ttl, 3), now + MIN_RETRY);
-        }
-    }
-
-    #[test]
-    fn retries_back_off_with_jitter_up_to_a_cap() {
-        let ttl = Duration::from_secs(30);
-        // 30 s: first step 250 ms, cap 2 s; each delay is between half the step and the step.
-        let mut step = Duration::from_millis(250);
-        for failures in 1..12 {
-            let delay = retry_delay(ttl, failures);
-            assert!(
-                delay >= step / 2 && delay <= step,
-                "failure {failures}: {delay:?} vs {step:?}"
-            );
-            step = (step * 2).min(Duration::from_secs(2));
-        }
-        // A short lease still retries, never in a tight loop, and well within its validity.
-        let short = Duration::from_millis(300);
-        for failures in 1..40 {
-            let delay = retry_delay(short, failures);
-            assert!(delay >= Duration::from_millis(5), "{delay:?}");
-            assert!(delay <= short / 4, "{delay:?}");
         }
     }
 }

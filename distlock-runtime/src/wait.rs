@@ -24,11 +24,8 @@ use tokio::time::Instant;
 
 use crate::fair::{self, ClaimWatch, Handoff, HolderWatch, Sibling};
 use crate::notify::{Notifications, Ticket};
+use crate::retry::Retry;
 
-/// First backoff step.
-const FIRST: Duration = Duration::from_millis(1);
-/// Longest backoff step.
-const CAP: Duration = Duration::from_millis(50);
 /// With notifications, how long to sleep on a held key that has no expiry before looking again.
 const NO_EXPIRY_CHECK: Duration = Duration::from_secs(1);
 
@@ -71,7 +68,8 @@ pub(crate) enum Wake {
 /// Paces one caller's attempts on a held lock.
 pub(crate) struct Waiter<'a> {
     deadline: Instant,
-    step: Duration,
+    /// Backoff pauses so far (see [`Retry::waiting`]).
+    paused: u32,
     notifications: Option<&'a Notifications>,
     /// The owner token of a fair waiter, and how long its queue entry lasts once kept.
     fair: Option<(Arc<str>, Duration)>,
@@ -93,7 +91,7 @@ impl<'a> Waiter<'a> {
     ) -> Self {
         Self {
             deadline,
-            step: FIRST,
+            paused: 0,
             notifications,
             fair,
             secret: None,
@@ -206,6 +204,15 @@ impl<'a> Waiter<'a> {
                 now + r + Duration::from_millis(1)
             })
             .min(self.deadline);
+        self.sleep_on(holder_until, sent).await
+    }
+
+    /// Sleeps on the ticket until a hand-off, a notification, or the holder's expiry
+    /// (`holder_until`, or the deadline for a fair waiter behind another of this process).
+    async fn sleep_on(&mut self, holder_until: Instant, sent: Instant) -> Wake {
+        let Some(ticket) = &self.ticket else {
+            return Wake::Retry;
+        };
         loop {
             if let Some(handoff) = ticket.take_handed() {
                 return Wake::Handed(handoff);
@@ -260,33 +267,20 @@ impl<'a> Waiter<'a> {
     }
 
     async fn back_off(&mut self, holder_remaining: Option<Duration>) -> Wake {
-        match self.next_delay(Instant::now(), holder_remaining) {
-            Some(delay) => {
-                tokio::time::sleep(delay).await;
-                Wake::Retry
-            }
-            None => Wake::Deadline,
-        }
+        let Some(delay) = self.next_delay(Instant::now(), holder_remaining) else {
+            return Wake::Deadline;
+        };
+        tokio::time::sleep(delay).await;
+        Wake::Retry
     }
 
-    /// The pause before the next attempt, or `None` once `now` is at or past the deadline.
+    /// The pause before the next attempt ([`Retry::waiting`]), or `None` once `now` is at or
+    /// past the deadline.
     fn next_delay(&mut self, now: Instant, holder_remaining: Option<Duration>) -> Option<Duration> {
-        let left = self.deadline.checked_duration_since(now)?;
-        if left.is_zero() {
-            return None;
-        }
-        let step = self.step;
-        self.step = (step * 2).min(CAP);
-        // "Equal jitter": half the step fixed, half random, so waiters spread out without
-        // ever retrying in a tight loop.
-        let half = step / 2;
-        let jitter = Duration::from_nanos(fastrand::u64(0..=half.as_nanos() as u64));
-        let mut delay = half + jitter;
-        if let Some(remaining) = holder_remaining {
-            // The holder's lease ends then even if it never releases: be there when it does.
-            delay = delay.min(remaining + Duration::from_millis(1));
-        }
-        Some(delay.min(left))
+        let delay = Retry::waiting(self.deadline).pause(self.paused + 1, now)?;
+        self.paused += 1;
+        // The holder's lease ends then even if it never releases: be there when it does.
+        Some(holder_remaining.map_or(delay, |r| delay.min(r + Duration::from_millis(1))))
     }
 }
 
@@ -298,23 +292,27 @@ mod tests {
     fn delays_grow_to_the_cap_and_stay_within_jitter_bounds() {
         let now = Instant::now();
         let mut waiter = Waiter::new(now + Duration::from_secs(60), None, None);
-        let mut expected = FIRST;
+        let policy = Retry::waiting(waiter.deadline);
+        let mut expected = policy.base;
         for _ in 0..12 {
             let delay = waiter.next_delay(now, None).unwrap();
             assert!(
                 delay >= expected / 2 && delay <= expected,
                 "{delay:?} vs {expected:?}"
             );
-            expected = (expected * 2).min(CAP);
+            expected = (expected * 2).min(policy.cap);
         }
-        assert_eq!(waiter.step, CAP);
+        // And there it stays.
+        let delay = waiter.next_delay(now, None).unwrap();
+        assert!(delay >= policy.cap / 2 && delay <= policy.cap, "{delay:?}");
     }
 
     #[test]
     fn never_sleeps_past_the_holders_expiry_or_the_deadline() {
         let now = Instant::now();
         let mut waiter = Waiter::new(now + Duration::from_millis(30), None, None);
-        waiter.step = CAP;
+        // At the cap (50 ms).
+        waiter.paused = 6;
         let delay = waiter
             .next_delay(now, Some(Duration::from_millis(3)))
             .unwrap();

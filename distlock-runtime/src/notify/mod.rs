@@ -625,7 +625,9 @@ impl InFlight {
                 state.refused_until = Some(Instant::now() + REFUSED_FOR);
                 Outcome::Refused
             }
-            Ok(Err(error)) if !crate::failed::is_connection_failure(&error) => {
+            Ok(Err(error))
+                if crate::error::Reply::of(&error) != crate::error::Reply::Connection =>
+            {
                 tracing::debug!(%channel, %error, "distlock could not subscribe to release notifications; waiters poll");
                 Outcome::Failed {
                     retry_after: (Instant::now() + RECONNECT_AFTER).into_std(),

@@ -48,12 +48,14 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::link::Hop;
 use super::Replicas;
 use super::{push_handler, Channels, Ended, Message, OnMessage, Subscribe};
 use super::{Dial, Link, Timeouts};
 use crate::call::{BoxFuture, ScriptCall};
 use crate::error::{LockError, Misconfiguration};
 use crate::failed::{Failed, Reached};
+use crate::retry::{Address, Decision, Redirect, Retry, Tried};
 use crate::sync::lock;
 use crate::tls::Tls;
 
@@ -68,19 +70,12 @@ const OTHER_VIEWS: Duration = Duration::from_millis(20);
 /// be stale, and asking again at once would only load the nodes.
 const REFETCH_EVERY: Duration = Duration::from_millis(100);
 
-/// The pause before a call refused for a passing reason (`TRYAGAIN`, `CLUSTERDOWN`, a node
-/// that refuses connections) is sent again.
-const RETRY_PAUSE: Duration = Duration::from_millis(20);
-
 /// How long a fetch of the slot map may seem to run before another may start: far longer
 /// than a fetch and its cool-down take (each node's answer is bounded by the response timeout).
 const FETCH_STUCK: Duration = Duration::from_secs(30);
 
 /// Slots in a Redis Cluster.
 const SLOTS: usize = 16384;
-
-/// A node's address as the cluster names it.
-type Address = (String, u16);
 
 /// One slot range of `CLUSTER SLOTS`: first and last slot, and its primary.
 type Range = (u16, u16, Address);
@@ -183,28 +178,27 @@ impl Cluster {
     }
 
     /// Runs `call` on the primary of its slot, following the cluster's redirections (see the
-    /// module docs), all within one response timeout.
+    /// module docs) as its policy says ([`Retry::routed`]), all within one response timeout.
     async fn run_call(&self, call: &ScriptCall) -> Result<Value, Failed> {
         let slot = call.first_key().map_or(0, slot);
         // Taken before the first try: every try counts against one response timeout. (A clock
         // read per call; the map lookup below is the other cost a call has here.)
         let until = Instant::now() + self.nodes.timeouts.response;
-        // A node a redirection named, and whether it asked for `ASKING`.
-        let mut redirected: Option<(Arc<Node>, bool)> = None;
+        let (retry, mut tried) = (Retry::routed(until), Tried::default());
+        // A node a redirection named, and the hop it takes there.
+        let mut redirected: Option<(Arc<Node>, Hop)> = None;
         // Whether an earlier try may have reached Redis (and so run): the final failure says
         // so too, or an acquire would skip its in-doubt release.
         let mut maybe = false;
         loop {
-            let (node, asking) = match redirected.take() {
+            let (node, hop) = match redirected.take() {
                 Some(target) => target,
-                None => (self.nodes.primary_by(slot, until, call.op).await?, false),
+                None => (
+                    self.nodes.primary_by(slot, until, call.op).await?,
+                    Hop::Direct,
+                ),
             };
-            let answer = if asking {
-                node.link.run_asking(call).await
-            } else {
-                node.link.run(call).await
-            };
-            let mut failed = match answer {
+            let mut failed = match node.link.run_via(call, hop).await {
                 Ok(answer) => return Ok(answer),
                 Err(failed) => failed,
             };
@@ -212,19 +206,18 @@ impl Cluster {
                 failed.reached = Reached::Maybe;
             }
             maybe |= failed.reached == Reached::Maybe;
-            match Redirect::of(&failed) {
-                Some(Redirect::Moved(address)) => {
-                    redirected = Some((self.nodes.moved(slot, address, &node), false));
+            match retry.decide(&failed, &mut tried, Instant::now()) {
+                Decision::Redirect(Redirect::Moved(address)) => {
+                    redirected = Some((self.nodes.moved(slot, address, &node), Hop::Direct));
                 }
-                Some(Redirect::Ask(address)) => {
-                    redirected = Some((self.nodes.node_at(address, &node), true));
+                Decision::Redirect(Redirect::Ask(address)) => {
+                    redirected = Some((self.nodes.node_at(address, &node), Hop::Asking));
                 }
-                Some(Redirect::Again) => {
+                Decision::After(pause) => {
                     self.nodes.refetch();
-                    let pause = RETRY_PAUSE.min(until.saturating_duration_since(Instant::now()));
                     tokio::time::sleep(pause).await;
                 }
-                None => {
+                _ => {
                     // A node that does not answer in time may have been failed over (paused,
                     // cut off): the map is fetched again, from the other nodes too, so the next
                     // call goes where the slot lives now. This one may have run: not sent again.
@@ -234,45 +227,6 @@ impl Cluster {
                     return Err(failed);
                 }
             }
-            if Instant::now() >= until {
-                return Err(failed);
-            }
-        }
-    }
-}
-
-/// What a failed call tells the router to do.
-enum Redirect {
-    /// `MOVED`: the slot lives at this address now.
-    Moved(Address),
-    /// `ASK`: this one call goes to that address, after `ASKING` (a slot being migrated).
-    Ask(Address),
-    /// Refused for a passing reason, nothing ran: again shortly, where the map says.
-    Again,
-}
-
-impl Redirect {
-    fn of(failed: &Failed) -> Option<Self> {
-        use redis::ServerErrorKind::{Ask, ClusterDown, Moved, ReadOnly, TryAgain};
-        // A node that refuses connections (gone, or restarting): its replica may be taking over.
-        // (One that accepts none in time is hung: an error now, not a second wait.)
-        if failed.reached == Reached::No && matches!(failed.error, LockError::Redis { .. }) {
-            return Some(Self::Again);
-        }
-        let source = failed.error.redis_source()?;
-        match source.kind() {
-            redis::ErrorKind::Server(Moved | Ask) => {
-                let (address, _) = source.redirect_node()?;
-                let (host, port) = address.rsplit_once(':')?;
-                let address = (host.to_owned(), port.parse().ok()?);
-                Some(if source.kind() == redis::ErrorKind::Server(Moved) {
-                    Self::Moved(address)
-                } else {
-                    Self::Ask(address)
-                })
-            }
-            redis::ErrorKind::Server(TryAgain | ClusterDown | ReadOnly) => Some(Self::Again),
-            _ => None,
         }
     }
 }

@@ -1,28 +1,31 @@
 //! Talking to one server: a [`Link`] is one multiplexed connection, dialled again when it fails
-//! (one dial shared by every call that needs it), every call bounded by a timeout; a request
-//! refused for a passing reason is sent again, and a `READONLY` answer means what its [`Dial`]
-//! says. Every route talks to its servers through links, a cluster through one per node.
+//! (one dial shared by every call that needs it), every call bounded by a timeout; a failed try
+//! is sent again as the link's retry policy says ([`Retry::link`]), and a `READONLY` answer
+//! means what its [`Dial`] says. Every route talks to its servers through links, a cluster
+//! through one per node.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Mutex;
 use std::task::Poll;
-use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{Cmd, Value};
+use redis::{Cmd, RedisResult, Value};
+use tokio::time::Instant;
 
 use super::connect::Timeouts;
-use super::replicas::{Primary, Replicas, Replicated};
+use super::replicas::{Replicas, Replicated};
 use crate::call::{BoxFuture, Confirm, ScriptCall};
 use crate::error::{LockError, Misconfiguration, Reply};
-use crate::failed::{failed, is_connection_failure, Failed, Reached, PASSING_RETRY};
+use crate::failed::{failed, Failed, Reached};
 use crate::ids::next_id;
+use crate::retry::{Decision, Retry, Tried};
 use crate::sync::lock;
 
 /// One multiplexed connection, made by a [`Dial`] and made again when it fails: the way every
 /// route but the cluster's talks to one server.
 pub(crate) struct Link {
-    dial: Box<dyn Dial>,
+    pub(super) dial: Box<dyn Dial>,
     current: Mutex<Option<Current>>,
     timeouts: Timeouts,
     bounded_connections: bool,
@@ -91,6 +94,74 @@ pub(crate) enum ReadOnly {
     Routed,
 }
 
+/// How a request reaches a cluster node: as the slot map routes it, or after `ASKING` (an
+/// `ASK` redirection to a node importing the slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hop {
+    /// Where the slot map says.
+    Direct,
+    /// After `ASKING`, on the same connection.
+    Asking,
+}
+
+impl Hop {
+    /// A pipeline that takes this hop: `ASKING` first when asked.
+    pub(super) fn pipe(self) -> redis::Pipeline {
+        let mut pipe = redis::pipe();
+        if self == Hop::Asking {
+            pipe.cmd("ASKING");
+        }
+        pipe
+    }
+
+    /// The replies to a pipeline over this hop, after `ASKING`'s own, which is checked too: an
+    /// ACL user without `+asking` is told so, not bounced between two nodes until the deadline.
+    pub(super) fn answers(self, replies: Vec<Value>) -> RedisResult<std::vec::IntoIter<Value>> {
+        let mut replies = replies.into_iter();
+        if self == Hop::Asking {
+            replies.next().unwrap_or(Value::Nil).extract_error()?;
+        }
+        Ok(replies)
+    }
+
+    /// Sends `cmd` on `conn` over this hop: its answer, or its error.
+    async fn send(self, mut conn: MultiplexedConnection, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Hop::Direct => conn.send_packed_command(cmd).await,
+            Hop::Asking => {
+                let mut pipe = self.pipe();
+                pipe.add_command(cmd.clone());
+                let replies = conn.send_packed_commands(&pipe, 0, 2).await?;
+                Ok(self.answers(replies)?.next().unwrap_or(Value::Nil))
+            }
+        }
+        .and_then(Value::extract_error)
+    }
+}
+
+/// What a link sends: a command, or a script call by its hash (sent whole, `EVAL`, once the
+/// server lost the script), over a hop.
+pub(super) struct Request<'a> {
+    pub(super) op: &'static str,
+    pub(super) cmd: Cow<'a, Cmd>,
+    /// The script call `cmd` makes by the script's hash, until it is sent whole.
+    call: Option<&'a ScriptCall>,
+    pub(super) hop: Hop,
+}
+
+impl<'a> Request<'a> {
+    pub(super) fn script(call: &'a ScriptCall, hop: Hop) -> Self {
+        let (op, cmd, call) = (call.op, Cow::Borrowed(call.evalsha()), Some(call));
+        Self { op, cmd, call, hop }
+    }
+
+    /// Sends the whole script from now on (`EVAL`, which also loads it): whether there is one.
+    pub(super) fn reload(&mut self) -> bool {
+        let reloaded = self.call.take().map(ScriptCall::eval);
+        reloaded.map(|eval| self.cmd = Cow::Owned(eval)).is_some()
+    }
+}
+
 /// Which connection a call used, and whether it was kept from an earlier call.
 struct Checkout {
     generation: u64,
@@ -100,6 +171,14 @@ struct Checkout {
 struct Current {
     generation: u64,
     conn: MultiplexedConnection,
+}
+
+impl Current {
+    /// This connection, for a call (`reused`: it was kept from an earlier call).
+    fn checkout(&self, reused: bool) -> (Checkout, MultiplexedConnection) {
+        let generation = self.generation;
+        (Checkout { generation, reused }, self.conn.clone())
+    }
 }
 
 impl Link {
@@ -126,6 +205,12 @@ impl Link {
         self.timeouts
     }
 
+    /// Whether a `READONLY` answer is worth one more try, on a fresh connection that may reach
+    /// the primary (not on a cluster node, whose caller routes by itself).
+    pub(super) fn retries_read_only(&self) -> bool {
+        self.dial.read_only() != ReadOnly::Routed
+    }
+
     /// Whether writes wait for replicas (`min_replicas`).
     pub(crate) fn waits_for_replicas(&self) -> bool {
         self.replicated.is_some()
@@ -134,239 +219,165 @@ impl Link {
     /// Runs a script call (`EVALSHA`, and `EVAL` if the server lost the script); with
     /// `min_replicas`, a write waits for its replicas.
     pub(crate) async fn run(&self, call: &ScriptCall) -> Result<Value, Failed> {
-        self.run_as(call, false).await
+        self.run_via(call, Hop::Direct).await
     }
 
-    /// [`run`](Self::run), preceded by `ASKING` on the same connection: a cluster node accepts
-    /// one command for a slot it is importing so.
-    pub(crate) async fn run_asking(&self, call: &ScriptCall) -> Result<Value, Failed> {
-        self.run_as(call, true).await
-    }
-
-    async fn run_as(&self, call: &ScriptCall, asking: bool) -> Result<Value, Failed> {
+    /// [`run`](Self::run) over `hop` (a cluster node accepts a call for a slot it imports
+    /// after `ASKING`).
+    pub(crate) async fn run_via(&self, call: &ScriptCall, hop: Hop) -> Result<Value, Failed> {
         match &self.replicated {
             Some(replicated) if !matches!(call.confirm, Confirm::No) => {
-                Box::pin(replicated.run(self, call, asking)).await
+                Box::pin(replicated.run(self, call, hop)).await
             }
-            _ => self.run_plain(call, asking).await,
+            _ => self.send(Request::script(call, hop)).await,
         }
     }
 
-    /// Runs `call`: `EVALSHA`, and `EVAL` if the server lost the script.
-    async fn run_plain(&self, call: &ScriptCall, asking: bool) -> Result<Value, Failed> {
-        call.run_with(|cmd| async move { self.send(call.op, &cmd, asking).await })
-            .await
+    /// Sends one command (see [`send`](Self::send)).
+    pub(crate) async fn query(&self, op: &'static str, cmd: &Cmd) -> Result<Value, Failed> {
+        let (cmd, call, hop) = (Cow::Borrowed(cmd), None, Hop::Direct);
+        self.send(Request { op, cmd, call, hop }).await
     }
 
-    /// Sends one command, bounded by the response timeout (and the dial's timeouts when a
-    /// connection must be opened first).
+    /// Sends `request`, each try bounded by the response timeout (and the dial's timeouts when a
+    /// connection must be opened first), and tries again as the link's policy
+    /// ([`Retry::link`]) says.
     ///
     /// A connection kept from an earlier call may have died while idle (a server restart, an
-    /// idle timeout): when it fails at once, the command is sent once more on a fresh
+    /// idle timeout): when it fails at once, the request is sent once more on a fresh
     /// connection. Every distlock script is safe to repeat (an acquire by the same token takes
     /// its own keys again; release and extend are idempotent).
-    pub(crate) async fn query(&self, op: &'static str, cmd: &Cmd) -> Result<Value, Failed> {
-        self.send(op, cmd, false).await
-    }
-
-    /// [`query`](Self::query), preceded by `ASKING` when `asking`.
-    async fn send(&self, op: &'static str, cmd: &Cmd, asking: bool) -> Result<Value, Failed> {
-        let after = self.timeouts.response;
+    pub(super) async fn send(&self, mut request: Request<'_>) -> Result<Value, Failed> {
         // Set at the first refusal for a passing reason: the tries after it share what is left
         // of a response timeout. (Most calls never need it: no clock read for them.)
-        let mut deadline: Option<tokio::time::Instant> = None;
-        let mut may_retry = true;
-        let mut read_only_retry = self.dial.read_only() != ReadOnly::Routed;
+        let mut deadline: Option<Instant> = None;
+        let mut tried = Tried::default();
         // Whether an earlier try may have reached Redis.
         let mut sent = Reached::No;
-        // Set once a try was refused for a passing reason: the tries after it share what is
-        // left of the response timeout, and one cut short by it reports that refusal.
+        // Set once a try was refused for a passing reason: the tries after it end by the
+        // deadline, and one cut short by it reports that refusal.
         let mut passing: Option<redis::RedisError> = None;
         loop {
-            let (checkout, mut conn) = match self.connection(op).await {
-                Ok(connection) => connection,
+            let (answer, unsent, generation) = match self.connection(request.op).await {
+                Ok((checkout, conn)) => {
+                    tried.kept = checkout.reused;
+                    let until = deadline.filter(|_| passing.is_some());
+                    let (answer, unsent) = self.try_on(conn, &request, until).await;
+                    (answer, unsent, Some(checkout.generation))
+                }
                 Err(error) => {
-                    let refused = error
-                        .redis_source()
-                        .is_some_and(|source| Reply::of(source) == Reply::Passing);
-                    let now = tokio::time::Instant::now();
-                    let deadline = *deadline.get_or_insert(now + after);
-                    if refused && now + PASSING_RETRY < deadline {
-                        // Refused while connecting (BUSY, LOADING): again shortly.
-                        tokio::time::sleep(PASSING_RETRY).await;
-                        continue;
-                    }
-                    // A dial cut short after the server kept refusing: that refusal.
-                    let error = match (passing.take(), error) {
-                        (Some(source), LockError::RedisTimeout { .. }) => {
-                            LockError::from_redis(op, source)
-                        }
-                        // A cluster node refused the URL's database (`SELECT`): say which.
-                        (
-                            _,
-                            LockError::Misconfigured {
-                                op,
-                                problem: problem @ Misconfiguration::ClusterNode,
-                                source,
-                                ..
-                            },
-                        ) => LockError::Misconfigured {
-                            op,
-                            problem,
-                            detail: self.cluster_node_detail(),
-                            source,
-                        },
-                        (_, error) => error,
-                    };
-                    return Err(Failed {
-                        error,
-                        reached: sent,
-                    });
+                    let reached = Reached::No;
+                    (Err(Failed { error, reached }), false, None)
                 }
             };
-            let mut call = std::pin::pin!(async {
-                if asking {
-                    let mut pipe = redis::pipe();
-                    pipe.cmd("ASKING").add_command(cmd.clone());
-                    // ASKING's own reply too: an ACL user without `+asking` is told so, not
-                    // bounced between the two nodes until the deadline.
-                    conn.send_packed_commands(&pipe, 0, 2)
-                        .await
-                        .and_then(|answers| {
-                            let mut answers = answers.into_iter();
-                            answers.next().unwrap_or(Value::Nil).extract_error()?;
-                            Ok(answers.next().unwrap_or(Value::Nil))
-                        })
-                } else {
-                    conn.send_packed_command(cmd).await
-                }
-                .and_then(Value::extract_error)
-            });
-            // A connection whose driver has already stopped (the server closed it) fails the
-            // request at its first poll, before handing it over: then it was never sent.
-            let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
-            let unsent = matches!(&first, Poll::Ready(Err(e)) if is_connection_failure(e));
-            let answer = match first {
-                Poll::Ready(answer) => Some(answer),
-                Poll::Pending if passing.is_some() => match deadline {
-                    Some(deadline) => tokio::time::timeout_at(deadline, call).await.ok(),
-                    None => tokio::time::timeout(after, call).await.ok(),
-                },
-                Poll::Pending if self.bounded_connections => Some(call.await),
-                Poll::Pending => tokio::time::timeout(after, call).await.ok(),
+            let failed = match answer {
+                Ok(value) => return Ok(value),
+                Err(failed) => failed,
             };
-            // How far this try got: one whose request never left got as far as those before it.
-            let settle = |mut failed: Failed| {
-                failed.reached = if unsent && failed.reached == Reached::Maybe {
-                    sent
-                } else {
-                    failed.reached.max_with(sent)
-                };
-                failed
-            };
-            match answer {
-                Some(Ok(value)) => return Ok(value),
-                Some(Err(source)) if source.is_timeout() => {
-                    // The connection's own response timeout fired.
-                    self.forget(checkout.generation);
-                    return Err(settle(failed(op, source, after)));
+            let now = Instant::now();
+            let until = deadline.unwrap_or(now + self.timeouts.response);
+            let decision =
+                Retry::link(until, self.retries_read_only()).decide(&failed, &mut tried, now);
+            if let Some(generation) = generation {
+                // Broken, stuck behind a hung server, or a replica's: send nothing more on it.
+                if failed.reached == Reached::Maybe || decision == Decision::Reconnect {
+                    self.forget(generation);
                 }
-                Some(Err(source)) => {
-                    let reply = Reply::of(&source);
-                    if reply == Reply::ReadOnly && read_only_retry {
-                        // A replica refused it before running it: once more on a fresh
-                        // connection, which may reach the primary.
-                        self.forget(checkout.generation);
-                        read_only_retry = false;
-                        continue;
+            }
+            if failed.reached == Reached::Maybe && !unsent {
+                sent = Reached::Maybe;
+            }
+            match decision {
+                Decision::After(pause) => {
+                    // Refused while connecting (BUSY, LOADING), or after it: again shortly.
+                    deadline = Some(until);
+                    if generation.is_some() {
+                        passing = failed.error.redis_source().cloned();
                     }
-                    let now = tokio::time::Instant::now();
-                    let deadline = *deadline.get_or_insert(now + after);
-                    if reply == Reply::Passing && now + PASSING_RETRY < deadline {
-                        // Refused before it ran, for a passing reason (LOADING, BUSY,
-                        // MASTERDOWN): again shortly, on the same connection.
-                        passing = Some(source);
-                        tokio::time::sleep(PASSING_RETRY).await;
-                        continue;
-                    }
-                    if matches!(reply, Reply::Redirect | Reply::CrossSlot)
-                        && self.dial.read_only() != ReadOnly::Routed
-                    {
-                        return Err(settle(self.cluster_node(op, source)));
-                    }
-                    if reply != Reply::Connection {
-                        return Err(self.refused_read_only(settle(failed(op, source, after))));
-                    }
-                    self.forget(checkout.generation);
-                    if !(checkout.reused && may_retry) {
-                        return Err(settle(failed(op, source, after)));
-                    }
-                    may_retry = false;
-                    if !unsent {
-                        sent = Reached::Maybe;
-                    }
+                    tokio::time::sleep(pause).await;
                 }
-                None => {
-                    // The connection may be stuck behind a hung server: send nothing more on it.
-                    self.forget(checkout.generation);
-                    // Cut short while the server kept refusing (it answers, slowly: loading):
-                    // that refusal is what the caller should hear of.
-                    let error = match passing.take() {
-                        Some(source) => LockError::from_redis(op, source),
-                        None => LockError::RedisTimeout { op, after },
-                    };
-                    return Err(settle(Failed {
-                        error,
-                        reached: Reached::Maybe,
-                    }));
+                Decision::Reconnect => {}
+                // The server answers again: the whole script goes as a request of its own.
+                Decision::Reload if request.reload() => {
+                    (deadline, passing, tried) = (None, None, Tried::default());
+                }
+                _ => {
+                    let reached = failed.reached.after(sent, unsent);
+                    return Err(self.gave_up(Failed { reached, ..failed }, passing));
                 }
             }
         }
     }
 
-    /// A `READONLY` refusal that a fresh connection did not cure: on a URL that names a
-    /// replica, [`Misconfiguration::Replica`](crate::Misconfiguration::Replica).
-    fn refused_read_only(&self, failed: Failed) -> Failed {
-        match failed.error {
-            LockError::Redis { op, source }
-                if Reply::of(&source) == Reply::ReadOnly
-                    && self.dial.read_only() == ReadOnly::Replica =>
-            {
-                Failed {
-                    error: LockError::Misconfigured {
-                        op,
-                        problem: Misconfiguration::Replica,
-                        detail: String::new(),
-                        source,
-                    },
-                    reached: failed.reached,
-                }
-            }
-            error => Failed { error, ..failed },
-        }
-    }
-
-    /// A redirection (`MOVED`, `ASK`) or a `CROSSSLOT` refusal on a link that does not route:
-    /// the URL names a Redis Cluster node, which no retry cures.
-    fn cluster_node(&self, op: &'static str, source: redis::RedisError) -> Failed {
-        Failed {
-            error: LockError::Misconfigured {
-                op,
-                problem: Misconfiguration::ClusterNode,
-                detail: self.cluster_node_detail(),
-                source,
+    /// One try of `request` on `conn`, within `until` when given (after a passing refusal),
+    /// else the response timeout; and whether it failed before it was sent.
+    async fn try_on(
+        &self,
+        conn: MultiplexedConnection,
+        request: &Request<'_>,
+        until: Option<Instant>,
+    ) -> (Result<Value, Failed>, bool) {
+        let (op, after) = (request.op, self.timeouts.response);
+        let mut call = std::pin::pin!(request.hop.send(conn, &request.cmd));
+        // A connection whose driver has already stopped (the server closed it) fails the
+        // request at its first poll, before handing it over: then it was never sent.
+        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        let unsent = matches!(&first, Poll::Ready(Err(e)) if Reply::of(e) == Reply::Connection);
+        let answer = match first {
+            Poll::Ready(answer) => Some(answer),
+            Poll::Pending => match until {
+                Some(until) => tokio::time::timeout_at(until, call).await.ok(),
+                None if self.bounded_connections => Some(call.await),
+                None => tokio::time::timeout(after, call).await.ok(),
             },
-            // Refused before the script ran: nothing was written.
-            reached: Reached::Refused,
-        }
+        };
+        let answer = match answer {
+            Some(answer) => answer.map_err(|source| failed(op, source, after)),
+            None => Err(Failed::maybe(LockError::RedisTimeout { op, after })),
+        };
+        (answer, unsent)
     }
 
-    /// [`Misconfiguration::ClusterNode`]'s detail: which server it is.
-    fn cluster_node_detail(&self) -> String {
-        format!(
-            "the server at {} is a Redis Cluster node",
-            self.dial.server()
-        )
+    /// What a request that is not sent again fails with: cut short while the server kept
+    /// refusing (it answers, slowly: loading), that refusal; a redirection or `CROSSSLOT` on a
+    /// link that does not route, or `SELECT` refused, [`Misconfiguration::ClusterNode`] (the
+    /// URL names a cluster node, which no retry cures); a `READONLY` on a URL that may name a
+    /// replica (a fresh connection did not cure it), [`Misconfiguration::Replica`].
+    pub(super) fn gave_up(&self, failed: Failed, passing: Option<redis::RedisError>) -> Failed {
+        use Misconfiguration::{ClusterNode, Replica};
+        let read_only = self.dial.read_only();
+        let problem = match failed.reply() {
+            Some(Reply::Redirect(_) | Reply::CrossSlot) if read_only != ReadOnly::Routed => {
+                Some(ClusterNode)
+            }
+            Some(Reply::Refused(ClusterNode)) => Some(ClusterNode),
+            Some(Reply::ReadOnly) if read_only == ReadOnly::Replica => Some(Replica),
+            _ => None,
+        };
+        let error = match (failed.error, passing, problem) {
+            (LockError::RedisTimeout { op, .. }, Some(source), _) => {
+                LockError::from_redis(op, source)
+            }
+            (
+                LockError::Redis { op, source } | LockError::Misconfigured { op, source, .. },
+                _,
+                Some(problem),
+            ) => {
+                let server = self.dial.server();
+                let detail = match problem {
+                    ClusterNode => format!("the server at {server} is a Redis Cluster node"),
+                    _ => String::new(),
+                };
+                LockError::Misconfigured {
+                    op,
+                    problem,
+                    detail,
+                    source,
+                }
+            }
+            (error, ..) => error,
+        };
+        Failed { error, ..failed }
     }
 
     async fn connection(
@@ -374,11 +385,7 @@ impl Link {
         op: &'static str,
     ) -> Result<(Checkout, MultiplexedConnection), LockError> {
         if let Some(current) = &*lock(&self.current) {
-            let checkout = Checkout {
-                generation: current.generation,
-                reused: true,
-            };
-            return Ok((checkout, current.conn.clone()));
+            return Ok(current.checkout(true));
         }
         // Rare (first call, reconnect) and large: keep it out of every lock future.
         Box::pin(self.connect(op)).await
@@ -396,11 +403,7 @@ impl Link {
         let until = tokio::time::Instant::now() + waited_for;
         loop {
             if let Some(existing) = &*lock(&self.current) {
-                let checkout = Checkout {
-                    generation: existing.generation,
-                    reused: false,
-                };
-                return Ok((checkout, existing.conn.clone()));
+                return Ok(existing.checkout(false));
             }
             let ended = self.dialed.notified();
             tokio::pin!(ended);
@@ -446,24 +449,11 @@ impl Link {
             }
         };
         let mut current = lock(&self.current);
-        if let Some(existing) = &*current {
-            // Made meanwhile by a call that did not wait (a failover's forget and redial).
-            let checkout = Checkout {
-                generation: existing.generation,
-                reused: false,
-            };
-            return Ok((checkout, existing.conn.clone()));
-        }
+        // One may have been made meanwhile by a call that did not wait (a failover's forget and
+        // redial).
         let generation = next_id();
-        *current = Some(Current {
-            generation,
-            conn: conn.clone(),
-        });
-        let checkout = Checkout {
-            generation,
-            reused: false,
-        };
-        Ok((checkout, conn))
+        let current = current.get_or_insert(Current { generation, conn });
+        Ok(current.checkout(false))
     }
 
     /// Stops using the connection of `generation`, unless it was already replaced; the spare
@@ -514,39 +504,6 @@ impl Link {
         if let Some(replicated) = &self.replicated {
             replicated.forget_spare();
         }
-    }
-}
-
-impl Primary for Link {
-    fn dial_fresh<'a>(
-        &'a self,
-        op: &'static str,
-    ) -> BoxFuture<'a, Result<MultiplexedConnection, LockError>> {
-        self.dial.dial(op)
-    }
-
-    fn retries_read_only(&self) -> bool {
-        self.dial.read_only() != ReadOnly::Routed
-    }
-
-    fn forget_current(&self) {
-        Link::forget_current(self);
-    }
-
-    fn refused_read_only(&self, failed: Failed) -> Failed {
-        Link::refused_read_only(self, failed)
-    }
-
-    fn run_plain<'a>(
-        &'a self,
-        call: &'a ScriptCall,
-        asking: bool,
-    ) -> BoxFuture<'a, Result<Value, Failed>> {
-        Box::pin(Link::run_plain(self, call, asking))
-    }
-
-    fn response_timeout(&self) -> Duration {
-        self.timeouts.response
     }
 }
 

@@ -16,9 +16,11 @@ use redis::aio::MultiplexedConnection;
 use redis::Value;
 use tokio::time::Instant;
 
-use crate::call::{BoxFuture, Confirm, ScriptCall};
-use crate::error::{LockError, Misconfiguration};
-use crate::failed::{failed, Failed, Reached, PASSING_RETRY};
+use super::link::{Hop, Link, Request};
+use crate::call::{Confirm, ScriptCall};
+use crate::error::{LockError, Misconfiguration, Reply};
+use crate::failed::{failed, Failed, Reached};
+use crate::retry::{Decision, Retry, Tried};
 use crate::scripts::Unconfirmed;
 use crate::sync::lock;
 use crate::time::millis;
@@ -29,36 +31,6 @@ use crate::time::millis;
 pub(crate) struct Replicas {
     pub(crate) count: usize,
     pub(crate) timeout: Duration,
-}
-
-/// What a replicated write needs of the link it is sent for (see `link.rs`).
-pub(super) trait Primary: Sync {
-    /// A fresh connection, of the write's own.
-    fn dial_fresh<'a>(
-        &'a self,
-        op: &'static str,
-    ) -> BoxFuture<'a, Result<MultiplexedConnection, LockError>>;
-
-    /// Whether a `READONLY` answer is worth one more try, on a fresh connection that may reach
-    /// the primary (not on a cluster node, whose caller routes by itself).
-    fn retries_read_only(&self) -> bool;
-
-    /// Stops using the link's connection (and the spare ones): the next call dials anew.
-    fn forget_current(&self);
-
-    /// What a `READONLY` refusal that a fresh connection did not cure means on this link.
-    fn refused_read_only(&self, failed: Failed) -> Failed;
-
-    /// Runs `call` on the link's own connection, without waiting for replicas: the undo of an
-    /// acquire they did not confirm.
-    fn run_plain<'a>(
-        &'a self,
-        call: &'a ScriptCall,
-        asking: bool,
-    ) -> BoxFuture<'a, Result<Value, Failed>>;
-
-    /// The link's response timeout.
-    fn response_timeout(&self) -> Duration;
 }
 
 /// `min_replicas` on one link: how many replicas, and the connections kept for its writes.
@@ -98,180 +70,173 @@ impl Replicated {
     /// `WAIT` blocks the connection it runs on until the replicas answer or its timeout passes,
     /// and on the shared multiplexed connection every other lock's commands would queue behind
     /// it. Such connections are kept (up to [`MAX_SPARE`]) for the next replicated write; a
-    /// write that the replicas did not confirm is undone (see `topology::confirmed`).
+    /// write that the replicas did not confirm is undone (see `topology::confirmed`). A failed
+    /// try is sent again as the link's policy says ([`Retry::link`]): a passing refusal 20 ms
+    /// later on the same connection, within the response timeout.
     pub(super) async fn run(
         &self,
-        link: &impl Primary,
+        link: &Link,
         call: &ScriptCall,
-        asking: bool,
+        hop: Hop,
     ) -> Result<Value, Failed> {
+        let (now, response_timeout) = (Instant::now(), link.timeouts().response);
         // An attempt of a wait ends by its deadline plus one response timeout (one sent after
         // the deadline, a response timeout after it is sent), every try of it included.
         let finish = call
             .deadline
-            .map(|deadline| deadline.max(Instant::now()) + link.response_timeout());
-        match self.run_once(link, call, asking, finish).await {
-            // A replica refused it before running it: once more on a fresh connection, which
-            // may reach the primary.
-            Err(failed) if failed.is_read_only() && link.retries_read_only() => {
-                link.forget_current();
-                self.run_once(link, call, asking, finish)
-                    .await
-                    .map_err(|failed| link.refused_read_only(failed))
+            .map(|deadline| deadline.max(now) + response_timeout);
+        let (mut tried, mut sent) = (Tried::default(), Reached::No);
+        // When the tries on one connection end: a response timeout after the first.
+        let mut ends = None;
+        let mut request = Request::script(call, hop);
+        // The connection of the next try, and the failover count when it was checked out;
+        // none: a spare one, or a fresh one after a failed try that asked for it.
+        let (mut held, mut fresh) = (None, false);
+        loop {
+            let (conn, generation) = match held.take() {
+                Some(held) => held,
+                None => match self.checkout(link, call.op, fresh).await {
+                    Ok((conn, generation, kept)) => {
+                        tried.kept = kept;
+                        (conn, generation)
+                    }
+                    Err(error) => {
+                        let reached = Reached::No.after(sent, false);
+                        return Err(Failed { error, reached });
+                    }
+                },
+            };
+            let until = *ends.get_or_insert_with(|| Instant::now() + response_timeout);
+            let (answer, within) = self
+                .try_on(&conn, call, &request, finish, response_timeout)
+                .await;
+            let failed = match answer {
+                Ok(answer) => {
+                    self.keep(conn, generation);
+                    let replicas = Replicas {
+                        timeout: within,
+                        ..self.replicas
+                    };
+                    return confirmed(call, answer, replicas, |undo| {
+                        undo_within(link, undo, hop, finish)
+                    })
+                    .await;
+                }
+                Err(failed) => failed,
+            };
+            if failed.reached == Reached::Maybe {
+                sent = Reached::Maybe;
             }
-            answer => answer,
+            let retry = Retry::link(until, link.retries_read_only());
+            match retry.decide(&failed, &mut tried, Instant::now()) {
+                Decision::After(pause) => tokio::time::sleep(pause).await,
+                Decision::Reload if request.reload() => {}
+                // A kept connection that died while idle (a server restart): it may have been
+                // sent, but an acquire by the same token takes its own keys again, release and
+                // extend are idempotent. Or a replica refused it before running it: the link's
+                // connection (and the spare ones) reach it too.
+                Decision::Reconnect => {
+                    if failed.reply() == Some(Reply::ReadOnly) {
+                        link.forget_current();
+                    }
+                    (fresh, ends) = (true, None);
+                    continue;
+                }
+                _ => {
+                    let reached = failed.reached.after(sent, false);
+                    return Err(link.gave_up(Failed { reached, ..failed }, None));
+                }
+            }
+            held = Some((conn, generation));
         }
     }
 
-    async fn run_once(
+    /// A connection for a replicated write, the failover count when it was checked out, and
+    /// whether it was kept (it may have died while idle): a spare one unless `fresh`.
+    async fn checkout(
         &self,
-        link: &impl Primary,
-        call: &ScriptCall,
-        asking: bool,
-        finish: Option<Instant>,
-    ) -> Result<Value, Failed> {
-        let op = call.op;
+        link: &Link,
+        op: &'static str,
+        fresh: bool,
+    ) -> Result<(MultiplexedConnection, u64, bool), LockError> {
         let (spare, generation) = {
             let mut spare = lock(&self.spare);
-            (spare.idle.pop(), spare.generation)
+            let idle = if fresh { None } else { spare.idle.pop() };
+            (idle, spare.generation)
         };
-        let kept = spare.is_some();
-        let conn = match spare {
-            Some(conn) => conn,
-            None => link.dial_fresh(op).await.map_err(|error| Failed {
-                error,
-                reached: Reached::No,
-            })?,
-        };
-        let send = Sending {
-            asking,
-            generation,
-            finish,
-        };
-        match self.send(link, call, conn, &send).await {
-            // A kept connection that died while idle (a server restart): once more, on a
-            // fresh one. It may have been sent: an acquire by the same token takes its own
-            // keys again, release and extend are idempotent.
-            Err(failed) if kept && failed.broke_connection() => {
-                let conn = link.dial_fresh(op).await.map_err(|error| Failed {
-                    error,
-                    reached: Reached::Maybe,
-                })?;
-                self.send(link, call, conn, &send)
-                    .await
-                    .map_err(|retried| Failed {
-                        reached: match retried.reached {
-                            Reached::No | Reached::Refused => Reached::Maybe,
-                            reached => reached,
-                        },
-                        ..retried
-                    })
-            }
-            answer => answer,
+        match spare {
+            Some(conn) => Ok((conn, generation, true)),
+            None => Ok((link.dial.dial(op).await?, generation, false)),
         }
     }
 
-    /// Sends a write and its `WAIT` on `conn` (and `ASKING` first when `send.asking`), keeps
-    /// the connection for the next replicated write, and undoes an acquire the replicas did not
-    /// confirm. A request refused for a passing reason (`LOADING`, `BUSY`) is sent again on it,
-    /// 20 ms apart, within the response timeout.
-    async fn send(
-        &self,
-        link: &impl Primary,
-        call: &ScriptCall,
-        conn: MultiplexedConnection,
-        send: &Sending,
-    ) -> Result<Value, Failed> {
-        let (op, replicas, asking, finish) = (call.op, self.replicas, send.asking, send.finish);
-        let response_timeout = link.response_timeout();
-        // How long the last try waited for the replicas.
-        let mut within = replicas.timeout;
-        let until = Instant::now() + response_timeout;
-        let answer = loop {
-            let answer = call
-                .run_with(|cmd| {
-                    let (waited, after) =
-                        bounds(replicas.timeout, response_timeout, finish, Instant::now());
-                    within = waited;
-                    // `ping`'s check waits for no replica: it shows that `WAIT` is taken.
-                    let (count, wait_ms) = match call.confirm {
-                        Confirm::Shown => (0, 0),
-                        _ => (replicas.count, millis(waited)),
-                    };
-                    let mut pipe = redis::pipe();
-                    if asking {
-                        pipe.cmd("ASKING");
-                    }
-                    pipe.add_command(cmd.into_owned())
-                        .cmd("WAIT")
-                        .arg(count)
-                        .arg(wait_ms);
-                    let mut conn = conn.clone();
-                    conn.set_response_timeout(after);
-                    async move {
-                        let count = if asking { 3 } else { 2 };
-                        let sent = conn.send_packed_commands(&pipe, 0, count);
-                        match tokio::time::timeout(after, sent).await {
-                            // Each reply on its own: a script's error (MOVED, NOSCRIPT,
-                            // WRONGTYPE, ...) as the server error it is, not a pipeline's.
-                            Ok(Ok(values)) => replicated_answer(op, values, asking, after),
-                            Ok(Err(source)) => Err(failed(op, source, after)),
-                            Err(_) => Err(Failed {
-                                error: LockError::RedisTimeout { op, after },
-                                reached: Reached::Maybe,
-                            }),
-                        }
-                    }
-                })
-                .await;
-            match answer {
-                Err(failed) if failed.is_passing() && Instant::now() + PASSING_RETRY < until => {
-                    tokio::time::sleep(PASSING_RETRY).await;
-                }
-                answer => break answer?,
-            }
-        };
-        {
-            let mut spare = lock(&self.spare);
-            if spare.idle.len() < MAX_SPARE && spare.generation == send.generation {
-                spare.idle.push(conn);
-            }
+    /// Keeps `conn` for the next replicated write, unless a failover came since its checkout.
+    fn keep(&self, conn: MultiplexedConnection, generation: u64) {
+        let mut spare = lock(&self.spare);
+        if spare.idle.len() < MAX_SPARE && spare.generation == generation {
+            spare.idle.push(conn);
         }
-        let replicas = Replicas {
-            timeout: within,
-            ..replicas
+    }
+
+    /// One try: `request` and its `WAIT` in one pipeline on `conn` (over its hop), within the
+    /// attempt's bounds (see [`bounds`]); its answer, and how long it waited for the replicas.
+    async fn try_on(
+        &self,
+        conn: &MultiplexedConnection,
+        call: &ScriptCall,
+        request: &Request<'_>,
+        finish: Option<Instant>,
+        response_timeout: Duration,
+    ) -> (Result<Value, Failed>, Duration) {
+        let (op, replicas, hop) = (call.op, self.replicas, request.hop);
+        let (waited, after) = bounds(replicas.timeout, response_timeout, finish, Instant::now());
+        // `ping`'s check waits for no replica: it shows that `WAIT` is taken.
+        let (count, wait_ms) = match call.confirm {
+            Confirm::Shown => (0, 0),
+            _ => (replicas.count, millis(waited)),
         };
-        confirmed(call, answer, replicas, |undo| async move {
-            let undo = link.run_plain(&undo, asking);
-            // Within the attempt's bound too: an undo cut short is released by token in the
-            // background (see `acquire/mod.rs`, "In doubt").
-            match finish {
-                Some(finish) => tokio::time::timeout_at(finish, undo)
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(Failed {
-                            error: LockError::RedisTimeout {
-                                op: "release",
-                                after: response_timeout,
-                            },
-                            reached: Reached::Maybe,
-                        })
-                    }),
-                None => undo.await,
-            }
-        })
-        .await
+        let mut pipe = hop.pipe();
+        pipe.add_command(request.cmd.clone().into_owned())
+            .cmd("WAIT")
+            .arg(count)
+            .arg(wait_ms);
+        let mut conn = conn.clone();
+        conn.set_response_timeout(after);
+        let sent = conn.send_packed_commands(&pipe, 0, 2 + usize::from(hop == Hop::Asking));
+        let answer = match tokio::time::timeout(after, sent).await {
+            // Each reply on its own: a script's error (MOVED, NOSCRIPT, WRONGTYPE, ...) as the
+            // server error it is, not a pipeline's.
+            Ok(Ok(values)) => replicated_answer(op, values, hop, after),
+            Ok(Err(source)) => Err(failed(op, source, after)),
+            Err(_) => Err(Failed::maybe(LockError::RedisTimeout { op, after })),
+        };
+        (answer, waited)
     }
 }
 
-/// How one replicated write is sent.
-struct Sending {
-    /// `ASKING` first (a cluster slot being imported).
-    asking: bool,
-    /// The failover count when its connection was checked out.
-    generation: u64,
-    /// When it must have ended: an attempt of a wait (see [`bounds`]).
+/// The undo of an acquire the replicas did not confirm, on the link's own connection, within
+/// the attempt's bound too: an undo cut short is released by token in the background (see
+/// `acquire/mod.rs`, "In doubt").
+async fn undo_within(
+    link: &Link,
+    undo: ScriptCall,
+    hop: Hop,
     finish: Option<Instant>,
+) -> Result<Value, Failed> {
+    let undo = link.send(Request::script(&undo, hop));
+    let Some(finish) = finish else {
+        return undo.await;
+    };
+    let after = link.timeouts().response;
+    let timed_out = |_| {
+        Err(Failed::maybe(LockError::RedisTimeout {
+            op: "release",
+            after,
+        }))
+    };
+    tokio::time::timeout_at(finish, undo)
+        .await
+        .unwrap_or_else(timed_out)
 }
 
 /// How long a try sent at `now` waits for the replicas (`WAIT`'s timeout), and how long its
@@ -302,31 +267,31 @@ fn bounds(
 /// `ASKING`'s and the script's.
 fn replicated_answer(
     op: &'static str,
-    mut values: Vec<Value>,
-    asking: bool,
+    values: Vec<Value>,
+    hop: Hop,
     after: Duration,
 ) -> Result<Value, Failed> {
-    if asking && !values.is_empty() {
-        values
-            .remove(0)
-            .extract_error()
-            .map_err(|e| failed(op, e, after))?;
-    }
-    let mut values = values.into_iter();
+    let mut values = hop.answers(values).map_err(|e| failed(op, e, after))?;
     let (Some(answer), Some(acked)) = (values.next(), values.next()) else {
-        return Err(Failed {
-            error: LockError::Redis {
-                op,
-                source: redis::RedisError::from((
-                    redis::ErrorKind::Parse,
-                    "unexpected answer to a write and WAIT",
-                )),
-            },
-            reached: Reached::Answered,
-        });
+        return Err(unexpected(op));
     };
     let answer = answer.extract_error().map_err(|e| failed(op, e, after))?;
     Ok(Value::Array(vec![answer, acked]))
+}
+
+/// A write and `WAIT` answered with something else than a reply to each.
+fn unexpected(op: &'static str) -> Failed {
+    let source = (
+        redis::ErrorKind::Parse,
+        "unexpected answer to a write and WAIT",
+    );
+    Failed {
+        error: LockError::Redis {
+            op,
+            source: source.into(),
+        },
+        reached: Reached::Answered,
+    }
 }
 
 /// With `min_replicas`: the answer of `call` sent in one pipeline with `WAIT` (`pipelined` is
@@ -356,18 +321,7 @@ where
             };
             (values.pop().unwrap_or(Value::Nil), acked)
         }
-        _ => {
-            return Err(Failed {
-                error: LockError::Redis {
-                    op: call.op,
-                    source: redis::RedisError::from((
-                        redis::ErrorKind::Parse,
-                        "unexpected answer to a write and WAIT",
-                    )),
-                },
-                reached: Reached::Answered,
-            })
-        }
+        _ => return Err(unexpected(call.op)),
     };
     let needed = match call.confirm {
         Confirm::Shown => 0,
