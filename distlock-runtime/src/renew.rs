@@ -57,11 +57,31 @@ struct Registry {
     next_id: u64,
     /// The id of the running driver task, if one runs.
     driver: Option<u64>,
-    /// While the driver sleeps: when it will wake (`None`: only when notified).
-    asleep_until: Option<Option<Instant>>,
+    /// Whether, and until when, the driver sleeps.
+    sleep: Sleep,
     /// Since when the registry has been empty.
     idle_since: Option<Instant>,
     leases: HashMap<u64, Entry>,
+}
+
+/// Whether, and until when, the renewal driver sleeps: a lease that registers wakes it only if
+/// it would sleep past the lease's renewal.
+#[derive(Clone, Copy, Default)]
+enum Sleep {
+    /// Collecting or renewing (or no driver runs): it collects again when done.
+    #[default]
+    Awake,
+    /// Asleep until a lease wakes it.
+    UntilWoken,
+    /// Asleep until then, or until a lease wakes it.
+    Until(Instant),
+}
+
+impl Sleep {
+    /// Until `next` (none: until woken).
+    fn until(next: Option<Instant>) -> Self {
+        next.map_or(Self::UntilWoken, Self::Until)
+    }
 }
 
 struct Entry {
@@ -179,9 +199,13 @@ impl Registration {
         start_driver(&self.shared, &mut registry);
         // Wake it only if it would sleep past this lease's renewal; a busy driver collects
         // again when its round trip ends.
-        let wake = matches!(registry.asleep_until, Some(until) if until.is_none_or(|t| due < t));
+        let wake = match registry.sleep {
+            Sleep::Awake => false,
+            Sleep::UntilWoken => true,
+            Sleep::Until(until) => due < until,
+        };
         if wake {
-            registry.asleep_until = None;
+            registry.sleep = Sleep::Awake;
         }
         drop(registry);
         if wake {
@@ -266,7 +290,7 @@ fn start_driver(shared: &Arc<Shared>, registry: &mut Registry) {
         registry.next_id += 1;
         let id = registry.next_id;
         registry.driver = Some(id);
-        registry.asleep_until = None;
+        registry.sleep = Sleep::Awake;
         tokio::spawn(drive(Arc::clone(shared), id));
     }
 }
@@ -282,7 +306,7 @@ impl Drop for DriverRunning<'_> {
         let mut registry = lock(&self.shared.registry);
         if registry.driver == Some(self.id) {
             registry.driver = None;
-            registry.asleep_until = None;
+            registry.sleep = Sleep::Awake;
         }
     }
 }
@@ -329,11 +353,11 @@ fn collect_due(shared: &Shared) -> Collected {
             // Cleared under the same lock as the check, so a lease registered next starts a
             // new driver.
             registry.driver = None;
-            registry.asleep_until = None;
+            registry.sleep = Sleep::Awake;
             return Collected::Stop;
         }
         let until = Some(idle_since + IDLE);
-        registry.asleep_until = Some(until);
+        registry.sleep = Sleep::until(until);
         return Collected::Sleep(until);
     }
     registry.idle_since = None;
@@ -368,10 +392,10 @@ fn collect_due(shared: &Shared) -> Collected {
         }
     }
     if batch.is_empty() {
-        registry.asleep_until = Some(next);
+        registry.sleep = Sleep::until(next);
         Collected::Sleep(next)
     } else {
-        registry.asleep_until = None;
+        registry.sleep = Sleep::Awake;
         Collected::Batch(batch)
     }
 }
