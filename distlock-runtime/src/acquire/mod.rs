@@ -170,11 +170,8 @@ impl<'a> Acquiring<'a> {
             Waiting::NotYet
         };
         let redis = context.redis();
-        let semaphore = ask
-            .modes
-            .iter()
-            .any(|m| matches!(m, LockMode::Permits(n) if *n > 1));
-        if semaphore && matches!(redis, Deployment::Majority(_)) {
+        let semaphore = |m: &LockMode| matches!(m, LockMode::Permits(n) if *n > 1);
+        if matches!(redis, Deployment::Majority(_)) && ask.modes.iter().any(semaphore) {
             return Err(LockError::InvalidConfig {
                 what: "permits",
                 reason: "a semaphore of more than one permit cannot be held on a quorum: each \
@@ -252,8 +249,7 @@ impl<'a> Acquiring<'a> {
             Attempts::Fair(fair, _) => Some(fair.next_secret(sent, deadline)),
             Attempts::Places(_) => None,
         };
-        self.waiter
-            .before_attempt(self.holding.redis_keys[0].lock(), secret);
+        self.waiter.before_attempt(self.holding.lock_key(0), secret);
         // If this call is cancelled or fails while the request is out, the lock may have been
         // taken: release it (by token) rather than leave it until its ttl.
         self.exposure = Exposure::InFlight;
@@ -323,12 +319,9 @@ impl<'a> Acquiring<'a> {
             self.new_token();
         }
         if self.waiting == Waiting::Never {
-            return Err(self.unconfirmed.map_or_else(
-                || LockError::NotAcquired {
-                    key: self.key(first_held),
-                },
-                Unconfirmed::error,
-            ));
+            return Err(self.ended(LockError::NotAcquired {
+                key: self.key(first_held),
+            }));
         }
         if self.waiting == Waiting::NotYet || late {
             // Keys taken from now on are marked as waited on (see `scripts/`): other waiters
@@ -355,12 +348,8 @@ impl<'a> Acquiring<'a> {
                 FairAttempts::marked(sent, self.ask.wait.deadline())
             }
         };
-        let held_key = self
-            .holding
-            .redis_keys
-            .get(first_held)
-            .map_or("", |k| k.lock());
-        self.waiter.found_held(held_key, marked);
+        self.waiter
+            .found_held(self.holding.lock_key(first_held), marked);
         Ok(Stage::Waiting {
             first_held,
             remaining,
@@ -371,15 +360,29 @@ impl<'a> Acquiring<'a> {
     /// Ends the use of the owner token (a place may still grant under it, late): releases it in
     /// the background, and takes a new one for the attempts to come.
     fn new_token(&mut self) {
+        self.release_later(Leaving::Late);
+        let token = owner_token(self.context, random_ids()[0]);
+        // The old token's renewal ends before the new one's begins.
+        self.holding.registration = None;
+        self.holding = Holding::new(
+            self.context,
+            self.ask.renew,
+            Arc::clone(&self.holding.redis_keys),
+            token,
+            Arc::clone(&self.holding.state),
+        );
+    }
+
+    /// Releases the keys under the current owner token from a background task, as `leaving`
+    /// says.
+    fn release_later(&self, leaving: Leaving) {
         release_in_background(
             self.context,
             Arc::clone(&self.holding.redis_keys),
             Arc::clone(&self.holding.token),
             self.ask.ttl,
-            Leaving::Late,
+            leaving,
         );
-        let token = owner_token(self.context, random_ids()[0]);
-        self.holding.retoken(self.context, self.ask.renew, token);
     }
 
     /// Waits after the attempt sent at `sent` found the key at `first_held` held.
@@ -389,23 +392,16 @@ impl<'a> Acquiring<'a> {
         remaining: Option<Duration>,
         sent: Instant,
     ) -> Result<Stage, LockError> {
-        let held_key = self
-            .holding
-            .redis_keys
-            .get(first_held)
-            .map_or("", |k| k.lock());
+        let held_key = self.holding.lock_key(first_held);
         match self.waiter.wait(held_key, remaining, sent).await {
             Wake::Retry => {
                 self.keep_siblings_queued().await;
                 Ok(Stage::Attempting)
             }
-            Wake::Deadline => Err(self.unconfirmed.map_or_else(
-                || LockError::Timeout {
-                    key: self.key(first_held),
-                    waited: self.ask.wait.started.elapsed(),
-                },
-                Unconfirmed::error,
-            )),
+            Wake::Deadline => Err(self.ended(LockError::Timeout {
+                key: self.key(first_held),
+                waited: self.ask.wait.started.elapsed(),
+            })),
             Wake::Handed(handoff) => Ok(self.handed(&handoff, sent)),
         }
     }
@@ -449,10 +445,8 @@ impl<'a> Acquiring<'a> {
             ClaimRenewal::Once => self.holding.renew_once(self.context),
             ClaimRenewal::Needless => {}
         }
-        self.context
-            .stats
-            .handed_over
-            .fetch_add(1, Ordering::Relaxed);
+        let stats = &self.context.stats;
+        stats.handed_over.fetch_add(1, Ordering::Relaxed);
         telemetry::handed_over(self.ask.tags);
         Stage::Holding {
             fencing_token: handoff.fencing_token,
@@ -479,9 +473,15 @@ impl<'a> Acquiring<'a> {
         Ok(Lease::new(
             Arc::clone(self.context),
             Arc::clone(&self.ask.keys),
-            self.holding.take(),
+            &mut self.holding,
             fencing_token,
         ))
+    }
+
+    /// Why a request that found a key held ends: `contention`, unless the replicas did not
+    /// confirm its last attempt.
+    fn ended(&self, contention: LockError) -> LockError {
+        self.unconfirmed.map_or(contention, Unconfirmed::error)
     }
 
     /// The user's key at `index` among the request's keys.
@@ -501,13 +501,7 @@ impl Drop for Acquiring<'_> {
             Exposure::Written => Leaving::Queued,
             Exposure::Late => Leaving::Late,
         };
-        release_in_background(
-            self.context,
-            Arc::clone(&self.holding.redis_keys),
-            Arc::clone(&self.holding.token),
-            self.ask.ttl,
-            leaving,
-        );
+        self.release_later(leaving);
     }
 }
 
