@@ -503,30 +503,8 @@ fn prepare_keys(
                     .to_owned(),
             })
         }
-        Some(n) => {
-            let mut distinct = keys.clone();
-            distinct.sort_unstable();
-            distinct.dedup();
-            if distinct.len() != 1 {
-                return Err(LockError::InvalidConfig {
-                    what: "permits",
-                    reason: format!(
-                        "permits on {} keys: a semaphore is one key; lock(key).permits(n)",
-                        distinct.len()
-                    ),
-                });
-            }
-            LockMode::Permits(n)
-        }
+        Some(n) => LockMode::Permits(n),
     };
-    if read.is_empty() {
-        // One mode for every key (the common case): sorted as they are.
-        let mut keys = keys;
-        keys.sort_unstable();
-        keys.dedup();
-        let modes = vec![exclusive; keys.len()];
-        return Ok((keys.into(), modes.into()));
-    }
     let mut asked: Vec<(String, LockMode)> = keys
         .into_iter()
         .map(|key| (key, exclusive))
@@ -538,6 +516,15 @@ fn prepare_keys(
             .then((*m == LockMode::Shared).cmp(&(*n == LockMode::Shared)))
     });
     asked.dedup_by(|later, first| later.0 == first.0);
+    if permits.is_some() && asked.len() != 1 {
+        return Err(LockError::InvalidConfig {
+            what: "permits",
+            reason: format!(
+                "permits on {} keys: a semaphore is one key; lock(key).permits(n)",
+                asked.len()
+            ),
+        });
+    }
     let (keys, modes): (Vec<String>, Vec<LockMode>) = asked.into_iter().unzip();
     Ok((keys.into(), modes.into()))
 }
