@@ -10,7 +10,6 @@ use tokio::time::Instant;
 use crate::context::Context;
 use crate::error::LockError;
 use crate::keys::LockKeys;
-use crate::mode::LockMode;
 use crate::release::{release_in_background, release_keys, Leaving};
 use crate::renew::{extend_lease, Registration};
 use crate::scripts::Queued;
@@ -306,24 +305,10 @@ impl Lease {
         }
     }
 
-    /// Why the lease was lost, for the log line of a `run` it stopped.
-    pub(crate) fn loss(&self) -> &'static str {
-        self.state.cause()
-    }
-
     /// The lease's validity and loss signal, which outlive the lease (an election watches a
     /// term's loss while its leader's future owns the term).
     pub(crate) fn state(&self) -> &Arc<LeaseState> {
         &self.state
-    }
-
-    pub(crate) fn shared_keys(&self) -> &Arc<[String]> {
-        &self.keys
-    }
-
-    /// The mode each of [`keys`](Self::keys) is held in.
-    pub(crate) fn modes(&self) -> Arc<[LockMode]> {
-        self.redis_keys.iter().map(LockKeys::mode).collect()
     }
 }
 

@@ -59,31 +59,19 @@ pub(crate) struct Ask {
     pub(crate) ttl: Duration,
     pub(crate) wait: Wait,
     pub(crate) renew: bool,
-    pub(crate) fairness: Fairness,
+    /// Waiters are served in arrival order, through the key's queue in Redis (one key only;
+    /// see `fair/`), rather than whoever asks first after a release.
+    pub(crate) fair: bool,
     /// Names the request in metrics (its key template, and its keys' modes).
     pub(crate) tags: Tags,
-}
-
-/// How waiters of a request are served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fairness {
-    /// In arrival order, through the key's queue in Redis (one key only; see `fair/`).
-    Fair,
-    /// Whoever asks first after a release.
-    Unfair,
 }
 
 /// Takes the locks `ask` asks for: the loop behind every request, fair or not.
 pub(crate) async fn acquire(context: &Arc<Context>, ask: Ask) -> Result<Lease, LockError> {
     let (started, tags) = (ask.wait.started, ask.tags);
-    let mut attempts = 0;
-    let outcome = match Acquiring::new(context, ask) {
-        Ok(mut acquiring) => {
-            let outcome = acquiring.run().await;
-            attempts = acquiring.attempts;
-            outcome
-        }
-        Err(error) => Err(error),
+    let (outcome, attempts) = match Acquiring::new(context, ask) {
+        Ok(mut acquiring) => (acquiring.run().await, acquiring.attempts),
+        Err(error) => (Err(error), 0),
     };
     let took = started.elapsed();
     telemetry::acquisition(tags, outcome.as_ref().map(|_| took), attempts > 1);
@@ -181,24 +169,24 @@ impl<'a> Acquiring<'a> {
                     .to_owned(),
             });
         }
-        let attempts_by = match ask.fairness {
-            Fairness::Fair => {
-                let serial = redis.fair().map_err(|reason| LockError::InvalidConfig {
-                    what: "fair",
-                    reason: reason.to_owned(),
-                })?;
-                let fair = FairAttempts::new(&redis_keys[0], ask.ttl, first_secret);
-                Attempts::Fair(Box::new(fair), serial)
-            }
-            Fairness::Unfair => Attempts::Places(Places::new(
+        let attempts_by = if ask.fair {
+            let serial = redis.fair().map_err(|reason| LockError::InvalidConfig {
+                what: "fair",
+                reason: reason.to_owned(),
+            })?;
+            let fair = FairAttempts::new(&redis_keys[0], ask.ttl, first_secret);
+            Attempts::Fair(Box::new(fair), serial)
+        } else {
+            Attempts::Places(Places::new(
                 redis,
                 &redis_keys,
                 &token,
                 (ask.ttl, deadline(&ask.wait)),
                 waiting,
-            )),
+            ))
         };
-        let fair_token = (ask.fairness == Fairness::Fair)
+        let fair_token = ask
+            .fair
             .then(|| (Arc::clone(&token), crate::fair::presence(ask.ttl)));
         let waiter = Waiter::new(
             ask.wait.deadline(),
