@@ -87,11 +87,11 @@ impl LockManager {
 /// ```
 #[must_use = "call .build() to get a LockManager"]
 pub struct LockManagerBuilder {
-    source: Option<Source>,
-    /// Two topologies were chosen: the first and the second, for the error `build` returns.
-    conflict: Option<(&'static str, &'static str)>,
-    min_replicas: usize,
-    replica_timeout: Duration,
+    /// Every topology chosen, in order: the last one is used (`url` and `pool` replace each
+    /// other); two different ones are the error `build` returns.
+    sources: Vec<Source>,
+    /// `count` 0: no replica needs to acknowledge.
+    replicas: Replicas,
     prefix: String,
     default_ttl: Duration,
     default_wait: Duration,
@@ -99,9 +99,7 @@ pub struct LockManagerBuilder {
     default_fair: Option<bool>,
     holder_label: Option<String>,
     pool_size: usize,
-    connect_timeout: Duration,
-    response_timeout: Duration,
-    pool_wait_timeout: Duration,
+    timeouts: Timeouts,
     tls: Tls,
 }
 
@@ -114,57 +112,6 @@ enum Source {
 }
 
 impl Source {
-    /// The deployment it names.
-    fn deploy(
-        self,
-        tls: &Tls,
-        timeouts: Timeouts,
-        replicas: Option<Replicas>,
-        pool_size: usize,
-    ) -> Result<Deployment, LockError> {
-        Ok(match self {
-            Self::Pool(pool) => Deployment::Serial(Serial::One(One::server(
-                pool,
-                None,
-                timeouts,
-                false,
-                "(caller's pool)".to_owned(),
-                replicas,
-            ))),
-            Self::Url(url) => {
-                let (info, endpoint) = crate::topology::parse_url(&url, tls)?;
-                let client = crate::topology::client(info.clone())?;
-                let pool = crate::topology::create_pool(info, pool_size, timeouts)?;
-                Deployment::Serial(Serial::One(One::server(
-                    pool,
-                    Some(client),
-                    timeouts,
-                    true,
-                    endpoint,
-                    replicas,
-                )))
-            }
-            Self::Cluster(urls) => Deployment::Serial(Serial::Sharded(Cluster::new(
-                &urls, tls, timeouts, replicas,
-            )?)),
-            Self::Sentinel { master, urls } => {
-                let one = sentinel::primary(master, &urls, tls, timeouts, replicas)?;
-                Deployment::Serial(Serial::One(one))
-            }
-            Self::Quorum(urls) => {
-                if replicas.is_some() {
-                    return Err(LockError::InvalidConfig {
-                        what: "min_replicas",
-                        reason: "a quorum's nodes are independent primaries; a majority of \
-                                 them is its redundancy"
-                            .to_owned(),
-                    });
-                }
-                Deployment::Majority(Quorum::new(&urls, tls, timeouts)?)
-            }
-        })
-    }
-
     /// The builder method that chose it; `url` and `pool` are one topology.
     fn method(&self) -> &'static str {
         match self {
@@ -188,19 +135,22 @@ impl Source {
 impl Default for LockManagerBuilder {
     fn default() -> Self {
         Self {
-            source: None,
-            conflict: None,
-            min_replicas: 0,
-            replica_timeout: Duration::from_secs(1),
+            sources: Vec::new(),
+            replicas: Replicas {
+                count: 0,
+                timeout: Duration::from_secs(1),
+            },
             prefix: "distlock:".to_owned(),
             default_ttl: Duration::from_secs(30),
             default_wait: Duration::from_secs(10),
             default_fair: None,
             holder_label: None,
             pool_size: 8,
-            connect_timeout: Duration::from_secs(2),
-            response_timeout: Duration::from_secs(1),
-            pool_wait_timeout: Duration::from_secs(1),
+            timeouts: Timeouts {
+                connect: Duration::from_secs(2),
+                response: Duration::from_secs(1),
+                pool_wait: Duration::from_secs(1),
+            },
             tls: Tls::default(),
         }
     }
@@ -316,7 +266,7 @@ impl LockManagerBuilder {
     /// # Ok(()) }
     /// ```
     pub fn min_replicas(mut self, n: usize) -> Self {
-        self.min_replicas = n;
+        self.replicas.count = n;
         self
     }
 
@@ -336,17 +286,12 @@ impl LockManagerBuilder {
     /// # Ok(()) }
     /// ```
     pub fn replica_timeout(mut self, timeout: Duration) -> Self {
-        self.replica_timeout = timeout;
+        self.replicas.timeout = timeout;
         self
     }
 
     fn choose(mut self, source: Source) -> Self {
-        if let Some(existing) = &self.source {
-            if existing.method() != source.method() && self.conflict.is_none() {
-                self.conflict = Some((existing.method(), source.method()));
-            }
-        }
-        self.source = Some(source);
+        self.sources.push(source);
         self
     }
 
@@ -454,7 +399,7 @@ impl LockManagerBuilder {
     /// # Ok(()) }
     /// ```
     pub fn holder_label(mut self, label: impl Into<String>) -> Self {
-        self.holder_label = Some(label.into());
+        self.holder_label = Some(crate::inspect::clean_label(&label.into()));
         self
     }
 
@@ -544,7 +489,7 @@ impl LockManagerBuilder {
     /// # Ok(()) }
     /// ```
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
+        self.timeouts.connect = timeout;
         self
     }
 
@@ -560,7 +505,7 @@ impl LockManagerBuilder {
     /// # Ok(()) }
     /// ```
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
+        self.timeouts.response = timeout;
         self
     }
 
@@ -576,7 +521,7 @@ impl LockManagerBuilder {
     /// # Ok(()) }
     /// ```
     pub fn pool_wait_timeout(mut self, timeout: Duration) -> Self {
-        self.pool_wait_timeout = timeout;
+        self.timeouts.pool_wait = timeout;
         self
     }
 
@@ -610,20 +555,10 @@ impl LockManagerBuilder {
     /// cannot be reached in time, [`LockError::Misconfigured`] for refused credentials or
     /// certificates.
     pub async fn probe(&self, url: &str) -> Result<crate::ServerKind, LockError> {
-        if self.tls.is_set() {
-            self.tls.check()?;
-        }
+        self.tls.check()?;
         let (info, _) = crate::topology::parse_url(url, &self.tls)?;
         let client = crate::topology::client(info)?;
-        crate::topology::probe(&client, self.timeouts()).await
-    }
-
-    fn timeouts(&self) -> Timeouts {
-        Timeouts {
-            connect: self.connect_timeout,
-            response: self.response_timeout,
-            pool_wait: self.pool_wait_timeout,
-        }
+        crate::topology::probe(&client, self.timeouts).await
     }
 
     /// Builds the manager. Makes no network connection.
@@ -642,36 +577,24 @@ impl LockManagerBuilder {
     /// the pool size is zero, the default ttl is outside [`MIN_TTL`](crate::MIN_TTL)..=[`MAX_TTL`](crate::MAX_TTL),
     /// or the TLS certificates are unusable or given without a `rediss://` URL;
     /// [`LockError::InvalidUrl`] when the URL is unusable.
-    pub fn build(self) -> Result<LockManager, LockError> {
+    pub fn build(mut self) -> Result<LockManager, LockError> {
         self.check()?;
-        let timeouts = self.timeouts();
-        let replicas = (self.min_replicas > 0).then_some(Replicas {
-            count: self.min_replicas,
-            timeout: self.replica_timeout,
-        });
-        let Some(source) = self.source else {
-            return Err(LockError::InvalidConfig {
-                what: "topology",
-                reason: "give the builder one of .url(..), .pool(..), .cluster(..), \
-                         .sentinel(..) or .quorum(..)"
-                    .to_owned(),
-            });
+        let Some(source) = self.sources.pop() else {
+            return Err(invalid(
+                "topology",
+                "give the builder one of .url(..), .pool(..), .cluster(..), .sentinel(..) or \
+                 .quorum(..)",
+            ));
         };
-        let redis = source.deploy(&self.tls, timeouts, replicas, self.pool_size)?;
-        let redis = Arc::new(redis);
+        let redis = Arc::new(self.deploy(source)?);
         let default_fair = match (self.default_fair, redis.fair().err()) {
-            (Some(true), Some(reason)) => {
-                return Err(LockError::InvalidConfig {
-                    what: "default_fair",
-                    reason: reason.to_owned(),
-                })
-            }
+            (Some(true), Some(reason)) => return Err(invalid("default_fair", reason)),
             (Some(fair), _) => fair,
             (None, refused) => refused.is_none(),
         };
         let notifications = redis
             .subscriber()
-            .map(|subscriber| Notifications::new(subscriber, timeouts));
+            .map(|subscriber| Notifications::new(subscriber, self.timeouts));
         Ok(LockManager::new(Context {
             id: crate::ids::next_id(),
             renewals: Renewals::new(Arc::clone(&redis)),
@@ -682,63 +605,97 @@ impl LockManagerBuilder {
             default_ttl: self.default_ttl,
             default_wait: self.default_wait,
             default_fair,
-            holder_label: self
-                .holder_label
-                .as_deref()
-                .map(crate::inspect::clean_label),
+            holder_label: self.holder_label,
             stats: Counters::default(),
             servers_seen: Default::default(),
         }))
     }
 
+    /// The deployment `source` names, with these settings.
+    fn deploy(&self, source: Source) -> Result<Deployment, LockError> {
+        let (tls, timeouts) = (&self.tls, self.timeouts);
+        let replicas = (self.replicas.count > 0).then_some(self.replicas);
+        let one = match source {
+            Source::Pool(pool) => {
+                let endpoint = "(caller's pool)".to_owned();
+                One::server(pool, None, timeouts, false, endpoint, replicas)
+            }
+            Source::Url(url) => {
+                let (info, endpoint) = crate::topology::parse_url(&url, tls)?;
+                let client = crate::topology::client(info.clone())?;
+                let pool = crate::topology::create_pool(info, self.pool_size, timeouts)?;
+                One::server(pool, Some(client), timeouts, true, endpoint, replicas)
+            }
+            Source::Sentinel { master, urls } => {
+                sentinel::primary(master, &urls, tls, timeouts, replicas)?
+            }
+            Source::Cluster(urls) => {
+                let cluster = Cluster::new(&urls, tls, timeouts, replicas)?;
+                return Ok(Deployment::Serial(Serial::Sharded(cluster)));
+            }
+            Source::Quorum(_) if replicas.is_some() => {
+                return Err(invalid(
+                    "min_replicas",
+                    "a quorum's nodes are independent primaries; a majority of them is its \
+                     redundancy",
+                ));
+            }
+            Source::Quorum(urls) => {
+                return Ok(Deployment::Majority(Quorum::new(&urls, tls, timeouts)?))
+            }
+        };
+        Ok(Deployment::Serial(Serial::One(one)))
+    }
+
     /// The settings [`build`](Self::build) refuses, without a connection.
     fn check(&self) -> Result<(), LockError> {
+        let unbounded = "must be greater than zero: every Redis call needs a bound";
         for (what, value) in [
-            ("connect_timeout", self.connect_timeout),
-            ("response_timeout", self.response_timeout),
-            ("pool_wait_timeout", self.pool_wait_timeout),
+            ("connect_timeout", self.timeouts.connect),
+            ("response_timeout", self.timeouts.response),
+            ("pool_wait_timeout", self.timeouts.pool_wait),
         ] {
             if value.is_zero() {
-                return Err(LockError::InvalidConfig {
-                    what,
-                    reason: "must be greater than zero: every Redis call needs a bound".to_owned(),
-                });
+                return Err(invalid(what, unbounded));
             }
         }
         if self.pool_size == 0 {
-            return Err(LockError::InvalidConfig {
-                what: "pool_size",
-                reason: "must be at least 1".to_owned(),
-            });
+            return Err(invalid("pool_size", "must be at least 1"));
         }
         check_ttl(self.default_ttl)?;
-        if let Some((first, second)) = self.conflict {
-            return Err(LockError::InvalidConfig {
-                what: "topology",
-                reason: format!(
+        let methods = self.sources.iter().map(Source::method);
+        let mut changes = methods.clone().zip(methods.skip(1));
+        if let Some((first, second)) = changes.find(|(a, b)| a != b) {
+            return Err(invalid(
+                "topology",
+                format!(
                     "both {first} and {second} were given; a manager uses exactly one topology"
                 ),
-            });
+            ));
         }
         if self.tls.is_set() {
             self.tls.check()?;
-            let urls = self.source.as_ref().map_or(&[][..], Source::urls);
+            let urls = self.sources.last().map_or(&[][..], Source::urls);
             if !urls.iter().any(|url| crate::tls::is_tls_url(url)) {
-                return Err(LockError::InvalidConfig {
-                    what: "tls",
-                    reason: "TLS certificates were given, but none of the manager's URLs is a \
-                             rediss:// one (and a caller's pool has TLS settings of its own): \
-                             use rediss://host:port for a server that speaks TLS"
-                        .to_owned(),
-                });
+                return Err(invalid(
+                    "tls",
+                    "TLS certificates were given, but none of the manager's URLs is a rediss:// \
+                     one (and a caller's pool has TLS settings of its own): use \
+                     rediss://host:port for a server that speaks TLS",
+                ));
             }
         }
-        if self.replica_timeout.is_zero() && self.min_replicas > 0 {
-            return Err(LockError::InvalidConfig {
-                what: "replica_timeout",
-                reason: "must be greater than zero: every Redis call needs a bound".to_owned(),
-            });
+        if self.replicas.timeout.is_zero() && self.replicas.count > 0 {
+            return Err(invalid("replica_timeout", unbounded));
         }
         Ok(())
+    }
+}
+
+/// The error of a setting `build` refuses.
+fn invalid(what: &'static str, reason: impl Into<String>) -> LockError {
+    LockError::InvalidConfig {
+        what,
+        reason: reason.into(),
     }
 }

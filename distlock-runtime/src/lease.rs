@@ -10,7 +10,6 @@ use tokio::time::Instant;
 use crate::context::Context;
 use crate::error::LockError;
 use crate::keys::LockKeys;
-use crate::mode::LockMode;
 use crate::release::{release_in_background, release_keys, Leaving};
 use crate::renew::{extend_lease, Registration};
 use crate::scripts::Queued;
@@ -106,50 +105,29 @@ impl Holding {
         ));
     }
 
-    /// From now on the acquire asks under `token` (the one before may still be granted late).
-    pub(crate) fn retoken(&mut self, context: &Context, renew: bool, token: Arc<str>) {
-        self.registration = None;
-        *self = Self::new(
-            context,
-            renew,
-            Arc::clone(&self.redis_keys),
-            token,
-            Arc::clone(&self.state),
-        );
-    }
-
-    /// What the lease takes over; the acquire keeps its names only.
-    pub(crate) fn take(&mut self) -> Self {
-        Self {
-            redis_keys: Arc::clone(&self.redis_keys),
-            token: Arc::clone(&self.token),
-            state: Arc::clone(&self.state),
-            registration: self.registration.take(),
-        }
+    /// The Redis key of the lock on the key at `index` among the request's keys.
+    pub(crate) fn lock_key(&self, index: usize) -> &str {
+        self.redis_keys.get(index).map_or("", LockKeys::lock)
     }
 }
 
 impl Lease {
+    /// The lease on `keys` that `holding` forms, which it takes over: the acquire keeps its
+    /// names only.
     pub(crate) fn new(
         manager: Arc<Context>,
         keys: Arc<[String]>,
-        holding: Holding,
+        holding: &mut Holding,
         fencing_token: u64,
     ) -> Self {
-        let Holding {
-            redis_keys,
-            token,
-            state,
-            registration,
-        } = holding;
         Self {
             manager,
             keys,
-            redis_keys,
-            token,
+            redis_keys: Arc::clone(&holding.redis_keys),
+            token: Arc::clone(&holding.token),
             fencing_token,
-            state,
-            standing: Standing::Held(registration),
+            state: Arc::clone(&holding.state),
+            standing: Standing::Held(holding.registration.take()),
         }
     }
 
@@ -258,23 +236,19 @@ impl Lease {
         let sent = Instant::now();
         let extended =
             extend_lease(self.manager.redis(), &self.redis_keys, &self.token, ttl).await?;
-        if extended {
-            let current = self.state.renewed(sent, ttl);
-            if self.state.is_lost() {
-                return Err(LockError::LeaseLost {
-                    keys: self.keys.to_vec(),
-                });
-            }
-            if let (true, Standing::Held(Some(renewal))) = (current, &self.standing) {
-                renewal.schedule(sent, ttl);
-            }
-            Ok(())
-        } else {
+        let current = extended && self.state.renewed(sent, ttl);
+        if !extended {
             self.state.lose(Loss::Taken);
-            Err(LockError::LeaseLost {
-                keys: self.keys.to_vec(),
-            })
         }
+        if self.state.is_lost() {
+            return Err(LockError::LeaseLost {
+                keys: self.keys.to_vec(),
+            });
+        }
+        if let (true, Standing::Held(Some(renewal))) = (current, &self.standing) {
+            renewal.schedule(sent, ttl);
+        }
+        Ok(())
     }
 
     /// Releases the lease: stops its renewal and deletes each key this owner still holds, in one
@@ -316,13 +290,8 @@ impl Lease {
     /// at their current ttl, and a warning says so.
     pub(crate) async fn keep_for(mut self, keep: Duration) {
         self.standing = Standing::Held(None);
-        let kept = crate::renew::extend_lease(
-            self.manager.redis(),
-            &self.redis_keys,
-            &self.token,
-            keep.max(crate::MIN_TTL),
-        )
-        .await;
+        let ttl = keep.max(crate::MIN_TTL);
+        let kept = extend_lease(self.manager.redis(), &self.redis_keys, &self.token, ttl).await;
         // Held until it expires, or gone: either way nothing is left to release.
         self.standing = Standing::Done;
         match kept {
@@ -336,24 +305,10 @@ impl Lease {
         }
     }
 
-    /// Why the lease was lost, for the log line of a `run` it stopped.
-    pub(crate) fn loss(&self) -> &'static str {
-        self.state.cause()
-    }
-
     /// The lease's validity and loss signal, which outlive the lease (an election watches a
     /// term's loss while its leader's future owns the term).
     pub(crate) fn state(&self) -> &Arc<LeaseState> {
         &self.state
-    }
-
-    pub(crate) fn shared_keys(&self) -> &Arc<[String]> {
-        &self.keys
-    }
-
-    /// The mode each of [`keys`](Self::keys) is held in.
-    pub(crate) fn modes(&self) -> Arc<[LockMode]> {
-        self.redis_keys.iter().map(LockKeys::mode).collect()
     }
 }
 

@@ -85,29 +85,26 @@ pub(crate) struct Found {
     wanted: Vec<(u64, String)>,
     /// The mode each wanted key is held in.
     held_modes: Vec<LockMode>,
-    missing: KeyModes,
+    /// The keys no enclosing body holds: they need a lease of their own, taken before the held
+    /// keys are borrowed, so that no loan is kept while waiting on Redis (a sibling using a
+    /// held key could be waiting for a key of this request's lease).
+    pub(crate) missing: KeyModes,
 }
 
-/// A `run`'s place on the current task: the keys it borrowed (held until this is dropped) and
-/// the frame its body runs in.
+/// A `run`'s place on the current task: the frame its body runs in, and the held keys it
+/// borrowed (`taken` out of `loans`, if any), given back when it is dropped.
 pub(crate) struct Entry {
-    manager_id: u64,
-    parent: Option<Arc<Frame>>,
-    borrowed: Vec<String>,
-    borrowed_modes: Vec<LockMode>,
-    loan: Option<Loan>,
-}
-
-/// Keys lent out of their frames; dropping it gives them back and wakes waiting siblings.
-struct Loan {
-    loans: Arc<Loans>,
+    frame: Option<Arc<Frame>>,
+    loans: Option<Arc<Loans>>,
     taken: Vec<(u64, String)>,
 }
 
-impl Drop for Loan {
+impl Drop for Entry {
     fn drop(&mut self) {
-        lock(&self.loans.lent).retain(|pair| !self.taken.contains(pair));
-        self.loans.returned.notify_waiters();
+        if let Some(loans) = &self.loans {
+            lock(&loans.lent).retain(|pair| !self.taken.contains(pair));
+            loans.returned.notify_waiters();
+        }
     }
 }
 
@@ -120,29 +117,23 @@ pub(crate) fn first_held(manager_id: u64, keys: &[String]) -> Option<&str> {
         .map(String::as_str)
 }
 
-/// Looks up the keys `asked` (sorted, each with its mode) for a `run` through `manager_id` on the
-/// current task: which an enclosing body holds, which are missing.
+/// Looks up `keys` (sorted, each asked in its mode of `modes`) for a `run` through `manager_id`
+/// on the current task: which an enclosing body holds, which are missing.
 ///
 /// # Errors
 /// [`LockError::UpgradeNotSupported`] for a key held in a mode that does not cover the one
 /// asked (an exclusive call inside a shared or permit hold): waiting for it would deadlock two
 /// readers that both asked.
-pub(crate) fn find(manager_id: u64, asked: &KeyModes) -> Result<Found, LockError> {
-    let Some(innermost) = innermost() else {
-        // Nothing held on this task: every key is missing, as asked.
-        return Ok(Found {
-            manager_id,
-            parent: None,
-            wanted: Vec::new(),
-            held_modes: Vec::new(),
-            missing: asked.clone(),
-        });
-    };
-    let mut wanted = Vec::new();
-    let mut held_modes = Vec::new();
+pub(crate) fn find(
+    manager_id: u64,
+    keys: &[String],
+    modes: &[LockMode],
+) -> Result<Found, LockError> {
+    let parent = innermost();
+    let (mut wanted, mut held_modes) = (Vec::new(), Vec::new());
     let (mut missing, mut missing_modes) = (Vec::new(), Vec::new());
-    for (key, &mode) in asked.0.iter().zip(asked.1.iter()) {
-        match innermost.holder(manager_id, key) {
+    for (key, &mode) in keys.iter().zip(modes) {
+        match parent.as_ref().and_then(|p| p.holder(manager_id, key)) {
             Some((_, held)) if !held.covers(mode) => {
                 return Err(LockError::UpgradeNotSupported { key: key.clone() });
             }
@@ -158,7 +149,7 @@ pub(crate) fn find(manager_id: u64, asked: &KeyModes) -> Result<Found, LockError
     }
     Ok(Found {
         manager_id,
-        parent: Some(innermost),
+        parent,
         wanted,
         held_modes,
         missing: (missing.into(), missing_modes.into()),
@@ -166,121 +157,90 @@ pub(crate) fn find(manager_id: u64, asked: &KeyModes) -> Result<Found, LockError
 }
 
 impl Found {
-    /// The keys no enclosing body holds: they need a lease of their own, taken before the held
-    /// keys are borrowed, so that no loan is kept while waiting on Redis (a sibling using a
-    /// held key could be waiting for a key of this request's lease).
-    pub(crate) fn missing(&self) -> &KeyModes {
-        &self.missing
-    }
-
-    /// Borrows the held keys, waiting within `wait` (not at all for a try-lock) while a sibling
-    /// uses one.
+    /// Borrows the held keys, all at once, waiting within `wait` (not at all for a try-lock)
+    /// while a sibling uses one; the body then runs holding them and, given its
+    /// `fencing_token`, the new lease on the missing keys.
     ///
     /// # Errors
     /// [`LockError::NotAcquired`] (zero wait) or [`LockError::Timeout`] when a sibling still
     /// uses a held key.
-    pub(crate) async fn borrow(self, wait: Wait) -> Result<Entry, LockError> {
-        let loan = match &self.parent {
-            Some(parent) if !self.wanted.is_empty() => {
-                Some(borrow(&parent.loans, self.wanted.clone(), wait).await?)
+    pub(crate) async fn borrow(
+        self,
+        wait: Wait,
+        fencing_token: Option<u64>,
+    ) -> Result<Entry, LockError> {
+        let held = self.parent.as_ref().filter(|_| !self.wanted.is_empty());
+        let loans = held.map(|parent| Arc::clone(&parent.loans));
+        let deadline = wait.deadline();
+        // Until every held key is taken, waiting while a sibling uses one.
+        while let Some(loans) = &loans {
+            let returned = loans.returned.notified();
+            tokio::pin!(returned);
+            // Registered before looking, so a return right after the look is not missed.
+            returned.as_mut().enable();
+            let busy = {
+                let mut lent = lock(&loans.lent);
+                match self.wanted.iter().find(|pair| lent.contains(pair)) {
+                    Some((_, key)) => key.clone(),
+                    None => {
+                        lent.extend(self.wanted.iter().cloned());
+                        break;
+                    }
+                }
+            };
+            if wait.is_try() {
+                return Err(LockError::NotAcquired { key: busy });
             }
-            _ => None,
-        };
+            if tokio::time::timeout_at(deadline, returned).await.is_err() {
+                return Err(LockError::Timeout {
+                    key: busy,
+                    waited: wait.started.elapsed(),
+                });
+            }
+        }
         Ok(Entry {
-            manager_id: self.manager_id,
-            parent: self.parent,
-            borrowed: self.wanted.into_iter().map(|(_, key)| key).collect(),
-            borrowed_modes: self.held_modes,
-            loan,
+            taken: self.wanted.clone(),
+            loans,
+            frame: self.frame(fencing_token),
         })
     }
-}
 
-/// Takes every pair in `wanted` out of `loans` at once, waiting while any is lent out.
-async fn borrow(
-    loans: &Arc<Loans>,
-    wanted: Vec<(u64, String)>,
-    wait: Wait,
-) -> Result<Loan, LockError> {
-    let deadline = wait.deadline();
-    loop {
-        let returned = loans.returned.notified();
-        tokio::pin!(returned);
-        // Registered before looking, so a return right after the look is not missed.
-        returned.as_mut().enable();
-        let busy = {
-            let mut lent = lock(&loans.lent);
-            match wanted.iter().find(|pair| lent.contains(pair)) {
-                Some((_, key)) => key.clone(),
-                None => {
-                    lent.extend(wanted.iter().cloned());
-                    return Ok(Loan {
-                        loans: Arc::clone(loans),
-                        taken: wanted,
-                    });
-                }
-            }
-        };
-        if wait.is_try() {
-            return Err(LockError::NotAcquired { key: busy });
-        }
-        if tokio::time::timeout_at(deadline, returned).await.is_err() {
-            return Err(LockError::Timeout {
-                key: busy,
-                waited: wait.started.elapsed(),
-            });
-        }
-    }
-}
-
-impl Entry {
-    /// Runs `body` holding the borrowed keys and, if given, a new lease on the missing ones
-    /// (its keys, their modes and its fencing token); the borrowed keys go back when the body
-    /// ends or is dropped.
-    pub(crate) async fn scope<F: Future>(
-        self,
-        lease: Option<(KeyModes, u64)>,
-        body: F,
-    ) -> F::Output {
-        let Self {
-            manager_id,
-            parent,
-            borrowed,
-            borrowed_modes,
-            loan,
-        } = self;
-        let loans = parent
+    /// The frame a body runs in: one holding the borrowed keys and, given its `fencing_token`,
+    /// one holding the new lease's keys, below the enclosing frames.
+    fn frame(self, fencing_token: Option<u64>) -> Option<Arc<Frame>> {
+        let loans = self
+            .parent
             .as_ref()
             .map_or_else(Arc::default, |p| Arc::clone(&p.loans));
-        let mut frame = parent;
-        if !borrowed.is_empty() {
+        let borrowed = (!self.wanted.is_empty()).then(|| {
+            let keys = self.wanted.into_iter().map(|(_, key)| key).collect();
+            (keys, self.held_modes.into(), None)
+        });
+        let (keys, modes) = self.missing;
+        let lease = fencing_token.map(|token| (keys, modes, Some(token)));
+        let mut frame = self.parent;
+        for (keys, modes, fencing_token) in [borrowed, lease].into_iter().flatten() {
             frame = Some(Arc::new(Frame {
                 id: crate::ids::next_id(),
-                manager_id,
-                keys: borrowed.into(),
-                modes: borrowed_modes.into(),
-                fencing_token: None,
+                manager_id: self.manager_id,
+                keys,
+                modes,
+                fencing_token,
                 parent: frame,
                 loans: Arc::clone(&loans),
             }));
         }
-        if let Some(((keys, modes), fencing_token)) = lease {
-            frame = Some(Arc::new(Frame {
-                id: crate::ids::next_id(),
-                manager_id,
-                keys,
-                modes,
-                fencing_token: Some(fencing_token),
-                parent: frame,
-                loans,
-            }));
-        }
-        let output = match frame {
+        frame
+    }
+}
+
+impl Entry {
+    /// Runs `body` in its frame; the borrowed keys go back when the body ends or is dropped.
+    pub(crate) async fn scope<F: Future>(mut self, body: F) -> F::Output {
+        match self.frame.take() {
             Some(frame) => HELD.scope(frame, body).await,
             None => body.await,
-        };
-        drop(loan);
-        output
+        }
     }
 }
 
@@ -349,14 +309,12 @@ impl CurrentLease {
 /// # Ok(()) }
 /// ```
 pub fn current_lease() -> Option<CurrentLease> {
-    let innermost = innermost()?;
-    let lease = innermost.chain().find_map(|frame| {
+    innermost()?.chain().find_map(|frame| {
         frame.fencing_token.map(|fencing_token| CurrentLease {
             keys: Arc::clone(&frame.keys),
             fencing_token,
         })
-    });
-    lease
+    })
 }
 
 /// Inside a locked body: the fencing token of the innermost lease of this task that holds `key`
@@ -377,10 +335,8 @@ pub fn current_lease() -> Option<CurrentLease> {
 /// }
 /// ```
 pub fn current_fencing_token(key: &str) -> Option<u64> {
-    let innermost = innermost()?;
-    let token = innermost
+    innermost()?
         .chain()
         .filter(|frame| frame.keys.iter().any(|k| k == key))
-        .find_map(|frame| frame.fencing_token);
-    token
+        .find_map(|frame| frame.fencing_token)
 }

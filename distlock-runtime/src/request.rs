@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::acquire::{self, Ask, Fairness};
+use crate::acquire::{self, Ask};
 use crate::context::Context;
 use crate::error::LockError;
 use crate::lease::Lease;
@@ -252,25 +252,13 @@ impl LockRequest {
     /// attempt of one that found a key held; [`LockError::HeldByThisTask`] for a key an enclosing body holds; [`LockError::InvalidKey`] / [`LockError::InvalidConfig`] for an empty key
     /// or a ttl outside [`MIN_TTL`](crate::MIN_TTL)..=[`MAX_TTL`](crate::MAX_TTL); [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis
     /// cannot be asked within the manager's timeouts.
-    pub async fn acquire(self) -> Result<Lease, LockError> {
-        let (keys, modes) = prepare_keys(self.keys, self.read, self.permits)?;
-        check_ttl(self.ttl)?;
-        let fair = fair_for(&self.manager, self.fair, &keys)?;
-        if let Some(key) = reentrancy::first_held(self.manager.id, &keys) {
+    pub async fn acquire(mut self) -> Result<Lease, LockError> {
+        let ask = self.ask()?;
+        if let Some(key) = reentrancy::first_held(self.manager.id, &ask.keys) {
             return Err(LockError::HeldByThisTask {
                 key: key.to_owned(),
             });
         }
-        let wait = Wait::new(Instant::now(), self.wait);
-        let ask = Ask {
-            keys,
-            modes: Arc::clone(&modes),
-            ttl: self.ttl,
-            wait,
-            renew: self.renew,
-            fairness: fair,
-            tags: Tags::new(self.label, &modes),
-        };
         acquire::acquire(&self.manager, ask).await
     }
 
@@ -314,60 +302,82 @@ impl LockRequest {
     ///
     /// # Errors
     /// Those of [`acquire`](Self::acquire), and [`LockError::LeaseLost`].
-    pub async fn run<F: Future>(self, body: F) -> Result<F::Output, LockError> {
-        let (keys, modes) = prepare_keys(self.keys, self.read, self.permits)?;
-        check_ttl(self.ttl)?;
-        let fair = fair_for(&self.manager, self.fair, &keys)?;
-        let manager = self.manager;
-        let wait = Wait::new(Instant::now(), self.wait);
-        let asked = (Arc::clone(&keys), Arc::clone(&modes));
-        let found = reentrancy::find(manager.id, &asked)?;
-        if found.missing().0.is_empty() {
-            let entry = found.borrow(wait).await?;
-            return Ok(entry.scope(None, body).await);
+    pub async fn run<F: Future>(mut self, body: F) -> Result<F::Output, LockError> {
+        let ask = self.ask()?;
+        let found = reentrancy::find(self.manager.id, &ask.keys, &ask.modes)?;
+        if found.missing.0.is_empty() {
+            let entry = found.borrow(ask.wait, None).await?;
+            return Ok(entry.scope(body).await);
         }
-        let label = self.label;
-        let tags = Tags::new(label, &modes);
         let span = tracing::debug_span!(
             "distlock",
-            template = label,
-            keys = ?keys,
+            template = self.label,
+            keys = ?ask.keys,
             fencing_token = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
         async move {
-            let (missing, modes) = found.missing().clone();
-            let ask = Ask {
-                tags: Tags::new(label, &modes),
-                keys: missing,
+            // The acquire is for the missing keys only.
+            let (keys, modes) = found.missing.clone();
+            let missing = Ask {
+                tags: Tags::new(self.label, &modes),
+                keys,
                 modes,
-                ttl: self.ttl,
-                wait,
-                renew: self.renew,
-                fairness: fair,
+                ..ask
             };
             // Boxed: the acquire's state is large, and a nested `run` would carry it inline.
-            let lease = match Box::pin(acquire::acquire(&manager, ask)).await {
-                Ok(lease) => lease,
-                Err(error) => {
-                    tracing::Span::current().record("outcome", error_outcome(&error));
-                    return Err(error);
-                }
-            };
+            let acquiring = Box::pin(acquire::acquire(&self.manager, missing));
+            let lease = acquiring.await.inspect_err(|error| {
+                let outcome = match error {
+                    LockError::Timeout { .. } => "timed_out",
+                    LockError::NotAcquired { .. } => "not_acquired",
+                    _ => "error",
+                };
+                tracing::Span::current().record("outcome", outcome);
+            })?;
             // After Redis set the keys: `hold_at_least` counts from no earlier than that.
-            let acquired = tokio::time::Instant::now();
+            let acquired = Instant::now();
             // Held keys are borrowed only now: no loan is kept while waiting on Redis.
-            let entry = match found.borrow(wait).await {
+            let entry = match found.borrow(ask.wait, Some(lease.fencing_token())).await {
                 Ok(entry) => entry,
                 Err(error) => {
                     release(lease).await;
                     return Err(error);
                 }
             };
-            run_held(lease, entry, body, (tags, acquired), self.hold_at_least).await
+            run_held(lease, entry, body, (ask.tags, acquired), self.hold_at_least).await
         }
         .instrument(span)
         .await
+    }
+
+    /// The request checked, as the acquire takes it (its wait starts now).
+    fn ask(&mut self) -> Result<Ask, LockError> {
+        let read = std::mem::take(&mut self.read);
+        let (keys, modes) = prepare_keys(std::mem::take(&mut self.keys), read, self.permits)?;
+        check_ttl(self.ttl)?;
+        // The manager's default applies to single-key requests only.
+        let default = self.manager.default_fair && keys.len() == 1;
+        let fair = self.fair.unwrap_or(default);
+        if fair && keys.len() > 1 {
+            return Err(LockError::InvalidConfig {
+                what: "fair",
+                reason: format!(
+                    "a fair request takes one key, not {}: waiters queue on one key at a time, and \
+                     queueing on several at once could deadlock; lock one key fairly, or drop .fair(true)",
+                    keys.len()
+                ),
+            });
+        }
+        Ok(Ask {
+            tags: Tags::new(self.label, &modes),
+            keys,
+            modes,
+            ttl: self.ttl,
+            wait: Wait::new(Instant::now(), self.wait),
+            renew: self.renew,
+            fair,
+        })
     }
 }
 
@@ -378,41 +388,29 @@ async fn run_held<F: Future>(
     lease: Lease,
     entry: reentrancy::Entry,
     body: F,
-    (tags, acquired): (Tags, tokio::time::Instant),
+    (tags, acquired): (Tags, Instant),
     hold_at_least: Option<Duration>,
 ) -> Result<F::Output, LockError> {
-    let fencing_token = lease.fencing_token();
-    tracing::Span::current().record("fencing_token", fencing_token);
-    let scoped = entry.scope(
-        Some((
-            (Arc::clone(lease.shared_keys()), lease.modes()),
-            fencing_token,
-        )),
-        body,
-    );
+    tracing::Span::current().record("fencing_token", lease.fencing_token());
     let output = tokio::select! {
         biased;
         () = lease.lost() => None,
-        output = scoped => Some(output),
+        output = entry.scope(body) => Some(output),
     };
+    let held_for = acquired.elapsed();
+    crate::telemetry::held(tags, held_for);
     let Some(output) = output else {
         let keys = lease.keys().to_vec();
-        tracing::warn!(
-            ?keys,
-            "distlock lease lost: {}; the body was stopped",
-            lease.loss()
-        );
+        let loss = lease.state().cause();
+        tracing::warn!(?keys, "distlock lease lost: {loss}; the body was stopped");
         // Return now: Redis may be what failed, and the caller must not wait on it.
         // Dropping the lease releases it in the background (a key still held by this
         // owner, after renewal failed, is freed before its ttl once Redis answers).
         drop(lease);
         crate::telemetry::lease_lost(tags);
-        crate::telemetry::held(tags, acquired.elapsed());
         tracing::Span::current().record("outcome", "lease_lost");
         return Err(LockError::LeaseLost { keys });
     };
-    let held_for = acquired.elapsed();
-    crate::telemetry::held(tags, held_for);
     tracing::Span::current().record("outcome", "ok");
     match hold_at_least.filter(|&hold| hold > held_for) {
         Some(hold) => lease.keep_for(hold - held_for).await,
@@ -429,44 +427,6 @@ async fn release(lease: Lease) {
     }
 }
 
-/// The span's `outcome` for a failed acquire.
-fn error_outcome(error: &LockError) -> &'static str {
-    match error {
-        LockError::Timeout { .. } => "timed_out",
-        LockError::NotAcquired { .. } => "not_acquired",
-        _ => "error",
-    }
-}
-
-/// Whether a request for `keys` (sorted, de-duplicated) is served fairly: as asked, else by the
-/// manager's default, which applies to single-key requests only.
-fn fair_for(
-    manager: &Context,
-    asked: Option<bool>,
-    keys: &[String],
-) -> Result<Fairness, LockError> {
-    let fair = |fair: bool| {
-        if fair {
-            Fairness::Fair
-        } else {
-            Fairness::Unfair
-        }
-    };
-    match asked {
-        Some(true) if keys.len() > 1 => Err(LockError::InvalidConfig {
-            what: "fair",
-            reason: format!(
-                "a fair request takes one key, not {}: waiters queue on one key at a time, and \
-                 queueing on several at once could deadlock; lock one key fairly, or drop .fair(true)",
-                keys.len()
-            ),
-        }),
-        Some(asked) => Ok(fair(asked)),
-        None => Ok(fair(manager.default_fair && keys.len() == 1)),
-    }
-}
-
-/// Sorts and de-duplicates the keys of a request, refusing unusable ones.
 /// A request's keys, sorted and de-duplicated, and the mode each is asked in: `keys` exclusively
 /// (or as one of `permits`), `read` shared, a key asked both ways exclusively (which covers
 /// reading it).
@@ -503,30 +463,8 @@ fn prepare_keys(
                     .to_owned(),
             })
         }
-        Some(n) => {
-            let mut distinct = keys.clone();
-            distinct.sort_unstable();
-            distinct.dedup();
-            if distinct.len() != 1 {
-                return Err(LockError::InvalidConfig {
-                    what: "permits",
-                    reason: format!(
-                        "permits on {} keys: a semaphore is one key; lock(key).permits(n)",
-                        distinct.len()
-                    ),
-                });
-            }
-            LockMode::Permits(n)
-        }
+        Some(n) => LockMode::Permits(n),
     };
-    if read.is_empty() {
-        // One mode for every key (the common case): sorted as they are.
-        let mut keys = keys;
-        keys.sort_unstable();
-        keys.dedup();
-        let modes = vec![exclusive; keys.len()];
-        return Ok((keys.into(), modes.into()));
-    }
     let mut asked: Vec<(String, LockMode)> = keys
         .into_iter()
         .map(|key| (key, exclusive))
@@ -538,6 +476,15 @@ fn prepare_keys(
             .then((*m == LockMode::Shared).cmp(&(*n == LockMode::Shared)))
     });
     asked.dedup_by(|later, first| later.0 == first.0);
+    if permits.is_some() && asked.len() != 1 {
+        return Err(LockError::InvalidConfig {
+            what: "permits",
+            reason: format!(
+                "permits on {} keys: a semaphore is one key; lock(key).permits(n)",
+                asked.len()
+            ),
+        });
+    }
     let (keys, modes): (Vec<String>, Vec<LockMode>) = asked.into_iter().unzip();
     Ok((keys.into(), modes.into()))
 }

@@ -59,31 +59,19 @@ pub(crate) struct Ask {
     pub(crate) ttl: Duration,
     pub(crate) wait: Wait,
     pub(crate) renew: bool,
-    pub(crate) fairness: Fairness,
+    /// Waiters are served in arrival order, through the key's queue in Redis (one key only;
+    /// see `fair/`), rather than whoever asks first after a release.
+    pub(crate) fair: bool,
     /// Names the request in metrics (its key template, and its keys' modes).
     pub(crate) tags: Tags,
-}
-
-/// How waiters of a request are served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fairness {
-    /// In arrival order, through the key's queue in Redis (one key only; see `fair/`).
-    Fair,
-    /// Whoever asks first after a release.
-    Unfair,
 }
 
 /// Takes the locks `ask` asks for: the loop behind every request, fair or not.
 pub(crate) async fn acquire(context: &Arc<Context>, ask: Ask) -> Result<Lease, LockError> {
     let (started, tags) = (ask.wait.started, ask.tags);
-    let mut attempts = 0;
-    let outcome = match Acquiring::new(context, ask) {
-        Ok(mut acquiring) => {
-            let outcome = acquiring.run().await;
-            attempts = acquiring.attempts;
-            outcome
-        }
-        Err(error) => Err(error),
+    let (outcome, attempts) = match Acquiring::new(context, ask) {
+        Ok(mut acquiring) => (acquiring.run().await, acquiring.attempts),
+        Err(error) => (Err(error), 0),
     };
     let took = started.elapsed();
     telemetry::acquisition(tags, outcome.as_ref().map(|_| took), attempts > 1);
@@ -170,11 +158,8 @@ impl<'a> Acquiring<'a> {
             Waiting::NotYet
         };
         let redis = context.redis();
-        let semaphore = ask
-            .modes
-            .iter()
-            .any(|m| matches!(m, LockMode::Permits(n) if *n > 1));
-        if semaphore && matches!(redis, Deployment::Majority(_)) {
+        let semaphore = |m: &LockMode| matches!(m, LockMode::Permits(n) if *n > 1);
+        if matches!(redis, Deployment::Majority(_)) && ask.modes.iter().any(semaphore) {
             return Err(LockError::InvalidConfig {
                 what: "permits",
                 reason: "a semaphore of more than one permit cannot be held on a quorum: each \
@@ -184,24 +169,24 @@ impl<'a> Acquiring<'a> {
                     .to_owned(),
             });
         }
-        let attempts_by = match ask.fairness {
-            Fairness::Fair => {
-                let serial = redis.fair().map_err(|reason| LockError::InvalidConfig {
-                    what: "fair",
-                    reason: reason.to_owned(),
-                })?;
-                let fair = FairAttempts::new(&redis_keys[0], ask.ttl, first_secret);
-                Attempts::Fair(Box::new(fair), serial)
-            }
-            Fairness::Unfair => Attempts::Places(Places::new(
+        let attempts_by = if ask.fair {
+            let serial = redis.fair().map_err(|reason| LockError::InvalidConfig {
+                what: "fair",
+                reason: reason.to_owned(),
+            })?;
+            let fair = FairAttempts::new(&redis_keys[0], ask.ttl, first_secret);
+            Attempts::Fair(Box::new(fair), serial)
+        } else {
+            Attempts::Places(Places::new(
                 redis,
                 &redis_keys,
                 &token,
                 (ask.ttl, deadline(&ask.wait)),
                 waiting,
-            )),
+            ))
         };
-        let fair_token = (ask.fairness == Fairness::Fair)
+        let fair_token = ask
+            .fair
             .then(|| (Arc::clone(&token), crate::fair::presence(ask.ttl)));
         let waiter = Waiter::new(
             ask.wait.deadline(),
@@ -252,8 +237,7 @@ impl<'a> Acquiring<'a> {
             Attempts::Fair(fair, _) => Some(fair.next_secret(sent, deadline)),
             Attempts::Places(_) => None,
         };
-        self.waiter
-            .before_attempt(self.holding.redis_keys[0].lock(), secret);
+        self.waiter.before_attempt(self.holding.lock_key(0), secret);
         // If this call is cancelled or fails while the request is out, the lock may have been
         // taken: release it (by token) rather than leave it until its ttl.
         self.exposure = Exposure::InFlight;
@@ -323,12 +307,9 @@ impl<'a> Acquiring<'a> {
             self.new_token();
         }
         if self.waiting == Waiting::Never {
-            return Err(self.unconfirmed.map_or_else(
-                || LockError::NotAcquired {
-                    key: self.key(first_held),
-                },
-                Unconfirmed::error,
-            ));
+            return Err(self.ended(LockError::NotAcquired {
+                key: self.key(first_held),
+            }));
         }
         if self.waiting == Waiting::NotYet || late {
             // Keys taken from now on are marked as waited on (see `scripts/`): other waiters
@@ -355,12 +336,8 @@ impl<'a> Acquiring<'a> {
                 FairAttempts::marked(sent, self.ask.wait.deadline())
             }
         };
-        let held_key = self
-            .holding
-            .redis_keys
-            .get(first_held)
-            .map_or("", |k| k.lock());
-        self.waiter.found_held(held_key, marked);
+        self.waiter
+            .found_held(self.holding.lock_key(first_held), marked);
         Ok(Stage::Waiting {
             first_held,
             remaining,
@@ -371,15 +348,29 @@ impl<'a> Acquiring<'a> {
     /// Ends the use of the owner token (a place may still grant under it, late): releases it in
     /// the background, and takes a new one for the attempts to come.
     fn new_token(&mut self) {
+        self.release_later(Leaving::Late);
+        let token = owner_token(self.context, random_ids()[0]);
+        // The old token's renewal ends before the new one's begins.
+        self.holding.registration = None;
+        self.holding = Holding::new(
+            self.context,
+            self.ask.renew,
+            Arc::clone(&self.holding.redis_keys),
+            token,
+            Arc::clone(&self.holding.state),
+        );
+    }
+
+    /// Releases the keys under the current owner token from a background task, as `leaving`
+    /// says.
+    fn release_later(&self, leaving: Leaving) {
         release_in_background(
             self.context,
             Arc::clone(&self.holding.redis_keys),
             Arc::clone(&self.holding.token),
             self.ask.ttl,
-            Leaving::Late,
+            leaving,
         );
-        let token = owner_token(self.context, random_ids()[0]);
-        self.holding.retoken(self.context, self.ask.renew, token);
     }
 
     /// Waits after the attempt sent at `sent` found the key at `first_held` held.
@@ -389,23 +380,16 @@ impl<'a> Acquiring<'a> {
         remaining: Option<Duration>,
         sent: Instant,
     ) -> Result<Stage, LockError> {
-        let held_key = self
-            .holding
-            .redis_keys
-            .get(first_held)
-            .map_or("", |k| k.lock());
+        let held_key = self.holding.lock_key(first_held);
         match self.waiter.wait(held_key, remaining, sent).await {
             Wake::Retry => {
                 self.keep_siblings_queued().await;
                 Ok(Stage::Attempting)
             }
-            Wake::Deadline => Err(self.unconfirmed.map_or_else(
-                || LockError::Timeout {
-                    key: self.key(first_held),
-                    waited: self.ask.wait.started.elapsed(),
-                },
-                Unconfirmed::error,
-            )),
+            Wake::Deadline => Err(self.ended(LockError::Timeout {
+                key: self.key(first_held),
+                waited: self.ask.wait.started.elapsed(),
+            })),
             Wake::Handed(handoff) => Ok(self.handed(&handoff, sent)),
         }
     }
@@ -449,10 +433,8 @@ impl<'a> Acquiring<'a> {
             ClaimRenewal::Once => self.holding.renew_once(self.context),
             ClaimRenewal::Needless => {}
         }
-        self.context
-            .stats
-            .handed_over
-            .fetch_add(1, Ordering::Relaxed);
+        let stats = &self.context.stats;
+        stats.handed_over.fetch_add(1, Ordering::Relaxed);
         telemetry::handed_over(self.ask.tags);
         Stage::Holding {
             fencing_token: handoff.fencing_token,
@@ -479,9 +461,15 @@ impl<'a> Acquiring<'a> {
         Ok(Lease::new(
             Arc::clone(self.context),
             Arc::clone(&self.ask.keys),
-            self.holding.take(),
+            &mut self.holding,
             fencing_token,
         ))
+    }
+
+    /// Why a request that found a key held ends: `contention`, unless the replicas did not
+    /// confirm its last attempt.
+    fn ended(&self, contention: LockError) -> LockError {
+        self.unconfirmed.map_or(contention, Unconfirmed::error)
     }
 
     /// The user's key at `index` among the request's keys.
@@ -501,13 +489,7 @@ impl Drop for Acquiring<'_> {
             Exposure::Written => Leaving::Queued,
             Exposure::Late => Leaving::Late,
         };
-        release_in_background(
-            self.context,
-            Arc::clone(&self.holding.redis_keys),
-            Arc::clone(&self.holding.token),
-            self.ask.ttl,
-            leaving,
-        );
+        self.release_later(leaving);
     }
 }
 
