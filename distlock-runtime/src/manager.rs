@@ -358,6 +358,18 @@ mod tests {
     }
 
     #[test]
+    fn a_run_future_embeds_its_body_once() {
+        // Nested calls nest bodies: a copy per layer inside `run` would multiply with depth.
+        let locks = LockManager::from_url("redis://127.0.0.1:1").unwrap();
+        let big = [0u8; 10_000];
+        let body = async move {
+            std::hint::black_box(big);
+        };
+        let size = std::mem::size_of_val(&locks.lock("k").run(body));
+        assert!(size <= 10_001 + 4096, "run future is {size} bytes");
+    }
+
+    #[test]
     fn locks_live_under_the_prefix_each_with_its_own_counter() {
         let locks = LockManager::builder()
             .url("redis://127.0.0.1:1")

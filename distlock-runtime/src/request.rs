@@ -303,6 +303,10 @@ impl LockRequest {
     /// # Errors
     /// Those of [`acquire`](Self::acquire), and [`LockError::LeaseLost`].
     pub async fn run<F: Future>(mut self, body: F) -> Result<F::Output, LockError> {
+        // Boxed: the body passes through the span's block, the held scope and the loss watch,
+        // and each would embed a copy of it; a body that makes nested calls would multiply
+        // them level by level (three nested levels overflowed a test thread's 2 MB stack).
+        let body = Box::pin(body);
         let ask = self.ask()?;
         let found = reentrancy::find(self.manager.id, &ask.keys, &ask.modes)?;
         if found.missing.0.is_empty() {
