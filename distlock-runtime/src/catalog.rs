@@ -28,7 +28,7 @@ mod tests {
     /// shows here, and is made on purpose.
     const PINNED: [(&str, &str); 10] = [
         ("acquire", "656081332bb05279affb18bbf1c512d7367200f1"),
-        ("release", "c8ec605d68f014652e15007142a4b6d568ab251e"),
+        ("release", "566d1913275e06d201a174ba19efd54f9603f890"),
         ("extend", "ad271079948c2dd6e74e09625638a77accfa57a4"),
         ("fair_acquire", "c09cd411ffbb33a95407403a8bcbc1168d1ee9b2"),
         ("fair_refresh", "52bcf57a5866b9e1142b4fb17819257ead8545a5"),

@@ -1,7 +1,8 @@
 //! What a refusal Redis words vaguely means exactly: the command an ACL user may not run inside a
 //! script (from the script line Redis names), the key that holds another type (asked of Redis
 //! with the commands distlock has the rights for). Applied to every failed script call by the
-//! route layer (`Route::call`), and to `LockManager::ping`'s check.
+//! deployment (`topology/`: `Serial::call`, the quorum's operations), and to `LockManager::ping`'s
+//! check.
 
 use std::future::Future;
 use std::sync::LazyLock;
@@ -16,8 +17,8 @@ use crate::scripts::Lua;
 /// (from the line of the script Redis names), which key holds another type (asked of Redis,
 /// with the commands distlock has the rights for).
 ///
-/// `probe` runs a script call on the same servers as `call` and reads its answer (the route's
-/// `invoke`): this module sits below the routes.
+/// `probe` runs a script call on the same servers as `call` and reads its answer: this module
+/// sits below `topology/`.
 pub(crate) async fn explain<F, Fut>(call: &ScriptCall, mut failed: Failed, probe: F) -> Failed
 where
     F: FnOnce(ScriptCall) -> Fut,

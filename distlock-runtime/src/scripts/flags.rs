@@ -52,7 +52,7 @@ impl ToRedisArgs for Queued {
 pub(crate) enum Announce {
     /// Only that of a key marked as waited on (see the module docs). Sent as `0`.
     WaitedOn,
-    /// Every release, as though every key were marked (a quorum's: see `Route::announces`).
+    /// Every release, as though every key were marked (a quorum's: see `Deployment::announce`).
     /// Sent as `1`.
     Always,
 }

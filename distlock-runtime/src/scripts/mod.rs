@@ -244,7 +244,7 @@ pub(crate) struct Unconfirmed {
 }
 
 impl Unconfirmed {
-    /// The acquire script's answer `held` (`{0, i, pttl}`) with this after it, as a route that
+    /// The acquire script's answer `held` (`{0, i, pttl}`) with this after it, as a deployment that
     /// waits for replicas answers such an attempt: `{0, i, pttl, acked, needed, within_ms}`.
     pub(crate) fn appended_to(self, held: redis::Value) -> redis::Value {
         let mut fields = match held {

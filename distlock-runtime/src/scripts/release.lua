@@ -8,7 +8,7 @@
 --   (`Queued` in scripts/mod.rs).
 -- ARGV[3]: the command that announces a release (PUBLISH, or SPUBLISH on a cluster).
 -- ARGV[4]: ALWAYS ('1') to treat every key as waited on (a quorum's: see
---   `Route::announces`); '0' to announce only the release of a key marked as waited on
+--   `Deployment::announce`); '0' to announce only the release of a key marked as waited on
 --   (`Announce` in scripts/mod.rs).
 -- ARGV[5] (optional): the keys' modes, one word each, space-separated: 'x', 'r' or N
 --   (scripts/holders.lua); every key is held exclusively when it is absent.

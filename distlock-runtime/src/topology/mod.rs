@@ -284,7 +284,7 @@ pub(crate) fn read<T: FromRedisValue>(call: &ScriptCall, value: Value) -> Result
     })
 }
 
-/// How a route's scripts announce releases to subscribers.
+/// How a deployment's release announcements are subscribed to.
 pub(crate) trait Subscribe: Send + Sync + 'static {
     /// Opens a subscriber connection that hands each message to `on_message`: what subscribes
     /// on it, and a future that completes when the connection ends.
@@ -390,7 +390,7 @@ pub(crate) enum Message {
 /// (one group on every deployment but a cluster).
 pub(crate) fn by_shard(deployment: &Deployment, redis_keys: &[LockKeys]) -> Vec<Vec<usize>> {
     if redis_keys.len() == 1 {
-        // Most requests: one group, whatever the route.
+        // Most requests: one group, whatever the deployment.
         return vec![vec![0]];
     }
     let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
