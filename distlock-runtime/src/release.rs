@@ -8,7 +8,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::background::MAX_PENDING;
-use crate::call::ScriptCall;
 use crate::context::Context;
 use crate::error::LockError;
 use crate::failed::Failed;
@@ -16,7 +15,7 @@ use crate::keys::LockKeys;
 use crate::retry::{Decision, Retry, Tried};
 use crate::scripts::{self, Queued};
 use crate::sync::lock;
-use crate::topology::{by_shard, Deployment};
+use crate::topology::by_shard;
 
 /// Deletes the keys still held by `token` (handing each to its oldest fair waiter, if it
 /// has one); returns how many were. With [`Queued::Maybe`], `token` also leaves the keys' fair
@@ -29,27 +28,13 @@ pub(crate) async fn release_keys(
     queued: Queued,
 ) -> Result<usize, LockError> {
     let redis = context.redis();
-    if let [keys] = redis_keys {
-        // One key, one call: no grouping to do.
-        let call = release_call(redis, std::iter::once(keys), token, queued);
-        return redis.release(&call).await;
-    }
     let mut released = 0;
     for group in by_shard(redis, redis_keys) {
-        let call = release_call(redis, group.iter().map(|&i| &redis_keys[i]), token, queued);
+        let keys = group.iter().map(|&i| &redis_keys[i]);
+        let call = scripts::release_call(redis.announce(), keys, token, queued);
         released += redis.release(&call).await?;
     }
     Ok(released)
-}
-
-/// The release script call for `keys` (which share a shard), announced as `redis` does.
-pub(crate) fn release_call<'a>(
-    redis: &Deployment,
-    keys: impl ExactSizeIterator<Item = &'a LockKeys> + Clone,
-    token: &str,
-    queued: Queued,
-) -> ScriptCall {
-    scripts::release_call(redis.announce(), keys, token, queued)
 }
 
 /// Releases from a spawned task: the fallback when a lease is dropped instead of released,
@@ -117,7 +102,6 @@ impl Pending {
         give_up: Instant,
     ) {
         let context = &self.0;
-        let response_timeout = context.redis().response_timeout();
         let (retry, mut tried) = (Retry::release(give_up), Tried::default());
         let mut repeats = match leaving {
             Leaving::InFlight | Leaving::InFlightFair | Leaving::Late => 2,
@@ -134,7 +118,7 @@ impl Pending {
                 };
                 release_keys(context, redis_keys, token, leaving.queued()).await
             };
-            let error = match released {
+            let pause = match released {
                 Ok(released)
                     if repeats > 0
                         && (released == 0
@@ -142,37 +126,42 @@ impl Pending {
                         && Instant::now() < give_up =>
                 {
                     repeats -= 1;
-                    tokio::time::sleep(response_timeout).await;
-                    continue;
+                    context.redis().response_timeout()
                 }
                 Ok(_) => return,
-                Err(error) => error,
+                Err(error) => {
+                    let failed = Failed::maybe(error);
+                    let Decision::After(pause) = retry.decide(&failed, &mut tried, Instant::now())
+                    else {
+                        return gave_up(context, redis_keys, leaving, failed.error);
+                    };
+                    tracing::debug!(keys = ?lock_names(redis_keys), error = %failed.error, "distlock background release failed; retrying");
+                    pause
+                }
             };
-            let failed = Failed::maybe(error);
-            if let Decision::After(pause) = retry.decide(&failed, &mut tried, Instant::now()) {
-                tracing::debug!(keys = ?lock_names(redis_keys), error = %failed.error, "distlock background release failed; retrying");
-                tokio::time::sleep(pause).await;
-                continue;
+            tokio::time::sleep(pause).await;
+        }
+    }
+}
+
+/// Logs a background release that failed for good, as loudly as `leaving` deserves.
+fn gave_up(context: &Context, redis_keys: &[LockKeys], leaving: Leaving, error: LockError) {
+    let keys = lock_names(redis_keys);
+    match leaving {
+        // A lease its owner let go of: the lock is held, and others wait for it.
+        Leaving::Dropped => {
+            let unreported = lock(&context.background.failed).note(Instant::now());
+            if let Some(unreported) = unreported {
+                tracing::warn!(?keys, %error, unreported, "distlock release failed; the lock expires after its ttl");
             }
-            let (keys, error) = (lock_names(redis_keys), failed.error);
-            match leaving {
-                // A lease its owner let go of: the lock is held, and others wait for it.
-                Leaving::Dropped => {
-                    let unreported = lock(&context.background.failed).note(Instant::now());
-                    if let Some(unreported) = unreported {
-                        tracing::warn!(?keys, %error, unreported, "distlock release failed; the lock expires after its ttl");
-                    }
-                }
-                Leaving::Lost => {
-                    tracing::debug!(?keys, %error, "distlock could not release a lost lease; its keys expire after their ttl at the latest")
-                }
-                // Nothing is known to be held: an acquire that may never have run, a
-                // waiter's queue entry (which lapses by itself), a lease already lost.
-                _ => {
-                    tracing::debug!(?keys, %error, ?leaving, "distlock could not undo an acquire that may have reached Redis; if it took the lock, the lock expires after its ttl")
-                }
-            }
-            return;
+        }
+        Leaving::Lost => {
+            tracing::debug!(?keys, %error, "distlock could not release a lost lease; its keys expire after their ttl at the latest")
+        }
+        // Nothing is known to be held: an acquire that may never have run, a waiter's queue
+        // entry (which lapses by itself).
+        _ => {
+            tracing::debug!(?keys, %error, ?leaving, "distlock could not undo an acquire that may have reached Redis; if it took the lock, the lock expires after its ttl")
         }
     }
 }
