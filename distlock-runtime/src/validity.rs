@@ -76,6 +76,14 @@ struct Validity {
     sent: Instant,
 }
 
+impl Validity {
+    /// Set by a request sent at `sent` that gave the keys `expiry`, renewed to `ttl`.
+    fn new(sent: Instant, expiry: Duration, ttl: Duration) -> Self {
+        let until = sent + validity(expiry);
+        Self { until, ttl, sent }
+    }
+}
+
 impl LeaseState {
     /// A lease being requested with `ttl`; valid from when [`LeaseState::acquired`] is called.
     pub(crate) fn new(ttl: Duration, renews: bool) -> Self {
@@ -83,11 +91,7 @@ impl LeaseState {
             lost: CancellationToken::new(),
             renews,
             inner: Mutex::new(Inner {
-                validity: Validity {
-                    until: Instant::now(),
-                    ttl,
-                    sent: Instant::now(),
-                },
+                validity: Validity::new(Instant::now(), Duration::ZERO, ttl),
                 loss: None,
             }),
         }
@@ -103,22 +107,14 @@ impl LeaseState {
 
     /// The acquire request sent at `sent` took the keys with `ttl`.
     pub(crate) fn acquired(&self, sent: Instant, ttl: Duration) {
-        lock(&self.inner).validity = Validity {
-            until: sent + validity(ttl),
-            ttl,
-            sent,
-        };
+        lock(&self.inner).validity = Validity::new(sent, ttl, ttl);
     }
 
     /// A release handed the key over with `claim` as its expiry, at a moment known to be no
     /// earlier than `start` on this host's clock; renewals (the first one due at once when
     /// `claim` is shorter) extend it to `ttl`.
     pub(crate) fn handed(&self, start: Instant, claim: Duration, ttl: Duration) {
-        lock(&self.inner).validity = Validity {
-            until: start + validity(claim),
-            ttl,
-            sent: start,
-        };
+        lock(&self.inner).validity = Validity::new(start, claim, ttl);
     }
 
     /// Redis set the keys' expiry to `ttl` by a request sent at `sent`. Returns whether this
@@ -130,11 +126,7 @@ impl LeaseState {
         if self.expired(&mut inner) || sent < inner.validity.sent {
             return false;
         }
-        inner.validity = Validity {
-            until: sent + validity(ttl),
-            ttl,
-            sent,
-        };
+        inner.validity = Validity::new(sent, ttl, ttl);
         true
     }
 
@@ -199,25 +191,23 @@ pub(crate) fn validity(ttl: Duration) -> Duration {
 
 /// Refuses a ttl outside [`MIN_TTL`]..=[`MAX_TTL`].
 pub(crate) fn check_ttl(ttl: Duration) -> Result<(), LockError> {
-    if ttl > MAX_TTL {
-        return Err(LockError::InvalidConfig {
-            what: "ttl",
-            reason: format!(
-                "{ttl:?} is too long: a lease lasts at most {MAX_TTL:?}; use renewal for long \
-                 critical sections"
-            ),
-        });
-    }
-    if ttl < MIN_TTL {
-        return Err(LockError::InvalidConfig {
-            what: "ttl",
-            reason: format!(
-                "{ttl:?} is too short: a lease must last at least {MIN_TTL:?} (give the \
-                 longest time the critical section may take, or a few seconds with renewal)"
-            ),
-        });
-    }
-    Ok(())
+    let reason = if ttl > MAX_TTL {
+        format!(
+            "{ttl:?} is too long: a lease lasts at most {MAX_TTL:?}; use renewal for long \
+             critical sections"
+        )
+    } else if ttl < MIN_TTL {
+        format!(
+            "{ttl:?} is too short: a lease must last at least {MIN_TTL:?} (give the longest \
+             time the critical section may take, or a few seconds with renewal)"
+        )
+    } else {
+        return Ok(());
+    };
+    Err(LockError::InvalidConfig {
+        what: "ttl",
+        reason,
+    })
 }
 
 #[cfg(test)]
