@@ -36,11 +36,6 @@ use crate::retry::{Decision, Retry, Tried};
 use crate::sync::lock;
 use crate::validity::LeaseState;
 
-/// The lock key of the election `name`, without the manager's prefix.
-fn election_key(name: &str) -> String {
-    format!("election:{name}")
-}
-
 /// The metrics and spans label of an election's lock requests.
 const LABEL: &str = "election";
 
@@ -219,7 +214,7 @@ impl Election {
     /// [`LockManager::inspect`] and the `distlock` tool show. Lock it only through the
     /// election.
     pub fn key(&self) -> String {
-        election_key(&self.name)
+        format!("election:{}", self.name)
     }
 
     /// [`key`](Self::key), once the name is known not to be empty.
@@ -519,12 +514,24 @@ impl Term {
         tracing::info!(%election, fencing_token, "distlock leads the election");
         crate::telemetry::term_started(&election);
         let state = Arc::clone(lease.state());
-        let watched = watch_loss(
-            Arc::clone(&state),
-            Arc::clone(&election),
-            fencing_token,
-            ended.clone(),
-        );
+        // Reports the loss once (a warning and the `distlock_terms_lost_total` metric), unless
+        // the term ends first.
+        let watched = {
+            let (state, election, ended) =
+                (Arc::clone(&state), Arc::clone(&election), ended.clone());
+            async move {
+                // Lost first: `run` drops a term it saw lost, so both may be ready at once.
+                tokio::select! {
+                    biased;
+                    () = state.lost() => {
+                        let why = state.cause();
+                        tracing::warn!(%election, fencing_token, "distlock term lost: {why}; no longer the leader");
+                        crate::telemetry::term_lost(&election);
+                    }
+                    () = ended.cancelled() => {}
+                }
+            }
+        };
         // A term is granted on a Tokio runtime (its renewal runs there).
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(watched);
@@ -595,25 +602,5 @@ impl Term {
     /// release is retried in the background, and the key expires at its ttl at the latest).
     pub async fn resign(self) -> Result<(), LockError> {
         self.office.resign().await
-    }
-}
-
-/// Reports a term's loss once (a warning and the `distlock_terms_lost_total` metric), unless
-/// the term ends first.
-async fn watch_loss(
-    state: Arc<LeaseState>,
-    election: Arc<str>,
-    fencing_token: u64,
-    ended: CancellationToken,
-) {
-    // Lost first: `run` drops a term it saw lost, so both may be ready at once.
-    tokio::select! {
-        biased;
-        () = state.lost() => {
-            let why = state.cause();
-            tracing::warn!(%election, fencing_token, "distlock term lost: {why}; no longer the leader");
-            crate::telemetry::term_lost(&election);
-        }
-        () = ended.cancelled() => {}
     }
 }
