@@ -72,19 +72,14 @@ impl Holding {
         token: Arc<str>,
         state: Arc<LeaseState>,
     ) -> Self {
-        let registration = renew.then(|| {
-            context.renewals.register(
-                Arc::clone(&redis_keys),
-                Arc::clone(&token),
-                Arc::clone(&state),
-            )
-        });
-        Self {
+        let mut holding = Self {
             redis_keys,
             token,
             state,
-            registration,
-        }
+            registration: None,
+        };
+        holding.registration = renew.then(|| context.renewals.register(&holding, false));
+        holding
     }
 
     /// An attempt sent at `sent` took the keys for `ttl`.
@@ -98,11 +93,7 @@ impl Holding {
     /// A lease without renewal, handed over for less than its ttl: extended to its ttl once,
     /// now.
     pub(crate) fn renew_once(&mut self, context: &Context) {
-        self.registration = Some(context.renewals.register_once(
-            Arc::clone(&self.redis_keys),
-            Arc::clone(&self.token),
-            Arc::clone(&self.state),
-        ));
+        self.registration = Some(context.renewals.register(self, true));
     }
 
     /// The Redis key of the lock on the key at `index` among the request's keys.

@@ -14,7 +14,7 @@
 //! lock cycle that ends before its first renewal costs a registry insert and remove, no task
 //! wake-up.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use crate::call::{Confirm, ScriptCall};
 use crate::error::LockError;
 use crate::keys::LockKeys;
+use crate::lease::Holding;
 use crate::mode::Words;
 use crate::retry::Retry;
 use crate::scripts;
@@ -77,13 +78,6 @@ enum Sleep {
     Until(Instant),
 }
 
-impl Sleep {
-    /// Until `next` (none: until woken).
-    fn until(next: Option<Instant>) -> Self {
-        next.map_or(Self::UntilWoken, Self::Until)
-    }
-}
-
 struct Entry {
     keys: Arc<[LockKeys]>,
     token: Arc<str>,
@@ -119,58 +113,32 @@ impl Renewals {
         }
     }
 
-    /// Registers a lease about to be requested; it is not renewed until
-    /// [`Registration::schedule`].
+    /// Registers the lease of `holding`, about to be requested: renewed once
+    /// [`Registration::schedule`]d. With `once`, a lease without renewal that was handed over
+    /// for a claim time shorter than its ttl: extended once to its ttl, now.
     /// Must be called inside a Tokio runtime (it may start the driver task).
-    pub(crate) fn register(
-        &self,
-        keys: Arc<[LockKeys]>,
-        token: Arc<str>,
-        state: Arc<LeaseState>,
-    ) -> Registration {
-        self.insert(keys, token, state, false)
-    }
-
-    /// Registers a lease without renewal for one extension to its ttl, due now: it was handed
-    /// over for a shorter claim time.
-    pub(crate) fn register_once(
-        &self,
-        keys: Arc<[LockKeys]>,
-        token: Arc<str>,
-        state: Arc<LeaseState>,
-    ) -> Registration {
-        let registration = self.insert(keys, token, state, true);
-        registration.schedule_at(Instant::now());
-        registration
-    }
-
-    fn insert(
-        &self,
-        keys: Arc<[LockKeys]>,
-        token: Arc<str>,
-        state: Arc<LeaseState>,
-        once: bool,
-    ) -> Registration {
+    pub(crate) fn register(&self, holding: &Holding, once: bool) -> Registration {
         let mut registry = lock(&self.shared.registry);
         registry.next_id += 1;
         let id = registry.next_id;
-        registry.leases.insert(
-            id,
-            Entry {
-                keys,
-                token,
-                state,
-                due: None,
-                slack: Duration::ZERO,
-                once,
-                failures: 0,
-            },
-        );
+        let entry = Entry {
+            keys: Arc::clone(&holding.redis_keys),
+            token: Arc::clone(&holding.token),
+            state: Arc::clone(&holding.state),
+            due: None,
+            slack: Duration::ZERO,
+            once,
+            failures: 0,
+        };
+        registry.leases.insert(id, entry);
         start_driver(&self.shared, &mut registry);
-        Registration {
-            shared: Arc::clone(&self.shared),
-            id,
+        drop(registry);
+        let shared = Arc::clone(&self.shared);
+        let registration = Registration { shared, id };
+        if once {
+            registration.schedule_with(Instant::now(), Duration::ZERO);
         }
+        registration
     }
 }
 
@@ -179,12 +147,6 @@ impl Registration {
     /// extend): renew a third of `ttl` after it.
     pub(crate) fn schedule(&self, sent: Instant, ttl: Duration) {
         self.schedule_with(sent + interval(ttl), interval(ttl) / 4);
-    }
-
-    /// Renew at `due` exactly (now, for a lease without renewal handed over for a short
-    /// claim time).
-    pub(crate) fn schedule_at(&self, due: Instant) {
-        self.schedule_with(due, Duration::ZERO);
     }
 
     fn schedule_with(&self, due: Instant, slack: Duration) {
@@ -250,7 +212,7 @@ struct FailureLog {
 impl FailureLog {
     /// Counts a failed round trip for `leases` leases; logs it unless a warning was logged less
     /// than a second ago.
-    fn failed(&mut self, now: Instant, leases: usize, error: &str) {
+    fn failed(&mut self, now: Instant, leases: usize, error: &LockError) {
         let Some(held_back) = self.throttle.note(now) else {
             return;
         };
@@ -317,8 +279,9 @@ async fn drive(shared: Arc<Shared>, id: u64) {
         id,
     };
     loop {
-        let batch = match collect_due(&shared) {
+        match collect_due(&shared) {
             Collected::Stop => return,
+            Collected::Batch(batch) => renew_batch(&shared, batch).await,
             Collected::Sleep(until) => {
                 let sleep = async {
                     match until {
@@ -330,11 +293,8 @@ async fn drive(shared: Arc<Shared>, id: u64) {
                     () = sleep => {}
                     () = shared.wake.notified() => {}
                 }
-                continue;
             }
-            Collected::Batch(batch) => batch,
-        };
-        renew_batch(&shared, batch).await;
+        }
     }
 }
 
@@ -347,6 +307,7 @@ enum Collected {
 fn collect_due(shared: &Shared) -> Collected {
     let mut registry = lock(&shared.registry);
     let now = Instant::now();
+    let (mut batch, mut next) = (Vec::new(), None::<Instant>);
     if registry.leases.is_empty() {
         let idle_since = *registry.idle_since.get_or_insert(now);
         if now >= idle_since + IDLE {
@@ -356,20 +317,17 @@ fn collect_due(shared: &Shared) -> Collected {
             registry.sleep = Sleep::Awake;
             return Collected::Stop;
         }
-        let until = Some(idle_since + IDLE);
-        registry.sleep = Sleep::until(until);
-        return Collected::Sleep(until);
+        // Nothing to renew: asleep until then, unless a lease registers.
+        next = Some(idle_since + IDLE);
+    } else {
+        registry.idle_since = None;
     }
-    registry.idle_since = None;
     // A lost lease is never renewed again (its `run` is stopping it).
     registry
         .leases
         .retain(|_, entry| entry.state.loss().is_none());
-    let mut batch = Vec::new();
-    let mut next: Option<Instant> = None;
     for (&id, entry) in &registry.leases {
         let Some(due) = entry.due else { continue };
-        let ttl = entry.state.ttl();
         // Renewing up to a quarter interval early lets every lease due soon share this round
         // trip; renewed together, they stay due together, so the renewal cost follows the
         // number of distinct intervals, not the number of leases.
@@ -384,7 +342,7 @@ fn collect_due(shared: &Shared) -> Collected {
                 id,
                 keys: Arc::clone(&entry.keys),
                 token: Arc::clone(&entry.token),
-                ttl,
+                ttl: entry.state.ttl(),
                 due,
             });
         } else {
@@ -392,7 +350,7 @@ fn collect_due(shared: &Shared) -> Collected {
         }
     }
     if batch.is_empty() {
-        registry.sleep = Sleep::until(next);
+        registry.sleep = next.map_or(Sleep::UntilWoken, Sleep::Until);
         Collected::Sleep(next)
     } else {
         registry.sleep = Sleep::Awake;
@@ -409,9 +367,7 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
     let answers = extend_leases(&shared.redis, "renew", &leases).await;
     let now = Instant::now();
     // The first failure, for the log: each lease fails only on its own shards' calls.
-    let failure = answers
-        .iter()
-        .find_map(|answer| answer.as_ref().err().cloned());
+    let failure = answers.iter().find_map(|answer| answer.as_ref().err());
     let failed = answers.iter().filter(|answer| answer.is_err()).count();
     crate::telemetry::renewal(failure.is_none());
     let mut events = Vec::new();
@@ -481,7 +437,7 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
 /// What a renewal found, logged after the registry lock is released.
 enum Event {
     NotOwned,
-    FailedUntilExpiry(String),
+    FailedUntilExpiry(LockError),
     ExpiredBeforeRenewal,
 }
 
@@ -519,21 +475,19 @@ impl Event {
 /// every shard says so (a shard that did extend while another found a key gone extended a lost
 /// lease's keys, which its release then deletes), and fails only when one of its own shards'
 /// calls failed, so a slot that is failing over costs no lease elsewhere.
-pub(crate) async fn extend_leases(
+async fn extend_leases(
     redis: &Deployment,
     op: &'static str,
     leases: &[(&[LockKeys], &str, Duration)],
-) -> Vec<Result<bool, String>> {
-    let mut outcomes: Vec<Result<bool, String>> = vec![Ok(true); leases.len()];
+) -> Vec<Result<bool, LockError>> {
+    let mut outcomes: Vec<Result<bool, LockError>> = vec![Ok(true); leases.len()];
     for (members, answer) in extend_calls(redis, op, leases).await {
         for (k, &lease) in members.iter().enumerate() {
-            let outcome = &mut outcomes[lease];
-            match &answer {
-                Err(error) => *outcome = Err(error.to_string()),
-                Ok(owned) => {
-                    if let Ok(extended) = outcome {
-                        *extended &= owned[k];
-                    }
+            // The first error of a lease's calls stays.
+            if let Ok(extended) = &mut outcomes[lease] {
+                match &answer {
+                    Ok(owned) => *extended &= owned[k],
+                    Err(error) => outcomes[lease] = Err(error.clone()),
                 }
             }
         }
@@ -551,11 +505,10 @@ pub(crate) async fn extend_lease(
     token: &str,
     ttl: Duration,
 ) -> Result<bool, LockError> {
-    let mut extended = true;
-    for (_, answer) in extend_calls(redis, "extend", &[(keys, token, ttl)]).await {
-        extended &= answer?.iter().all(|&owned| owned);
-    }
-    Ok(extended)
+    // One lease in, one outcome out.
+    extend_leases(redis, "extend", &[(keys, token, ttl)])
+        .await
+        .swap_remove(0)
 }
 
 /// The extension script calls for `leases`, one per shard, sent at once: each with the leases
@@ -568,23 +521,15 @@ async fn extend_calls(
     use futures_util::stream::{FuturesUnordered, StreamExt};
     // Per shard: its entries, each a lease (its index in `leases`) and the indices of its keys
     // in that shard.
-    type Entries = Vec<(usize, Vec<usize>)>;
-    let mut shards: Vec<(u16, Entries)> = Vec::new();
+    let mut shards: BTreeMap<u16, Vec<(usize, Vec<usize>)>> = BTreeMap::new();
     for (i, (keys, _, _)) in leases.iter().enumerate() {
         for group in by_shard(redis, keys) {
             let shard = redis.shard(keys[group[0]].lock());
-            let at = match shards.iter().position(|(s, _)| *s == shard) {
-                Some(at) => at,
-                None => {
-                    shards.push((shard, Vec::new()));
-                    shards.len() - 1
-                }
-            };
-            shards[at].1.push((i, group));
+            shards.entry(shard).or_default().push((i, group));
         }
     }
     // One call per shard: every entry's keys, then every entry's arguments.
-    let calls = shards.into_iter().map(|(_, entries)| {
+    let calls = shards.into_values().map(|entries| {
         let key_count = entries.iter().map(|(_, group)| 2 * group.len()).sum();
         let mut call = ScriptCall::new(op, &scripts::EXTEND, Confirm::Write, key_count);
         for (i, group) in &entries {
@@ -598,13 +543,8 @@ async fn extend_calls(
             let modes = Words(group.iter().map(|&k| keys[k].mode()));
             call.arg(token).arg(millis(ttl)).arg(modes);
         }
-        (
-            call,
-            entries.into_iter().map(|(i, _)| i).collect::<Vec<_>>(),
-        )
-    });
-    let pending: FuturesUnordered<_> = calls
-        .map(|(call, members)| async move {
+        let members: Vec<_> = entries.into_iter().map(|(i, _)| i).collect();
+        async move {
             let answer = match redis.extend(&call).await {
                 Ok(owned) if owned.len() == members.len() => Ok(owned),
                 Ok(_) => Err(LockError::Redis {
@@ -617,9 +557,9 @@ async fn extend_calls(
                 Err(error) => Err(error),
             };
             (members, answer)
-        })
-        .collect();
-    pending.collect().await
+        }
+    });
+    calls.collect::<FuturesUnordered<_>>().collect().await
 }
 
 #[cfg(test)]
