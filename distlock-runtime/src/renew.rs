@@ -168,9 +168,6 @@ impl Registration {
         };
         if wake {
             registry.sleep = Sleep::Awake;
-        }
-        drop(registry);
-        if wake {
             self.shared.wake.notify_one();
         }
     }
@@ -213,16 +210,15 @@ impl FailureLog {
     /// Counts a failed round trip for `leases` leases; logs it unless a warning was logged less
     /// than a second ago.
     fn failed(&mut self, now: Instant, leases: usize, error: &LockError) {
-        let Some(held_back) = self.throttle.note(now) else {
-            return;
-        };
-        tracing::warn!(
-            leases,
-            failures = held_back + 1,
-            %error,
-            "distlock lease renewal failed; retrying with backoff until the leases expire"
-        );
-        self.reported = true;
+        if let Some(held_back) = self.throttle.note(now) {
+            tracing::warn!(
+                leases,
+                failures = held_back + 1,
+                %error,
+                "distlock lease renewal failed; retrying with backoff until the leases expire"
+            );
+            self.reported = true;
+        }
     }
 
     /// A round trip succeeded: says so once after a logged failure.
@@ -283,14 +279,10 @@ async fn drive(shared: Arc<Shared>, id: u64) {
             Collected::Stop => return,
             Collected::Batch(batch) => renew_batch(&shared, batch).await,
             Collected::Sleep(until) => {
-                let sleep = async {
-                    match until {
-                        Some(until) => tokio::time::sleep_until(until).await,
-                        None => std::future::pending().await,
-                    }
-                };
+                let sleep = tokio::time::sleep_until(until.unwrap_or_else(Instant::now));
                 tokio::select! {
-                    () = sleep => {}
+                    // Without a time, only a lease wakes it.
+                    () = sleep, if until.is_some() => {}
                     () = shared.wake.notified() => {}
                 }
             }
@@ -374,13 +366,13 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
     // The largest lateness among leases renewed late in this batch, and how many.
     let mut late: Option<(Duration, usize)> = None;
     let mut registry = lock(&shared.registry);
-    for (i, lease) in batch.iter().enumerate() {
+    for (lease, answer) in batch.iter().zip(&answers) {
         // A lease released while its renewal was in flight is simply gone.
         let Some(entry) = registry.leases.get_mut(&lease.id) else {
             continue;
         };
         let valid_until = entry.state.valid_until();
-        let outcome = match &answers[i] {
+        let outcome = match answer {
             Ok(true) => {
                 let current = entry.state.renewed(sent, lease.ttl);
                 if entry.state.loss().is_some() {
