@@ -115,13 +115,11 @@ impl Office {
     /// Releases the lease, if still held, and ends the term.
     async fn resign(&self) -> Result<(), LockError> {
         let lease = lock(&self.lease).take();
-        let released = match lease {
-            Some(lease) => {
-                tracing::info!(election = %self.election, fencing_token = self.fencing_token, "distlock resigns the election");
-                lease.release().await
-            }
-            None => Ok(()),
-        };
+        let mut released = Ok(());
+        if let Some(lease) = lease {
+            tracing::info!(election = %self.election, fencing_token = self.fencing_token, "distlock resigns the election");
+            released = lease.release().await;
+        }
         self.ended.cancel();
         released
     }
@@ -432,11 +430,8 @@ async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
     // one by one, so a read right after its notice may still show the leader it ended.
     let mut announced = false;
     loop {
-        let now = Instant::now();
-        if let Some(ticket) = &ticket {
-            if ticket.subscribed_since().is_none() {
-                ticket.subscribe(now + every).await;
-            }
+        if let Some(ticket) = ticket.as_ref().filter(|t| t.subscribed_since().is_none()) {
+            ticket.subscribe(Instant::now() + every).await;
         }
         let read = election.leader().await;
         let now = Instant::now();
@@ -464,8 +459,7 @@ async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
             }
             Err(error) => {
                 tracing::debug!(election = %election.name, %error, "distlock could not read the leader; trying again");
-                if stands_until.is_some_and(|until| until <= now) {
-                    stands_until = None;
+                if stands_until.take_if(|until| *until <= now).is_some() {
                     publish(&sender, None);
                 }
             }
@@ -480,12 +474,8 @@ async fn follow(election: Election, sender: watch::Sender<Option<LeaderInfo>>) {
                     return;
                 }
             }
-            _ = async {
-                match &ticket {
-                    Some(ticket) => ticket.woken().await,
-                    None => std::future::pending().await,
-                }
-            } => {
+            // Without notifications (no ticket), a branch that never matches.
+            Some(_) = async { Some(ticket.as_ref()?.woken().await) } => {
                 (soon, announced) = (0, true);
             }
             () = tokio::time::sleep_until(next) => {}
