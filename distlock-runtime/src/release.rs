@@ -61,7 +61,11 @@ pub(crate) fn release_in_background(
         );
         return;
     };
-    let Some(pending) = Pending::enter(context) else {
+    let pending = context
+        .background
+        .enter()
+        .then(|| Pending(Arc::clone(context)));
+    let Some(pending) = pending else {
         let dropped = lock(&context.background.dropped).note(Instant::now());
         if let Some(dropped) = dropped {
             tracing::warn!(
@@ -85,13 +89,6 @@ pub(crate) fn release_in_background(
 struct Pending(Arc<Context>);
 
 impl Pending {
-    fn enter(context: &Arc<Context>) -> Option<Self> {
-        context
-            .background
-            .enter()
-            .then(|| Self(Arc::clone(context)))
-    }
-
     /// Releases `redis_keys` by `token`, repeated as `leaving` says, and retried as
     /// [`Retry::release`] says until `give_up`.
     async fn release(

@@ -168,16 +168,12 @@ impl LeaseState {
     }
 
     pub(crate) async fn lost(&self) {
-        loop {
+        // Woken at the validity's end, checked again: a renewal may have moved it meanwhile.
+        while !self.is_lost() {
             let until = self.valid_until();
             tokio::select! {
                 () = self.lost.cancelled() => return,
-                () = tokio::time::sleep_until(until) => {
-                    // A renewal may have moved the deadline while we slept.
-                    if self.is_lost() {
-                        return;
-                    }
-                }
+                () = tokio::time::sleep_until(until) => {}
             }
         }
     }
