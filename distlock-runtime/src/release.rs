@@ -117,7 +117,7 @@ impl Pending {
         give_up: Instant,
     ) {
         let context = &self.0;
-        let response_timeout = context.redis().response_timeout();
+        let response_timeout = context.redis().response_timeout;
         let (retry, mut tried) = (Retry::release(give_up), Tried::default());
         let mut repeats = match leaving {
             Leaving::InFlight | Leaving::InFlightFair | Leaving::Late => 2,
