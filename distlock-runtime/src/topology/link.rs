@@ -445,11 +445,7 @@ impl Link {
         let mut cursor = 0u64;
         loop {
             let mut cmd = redis::cmd("SCAN");
-            cmd.arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(1000);
+            cmd.arg((cursor, "MATCH", pattern, "COUNT", 1000));
             let answer = self.query("scan", &cmd).await.map_err(|f| f.error)?;
             let (next, keys): (u64, Vec<String>) = redis::FromRedisValue::from_redis_value(answer)
                 .map_err(|e| LockError::Redis {

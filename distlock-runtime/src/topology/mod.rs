@@ -16,10 +16,12 @@
 //! acquires take each slot's keys in turn, every slot granting (`acquire/places.rs`), and only
 //! they can run a fair queue, whose hand-off is made by one script on one server.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::Pool;
+use futures_util::FutureExt;
 use redis::{FromRedisValue, Value};
 
 use crate::call::{BoxFuture, ScriptCall};
@@ -301,49 +303,19 @@ pub(crate) fn push_handler(
             // new subscriber connection, which takes over.
             return Err(());
         }
-        let message = match push.kind {
-            PushKind::SMessage | PushKind::Message => {
-                let mut data = push.data.into_iter();
-                let (Some(channel), Some(payload)) = (data.next(), data.next()) else {
-                    return Ok(());
-                };
-                let (Ok(channel), Ok(payload)) = (
-                    redis::from_redis_value::<String>(channel),
-                    redis::from_redis_value::<Vec<u8>>(payload),
-                ) else {
-                    return Ok(());
-                };
-                Message::Published { channel, payload }
+        if push.kind == PushKind::Disconnection {
+            // The connection was lost, and its subscriptions with it.
+            if let Some(lost) = crate::sync::lock(&lost).take() {
+                let _ = lost.send(());
             }
-            PushKind::SUnsubscribe => {
-                let Some(Ok(channel)) = push
-                    .data
-                    .into_iter()
-                    .next()
-                    .map(redis::from_redis_value::<String>)
-                else {
-                    return Ok(());
-                };
-                Message::Dropped { channel }
-            }
-            PushKind::Disconnection => {
-                // The connection was lost, and its subscriptions with it.
-                if let Some(lost) = crate::sync::lock(&lost).take() {
-                    let _ = lost.send(());
-                }
-                return Err(());
-            }
-            _ => return Ok(()),
-        };
-        on_message(message);
+            return Err(());
+        }
+        if let Some(message) = Message::of(push) {
+            on_message(message);
+        }
         Ok(())
     };
-    (
-        handler,
-        Box::pin(async move {
-            let _ = ended.await;
-        }),
-    )
+    (handler, Box::pin(ended.map(drop)))
 }
 
 /// Subscribes and unsubscribes channels on one subscriber connection.
@@ -366,6 +338,27 @@ pub(crate) enum Message {
     Dropped { channel: String },
 }
 
+impl Message {
+    /// The message `push` carries, if it carries one (a published message, an ended
+    /// subscription).
+    fn of(push: redis::PushInfo) -> Option<Self> {
+        use redis::{from_redis_value, PushKind};
+        let mut data = push.data.into_iter();
+        match push.kind {
+            PushKind::SMessage | PushKind::Message => {
+                let channel = from_redis_value(data.next()?).ok()?;
+                let payload = from_redis_value(data.next()?).ok()?;
+                Some(Self::Published { channel, payload })
+            }
+            PushKind::SUnsubscribe => {
+                let channel = from_redis_value(data.next()?).ok()?;
+                Some(Self::Dropped { channel })
+            }
+            _ => None,
+        }
+    }
+}
+
 /// The indices of `redis_keys` grouped by shard, groups in shard order, keys in their order
 /// (one group on every deployment but a cluster).
 pub(crate) fn by_shard(deployment: &Deployment, redis_keys: &[LockKeys]) -> Vec<Vec<usize>> {
@@ -373,14 +366,10 @@ pub(crate) fn by_shard(deployment: &Deployment, redis_keys: &[LockKeys]) -> Vec<
         // Most requests: one group, whatever the deployment.
         return vec![vec![0]];
     }
-    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    let mut groups = BTreeMap::new();
     for (i, keys) in redis_keys.iter().enumerate() {
         let shard = deployment.shard(keys.lock());
-        match groups.iter_mut().find(|(s, _)| *s == shard) {
-            Some((_, group)) => group.push(i),
-            None => groups.push((shard, vec![i])),
-        }
+        groups.entry(shard).or_insert_with(Vec::new).push(i);
     }
-    groups.sort_by_key(|(shard, _)| *shard);
-    groups.into_iter().map(|(_, group)| group).collect()
+    groups.into_values().collect()
 }

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use deadpool_redis::Pool;
+use futures_util::future::{select, FutureExt};
 use redis::aio::MultiplexedConnection;
 
 use super::{push_handler, Channels, Ended, OnMessage, Subscribe};
@@ -109,10 +110,9 @@ impl Subscribe for PlainSubscriber {
             .map(|k| {
                 // The last server first: on one that answers at once it wins the race.
                 let i = (last + k) % count;
-                let client = self.clients[i].clone();
-                let on_message = Arc::clone(&on_message);
+                let (client, on_message) = (&self.clients[i], Arc::clone(&on_message));
                 Box::pin(async move {
-                    open_plain(&client, std::future::pending(), on_message)
+                    open_plain(client, std::future::pending(), on_message)
                         .await
                         .map(|opened| (i, opened))
                 })
@@ -145,12 +145,7 @@ pub(crate) async fn open_plain(
     let conn = client
         .get_multiplexed_async_connection_with_config(&config)
         .await?;
-    let ended = async move {
-        tokio::select! {
-            () = lost => {}
-            () = end => {}
-        }
-    };
+    let ended = select(lost, Box::pin(end)).map(drop);
     Ok((Arc::new(PlainChannels(conn)), Box::pin(ended)))
 }
 

@@ -155,8 +155,8 @@ impl Quorum {
         }
         // No majority: take back what was granted, on the nodes that answered (within the
         // same bound). A node that may still run the acquire is left to the request (`late`).
-        let undo = Arc::new(taking.undo().detached());
-        let undone = self.fan_out(undo, limit, &took, |_| false).await;
+        let undo = taking.undo().detached();
+        let undone = self.fan_out(undo, limit, Some(&took), |_| false).await;
         let took_undone = undone
             .iter()
             .zip(&took)
@@ -197,20 +197,15 @@ impl Quorum {
             let failed = answers.iter().filter(|a| matches!(a, Some(Err(_)))).count();
             agreeing >= majority || failed > nodes - majority
         };
-        let proposed = Arc::new(acquire.with_arg(floor));
-        self.fan_out(proposed, limit, &vec![true; nodes], enough)
+        self.fan_out(acquire.with_arg(floor), limit, None, enough)
             .await
     }
 
     /// Writes `token` back to the fencing counters of the keys `taking` takes, on every node;
     /// whether a majority took it.
     async fn raise(&self, taking: &Taking, token: u64) -> bool {
-        let raise = Arc::new(raise_call(taking, token));
-        let all = vec![true; self.nodes.len()];
-        let answers = self
-            .fan_out(raise, self.timeouts.response, &all, |_| false)
-            .await;
-        self.majority_ok(&answers)
+        let raise = raise_call(taking, token);
+        self.majority_ok(&self.fan_out_all(&raise, |_| false).await)
     }
 
     /// Runs a call that writes nothing a lease relies on: the first answer, once a majority
@@ -340,33 +335,28 @@ impl Quorum {
         call: &ScriptCall,
         enough: impl Fn(&[Option<Answer>]) -> bool,
     ) -> Vec<Option<Answer>> {
-        let all = vec![true; self.nodes.len()];
-        let call = Arc::new(call.detached());
-        self.fan_out(call, self.timeouts.response, &all, enough)
+        self.fan_out(call.detached(), self.timeouts.response, None, enough)
             .await
     }
 
-    /// Runs `call` on the nodes `to` marks, at once, each within `limit`; `enough` looks at the
-    /// answers so far (in node order, `None` for one still out) and says whether to stop
-    /// waiting.
+    /// Runs `call` on the nodes `to` marks (all when `None`), at once, each within `limit`;
+    /// `enough` looks at the answers so far (in node order, `None` for one still out) and says
+    /// whether to stop waiting.
     async fn fan_out(
         &self,
-        call: Arc<ScriptCall>,
+        call: ScriptCall,
         limit: Duration,
-        to: &[bool],
+        to: Option<&[bool]>,
         enough: impl Fn(&[Option<Answer>]) -> bool,
     ) -> Vec<Option<Answer>> {
-        let op = call.op;
-        let timed_out = move || Failed {
-            error: LockError::RedisTimeout { op, after: limit },
-            reached: Reached::Maybe,
-        };
+        let (op, call) = (call.op, Arc::new(call));
+        let timed_out = move || Failed::maybe(LockError::RedisTimeout { op, after: limit });
         let mut answers: Vec<Option<Answer>> = self.nodes.iter().map(|_| None).collect();
         let mut pending: FuturesUnordered<_> = self
             .nodes
             .iter()
             .enumerate()
-            .filter(|(i, _)| to.get(*i).copied().unwrap_or(false))
+            .filter(|(i, _)| to.is_none_or(|to| to[*i]))
             .map(|(i, node)| {
                 let (node, call) = (Arc::clone(node), Arc::clone(&call));
                 // In a task of its own (see the module docs).
