@@ -52,6 +52,7 @@ pub(crate) type Answer = Result<Value, Failed>;
 
 /// Where a manager's locks live: how a lease is granted there, and what every kind has.
 pub(crate) struct Deployment {
+    /// How a lease is granted, and so where each call runs.
     pub(crate) grant: Grant,
     /// Where it connects, without passwords.
     pub(crate) endpoint: String,

@@ -23,7 +23,7 @@
 //! node announces every release); when that node is down, the next is tried.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::{FromRedisValue, Value};
@@ -182,14 +182,9 @@ impl Quorum {
     /// contention is answered with who holds it, not an error.)
     async fn propose(&self, acquire: &ScriptCall, limit: Duration) -> Vec<Option<Answer>> {
         let (nodes, majority) = (self.nodes.len(), self.majority());
-        let floor = u64::try_from(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_micros(),
-        )
-        .unwrap_or(0)
-            + FLOOR_AHEAD_US;
+        let now = SystemTime::now().duration_since(UNIX_EPOCH);
+        let floor =
+            u64::try_from(now.unwrap_or_default().as_micros()).unwrap_or(0) + FLOOR_AHEAD_US;
         let enough = move |answers: &[Option<Answer>]| {
             let mut tokens = answers.iter().filter_map(granted);
             let first = tokens.next();
