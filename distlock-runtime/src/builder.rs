@@ -15,7 +15,7 @@ use crate::renew::Renewals;
 use crate::tls::Tls;
 use crate::topology::Replicas;
 use crate::topology::Timeouts;
-use crate::topology::{sentinel, Cluster, Deployment, One, Quorum, Serial};
+use crate::topology::{one, quorum, sentinel, Cluster, Deployment};
 use crate::validity::check_ttl;
 
 impl LockManager {
@@ -593,7 +593,8 @@ impl LockManagerBuilder {
             (None, refused) => refused.is_none(),
         };
         let notifications = redis
-            .subscriber()
+            .subscriber
+            .clone()
             .map(|subscriber| Notifications::new(subscriber, self.timeouts));
         Ok(LockManager::new(Context {
             id: crate::ids::next_id(),
@@ -615,24 +616,21 @@ impl LockManagerBuilder {
     fn deploy(&self, source: Source) -> Result<Deployment, LockError> {
         let (tls, timeouts) = (&self.tls, self.timeouts);
         let replicas = (self.replicas.count > 0).then_some(self.replicas);
-        let one = match source {
+        Ok(match source {
             Source::Pool(pool) => {
                 let endpoint = "(caller's pool)".to_owned();
-                One::server(pool, None, timeouts, false, endpoint, replicas)
+                one::server(pool, None, timeouts, false, endpoint, replicas)
             }
             Source::Url(url) => {
                 let (info, endpoint) = crate::topology::parse_url(&url, tls)?;
                 let client = crate::topology::client(info.clone())?;
                 let pool = crate::topology::create_pool(info, self.pool_size, timeouts)?;
-                One::server(pool, Some(client), timeouts, true, endpoint, replicas)
+                one::server(pool, Some(client), timeouts, true, endpoint, replicas)
             }
             Source::Sentinel { master, urls } => {
                 sentinel::primary(master, &urls, tls, timeouts, replicas)?
             }
-            Source::Cluster(urls) => {
-                let cluster = Cluster::new(&urls, tls, timeouts, replicas)?;
-                return Ok(Deployment::Serial(Serial::Sharded(cluster)));
-            }
+            Source::Cluster(urls) => Cluster::new(&urls, tls, timeouts, replicas)?.into(),
             Source::Quorum(_) if replicas.is_some() => {
                 return Err(invalid(
                     "min_replicas",
@@ -640,11 +638,8 @@ impl LockManagerBuilder {
                      redundancy",
                 ));
             }
-            Source::Quorum(urls) => {
-                return Ok(Deployment::Majority(Quorum::new(&urls, tls, timeouts)?))
-            }
-        };
-        Ok(Deployment::Serial(Serial::One(one)))
+            Source::Quorum(urls) => quorum::primaries(&urls, tls, timeouts)?,
+        })
     }
 
     /// The settings [`build`](Self::build) refuses, without a connection.

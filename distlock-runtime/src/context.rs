@@ -56,7 +56,7 @@ impl Context {
 impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockManager")
-            .field("endpoint", &self.redis.endpoint())
+            .field("endpoint", &self.redis.endpoint)
             .field("prefix", &self.prefix)
             .field("default_ttl", &self.default_ttl)
             .field("default_wait", &self.default_wait)

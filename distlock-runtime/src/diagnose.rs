@@ -92,7 +92,7 @@ struct Checked {
 /// logs which answered.
 pub(crate) async fn ping(context: &Context) -> Result<(), LockError> {
     let (checked, unanswered) = check(context, Confirm::Shown).await?;
-    let notifies = context.redis().subscriber().is_some();
+    let notifies = context.redis().subscriber.is_some();
     for checked in &checked {
         check_rights(context, checked, notifies)?;
     }
@@ -146,7 +146,7 @@ async fn check(
         .arg(probe.waiters())
         .arg(probe.holders());
     // Each command a lock sends, one argument each.
-    call.arg(redis.channel_commands()).arg(redis.commands());
+    call.arg(redis.channel_commands()).arg(&redis.commands);
     let (answers, needed) = redis.run_on_every_server(&call).await;
     let mut checked = Vec::new();
     let mut unanswered = Vec::new();

@@ -286,8 +286,8 @@
 //! call to the server (one server, Sentinel) or to the slot's primary (cluster), or the same
 //! call to every node at once (quorum). A held key makes the request wait (`wait.rs`) for the
 //! release announcement on the key's channel, then try again. Adding a topology is adding a
-//! file under `topology/`, a variant of `Deployment` (the compiler then names every operation it
-//! must say how to run) and a builder method.
+//! file under `topology/`, a variant of `Grant` or `Serial` (the compiler then names every
+//! operation it must say how to run) and a builder method.
 //!
 //! # Metrics and traces
 //! With the cargo feature `metrics` (on by default), distlock reports through the

@@ -170,7 +170,7 @@ impl LockManager {
     /// # }
     /// ```
     pub fn pool(&self) -> Option<&Pool> {
-        self.context.redis.pool()
+        self.context.redis.pool.as_ref()
     }
 
     /// The prefix of every Redis key this manager writes.

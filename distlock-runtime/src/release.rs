@@ -123,7 +123,7 @@ impl Pending {
                         && Instant::now() < give_up =>
                 {
                     repeats -= 1;
-                    context.redis().response_timeout()
+                    context.redis().response_timeout
                 }
                 Ok(_) => return,
                 Err(error) => {

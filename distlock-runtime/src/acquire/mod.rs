@@ -41,7 +41,7 @@ use crate::mode::LockMode;
 use crate::release::{release_in_background, Leaving};
 use crate::scripts::{Acquire, Taken, Unconfirmed, Waiting};
 use crate::telemetry::{self, Tags};
-use crate::topology::{Deployment, Serial};
+use crate::topology::{Grant, Serial};
 use crate::validity::LeaseState;
 use crate::wait::{Wait, Waiter, Wake};
 
@@ -159,7 +159,7 @@ impl<'a> Acquiring<'a> {
         };
         let redis = context.redis();
         let semaphore = |m: &LockMode| matches!(m, LockMode::Permits(n) if *n > 1);
-        if matches!(redis, Deployment::Majority(_)) && ask.modes.iter().any(semaphore) {
+        if matches!(redis.grant, Grant::Majority(_)) && ask.modes.iter().any(semaphore) {
             return Err(LockError::InvalidConfig {
                 what: "permits",
                 reason: "a semaphore of more than one permit cannot be held on a quorum: each \

@@ -24,7 +24,7 @@ use crate::failed::{Failed, Reached};
 use crate::fence::raise_call;
 use crate::keys::LockKeys;
 use crate::scripts::{Acquire, Taken, Waiting};
-use crate::topology::{by_shard, Deployment, Serial};
+use crate::topology::{by_shard, Deployment, Grant, Serial};
 
 /// The acquire of one request's keys, built once per owner token (and again when the request
 /// starts to wait), sent at every attempt.
@@ -52,11 +52,7 @@ impl Places {
         waiting: Waiting,
     ) -> Self {
         let (publish, announce) = deployment.announce();
-        let shards = match deployment {
-            Deployment::Serial(_) => by_shard(deployment, redis_keys),
-            Deployment::Majority(_) => vec![(0..redis_keys.len()).collect()],
-        };
-        let groups = shards
+        let groups = by_shard(deployment, redis_keys)
             .into_iter()
             .map(|indices| {
                 let taking = Arc::new(Taking {
@@ -78,12 +74,12 @@ impl Places {
 
     /// One attempt.
     pub(crate) async fn take(&self, deployment: &Deployment) -> Result<Taken, Failed> {
-        match deployment {
-            Deployment::Serial(serial) => Ok(Taken {
+        match &deployment.grant {
+            Grant::Serial(serial) => Ok(Taken {
                 answer: self.take_in_turn(serial).await?,
                 late: false,
             }),
-            Deployment::Majority(quorum) => {
+            Grant::Majority(quorum) => {
                 let group = &self.groups[0];
                 // Boxed: a quorum's round is large, and rare beside the other deployments'.
                 Box::pin(quorum.acquire(&group.taking, &group.acquire)).await

@@ -162,23 +162,11 @@ impl<'a> Request<'a> {
     }
 }
 
-/// Which connection a call used, and whether it was kept from an earlier call.
-struct Checkout {
-    generation: u64,
-    reused: bool,
-}
-
+/// A link's connection; handed to a call with whether it was kept from an earlier call.
+#[derive(Clone)]
 struct Current {
     generation: u64,
     conn: MultiplexedConnection,
-}
-
-impl Current {
-    /// This connection, for a call (`reused`: it was kept from an earlier call).
-    fn checkout(&self, reused: bool) -> (Checkout, MultiplexedConnection) {
-        let generation = self.generation;
-        (Checkout { generation, reused }, self.conn.clone())
-    }
 }
 
 impl Link {
@@ -259,11 +247,11 @@ impl Link {
         let mut passing: Option<redis::RedisError> = None;
         loop {
             let (answer, unsent, generation) = match self.connection(request.op).await {
-                Ok((checkout, conn)) => {
-                    tried.kept = checkout.reused;
+                Ok((current, reused)) => {
+                    tried.kept = reused;
                     let until = deadline.filter(|_| passing.is_some());
-                    let (answer, unsent) = self.try_on(conn, &request, until).await;
-                    (answer, unsent, Some(checkout.generation))
+                    let (answer, unsent) = self.try_on(current.conn, &request, until).await;
+                    (answer, unsent, Some(current.generation))
                 }
                 Err(error) => {
                     let reached = Reached::No;
@@ -380,30 +368,24 @@ impl Link {
         Failed { error, ..failed }
     }
 
-    async fn connection(
-        &self,
-        op: &'static str,
-    ) -> Result<(Checkout, MultiplexedConnection), LockError> {
+    async fn connection(&self, op: &'static str) -> Result<(Current, bool), LockError> {
         if let Some(current) = &*lock(&self.current) {
-            return Ok(current.checkout(true));
+            return Ok((current.clone(), true));
         }
         // Rare (first call, reconnect) and large: keep it out of every lock future.
-        Box::pin(self.connect(op)).await
+        Box::pin(self.connect(op)).await.map(|fresh| (fresh, false))
     }
 
     /// Dials a fresh connection and makes it the current one; or, while another call dials,
     /// waits for that dial (within the dial's own bound) and shares its connection or its
     /// failure.
-    async fn connect(
-        &self,
-        op: &'static str,
-    ) -> Result<(Checkout, MultiplexedConnection), LockError> {
+    async fn connect(&self, op: &'static str) -> Result<Current, LockError> {
         // As long as a dial may take: connecting (out of a pool) and its handshake.
         let waited_for = self.timeouts.connect + self.timeouts.pool_wait + self.timeouts.response;
         let until = tokio::time::Instant::now() + waited_for;
         loop {
             if let Some(existing) = &*lock(&self.current) {
-                return Ok(existing.checkout(false));
+                return Ok(existing.clone());
             }
             let ended = self.dialed.notified();
             tokio::pin!(ended);
@@ -433,36 +415,25 @@ impl Link {
     }
 
     /// The dial itself (this call set `dialing.busy`).
-    async fn dial_now(
-        &self,
-        op: &'static str,
-    ) -> Result<(Checkout, MultiplexedConnection), LockError> {
+    async fn dial_now(&self, op: &'static str) -> Result<Current, LockError> {
         // An earlier dial's failure is not this one's: were this one dropped half way, its
         // waiters must dial again, not fail the old way.
         lock(&self.dialing).failed = None;
         let _out = DialOut(self);
-        let conn = match self.dial.dial(op).await {
-            Ok(conn) => conn,
-            Err(error) => {
-                lock(&self.dialing).failed = Some(error.clone());
-                return Err(error);
-            }
-        };
+        let conn = (self.dial.dial(op).await)
+            .inspect_err(|error| lock(&self.dialing).failed = Some(error.clone()))?;
         let mut current = lock(&self.current);
         // One may have been made meanwhile by a call that did not wait (a failover's forget and
         // redial).
         let generation = next_id();
-        let current = current.get_or_insert(Current { generation, conn });
-        Ok(current.checkout(false))
+        Ok(current.get_or_insert(Current { generation, conn }).clone())
     }
 
     /// Stops using the connection of `generation`, unless it was already replaced; the spare
     /// connections for replicated writes go with it (they most likely died the same way).
     fn forget(&self, generation: u64) {
-        let mut current = lock(&self.current);
-        if current.as_ref().is_some_and(|c| c.generation == generation) {
-            *current = None;
-            drop(current);
+        let forgotten = lock(&self.current).take_if(|c| c.generation == generation);
+        if forgotten.is_some() {
             self.forget_spare();
         }
     }
@@ -474,11 +445,7 @@ impl Link {
         let mut cursor = 0u64;
         loop {
             let mut cmd = redis::cmd("SCAN");
-            cmd.arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(1000);
+            cmd.arg((cursor, "MATCH", pattern, "COUNT", 1000));
             let answer = self.query("scan", &cmd).await.map_err(|f| f.error)?;
             let (next, keys): (u64, Vec<String>) = redis::FromRedisValue::from_redis_value(answer)
                 .map_err(|e| LockError::Redis {

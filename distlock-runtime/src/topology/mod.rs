@@ -1,4 +1,5 @@
-//! How a command reaches Redis: one [`Deployment`], a variant per kind, one file each.
+//! How a command reaches Redis: one [`Deployment`], whose [`Grant`] has a variant per kind, one
+//! file each.
 //!
 //! Everything above this layer (keys, tokens, validity, renewal, waiting, fairness,
 //! re-entrancy) describes its work as [`ScriptCall`]s and asks the deployment for an operation
@@ -15,10 +16,12 @@
 //! acquires take each slot's keys in turn, every slot granting (`acquire/places.rs`), and only
 //! they can run a fair queue, whose hand-off is made by one script on one server.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::Pool;
+use futures_util::FutureExt;
 use redis::{FromRedisValue, Value};
 
 use crate::call::{BoxFuture, ScriptCall};
@@ -39,7 +42,6 @@ pub(crate) mod sentinel;
 pub(crate) use cluster::Cluster;
 pub(crate) use connect::{client, create_pool, dial, parse_url, take_from_pool, Timeouts};
 pub(crate) use link::{Dial, Link, ReadOnly, FAIR_WITH_REPLICAS};
-pub(crate) use one::One;
 pub(crate) use probe::probe;
 pub use probe::ServerKind;
 pub(crate) use quorum::Quorum;
@@ -48,8 +50,28 @@ pub(crate) use replicas::Replicas;
 /// A place's answer to a script call, or how it failed.
 pub(crate) type Answer = Result<Value, Failed>;
 
-/// Where a manager's locks live.
-pub(crate) enum Deployment {
+/// Where a manager's locks live: how a lease is granted there, and what every kind has.
+pub(crate) struct Deployment {
+    /// How a lease is granted, and so where each call runs.
+    pub(crate) grant: Grant,
+    /// Where it connects, without passwords.
+    pub(crate) endpoint: String,
+    /// The longest a single call waits for an answer.
+    pub(crate) response_timeout: Duration,
+    /// How to subscribe to release announcements; `None` when it cannot (a caller's pool says
+    /// nowhere where it connects): waiters poll.
+    pub(crate) subscriber: Option<Arc<dyn Subscribe>>,
+    /// The commands sent outside scripts, besides `EVALSHA` and the channels' (each with its
+    /// words apart, as `LockManager::ping` checks them).
+    pub(crate) commands: Vec<String>,
+    /// The deadpool pool of one server's connections, if it uses one.
+    pub(crate) pool: Option<Pool>,
+    /// Whether writes wait for replicas (`min_replicas`).
+    waits_for_replicas: bool,
+}
+
+/// How a deployment grants a lease.
+pub(crate) enum Grant {
     /// Each key on one server at a time.
     Serial(Serial),
     /// Independent primaries, a majority of which holds each lease (Redlock).
@@ -60,7 +82,7 @@ pub(crate) enum Deployment {
 /// and its answer is that server's.
 pub(crate) enum Serial {
     /// One primary: a server, a caller's pool, or the primary Sentinel names.
-    One(One),
+    One(Arc<Link>),
     /// A Redis Cluster: each key on the primary of its slot.
     Sharded(Cluster),
 }
@@ -86,7 +108,7 @@ impl Serial {
     async fn run(&self, call: &ScriptCall) -> Answer {
         match self {
             // Boxed: a link's call is large, and every lock future would embed it.
-            Self::One(one) => Box::pin(one.run(call)).await,
+            Self::One(link) => Box::pin(link.run(call)).await,
             Self::Sharded(cluster) => Box::pin(cluster.run(call)).await,
         }
     }
@@ -99,11 +121,18 @@ impl Serial {
             Self::Sharded(_) => "SPUBLISH",
         }
     }
+}
 
-    fn waits_for_replicas(&self) -> bool {
-        match self {
-            Self::One(one) => one.waits_for_replicas(),
-            Self::Sharded(cluster) => cluster.waits_for_replicas(),
+impl From<Cluster> for Deployment {
+    fn from(cluster: Cluster) -> Self {
+        Self {
+            endpoint: cluster.endpoint(),
+            response_timeout: cluster.response_timeout(),
+            subscriber: Some(cluster.subscriber()),
+            commands: cluster.commands(),
+            pool: None,
+            waits_for_replicas: cluster.waits_for_replicas(),
+            grant: Grant::Serial(Serial::Sharded(cluster)),
         }
     }
 }
@@ -112,18 +141,18 @@ impl Deployment {
     /// Where fair requests run, or why they cannot: a quorum's nodes would each hand a lock to
     /// their own oldest waiter; with `min_replicas`, nothing confirms a hand-off.
     pub(crate) fn fair(&self) -> Result<&Serial, &'static str> {
-        match self {
-            Self::Serial(serial) if serial.waits_for_replicas() => Err(FAIR_WITH_REPLICAS),
-            Self::Serial(serial) => Ok(serial),
-            Self::Majority(_) => Err(quorum::FAIR_REFUSED),
+        match &self.grant {
+            Grant::Serial(_) if self.waits_for_replicas => Err(FAIR_WITH_REPLICAS),
+            Grant::Serial(serial) => Ok(serial),
+            Grant::Majority(_) => Err(quorum::FAIR_REFUSED),
         }
     }
 
     /// Which keys one script call may carry together: those with the same shard (a cluster
     /// slot; one shard elsewhere).
     pub(crate) fn shard(&self, key: &str) -> u16 {
-        match self {
-            Self::Serial(Serial::Sharded(_)) => cluster::slot(key),
+        match self.grant {
+            Grant::Serial(Serial::Sharded(_)) => cluster::slot(key),
             _ => 0,
         }
     }
@@ -133,72 +162,26 @@ impl Deployment {
     /// its waiter listens on one node, whose copy of a mark is missing when the attempt that
     /// set it failed there.
     pub(crate) fn announce(&self) -> (&'static str, Announce) {
-        match self {
-            Self::Serial(serial) => (serial.publish_command(), Announce::WaitedOn),
-            Self::Majority(_) => ("PUBLISH", Announce::Always),
+        match &self.grant {
+            Grant::Serial(serial) => (serial.publish_command(), Announce::WaitedOn),
+            Grant::Majority(_) => ("PUBLISH", Announce::Always),
         }
     }
 
     /// The commands that publish on, subscribe to and unsubscribe from a lock's channel.
     pub(crate) fn channel_commands(&self) -> (&'static str, &'static str, &'static str) {
-        match self {
-            Self::Serial(Serial::Sharded(_)) => ("SPUBLISH", "SSUBSCRIBE", "SUNSUBSCRIBE"),
+        match self.grant {
+            Grant::Serial(Serial::Sharded(_)) => ("SPUBLISH", "SSUBSCRIBE", "SUNSUBSCRIBE"),
             _ => ("PUBLISH", "SUBSCRIBE", "UNSUBSCRIBE"),
-        }
-    }
-
-    /// The commands sent outside scripts, besides `EVALSHA` and the channels' (each with its
-    /// words apart, as `LockManager::ping` checks them).
-    pub(crate) fn commands(&self) -> Vec<String> {
-        match self {
-            Self::Serial(Serial::One(one)) => one.commands(),
-            Self::Serial(Serial::Sharded(cluster)) => cluster.commands(),
-            Self::Majority(_) => vec!["SELECT 0".to_owned()],
-        }
-    }
-
-    /// Where it connects, without passwords.
-    pub(crate) fn endpoint(&self) -> String {
-        match self {
-            Self::Serial(Serial::One(one)) => one.endpoint(),
-            Self::Serial(Serial::Sharded(cluster)) => cluster.endpoint(),
-            Self::Majority(quorum) => quorum.endpoint(),
-        }
-    }
-
-    /// The deadpool pool of one server's connections, if it uses one.
-    pub(crate) fn pool(&self) -> Option<&Pool> {
-        match self {
-            Self::Serial(Serial::One(one)) => one.pool(),
-            _ => None,
-        }
-    }
-
-    /// How to subscribe to release announcements; `None` when it cannot (a caller's pool says
-    /// nowhere where it connects): waiters poll.
-    pub(crate) fn subscriber(&self) -> Option<Arc<dyn Subscribe>> {
-        match self {
-            Self::Serial(Serial::One(one)) => one.subscriber(),
-            Self::Serial(Serial::Sharded(cluster)) => Some(cluster.subscriber()),
-            Self::Majority(quorum) => Some(quorum.subscriber()),
-        }
-    }
-
-    /// The longest a single call waits for an answer.
-    pub(crate) fn response_timeout(&self) -> Duration {
-        match self {
-            Self::Serial(Serial::One(one)) => one.response_timeout(),
-            Self::Serial(Serial::Sharded(cluster)) => cluster.response_timeout(),
-            Self::Majority(quorum) => quorum.response_timeout(),
         }
     }
 
     /// The keys matching `pattern` on every server that holds locks (`SCAN`).
     pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, LockError> {
-        match self {
-            Self::Serial(Serial::One(one)) => one.scan(pattern).await,
-            Self::Serial(Serial::Sharded(cluster)) => cluster.scan(pattern).await,
-            Self::Majority(quorum) => quorum.scan(pattern).await,
+        match &self.grant {
+            Grant::Serial(Serial::One(link)) => link.scan(pattern).await,
+            Grant::Serial(Serial::Sharded(cluster)) => cluster.scan(pattern).await,
+            Grant::Majority(quorum) => quorum.scan(pattern).await,
         }
     }
 
@@ -209,10 +192,10 @@ impl Deployment {
         &self,
         call: &ScriptCall,
     ) -> (Vec<(String, Answer)>, usize) {
-        let answers = match self {
-            Self::Serial(Serial::One(one)) => vec![(one.endpoint(), one.run(call).await)],
-            Self::Serial(Serial::Sharded(cluster)) => cluster.run_on_every_server(call).await,
-            Self::Majority(quorum) => return quorum.run_on_every_server(call).await,
+        let answers = match &self.grant {
+            Grant::Serial(Serial::One(link)) => vec![(self.endpoint.clone(), link.run(call).await)],
+            Grant::Serial(Serial::Sharded(cluster)) => cluster.run_on_every_server(call).await,
+            Grant::Majority(quorum) => return quorum.run_on_every_server(call).await,
         };
         let needed = answers.len();
         (answers, needed)
@@ -222,9 +205,9 @@ impl Deployment {
     /// majority did): a release's count of keys released (on a quorum, the most any node
     /// released), a probe of key types.
     pub(crate) async fn read<T: FromRedisValue>(&self, call: &ScriptCall) -> Result<T, LockError> {
-        match self {
-            Self::Serial(serial) => serial.call(call).await,
-            Self::Majority(quorum) => quorum.read(call).await,
+        match &self.grant {
+            Grant::Serial(serial) => serial.call(call).await,
+            Grant::Majority(quorum) => quorum.read(call).await,
         }
         .map_err(|failed| failed.error)
     }
@@ -232,9 +215,9 @@ impl Deployment {
     /// Runs a release call: how many keys were released (on a quorum, the most any node of a
     /// majority released).
     pub(crate) async fn release(&self, call: &ScriptCall) -> Result<usize, LockError> {
-        match self {
-            Self::Serial(serial) => serial.call(call).await,
-            Self::Majority(quorum) => quorum.release(call, false).await,
+        match &self.grant {
+            Grant::Serial(serial) => serial.call(call).await,
+            Grant::Majority(quorum) => quorum.release(call, false).await,
         }
         .map_err(|failed| failed.error)
     }
@@ -242,9 +225,9 @@ impl Deployment {
     /// Runs a forced release: how many keys were released (on a quorum, run to the end on
     /// every node before it counts).
     pub(crate) async fn force_release(&self, call: &ScriptCall) -> Result<usize, LockError> {
-        match self {
-            Self::Serial(serial) => serial.call(call).await,
-            Self::Majority(quorum) => quorum.release(call, true).await,
+        match &self.grant {
+            Grant::Serial(serial) => serial.call(call).await,
+            Grant::Majority(quorum) => quorum.release(call, true).await,
         }
         .map_err(|failed| failed.error)
     }
@@ -252,12 +235,12 @@ impl Deployment {
     /// Runs an extension call: per lease, whether its owner still held its keys (on a quorum,
     /// on a majority of nodes).
     pub(crate) async fn extend(&self, call: &ScriptCall) -> Result<Vec<bool>, LockError> {
-        match self {
-            Self::Serial(serial) => serial
+        match &self.grant {
+            Grant::Serial(serial) => serial
                 .call::<Vec<i64>>(call)
                 .await
                 .map(|owned| owned.into_iter().map(|o| o == 1).collect()),
-            Self::Majority(quorum) => quorum.extend(call).await,
+            Grant::Majority(quorum) => quorum.extend(call).await,
         }
         .map_err(|failed| failed.error)
     }
@@ -265,9 +248,9 @@ impl Deployment {
     /// Runs an inspect call (`scripts/inspect.lua`): on a quorum, the lock as a majority of
     /// nodes hold it.
     pub(crate) async fn inspect(&self, call: &ScriptCall) -> Result<Option<Inspected>, LockError> {
-        match self {
-            Self::Serial(serial) => serial.call(call).await,
-            Self::Majority(quorum) => quorum.inspect(call).await,
+        match &self.grant {
+            Grant::Serial(serial) => serial.call(call).await,
+            Grant::Majority(quorum) => quorum.inspect(call).await,
         }
         .map_err(|failed| failed.error)
     }
@@ -321,49 +304,19 @@ pub(crate) fn push_handler(
             // new subscriber connection, which takes over.
             return Err(());
         }
-        let message = match push.kind {
-            PushKind::SMessage | PushKind::Message => {
-                let mut data = push.data.into_iter();
-                let (Some(channel), Some(payload)) = (data.next(), data.next()) else {
-                    return Ok(());
-                };
-                let (Ok(channel), Ok(payload)) = (
-                    redis::from_redis_value::<String>(channel),
-                    redis::from_redis_value::<Vec<u8>>(payload),
-                ) else {
-                    return Ok(());
-                };
-                Message::Published { channel, payload }
+        if push.kind == PushKind::Disconnection {
+            // The connection was lost, and its subscriptions with it.
+            if let Some(lost) = crate::sync::lock(&lost).take() {
+                let _ = lost.send(());
             }
-            PushKind::SUnsubscribe => {
-                let Some(Ok(channel)) = push
-                    .data
-                    .into_iter()
-                    .next()
-                    .map(redis::from_redis_value::<String>)
-                else {
-                    return Ok(());
-                };
-                Message::Dropped { channel }
-            }
-            PushKind::Disconnection => {
-                // The connection was lost, and its subscriptions with it.
-                if let Some(lost) = crate::sync::lock(&lost).take() {
-                    let _ = lost.send(());
-                }
-                return Err(());
-            }
-            _ => return Ok(()),
-        };
-        on_message(message);
+            return Err(());
+        }
+        if let Some(message) = Message::of(push) {
+            on_message(message);
+        }
         Ok(())
     };
-    (
-        handler,
-        Box::pin(async move {
-            let _ = ended.await;
-        }),
-    )
+    (handler, Box::pin(ended.map(drop)))
 }
 
 /// Subscribes and unsubscribes channels on one subscriber connection.
@@ -386,6 +339,27 @@ pub(crate) enum Message {
     Dropped { channel: String },
 }
 
+impl Message {
+    /// The message `push` carries, if it carries one (a published message, an ended
+    /// subscription).
+    fn of(push: redis::PushInfo) -> Option<Self> {
+        use redis::{from_redis_value, PushKind};
+        let mut data = push.data.into_iter();
+        match push.kind {
+            PushKind::SMessage | PushKind::Message => {
+                let channel = from_redis_value(data.next()?).ok()?;
+                let payload = from_redis_value(data.next()?).ok()?;
+                Some(Self::Published { channel, payload })
+            }
+            PushKind::SUnsubscribe => {
+                let channel = from_redis_value(data.next()?).ok()?;
+                Some(Self::Dropped { channel })
+            }
+            _ => None,
+        }
+    }
+}
+
 /// The indices of `redis_keys` grouped by shard, groups in shard order, keys in their order
 /// (one group on every deployment but a cluster).
 pub(crate) fn by_shard(deployment: &Deployment, redis_keys: &[LockKeys]) -> Vec<Vec<usize>> {
@@ -393,14 +367,10 @@ pub(crate) fn by_shard(deployment: &Deployment, redis_keys: &[LockKeys]) -> Vec<
         // Most requests: one group, whatever the deployment.
         return vec![vec![0]];
     }
-    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    let mut groups = BTreeMap::new();
     for (i, keys) in redis_keys.iter().enumerate() {
         let shard = deployment.shard(keys.lock());
-        match groups.iter_mut().find(|(s, _)| *s == shard) {
-            Some((_, group)) => group.push(i),
-            None => groups.push((shard, vec![i])),
-        }
+        groups.entry(shard).or_insert_with(Vec::new).push(i);
     }
-    groups.sort_by_key(|(shard, _)| *shard);
-    groups.into_iter().map(|(_, group)| group).collect()
+    groups.into_values().collect()
 }

@@ -4,114 +4,62 @@
 //! subscribed on a connection of their own. Also the plain pub/sub subscriber the quorum
 //! reuses.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use deadpool_redis::Pool;
+use futures_util::future::{select, FutureExt};
 use redis::aio::MultiplexedConnection;
 
-use super::Replicas;
-use super::{push_handler, Answer, Channels, Ended, OnMessage, Subscribe};
-use super::{take_from_pool, Dial, Link, Timeouts};
-use crate::call::{BoxFuture, ScriptCall};
+use super::{push_handler, Channels, Ended, OnMessage, Subscribe};
+use super::{take_from_pool, Deployment, Dial, Grant, Link, Replicas, Serial, Timeouts};
+use crate::call::BoxFuture;
 use crate::error::LockError;
 
-/// One primary.
-pub(crate) struct One {
-    link: Arc<Link>,
+/// One server through `pool`. `client`: the same server, for the subscriber connection
+/// (`None`: waiters poll). `bounded_connections`: the pool's connections carry the response
+/// timeout themselves.
+pub(crate) fn server(
+    pool: Pool,
+    client: Option<redis::Client>,
+    timeouts: Timeouts,
+    bounded_connections: bool,
     endpoint: String,
-    /// A server's pool; `None` behind Sentinel.
-    pool: Option<Pool>,
-    /// `None` for a caller's pool, which does not say where it connects: waiters poll.
-    subscriber: Option<Arc<dyn Subscribe>>,
-    /// The commands it sends outside scripts (see `Deployment::commands`).
-    commands: Vec<String>,
+    replicas: Option<Replicas>,
+) -> Deployment {
+    let dial = PoolDial {
+        pool: pool.clone(),
+        timeouts,
+        server: endpoint.clone(),
+    };
+    let link = Link::new(Box::new(dial), timeouts, bounded_connections, replicas);
+    let subscriber = client.map(|client| plain_subscriber(vec![client]));
+    let mut commands = vec!["SELECT 0".to_owned()];
+    if link.waits_for_replicas() {
+        commands.push("WAIT 0 0".to_owned());
+    }
+    Deployment {
+        pool: Some(pool),
+        ..reached_by(Arc::new(link), endpoint, subscriber, commands)
+    }
 }
 
-impl One {
-    /// One server through `pool`. `client`: the same server, for the subscriber connection
-    /// (`None`: waiters poll). `bounded_connections`: the pool's connections carry the response
-    /// timeout themselves.
-    pub(crate) fn server(
-        pool: Pool,
-        client: Option<redis::Client>,
-        timeouts: Timeouts,
-        bounded_connections: bool,
-        endpoint: String,
-        replicas: Option<Replicas>,
-    ) -> Self {
-        let dial = PoolDial {
-            pool: pool.clone(),
-            timeouts,
-            server: endpoint.clone(),
-        };
-        let link = Link::new(Box::new(dial), timeouts, bounded_connections, replicas);
-        let subscriber = client.map(|client| {
-            Arc::new(PlainSubscriber {
-                clients: vec![client],
-                next: std::sync::atomic::AtomicUsize::new(0),
-            }) as Arc<dyn Subscribe>
-        });
-        let mut commands = vec!["SELECT 0".to_owned()];
-        if link.waits_for_replicas() {
-            commands.push("WAIT 0 0".to_owned());
-        }
-        Self {
-            link: Arc::new(link),
-            endpoint,
-            pool: Some(pool),
-            subscriber,
-            commands,
-        }
-    }
-
-    /// The primary Sentinel names, reached through `link`.
-    pub(crate) fn behind_sentinel(
-        link: Arc<Link>,
-        endpoint: String,
-        subscriber: Arc<dyn Subscribe>,
-        commands: Vec<String>,
-    ) -> Self {
-        Self {
-            link,
-            endpoint,
-            pool: None,
-            subscriber: Some(subscriber),
-            commands,
-        }
-    }
-
-    /// Runs a script call (see [`Link::run`]).
-    pub(crate) async fn run(&self, call: &ScriptCall) -> Answer {
-        self.link.run(call).await
-    }
-
-    pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, LockError> {
-        self.link.scan(pattern).await
-    }
-
-    pub(crate) fn waits_for_replicas(&self) -> bool {
-        self.link.waits_for_replicas()
-    }
-
-    pub(crate) fn subscriber(&self) -> Option<Arc<dyn Subscribe>> {
-        self.subscriber.clone()
-    }
-
-    pub(crate) fn response_timeout(&self) -> Duration {
-        self.link.timeouts().response
-    }
-
-    pub(crate) fn endpoint(&self) -> String {
-        self.endpoint.clone()
-    }
-
-    pub(crate) fn pool(&self) -> Option<&Pool> {
-        self.pool.as_ref()
-    }
-
-    pub(crate) fn commands(&self) -> Vec<String> {
-        self.commands.clone()
+/// One primary reached through `link`, without a pool (the primary Sentinel names; a server
+/// adds its pool).
+pub(crate) fn reached_by(
+    link: Arc<Link>,
+    endpoint: String,
+    subscriber: Option<Arc<dyn Subscribe>>,
+    commands: Vec<String>,
+) -> Deployment {
+    Deployment {
+        endpoint,
+        response_timeout: link.timeouts().response,
+        subscriber,
+        commands,
+        pool: None,
+        waits_for_replicas: link.waits_for_replicas(),
+        grant: Grant::Serial(Serial::One(link)),
     }
 }
 
@@ -135,10 +83,16 @@ impl Dial for PoolDial {
 
 /// Subscribes with `SUBSCRIBE` on a pub/sub connection to one of `clients` (a quorum has
 /// several servers, any one of which announces every release).
-pub(crate) struct PlainSubscriber {
-    pub(crate) clients: Vec<redis::Client>,
+struct PlainSubscriber {
+    clients: Vec<redis::Client>,
     /// The server the last connection went to.
-    pub(crate) next: std::sync::atomic::AtomicUsize,
+    next: AtomicUsize,
+}
+
+/// A [`PlainSubscriber`] to one of `clients`.
+pub(crate) fn plain_subscriber(clients: Vec<redis::Client>) -> Arc<dyn Subscribe> {
+    let next = AtomicUsize::new(0);
+    Arc::new(PlainSubscriber { clients, next })
 }
 
 impl Subscribe for PlainSubscriber {
@@ -150,17 +104,15 @@ impl Subscribe for PlainSubscriber {
         &self,
         on_message: OnMessage,
     ) -> BoxFuture<'_, redis::RedisResult<(Arc<dyn Channels>, Ended)>> {
-        use std::sync::atomic::Ordering;
         let count = self.clients.len();
         let last = self.next.load(Ordering::Relaxed);
         let attempts: Vec<_> = (0..count)
             .map(|k| {
                 // The last server first: on one that answers at once it wins the race.
                 let i = (last + k) % count;
-                let client = self.clients[i].clone();
-                let on_message = Arc::clone(&on_message);
+                let (client, on_message) = (&self.clients[i], Arc::clone(&on_message));
                 Box::pin(async move {
-                    open_plain(&client, std::future::pending(), on_message)
+                    open_plain(client, std::future::pending(), on_message)
                         .await
                         .map(|opened| (i, opened))
                 })
@@ -193,12 +145,7 @@ pub(crate) async fn open_plain(
     let conn = client
         .get_multiplexed_async_connection_with_config(&config)
         .await?;
-    let ended = async move {
-        tokio::select! {
-            () = lost => {}
-            () = end => {}
-        }
-    };
+    let ended = select(lost, Box::pin(end)).map(drop);
     Ok((Arc::new(PlainChannels(conn)), Box::pin(ended)))
 }
 

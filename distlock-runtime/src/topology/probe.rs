@@ -5,7 +5,9 @@
 use redis::Value;
 
 use super::{dial, Timeouts};
+use crate::error::Misconfiguration::{Permissions, Unsupported};
 use crate::error::{LockError, Reply};
+use crate::failed::failed;
 
 /// What kind of server a URL names, as
 /// [`LockManagerBuilder::probe`](crate::LockManagerBuilder::probe) found it, and so which
@@ -39,20 +41,15 @@ pub(crate) async fn probe(
     let mut conn = dial(client, timeouts, OP).await?;
     let hello = match redis::cmd("HELLO").query_async::<Value>(&mut conn).await {
         Ok(hello) => hello,
-        Err(source) if source.is_timeout() => {
-            return Err(LockError::RedisTimeout {
-                op: OP,
-                after: timeouts.response,
-            })
-        }
         Err(source) => {
             return match Reply::of(&source) {
                 // `NOPERM`, `ERR unknown command`: a server that would not say.
-                Reply::Refused(
-                    crate::Misconfiguration::Permissions | crate::Misconfiguration::Unsupported,
-                )
-                | Reply::Other => Ok(ServerKind::Standalone),
-                _ => Err(LockError::from_redis(OP, source)),
+                Reply::Refused(Permissions | Unsupported) | Reply::Other
+                    if !source.is_timeout() =>
+                {
+                    Ok(ServerKind::Standalone)
+                }
+                _ => Err(failed(OP, source, timeouts.response).error),
             };
         }
     };

@@ -22,15 +22,14 @@
 //! Release notifications come from whichever node the subscriber connection reached (each
 //! node announces every release); when that node is down, the next is tried.
 
-use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::{FromRedisValue, Value};
 
-use super::one::{PlainSubscriber, PoolDial};
-use super::{read, Answer, Link, Subscribe, Timeouts};
+use super::one::{plain_subscriber, PoolDial};
+use super::{read, Answer, Deployment, Grant, Link, Timeouts};
 use crate::call::{ScriptCall, Taking};
 use crate::error::LockError;
 use crate::failed::{Failed, Reached};
@@ -54,66 +53,60 @@ pub(crate) const FAIR_REFUSED: &str = "fair requests are not available on a quor
 /// A quorum of independent Redis primaries.
 pub(crate) struct Quorum {
     nodes: Vec<Arc<Link>>,
-    clients: Vec<redis::Client>,
     timeouts: Timeouts,
-    endpoint: String,
     /// Each node's URL, without its password.
     names: Vec<String>,
 }
 
-impl Quorum {
-    pub(crate) fn new(urls: &[String], tls: &Tls, timeouts: Timeouts) -> Result<Self, LockError> {
-        if urls.len() < 3 {
-            return Err(LockError::InvalidConfig {
-                what: "quorum",
-                reason: format!(
-                    "{} node(s) given; a quorum needs at least 3 independent primaries (an odd \
-                     number: 3, 5, 7), or use .url(..) for one server",
-                    urls.len()
-                ),
-            });
-        }
-        let mut nodes = Vec::with_capacity(urls.len());
-        let mut clients = Vec::with_capacity(urls.len());
-        let mut shown = Vec::with_capacity(urls.len());
-        for url in urls {
-            let (info, endpoint) = super::parse_url(url, tls)?;
-            clients.push(super::client(info.clone())?);
-            let pool = super::create_pool(info, POOL_SIZE, timeouts)?;
-            let dial = PoolDial {
-                pool,
-                timeouts,
-                server: endpoint.clone(),
-            };
-            nodes.push(Arc::new(Link::new(Box::new(dial), timeouts, true, None)));
-            shown.push(endpoint);
-        }
-        Ok(Self {
-            nodes,
-            clients,
-            timeouts,
-            endpoint: format!("quorum [{}]", shown.join(", ")),
-            names: shown,
-        })
+/// A deployment on the independent primaries at `urls`.
+pub(crate) fn primaries(
+    urls: &[String],
+    tls: &Tls,
+    timeouts: Timeouts,
+) -> Result<Deployment, LockError> {
+    if urls.len() < 3 {
+        return Err(LockError::InvalidConfig {
+            what: "quorum",
+            reason: format!(
+                "{} node(s) given; a quorum needs at least 3 independent primaries (an odd \
+                 number: 3, 5, 7), or use .url(..) for one server",
+                urls.len()
+            ),
+        });
     }
+    let mut nodes = Vec::with_capacity(urls.len());
+    let mut clients = Vec::with_capacity(urls.len());
+    let mut names = Vec::with_capacity(urls.len());
+    for url in urls {
+        let (info, endpoint) = super::parse_url(url, tls)?;
+        clients.push(super::client(info.clone())?);
+        let pool = super::create_pool(info, POOL_SIZE, timeouts)?;
+        let dial = PoolDial {
+            pool,
+            timeouts,
+            server: endpoint.clone(),
+        };
+        nodes.push(Arc::new(Link::new(Box::new(dial), timeouts, true, None)));
+        names.push(endpoint);
+    }
+    Ok(Deployment {
+        endpoint: format!("quorum [{}]", names.join(", ")),
+        response_timeout: timeouts.response,
+        subscriber: Some(plain_subscriber(clients)),
+        commands: vec!["SELECT 0".to_owned()],
+        pool: None,
+        waits_for_replicas: false,
+        grant: Grant::Majority(Quorum {
+            nodes,
+            timeouts,
+            names,
+        }),
+    })
+}
 
+impl Quorum {
     fn majority(&self) -> usize {
         self.nodes.len() / 2 + 1
-    }
-
-    pub(crate) fn endpoint(&self) -> String {
-        self.endpoint.clone()
-    }
-
-    pub(crate) fn response_timeout(&self) -> Duration {
-        self.timeouts.response
-    }
-
-    pub(crate) fn subscriber(&self) -> Arc<dyn Subscribe> {
-        Arc::new(PlainSubscriber {
-            clients: self.clients.clone(),
-            next: AtomicUsize::new(0),
-        })
     }
 
     /// Takes `taking`'s keys by `acquire` (its call) on a majority of the nodes, at once (see
@@ -162,8 +155,8 @@ impl Quorum {
         }
         // No majority: take back what was granted, on the nodes that answered (within the
         // same bound). A node that may still run the acquire is left to the request (`late`).
-        let undo = Arc::new(taking.undo().detached());
-        let undone = self.fan_out(undo, limit, &took, |_| false).await;
+        let undo = taking.undo().detached();
+        let undone = self.fan_out(undo, limit, Some(&took), |_| false).await;
         let took_undone = undone
             .iter()
             .zip(&took)
@@ -189,14 +182,9 @@ impl Quorum {
     /// contention is answered with who holds it, not an error.)
     async fn propose(&self, acquire: &ScriptCall, limit: Duration) -> Vec<Option<Answer>> {
         let (nodes, majority) = (self.nodes.len(), self.majority());
-        let floor = u64::try_from(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_micros(),
-        )
-        .unwrap_or(0)
-            + FLOOR_AHEAD_US;
+        let now = SystemTime::now().duration_since(UNIX_EPOCH);
+        let floor =
+            u64::try_from(now.unwrap_or_default().as_micros()).unwrap_or(0) + FLOOR_AHEAD_US;
         let enough = move |answers: &[Option<Answer>]| {
             let mut tokens = answers.iter().filter_map(granted);
             let first = tokens.next();
@@ -204,20 +192,15 @@ impl Quorum {
             let failed = answers.iter().filter(|a| matches!(a, Some(Err(_)))).count();
             agreeing >= majority || failed > nodes - majority
         };
-        let proposed = Arc::new(acquire.with_arg(floor));
-        self.fan_out(proposed, limit, &vec![true; nodes], enough)
+        self.fan_out(acquire.with_arg(floor), limit, None, enough)
             .await
     }
 
     /// Writes `token` back to the fencing counters of the keys `taking` takes, on every node;
     /// whether a majority took it.
     async fn raise(&self, taking: &Taking, token: u64) -> bool {
-        let raise = Arc::new(raise_call(taking, token));
-        let all = vec![true; self.nodes.len()];
-        let answers = self
-            .fan_out(raise, self.timeouts.response, &all, |_| false)
-            .await;
-        answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count() >= self.majority()
+        let raise = raise_call(taking, token);
+        self.majority_ok(&self.fan_out_all(&raise, |_| false).await)
     }
 
     /// Runs a call that writes nothing a lease relies on: the first answer, once a majority
@@ -261,26 +244,17 @@ impl Quorum {
     /// Runs an extension on every node: per lease, whether a majority extended it.
     pub(crate) async fn extend(&self, call: &ScriptCall) -> Result<Vec<bool>, Failed> {
         let answers = self.fan_out_all(call, |_| false).await;
-        let mut votes: Vec<usize> = Vec::new();
-        let mut failures = Vec::new();
-        for answer in answers.into_iter().flatten() {
-            match answer.and_then(|value| read::<Vec<i64>>(call, value)) {
-                Ok(owned) => {
-                    votes.resize(votes.len().max(owned.len()), 0);
-                    for (vote, owned) in votes.iter_mut().zip(owned) {
-                        *vote += usize::from(owned == 1);
-                    }
-                }
-                Err(failed) => failures.push(failed),
-            }
-        }
-        if votes.is_empty() {
+        let (owned, failures) = sort::<Vec<i64>>(call, answers);
+        let leases = owned.iter().map(Vec::len).max().unwrap_or(0);
+        if leases == 0 {
             // No node answered: an outage, which renewal retries until the lease runs out.
             let failed = no_quorum(call.op, 0, failures, self.nodes.len());
             return self.explained(call, Err(failed)).await;
         }
-        let majority = self.majority();
-        Ok(votes.into_iter().map(|v| v >= majority).collect())
+        let extended = |i| owned.iter().filter(|o| o.get(i) == Some(&1)).count();
+        Ok((0..leases)
+            .map(|i| extended(i) >= self.majority())
+            .collect())
     }
 
     /// Reads a lock as a majority of nodes hold it ([`view`]), once the answers settle it
@@ -302,21 +276,16 @@ impl Quorum {
     /// The keys matching `pattern` on any node (the operator wants to see stragglers too),
     /// once a majority answered.
     pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, LockError> {
-        let mut found = Vec::new();
-        let mut answered = 0;
-        let mut last_error = None;
+        let (mut found, mut errors) = (Vec::new(), Vec::new());
         for node in &self.nodes {
             match node.scan(pattern).await {
-                Ok(keys) => {
-                    answered += 1;
-                    found.extend(keys);
-                }
-                Err(error) => last_error = Some(error),
+                Ok(keys) => found.push(keys),
+                Err(error) => errors.push(error),
             }
         }
-        match last_error {
-            Some(error) if answered < self.majority() => Err(error),
-            _ => Ok(found),
+        match errors.pop() {
+            Some(error) if found.len() < self.majority() => Err(error),
+            _ => Ok(found.concat()),
         }
     }
 
@@ -325,28 +294,16 @@ impl Quorum {
         &self,
         call: &ScriptCall,
     ) -> (Vec<(String, Answer)>, usize) {
-        let answers = self.fan_out_all(call, |_| false).await;
-        let named = self
-            .names
-            .iter()
-            .cloned()
-            .zip(answers)
-            .map(|(name, answer)| {
-                let answer = answer.unwrap_or_else(|| Err(self.timed_out(call.op)));
-                (name, answer)
-            })
-            .collect();
-        (named, self.majority())
-    }
-
-    fn timed_out(&self, op: &'static str) -> Failed {
-        Failed {
-            error: LockError::RedisTimeout {
-                op,
-                after: self.timeouts.response,
-            },
-            reached: Reached::Maybe,
-        }
+        // Never cut short: every node has an answer (a timeout, if nothing else).
+        let answers = self
+            .fan_out_all(call, |_| false)
+            .await
+            .into_iter()
+            .flatten();
+        (
+            self.names.iter().cloned().zip(answers).collect(),
+            self.majority(),
+        )
     }
 
     /// `answer`, and on a refusal what exactly Redis refused (see `refusal.rs`).
@@ -373,33 +330,28 @@ impl Quorum {
         call: &ScriptCall,
         enough: impl Fn(&[Option<Answer>]) -> bool,
     ) -> Vec<Option<Answer>> {
-        let all = vec![true; self.nodes.len()];
-        let call = Arc::new(call.detached());
-        self.fan_out(call, self.timeouts.response, &all, enough)
+        self.fan_out(call.detached(), self.timeouts.response, None, enough)
             .await
     }
 
-    /// Runs `call` on the nodes `to` marks, at once, each within `limit`; `enough` looks at the
-    /// answers so far (in node order, `None` for one still out) and says whether to stop
-    /// waiting.
+    /// Runs `call` on the nodes `to` marks (all when `None`), at once, each within `limit`;
+    /// `enough` looks at the answers so far (in node order, `None` for one still out) and says
+    /// whether to stop waiting.
     async fn fan_out(
         &self,
-        call: Arc<ScriptCall>,
+        call: ScriptCall,
         limit: Duration,
-        to: &[bool],
+        to: Option<&[bool]>,
         enough: impl Fn(&[Option<Answer>]) -> bool,
     ) -> Vec<Option<Answer>> {
-        let op = call.op;
-        let timed_out = move || Failed {
-            error: LockError::RedisTimeout { op, after: limit },
-            reached: Reached::Maybe,
-        };
+        let (op, call) = (call.op, Arc::new(call));
+        let timed_out = move || Failed::maybe(LockError::RedisTimeout { op, after: limit });
         let mut answers: Vec<Option<Answer>> = self.nodes.iter().map(|_| None).collect();
         let mut pending: FuturesUnordered<_> = self
             .nodes
             .iter()
             .enumerate()
-            .filter(|(i, _)| to.get(*i).copied().unwrap_or(false))
+            .filter(|(i, _)| to.is_none_or(|to| to[*i]))
             .map(|(i, node)| {
                 let (node, call) = (Arc::clone(node), Arc::clone(&call));
                 // In a task of its own (see the module docs).
@@ -427,14 +379,7 @@ impl Quorum {
         enough: impl Fn(&[Option<Answer>]) -> bool,
     ) -> Result<Vec<Value>, Failed> {
         let answers = self.fan_out_all(call, enough).await;
-        let mut values = Vec::new();
-        let mut failures = Vec::new();
-        for answer in answers.into_iter().flatten() {
-            match answer {
-                Ok(value) => values.push(value),
-                Err(failed) => failures.push(failed),
-            }
-        }
+        let (values, failures) = sort::<Value>(call, answers);
         if values.len() >= self.majority() {
             return Ok(values);
         }
@@ -459,17 +404,17 @@ fn tally(
     acquire: &ScriptCall,
     answers: Vec<Option<Answer>>,
 ) -> (Vec<u64>, Option<Acquire>, Vec<Failed>) {
+    let (read, failures) = sort::<Acquire>(acquire, answers);
     let mut tokens = Vec::new();
     let mut held: Option<Acquire> = None;
-    let mut failures = Vec::new();
-    for answer in answers.into_iter().flatten() {
-        match answer.and_then(|value| read(acquire, value)) {
-            Ok(Acquire::Acquired { fencing_token }) => tokens.push(fencing_token),
-            Ok(Acquire::Held {
+    for answer in read {
+        match answer {
+            Acquire::Acquired { fencing_token } => tokens.push(fencing_token),
+            Acquire::Held {
                 first_held,
                 remaining,
                 ..
-            }) => {
+            } => {
                 let longest = match held {
                     Some(Acquire::Held { remaining: r, .. }) => r.max(remaining),
                     _ => remaining,
@@ -480,10 +425,24 @@ fn tally(
                     unconfirmed: None,
                 });
             }
-            Err(failed) => failures.push(failed),
         }
     }
     (tokens, held, failures)
+}
+
+/// The answers that came, each read as `T`, and the failures (a reply not read as `T` too).
+fn sort<T: FromRedisValue>(
+    call: &ScriptCall,
+    answers: Vec<Option<Answer>>,
+) -> (Vec<T>, Vec<Failed>) {
+    let (mut read_as, mut failures) = (Vec::new(), Vec::new());
+    for answer in answers.into_iter().flatten() {
+        match answer.and_then(|value| read(call, value)) {
+            Ok(value) => read_as.push(value),
+            Err(failed) => failures.push(failed),
+        }
+    }
+    (read_as, failures)
 }
 
 /// Whether the inspect answers so far (in node order, `None` for one still out) settle which

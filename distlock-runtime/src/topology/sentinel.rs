@@ -33,7 +33,7 @@ use tokio::sync::watch;
 use super::connect::within;
 use super::one::open_plain;
 use super::Replicas;
-use super::{Channels, Ended, OnMessage, One, Subscribe};
+use super::{Channels, Deployment, Ended, OnMessage, Subscribe};
 use super::{Dial, Link, Timeouts};
 use crate::call::BoxFuture;
 use crate::error::LockError;
@@ -66,7 +66,7 @@ pub(crate) fn primary(
     tls: &Tls,
     timeouts: Timeouts,
     replicas: Option<Replicas>,
-) -> Result<One, LockError> {
+) -> Result<Deployment, LockError> {
     if urls.is_empty() || master.is_empty() {
         return Err(LockError::InvalidConfig {
             what: "sentinel",
@@ -100,10 +100,10 @@ pub(crate) fn primary(
     let dial = Sentinel(Arc::clone(&resolver));
     let link = Arc::new(Link::new(Box::new(dial), timeouts, true, replicas));
     let _ = resolver.link.set(Arc::downgrade(&link));
-    Ok(One::behind_sentinel(
+    Ok(super::one::reached_by(
         link,
         format!("sentinel {master} [{}]", shown.join(", ")),
-        Arc::new(Sentinel(resolver)),
+        Some(Arc::new(Sentinel(resolver))),
         commands,
     ))
 }
