@@ -45,7 +45,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use redis::aio::MultiplexedConnection;
 use redis::ServerErrorKind::{ClusterDown, Moved};
-use redis::{ErrorKind, Value};
+use redis::{ErrorKind, ProtocolVersion::RESP3, Value};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -258,7 +258,6 @@ impl Cluster {
         &self,
         call: &ScriptCall,
     ) -> Vec<(String, Result<Value, Failed>)> {
-        use futures_util::stream::{FuturesUnordered, StreamExt};
         let primaries = match self.nodes.primaries(call.op).await {
             Ok(primaries) => primaries,
             Err(error) => {
@@ -266,15 +265,11 @@ impl Cluster {
                 return vec![(self.endpoint.clone(), Err(Failed { error, reached }))];
             }
         };
-        primaries
-            .iter()
-            .map(|node| async move {
-                let (host, port) = &node.address;
-                (format!("{host}:{port}"), node.link.run(call).await)
-            })
-            .collect::<FuturesUnordered<_>>()
-            .collect()
-            .await
+        let answers = primaries.iter().map(|node| async move {
+            let (host, port) = &node.address;
+            (format!("{host}:{port}"), node.link.run(call).await)
+        });
+        futures_util::future::join_all(answers).await
     }
 
     pub(crate) fn commands(&self) -> Vec<String> {
@@ -315,7 +310,8 @@ impl Nodes {
 
     /// The primary serving `slot`, fetching the map first when none is known, waiting for
     /// that until `until` at the latest. Fails at once when the nodes refused the fetch
-    /// (credentials, an ACL): waiting would not help.
+    /// (credentials, an ACL): waiting would not help. Fails at `until` with the last fetch's
+    /// failure when no map could be had, else as a slot no primary serves now.
     async fn primary_by(
         self: &Arc<Self>,
         slot: u16,
@@ -326,7 +322,7 @@ impl Nodes {
             return Ok(node);
         }
         let mut fetched = self.fetched.subscribe();
-        loop {
+        let error = loop {
             fetched.mark_unchanged();
             self.refetch();
             if let Some(node) = self.primary(slot) {
@@ -340,33 +336,20 @@ impl Nodes {
                 .as_ref()
                 .filter(|error| error.is_misconfigured())
                 .cloned();
-            if let Some(error) = refused {
-                let reached = Reached::No;
-                return Err(Failed { error, reached });
+            match refused {
+                Some(error) => break error,
+                None if Instant::now() < until => {}
+                None if self.routing().slots.is_none() => break self.no_map(SLOTS_OP),
+                None => {
+                    let detail =
+                        format!("slot {slot}: the cluster is failing over or missing a primary");
+                    let source = cluster_down("no primary serves the slot", detail);
+                    break LockError::Redis { op, source };
+                }
             }
-            if Instant::now() >= until {
-                return Err(self.no_primary(op, slot));
-            }
-        }
-    }
-
-    /// Why a call found no primary for `slot` within its response timeout: the last fetch's
-    /// failure when no map could be had, else a slot no primary serves now.
-    fn no_primary(&self, op: &'static str, slot: u16) -> Failed {
-        let error = if self.routing().slots.is_some() {
-            LockError::Redis {
-                op,
-                source: redis::RedisError::from((
-                    ErrorKind::Server(ClusterDown),
-                    "no primary serves the slot",
-                    format!("slot {slot}: the cluster is failing over or missing a primary"),
-                )),
-            }
-        } else {
-            self.no_map(SLOTS_OP)
         };
         let reached = Reached::No;
-        Failed { error, reached }
+        Err(Failed { error, reached })
     }
 
     /// Why no slot map could be had: the last fetch's failure, else a fetch out of time.
@@ -440,13 +423,11 @@ impl Nodes {
         runtime.spawn(async move {
             // Cleared however the task ends, also when it is dropped with its runtime.
             let _done = Fetching(&nodes);
-            match nodes.fetch().await {
-                Ok(ranges) => {
-                    nodes.install(&ranges);
-                    *lock(&nodes.failure) = None;
-                }
-                Err(error) => *lock(&nodes.failure) = Some(error),
+            let fetched = nodes.fetch().await;
+            if let Ok(ranges) = &fetched {
+                nodes.install(ranges);
             }
+            *lock(&nodes.failure) = fetched.err();
             nodes.fetched.send_modify(|n| *n += 1);
             tokio::time::sleep(REFETCH_EVERY).await;
         });
@@ -715,7 +696,8 @@ struct ShardChannels {
     /// Cancelled when one node's connection is lost: the whole subscriber connection ends.
     lost: CancellationToken,
     open: Mutex<HashMap<Address, MultiplexedConnection>>,
-    subscribed: Mutex<HashMap<String, Address>>,
+    /// Each channel subscribed, and the node (and its connection) it is subscribed on.
+    subscribed: Mutex<HashMap<String, (Address, MultiplexedConnection)>>,
 }
 
 impl ShardChannels {
@@ -731,19 +713,17 @@ impl ShardChannels {
     /// connection (every 2 s), so waiters hear of releases again within that of the slot map
     /// naming the new primary, without following every fetch of a map still settling.
     fn drop_moved(&self) {
-        let moved: Vec<(String, Address)> = lock(&self.subscribed)
-            .extract_if(|channel, address| {
+        let moved: Vec<_> = lock(&self.subscribed)
+            .extract_if(|channel, (address, _)| {
                 let primary = self.nodes.primary(slot(channel));
                 primary.is_some_and(|node| node.address != *address)
             })
             .collect();
-        for (channel, address) in moved {
-            if let Some(mut conn) = lock(&self.open).get(&address).cloned() {
-                let channel = channel.clone();
-                tokio::spawn(async move {
-                    let _ = send_one(&mut conn, "SUNSUBSCRIBE", &channel).await;
-                });
-            }
+        for (channel, (_, mut conn)) in moved {
+            let sent = channel.clone();
+            tokio::spawn(async move {
+                let _ = send_one(&mut conn, "SUNSUBSCRIBE", &sent).await;
+            });
             (self.on_message)(Message::Dropped { channel });
         }
     }
@@ -753,18 +733,11 @@ impl ShardChannels {
         if let Some(conn) = lock(&self.open).get(&node.address) {
             return Ok(conn.clone());
         }
-        let info = self.nodes.info(&node.address)?;
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(redis::ProtocolVersion::RESP3);
-        let client = redis::Client::open(info.set_redis_settings(settings))?;
-        let timeouts = self.nodes.timeouts;
+        let settings = self.nodes.settings.clone().set_protocol(RESP3);
+        let info = self.nodes.info(&node.address)?.set_redis_settings(settings);
+        let client = redis::Client::open(info)?;
         let (pushes, ended) = push_handler(Arc::clone(&self.on_message));
-        let config = redis::AsyncConnectionConfig::new()
-            .set_push_sender(pushes)
-            .set_connection_timeout(Some(timeouts.connect))
-            .set_response_timeout(Some(timeouts.response));
+        let config = self.nodes.timeouts.config().set_push_sender(pushes);
         let conn = client
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
@@ -796,8 +769,8 @@ async fn send_one(
         .map(drop)
 }
 
-/// A subscription that found no node to make it on, as the cluster being down: the channel's
-/// waiters poll a while.
+/// A `CLUSTERDOWN` error: no primary serves a slot, or a subscription found no node to make it
+/// on (the channel's waiters poll a while).
 fn cluster_down(what: &'static str, detail: String) -> redis::RedisError {
     redis::RedisError::from((ErrorKind::Server(ClusterDown), what, detail))
 }
@@ -823,19 +796,18 @@ impl Channels for ShardChannels {
                         self.nodes.refetch();
                     }
                 })?;
-            lock(&self.subscribed).insert(channel.to_owned(), node.address.clone());
+            let subscribed = (node.address.clone(), conn);
+            lock(&self.subscribed).insert(channel.to_owned(), subscribed);
             Ok(())
         })
     }
 
     fn unsubscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>> {
         Box::pin(async move {
-            let address = lock(&self.subscribed).remove(channel);
-            let conn = address.and_then(|address| lock(&self.open).get(&address).cloned());
-            match conn {
-                Some(mut conn) => send_one(&mut conn, "SUNSUBSCRIBE", channel).await,
-                None => Ok(()),
-            }
+            let Some((_, mut conn)) = lock(&self.subscribed).remove(channel) else {
+                return Ok(());
+            };
+            send_one(&mut conn, "SUNSUBSCRIBE", channel).await
         })
     }
 
