@@ -189,12 +189,10 @@ impl Cluster {
         // so too, or an acquire would skip its in-doubt release.
         let mut maybe = false;
         loop {
+            let primary = self.nodes.primary_by(slot, until, call.op);
             let (node, hop) = match redirected.take() {
                 Some(target) => target,
-                None => (
-                    self.nodes.primary_by(slot, until, call.op).await?,
-                    Hop::Direct,
-                ),
+                None => (primary.await?, Hop::Direct),
             };
             let mut failed = match node.link.run_via(call, hop).await {
                 Ok(answer) => return Ok(answer),

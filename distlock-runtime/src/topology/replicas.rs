@@ -187,7 +187,7 @@ impl Replicated {
         request: &Request<'_>,
         finish: Option<Instant>,
         response_timeout: Duration,
-    ) -> (Result<Value, Failed>, Duration) {
+    ) -> (Result<(Value, Value), Failed>, Duration) {
         let (op, replicas, hop) = (call.op, self.replicas, request.hop);
         let (waited, after) = bounds(replicas.timeout, response_timeout, finish, Instant::now());
         // `ping`'s check waits for no replica: it shows that `WAIT` is taken.
@@ -227,13 +227,8 @@ async fn undo_within(
     let Some(finish) = finish else {
         return undo.await;
     };
-    let after = link.timeouts().response;
-    let timed_out = |_| {
-        Err(Failed::maybe(LockError::RedisTimeout {
-            op: "release",
-            after,
-        }))
-    };
+    let (op, after) = ("release", link.timeouts().response);
+    let timed_out = |_| Err(Failed::maybe(LockError::RedisTimeout { op, after }));
     tokio::time::timeout_at(finish, undo)
         .await
         .unwrap_or_else(timed_out)
@@ -263,39 +258,28 @@ fn bounds(
     (wait, after)
 }
 
-/// The replies to `[ASKING,] script, WAIT` as `[answer, replicas]`, or the first error among
+/// The replies to `[ASKING,] script, WAIT` as `(answer, replicas)`, or the first error among
 /// `ASKING`'s and the script's.
 fn replicated_answer(
     op: &'static str,
     values: Vec<Value>,
     hop: Hop,
     after: Duration,
-) -> Result<Value, Failed> {
+) -> Result<(Value, Value), Failed> {
     let mut values = hop.answers(values).map_err(|e| failed(op, e, after))?;
     let (Some(answer), Some(acked)) = (values.next(), values.next()) else {
-        return Err(unexpected(op));
+        // A write and `WAIT` answered with something else than a reply to each.
+        let what = "unexpected answer to a write and WAIT";
+        let source = redis::RedisError::from((redis::ErrorKind::Parse, what));
+        let (error, reached) = (LockError::Redis { op, source }, Reached::Answered);
+        return Err(Failed { error, reached });
     };
     let answer = answer.extract_error().map_err(|e| failed(op, e, after))?;
-    Ok(Value::Array(vec![answer, acked]))
+    Ok((answer, acked))
 }
 
-/// A write and `WAIT` answered with something else than a reply to each.
-fn unexpected(op: &'static str) -> Failed {
-    let source = (
-        redis::ErrorKind::Parse,
-        "unexpected answer to a write and WAIT",
-    );
-    Failed {
-        error: LockError::Redis {
-            op,
-            source: source.into(),
-        },
-        reached: Reached::Answered,
-    }
-}
-
-/// With `min_replicas`: the answer of `call` sent in one pipeline with `WAIT` (`pipelined` is
-/// `[answer, replicas that acknowledged]`), which waited `replicas.timeout` for them. When
+/// With `min_replicas`: the `answer` of `call` sent in one pipeline with `WAIT`, and `WAIT`'s
+/// reply (`acked`: how many replicas acknowledged, after `replicas.timeout` at most). When
 /// fewer replicas than required did, or the server refused `WAIT`, an acquire is undone at once
 /// (by `run`, its release) and the call fails with [`LockError::Replication`] (with a
 /// `Misconfigured` error naming `WAIT` when it was refused); it counts as having written (so
@@ -304,7 +288,7 @@ fn unexpected(op: &'static str) -> Failed {
 /// confirmed after it when too few did ([`Unconfirmed`]: a wait that ends on it says so).
 async fn confirmed<F, Fut>(
     call: &ScriptCall,
-    pipelined: Value,
+    (answer, acked): (Value, Value),
     replicas: Replicas,
     run: F,
 ) -> Result<Value, Failed>
@@ -312,16 +296,10 @@ where
     F: FnOnce(ScriptCall) -> Fut,
     Fut: Future<Output = Result<Value, Failed>>,
 {
-    let (answer, acked) = match pipelined {
-        Value::Array(mut values) if values.len() == 2 => {
-            let acked = match values.pop().map(Value::extract_error) {
-                Some(Ok(Value::Int(n))) => Ok(usize::try_from(n).unwrap_or(0)),
-                Some(Err(refusal)) => Err(wait_refused(call.op, refusal)),
-                _ => Ok(0),
-            };
-            (values.pop().unwrap_or(Value::Nil), acked)
-        }
-        _ => return Err(unexpected(call.op)),
+    let acked = match acked.extract_error() {
+        Ok(Value::Int(n)) => Ok(usize::try_from(n).unwrap_or(0)),
+        Ok(_) => Ok(0),
+        Err(refusal) => Err(wait_refused(call.op, refusal)),
     };
     let needed = match call.confirm {
         Confirm::Shown => 0,
@@ -434,7 +412,7 @@ mod tests {
         acked: Value,
     ) -> (Result<Value, Failed>, usize) {
         let undos = AtomicUsize::new(0);
-        let confirmed = confirmed(call, Value::Array(vec![answer, acked]), REPLICAS, |undo| {
+        let confirmed = confirmed(call, (answer, acked), REPLICAS, |undo| {
             assert_eq!(undo.op, "release");
             undos.fetch_add(1, Ordering::Relaxed);
             std::future::ready(Ok(Value::Int(1)))

@@ -120,19 +120,18 @@ impl Resolver {
 
     /// The primary's address, from the first sentinel that answers.
     async fn primary(&self, op: &'static str) -> Result<ConnectionInfo, LockError> {
-        let count = self.sentinels.len();
-        let first = self.next.load(Ordering::Relaxed);
-        let mut last_error = None;
+        let (count, first) = (self.sentinels.len(), self.next.load(Ordering::Relaxed));
+        let mut last_error = LockError::NotConfigured;
         for i in (0..count).map(|i| (first + i) % count) {
             match self.ask(i, op).await {
                 Ok(address) => {
                     self.next.store(i, Ordering::Relaxed);
                     return Ok(address);
                 }
-                Err(error) => last_error = Some(error),
+                Err(error) => last_error = error,
             }
         }
-        Err(last_error.unwrap_or(LockError::NotConfigured))
+        Err(last_error)
     }
 
     async fn ask(&self, sentinel: usize, op: &'static str) -> Result<ConnectionInfo, LockError> {
@@ -197,42 +196,36 @@ impl Dial for Sentinel {
     }
 }
 
-/// Listens for `+switch-master` on one sentinel after another until the manager is dropped;
-/// on a switch of this primary, drops the command connection and ends subscriber connections.
-async fn watch_switches(resolver: Weak<Resolver>) {
+/// Listens for `+switch-master` on one sentinel after another until the manager is dropped
+/// (then ends, with `None`); on a switch of this primary, drops the command connection and ends
+/// subscriber connections.
+async fn watch_switches(resolver: Weak<Resolver>) -> Option<()> {
     let mut next = 0usize;
     loop {
-        let Some(current) = resolver.upgrade() else {
-            return;
-        };
+        let current = resolver.upgrade()?;
         let info = current.sentinels[next % current.sentinels.len()].clone();
         let master = current.master.clone();
         let pause = current.timeouts.connect.min(Duration::from_secs(1));
         let response = current.timeouts.response;
         drop(current);
         next += 1;
-        let Ok(client) = super::client(info) else {
-            return;
+        let client = super::client(info).ok()?;
+        let subscribed = async {
+            let pubsub = tokio::time::timeout(pause * 2, client.get_async_pubsub()).await;
+            let (mut sink, messages) = pubsub.ok()?.ok()?.split();
+            let subscribed = tokio::time::timeout(response, sink.subscribe("+switch-master")).await;
+            subscribed.ok()?.ok().map(|()| (sink, messages))
         };
-        let Ok(Ok(pubsub)) = tokio::time::timeout(pause * 2, client.get_async_pubsub()).await
-        else {
+        let Some((mut sink, mut messages)) = subscribed.await else {
             tokio::time::sleep(pause).await;
             continue;
         };
-        let (mut sink, mut messages) = pubsub.split();
-        let subscribed = tokio::time::timeout(response, sink.subscribe("+switch-master")).await;
-        if !matches!(subscribed, Ok(Ok(()))) {
-            tokio::time::sleep(pause).await;
-            continue;
-        }
         loop {
             use futures_util::StreamExt;
             // Wake now and then to notice that the manager was dropped, and that the sentinel
             // still answers (one that stopped would never say the primary switched).
             let message = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
-            let Some(resolver) = resolver.upgrade() else {
-                return;
-            };
+            let resolver = resolver.upgrade()?;
             match message {
                 Err(_) => {
                     let pong = tokio::time::timeout(response, sink.ping::<Value>()).await;
