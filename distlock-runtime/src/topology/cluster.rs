@@ -534,9 +534,8 @@ impl Nodes {
                 *entry = Some(Arc::clone(&node));
             }
         }
-        let seeds = &self.seeds;
         routing.nodes.retain(|address, _| {
-            seeds.contains(address) || ranges.iter().any(|(_, _, a)| a == address)
+            self.seeds.contains(address) || ranges.iter().any(|(_, _, a)| a == address)
         });
         routing.slots = Some(slots.into_boxed_slice());
     }

@@ -70,7 +70,7 @@ impl Replicated {
     /// `WAIT` blocks the connection it runs on until the replicas answer or its timeout passes,
     /// and on the shared multiplexed connection every other lock's commands would queue behind
     /// it. Such connections are kept (up to [`MAX_SPARE`]) for the next replicated write; a
-    /// write that the replicas did not confirm is undone (see `topology::confirmed`). A failed
+    /// write that the replicas did not confirm is undone (see [`confirmed`]). A failed
     /// try is sent again as the link's policy says ([`Retry::link`]): a passing refusal 20 ms
     /// later on the same connection, within the response timeout.
     pub(super) async fn run(
@@ -95,16 +95,14 @@ impl Replicated {
         loop {
             let (conn, generation) = match held.take() {
                 Some(held) => held,
-                None => match self.checkout(link, call.op, fresh).await {
-                    Ok((conn, generation, kept)) => {
-                        tried.kept = kept;
-                        (conn, generation)
-                    }
-                    Err(error) => {
-                        let reached = Reached::No.after(sent, false);
-                        return Err(Failed { error, reached });
-                    }
-                },
+                None => {
+                    let reached = Reached::No.after(sent, false);
+                    let checkout = self.checkout(link, call.op, fresh).await;
+                    let (conn, generation, kept) =
+                        checkout.map_err(|error| Failed { error, reached })?;
+                    tried.kept = kept;
+                    (conn, generation)
+                }
             };
             let until = *ends.get_or_insert_with(|| Instant::now() + response_timeout);
             let (answer, within) = self
@@ -113,14 +111,10 @@ impl Replicated {
             let failed = match answer {
                 Ok(answer) => {
                     self.keep(conn, generation);
-                    let replicas = Replicas {
-                        timeout: within,
-                        ..self.replicas
-                    };
-                    return confirmed(call, answer, replicas, |undo| {
-                        undo_within(link, undo, hop, finish)
-                    })
-                    .await;
+                    let mut replicas = self.replicas;
+                    replicas.timeout = within;
+                    let undo = |undo| undo_within(link, undo, hop, finish);
+                    return confirmed(call, answer, replicas, undo).await;
                 }
                 Err(failed) => failed,
             };

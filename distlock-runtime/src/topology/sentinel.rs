@@ -168,13 +168,10 @@ impl Resolver {
         // That sentinel may lag behind the others: ask the next one first next time.
         let next = (self.next.load(Ordering::Relaxed) + 1) % self.sentinels.len();
         self.next.store(next, Ordering::Relaxed);
-        Err(LockError::Redis {
-            op,
-            source: redis::RedisError::from((
-                redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
-                "the server Sentinel named is not a primary (a failover is under way)",
-            )),
-        })
+        let kind = redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
+        let what = "the server Sentinel named is not a primary (a failover is under way)";
+        let source = redis::RedisError::from((kind, what));
+        Err(LockError::Redis { op, source })
     }
 }
 
