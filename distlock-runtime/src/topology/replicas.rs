@@ -309,39 +309,35 @@ where
         },
         Err(refused) => refused,
     };
-    let mut undone = false;
-    if let Confirm::Acquire(taking) = &call.confirm {
-        let undo = taking.undo();
-        // The acquire script answers a fencing token when it took the keys, an array when
-        // they are held (see `scripts/acquire.lua`).
-        let took = matches!(answer, Value::Int(_) | Value::BulkString(_));
-        if !took {
-            // Held by another owner: nothing was taken, and the answer stands.
-            return Ok(match error {
-                LockError::Replication {
-                    acked,
-                    needed,
-                    within,
-                    ..
-                } => Unconfirmed {
-                    acked,
-                    needed,
-                    within,
-                }
-                .appended_to(answer),
-                _ => answer,
-            });
-        }
-        undone = run(undo).await.is_ok();
+    let Confirm::Acquire(taking) = &call.confirm else {
+        let reached = Reached::Answered;
+        return Err(Failed { error, reached });
+    };
+    // The acquire script answers a fencing token when it took the keys, an array when they
+    // are held (see `scripts/acquire.lua`).
+    if !matches!(answer, Value::Int(_) | Value::BulkString(_)) {
+        // Held by another owner: nothing was taken, and the answer stands.
+        return Ok(match error {
+            LockError::Replication {
+                acked,
+                needed,
+                within,
+                ..
+            } => Unconfirmed {
+                acked,
+                needed,
+                within,
+            }
+            .appended_to(answer),
+            _ => answer,
+        });
     }
-    Err(Failed {
-        error,
-        reached: if undone {
-            Reached::Refused
-        } else {
-            Reached::Answered
-        },
-    })
+    let reached = match run(taking.undo()).await {
+        // Undone: nothing of it is left.
+        Ok(_) => Reached::Refused,
+        Err(_) => Reached::Answered,
+    };
+    Err(Failed { error, reached })
 }
 
 /// What the server's refusal of `WAIT` (`NOPERM` for an ACL user without `+wait`, `ERR unknown
