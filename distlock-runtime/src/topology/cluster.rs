@@ -95,10 +95,9 @@ pub(crate) struct Cluster {
 struct Nodes {
     /// Where the slot map is asked for when no node of a map answers.
     seeds: Vec<Address>,
-    /// How a node is reached: over TLS (with the first seed's certificates) or plain TCP.
-    transport: redis::ConnectionAddr,
-    /// User, password and database, the first seed's.
-    settings: redis::RedisConnectionInfo,
+    /// The first seed's: every node is reached as it is, over TLS (with its certificates) or
+    /// plain TCP, with its user, password and database.
+    first: redis::ConnectionInfo,
     timeouts: Timeouts,
     replicas: Option<Replicas>,
     routing: RwLock<Routing>,
@@ -160,8 +159,7 @@ impl Cluster {
             .collect::<Result<_, _>>()?;
         let (_, first, _) = &seeds[0];
         let nodes = Arc::new(Nodes {
-            transport: first.addr().clone(),
-            settings: first.redis_settings().clone(),
+            first: first.clone(),
             seeds: seeds.iter().map(|(address, ..)| address.clone()).collect(),
             timeouts,
             replicas,
@@ -386,7 +384,7 @@ impl Nodes {
     fn node_in(&self, routing: &mut Routing, address: Address) -> Arc<Node> {
         let node = routing.nodes.entry(address).or_insert_with_key(|address| {
             let dial = NodeDial {
-                client: self.info(address).and_then(redis::Client::open),
+                info: self.info(address),
                 timeouts: self.timeouts,
             };
             let link = Link::new(Box::new(dial), self.timeouts, true, self.replicas);
@@ -397,10 +395,9 @@ impl Nodes {
     }
 
     /// How the node at `address` is reached: as the first seed, with its settings.
-    fn info(&self, (host, port): &Address) -> redis::RedisResult<redis::ConnectionInfo> {
-        let address = crate::tls::address_like(&self.transport, host.clone(), *port);
-        let info = redis::IntoConnectionInfo::into_connection_info(address)?;
-        Ok(info.set_redis_settings(self.settings.clone()))
+    fn info(&self, (host, port): &Address) -> redis::ConnectionInfo {
+        let address = crate::tls::address_like(self.first.addr(), host.clone(), *port);
+        self.first.clone().set_addr(address)
     }
 
     /// Starts a fetch of the slot map in a task of its own, unless one runs or the last ended
@@ -633,7 +630,7 @@ fn parse_slots(answer: Value, asked: &Address) -> Option<Vec<Range>> {
 
 /// Dials one cluster node.
 struct NodeDial {
-    client: redis::RedisResult<redis::Client>,
+    info: redis::ConnectionInfo,
     timeouts: Timeouts,
 }
 
@@ -643,21 +640,13 @@ impl Dial for NodeDial {
     }
 
     fn server(&self) -> String {
-        match &self.client {
-            Ok(client) => client.get_connection_info().addr().to_string(),
-            Err(_) => "a cluster node".to_owned(),
-        }
+        self.info.addr().to_string()
     }
 
     fn dial(&self, op: &'static str) -> BoxFuture<'_, Result<MultiplexedConnection, LockError>> {
         Box::pin(async move {
-            let client = self
-                .client
-                .as_ref()
-                .map_err(|error| LockError::InvalidUrl {
-                    reason: error.to_string(),
-                })?;
-            super::dial(client, self.timeouts, op).await
+            let client = super::client(self.info.clone())?;
+            super::dial(&client, self.timeouts, op).await
         })
     }
 }
@@ -730,9 +719,9 @@ impl ShardChannels {
         if let Some(conn) = lock(&self.open).get(&node.address) {
             return Ok(conn.clone());
         }
-        let settings = self.nodes.settings.clone().set_protocol(RESP3);
-        let info = self.nodes.info(&node.address)?.set_redis_settings(settings);
-        let client = redis::Client::open(info)?;
+        let info = self.nodes.info(&node.address);
+        let settings = info.redis_settings().clone().set_protocol(RESP3);
+        let client = redis::Client::open(info.set_redis_settings(settings))?;
         let (pushes, ended) = push_handler(Arc::clone(&self.on_message));
         let config = self.nodes.timeouts.config().set_push_sender(pushes);
         let conn = client

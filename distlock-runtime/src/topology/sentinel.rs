@@ -42,12 +42,10 @@ use crate::tls::Tls;
 /// Finds the primary through the sentinels, and says when it changed.
 struct Resolver {
     master: String,
+    /// The first one's user, password and database are the primary's too, and the primary is
+    /// reached as it is: over TLS, with its certificates, when it is a `rediss://` URL; else over
+    /// plain TCP.
     sentinels: Vec<ConnectionInfo>,
-    /// User, password and database for the primary.
-    primary: redis::RedisConnectionInfo,
-    /// How the primary is reached: over TLS, with the certificates of the first sentinel's
-    /// address, when that is a `rediss://` one; else over plain TCP.
-    transport: redis::ConnectionAddr,
     timeouts: Timeouts,
     /// The sentinel that answered last is asked first.
     next: AtomicUsize,
@@ -77,10 +75,8 @@ pub(crate) fn primary(
         .iter()
         .map(|url| super::parse_url(url, tls))
         .collect::<Result<_, _>>()?;
-    let primary = sentinels[0].redis_settings().clone();
-    let transport = sentinels[0].addr().clone();
     let mut commands = vec!["ROLE".to_owned()];
-    if primary.db() != 0 {
+    if sentinels[0].redis_settings().db() != 0 {
         commands.push("SELECT 0".to_owned());
     }
     if replicas.is_some() {
@@ -89,8 +85,6 @@ pub(crate) fn primary(
     let resolver = Arc::new(Resolver {
         master: master.clone(),
         sentinels,
-        primary,
-        transport,
         timeouts,
         next: AtomicUsize::new(0),
         switched: watch::Sender::new(0),
@@ -147,12 +141,10 @@ impl Resolver {
                 reason: format!("the sentinels do not monitor a primary named {master:?}"),
             });
         };
-        let addr = crate::tls::address_like(&self.transport, host, port);
-        Ok(redis::IntoConnectionInfo::into_connection_info(addr)
-            .map_err(|e| LockError::InvalidUrl {
-                reason: e.to_string(),
-            })?
-            .set_redis_settings(self.primary.clone()))
+        // As the first sentinel is reached, with its user, password and database.
+        let first = &self.sentinels[0];
+        let addr = crate::tls::address_like(first.addr(), host, port);
+        Ok(first.clone().set_addr(addr))
     }
 
     /// A connection to the primary, checked with `ROLE` to be one.
@@ -255,7 +247,6 @@ impl Subscribe for Sentinel {
     ) -> BoxFuture<'_, redis::RedisResult<(Arc<dyn Channels>, Ended)>> {
         Box::pin(async move {
             let mut switched = self.0.switched.subscribe();
-            switched.mark_unchanged();
             let address = self.0.primary("subscribe").await.map_err(|e| {
                 redis::RedisError::from((redis::ErrorKind::Io, "sentinel", e.to_string()))
             })?;
