@@ -481,18 +481,13 @@ impl Nodes {
             }
         }
         // The most shared view; the first to arrive among equals (`max_by_key` takes the last).
-        let after = self.timeouts.response;
+        let (op, after) = (SLOTS_OP, self.timeouts.response);
         views
             .into_iter()
             .rev()
             .max_by_key(|(_, count)| *count)
             .map(|(view, _)| view)
-            .ok_or_else(|| {
-                failure.unwrap_or(LockError::RedisTimeout {
-                    op: SLOTS_OP,
-                    after,
-                })
-            })
+            .ok_or_else(|| failure.unwrap_or(LockError::RedisTimeout { op, after }))
     }
 
     /// The nodes to ask for the slot map, at most [`ASK_AT_ONCE`]: half of them primaries of
