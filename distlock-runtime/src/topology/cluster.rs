@@ -39,11 +39,13 @@
 //! lost ends the whole subscriber connection, so waiters poll (with a bound) and subscribe anew.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use redis::aio::MultiplexedConnection;
-use redis::Value;
+use redis::ServerErrorKind::{ClusterDown, Moved};
+use redis::{ErrorKind, ProtocolVersion::RESP3, Value};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -74,6 +76,9 @@ const REFETCH_EVERY: Duration = Duration::from_millis(100);
 /// than a fetch and its cool-down take (each node's answer is bounded by the response timeout).
 const FETCH_STUCK: Duration = Duration::from_secs(30);
 
+/// What a fetch of the slot map is called in messages.
+const SLOTS_OP: &str = "cluster slot map (CLUSTER SLOTS)";
+
 /// Slots in a Redis Cluster.
 const SLOTS: usize = 16384;
 
@@ -84,17 +89,15 @@ type Range = (u16, u16, Address);
 pub(crate) struct Cluster {
     nodes: Arc<Nodes>,
     endpoint: String,
-    replicas: Option<Replicas>,
 }
 
 /// Where each slot lives, and a link to each node: shared with the task that fetches the map.
 struct Nodes {
     /// Where the slot map is asked for when no node of a map answers.
     seeds: Vec<Address>,
-    /// How a node is reached: over TLS (with the first seed's certificates) or plain TCP.
-    transport: redis::ConnectionAddr,
-    /// User, password and database, the first seed's.
-    settings: redis::RedisConnectionInfo,
+    /// The first seed's: every node is reached as it is, over TLS (with its certificates) or
+    /// plain TCP, with its user, password and database.
+    first: redis::ConnectionInfo,
     timeouts: Timeouts,
     replicas: Option<Replicas>,
     routing: RwLock<Routing>,
@@ -136,33 +139,28 @@ impl Cluster {
                 reason: "give at least one seed node URL".to_owned(),
             });
         }
-        let mut seeds = Vec::with_capacity(urls.len());
-        let mut shown = Vec::with_capacity(urls.len());
-        let mut first = None;
-        for url in urls {
-            let (info, endpoint) = super::parse_url(url, tls)?;
-            let address = match info.addr() {
-                redis::ConnectionAddr::Tcp(host, port)
-                | redis::ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port),
-                _ => {
+        let seeds: Vec<(Address, redis::ConnectionInfo, String)> = urls
+            .iter()
+            .map(|url| {
+                let (info, endpoint) = super::parse_url(url, tls)?;
+                let (redis::ConnectionAddr::Tcp(host, port)
+                | redis::ConnectionAddr::TcpTls { host, port, .. }) = info.addr()
+                else {
                     return Err(LockError::InvalidConfig {
                         what: "cluster",
                         reason: format!(
                             "{endpoint} is not a TCP address: a cluster's nodes name each other \
                              by host and port, so give redis:// or rediss:// seed URLs"
                         ),
-                    })
-                }
-            };
-            first.get_or_insert_with(|| info.clone());
-            seeds.push(address);
-            shown.push(endpoint);
-        }
-        let first = first.expect("at least one seed");
+                    });
+                };
+                Ok(((host.clone(), *port), info, endpoint))
+            })
+            .collect::<Result<_, _>>()?;
+        let (_, first, _) = &seeds[0];
         let nodes = Arc::new(Nodes {
-            seeds,
-            transport: first.addr().clone(),
-            settings: first.redis_settings().clone(),
+            first: first.clone(),
+            seeds: seeds.iter().map(|(address, ..)| address.clone()).collect(),
             timeouts,
             replicas,
             routing: RwLock::new(Routing::default()),
@@ -170,16 +168,14 @@ impl Cluster {
             fetching: Mutex::new(None),
             failure: Mutex::new(None),
         });
-        Ok(Self {
-            nodes,
-            endpoint: format!("cluster [{}]", shown.join(", ")),
-            replicas,
-        })
+        let shown: Vec<&str> = seeds.iter().map(|(.., shown)| shown.as_str()).collect();
+        let endpoint = format!("cluster [{}]", shown.join(", "));
+        Ok(Self { nodes, endpoint })
     }
 
     /// Runs `call` on the primary of its slot, following the cluster's redirections (see the
     /// module docs) as its policy says ([`Retry::routed`]), all within one response timeout.
-    async fn run_call(&self, call: &ScriptCall) -> Result<Value, Failed> {
+    pub(crate) async fn run(&self, call: &ScriptCall) -> Result<Value, Failed> {
         let slot = call.first_key().map_or(0, slot);
         // Taken before the first try: every try counts against one response timeout. (A clock
         // read per call; the map lookup below is the other cost a call has here.)
@@ -191,12 +187,10 @@ impl Cluster {
         // so too, or an acquire would skip its in-doubt release.
         let mut maybe = false;
         loop {
+            let primary = self.nodes.primary_by(slot, until, call.op);
             let (node, hop) = match redirected.take() {
                 Some(target) => target,
-                None => (
-                    self.nodes.primary_by(slot, until, call.op).await?,
-                    Hop::Direct,
-                ),
+                None => (primary.await?, Hop::Direct),
             };
             let mut failed = match node.link.run_via(call, hop).await {
                 Ok(answer) => return Ok(answer),
@@ -229,18 +223,91 @@ impl Cluster {
             }
         }
     }
+
+    pub(crate) fn subscriber(&self) -> Arc<dyn Subscribe> {
+        Arc::new(ClusterSubscriber(Arc::clone(&self.nodes)))
+    }
+
+    /// The keys matching `pattern` on every primary.
+    pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, LockError> {
+        let mut found = Vec::new();
+        for node in self.nodes.primaries("scan (CLUSTER SLOTS)").await? {
+            found.extend(node.link.scan(pattern).await?);
+        }
+        Ok(found)
+    }
+
+    pub(crate) fn response_timeout(&self) -> Duration {
+        self.nodes.timeouts.response
+    }
+
+    pub(crate) fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+
+    pub(crate) fn waits_for_replicas(&self) -> bool {
+        self.nodes.replicas.is_some()
+    }
+
+    /// Runs `call` on every primary: each one's address and answer.
+    pub(crate) async fn run_on_every_server(
+        &self,
+        call: &ScriptCall,
+    ) -> Vec<(String, Result<Value, Failed>)> {
+        let primaries = match self.nodes.primaries(call.op).await {
+            Ok(primaries) => primaries,
+            Err(error) => {
+                let reached = Reached::No;
+                return vec![(self.endpoint.clone(), Err(Failed { error, reached }))];
+            }
+        };
+        let answers = primaries.iter().map(|node| async move {
+            let (host, port) = &node.address;
+            (format!("{host}:{port}"), node.link.run(call).await)
+        });
+        futures_util::future::join_all(answers).await
+    }
+
+    pub(crate) fn commands(&self) -> Vec<String> {
+        let mut commands = vec!["CLUSTER SLOTS".to_owned(), "ASKING".to_owned()];
+        if self.waits_for_replicas() {
+            commands.push("WAIT 0 0".to_owned());
+        }
+        commands
+    }
+}
+
+impl Routing {
+    /// The distinct primaries of the slot map, in slot order.
+    fn primaries(&self) -> Vec<Arc<Node>> {
+        let mut primaries: Vec<Arc<Node>> = Vec::new();
+        for node in self.slots.iter().flatten().flatten() {
+            if !primaries.iter().any(|p| p.address == node.address) {
+                primaries.push(Arc::clone(node));
+            }
+        }
+        primaries
+    }
 }
 
 impl Nodes {
+    fn routing(&self) -> RwLockReadGuard<'_, Routing> {
+        self.routing.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// The primary serving `slot` in the map, if one is known.
     fn primary(&self, slot: u16) -> Option<Arc<Node>> {
-        let routing = self.routing.read().unwrap_or_else(|e| e.into_inner());
-        routing.slots.as_ref()?.get(usize::from(slot))?.clone()
+        self.routing()
+            .slots
+            .as_ref()?
+            .get(usize::from(slot))?
+            .clone()
     }
 
     /// The primary serving `slot`, fetching the map first when none is known, waiting for
     /// that until `until` at the latest. Fails at once when the nodes refused the fetch
-    /// (credentials, an ACL): waiting would not help.
+    /// (credentials, an ACL): waiting would not help. Fails at `until` with the last fetch's
+    /// failure when no map could be had, else as a slot no primary serves now.
     async fn primary_by(
         self: &Arc<Self>,
         slot: u16,
@@ -251,18 +318,13 @@ impl Nodes {
             return Ok(node);
         }
         let mut fetched = self.fetched.subscribe();
-        loop {
+        let error = loop {
             fetched.mark_unchanged();
             self.refetch();
             if let Some(node) = self.primary(slot) {
                 return Ok(node);
             }
-            // A fetch that ended during a cool-down starts no new one: look again soon.
-            let pause = tokio::time::sleep_until(until.min(Instant::now() + REFETCH_EVERY));
-            tokio::select! {
-                _ = fetched.changed() => {}
-                () = pause => {}
-            }
+            fetch_ended(&mut fetched, until).await;
             if let Some(node) = self.primary(slot) {
                 return Ok(node);
             }
@@ -270,46 +332,28 @@ impl Nodes {
                 .as_ref()
                 .filter(|error| error.is_misconfigured())
                 .cloned();
-            if let Some(error) = refused {
-                return Err(Failed {
-                    error,
-                    reached: Reached::No,
-                });
+            match refused {
+                Some(error) => break error,
+                None if Instant::now() < until => {}
+                None if self.routing().slots.is_none() => break self.no_map(SLOTS_OP),
+                None => {
+                    let detail =
+                        format!("slot {slot}: the cluster is failing over or missing a primary");
+                    let source = cluster_down("no primary serves the slot", detail);
+                    break LockError::Redis { op, source };
+                }
             }
-            if Instant::now() >= until {
-                return Err(self.no_primary(op, slot));
-            }
-        }
+        };
+        let reached = Reached::No;
+        Err(Failed { error, reached })
     }
 
-    /// Why a call found no primary for `slot` within its response timeout: the last fetch's
-    /// failure when no map could be had, else a slot no primary serves now.
-    fn no_primary(&self, op: &'static str, slot: u16) -> Failed {
-        let known = self
-            .routing
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .slots
-            .is_some();
-        let error = match lock(&self.failure).clone() {
-            Some(failure) if !known => failure,
-            _ if !known => LockError::RedisTimeout {
-                op: "cluster slot map (CLUSTER SLOTS)",
-                after: self.timeouts.response,
-            },
-            _ => LockError::Redis {
-                op,
-                source: redis::RedisError::from((
-                    redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown),
-                    "no primary serves the slot",
-                    format!("slot {slot}: the cluster is failing over or missing a primary"),
-                )),
-            },
-        };
-        Failed {
-            error,
-            reached: Reached::No,
-        }
+    /// Why no slot map could be had: the last fetch's failure, else a fetch out of time.
+    fn no_map(&self, op: &'static str) -> LockError {
+        let after = self.timeouts.response;
+        lock(&self.failure)
+            .clone()
+            .unwrap_or(LockError::RedisTimeout { op, after })
     }
 
     /// `MOVED`: `slot` lives at `address` now (the node `asked` answered so). Corrects that
@@ -317,16 +361,11 @@ impl Nodes {
     /// failover or a migration, which moved other slots too.
     fn moved(self: &Arc<Self>, slot: u16, address: Address, asked: &Node) -> Arc<Node> {
         let node = self.node_at(address, asked);
-        {
-            let mut routing = self.routing.write().unwrap_or_else(|e| e.into_inner());
-            if let Some(entry) = routing
-                .slots
-                .as_mut()
-                .and_then(|slots| slots.get_mut(usize::from(slot)))
-            {
-                *entry = Some(Arc::clone(&node));
-            }
+        let mut routing = self.routing.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(slots) = &mut routing.slots {
+            slots[usize::from(slot)] = Some(Arc::clone(&node));
         }
+        drop(routing);
         self.refetch();
         node
     }
@@ -343,25 +382,22 @@ impl Nodes {
     }
 
     fn node_in(&self, routing: &mut Routing, address: Address) -> Arc<Node> {
-        if let Some(node) = routing.nodes.get(&address) {
-            return Arc::clone(node);
-        }
-        let info = redis::IntoConnectionInfo::into_connection_info(crate::tls::address_like(
-            &self.transport,
-            address.0.clone(),
-            address.1,
-        ))
-        .map(|info| info.set_redis_settings(self.settings.clone()));
-        let dial = NodeDial {
-            client: info.and_then(redis::Client::open),
-            timeouts: self.timeouts,
-        };
-        let node = Arc::new(Node {
-            address: address.clone(),
-            link: Link::new(Box::new(dial), self.timeouts, true, self.replicas),
+        let node = routing.nodes.entry(address).or_insert_with_key(|address| {
+            let dial = NodeDial {
+                info: self.info(address),
+                timeouts: self.timeouts,
+            };
+            let link = Link::new(Box::new(dial), self.timeouts, true, self.replicas);
+            let address = address.clone();
+            Arc::new(Node { address, link })
         });
-        routing.nodes.insert(address, Arc::clone(&node));
-        node
+        Arc::clone(node)
+    }
+
+    /// How the node at `address` is reached: as the first seed, with its settings.
+    fn info(&self, (host, port): &Address) -> redis::ConnectionInfo {
+        let address = crate::tls::address_like(self.first.addr(), host.clone(), *port);
+        self.first.clone().set_addr(address)
     }
 
     /// Starts a fetch of the slot map in a task of its own, unless one runs or the last ended
@@ -382,13 +418,11 @@ impl Nodes {
         runtime.spawn(async move {
             // Cleared however the task ends, also when it is dropped with its runtime.
             let _done = Fetching(&nodes);
-            match nodes.fetch().await {
-                Ok(ranges) => {
-                    nodes.install(&ranges);
-                    *lock(&nodes.failure) = None;
-                }
-                Err(error) => *lock(&nodes.failure) = Some(error),
+            let fetched = nodes.fetch().await;
+            if let Ok(ranges) = &fetched {
+                nodes.install(ranges);
             }
+            *lock(&nodes.failure) = fetched.err();
             nodes.fetched.send_modify(|n| *n += 1);
             tokio::time::sleep(REFETCH_EVERY).await;
         });
@@ -406,14 +440,13 @@ impl Nodes {
             .map(|node| {
                 let cmd = &cmd;
                 async move {
-                    let op = "cluster slot map (CLUSTER SLOTS)";
                     let answer = node
                         .link
-                        .query(op, cmd)
+                        .query(SLOTS_OP, cmd)
                         .await
                         .map_err(|f| slots_refused(f.error))?;
                     parse_slots(answer, &node.address).ok_or_else(|| LockError::Redis {
-                        op,
+                        op: SLOTS_OP,
                         source: redis::RedisError::from((
                             redis::ErrorKind::Parse,
                             "unexpected CLUSTER SLOTS answer",
@@ -423,24 +456,19 @@ impl Nodes {
             })
             .collect();
         let mut views: Vec<(Vec<Range>, usize)> = Vec::new();
-        let mut failure = None;
+        let mut failure: Option<LockError> = None;
         let mut until = None;
         loop {
-            let next = match until {
-                Some(until) => match tokio::time::timeout_at(until, answers.next()).await {
-                    Ok(next) => next,
-                    Err(_) => break,
-                },
-                None => answers.next().await,
+            let next = answers.next();
+            let answer = match until {
+                Some(until) => tokio::time::timeout_at(until, next).await.ok().flatten(),
+                None => next.await,
             };
-            let Some(answer) = next else { break };
             let view = match answer {
-                Ok(view) => view,
-                Err(error) => {
-                    if failure
-                        .as_ref()
-                        .is_none_or(|f: &LockError| !f.is_misconfigured())
-                    {
+                None => break,
+                Some(Ok(view)) => view,
+                Some(Err(error)) => {
+                    if !failure.as_ref().is_some_and(LockError::is_misconfigured) {
                         failure = Some(error);
                     }
                     continue;
@@ -452,18 +480,14 @@ impl Nodes {
                 None => views.push((view, 1)),
             }
         }
-        // The most shared view; the first to arrive among equals.
-        let Some(best) = views.iter().map(|(_, count)| *count).max() else {
-            return Err(failure.unwrap_or(LockError::RedisTimeout {
-                op: "cluster slot map (CLUSTER SLOTS)",
-                after: self.timeouts.response,
-            }));
-        };
-        Ok(views
+        // The most shared view; the first to arrive among equals (`max_by_key` takes the last).
+        let (op, after) = (SLOTS_OP, self.timeouts.response);
+        views
             .into_iter()
-            .find(|(_, count)| *count == best)
+            .rev()
+            .max_by_key(|(_, count)| *count)
             .map(|(view, _)| view)
-            .unwrap_or_default())
+            .ok_or_else(|| failure.unwrap_or(LockError::RedisTimeout { op, after }))
     }
 
     /// The nodes to ask for the slot map, at most [`ASK_AT_ONCE`]: half of them primaries of
@@ -472,27 +496,22 @@ impl Nodes {
     /// and nodes seen.
     fn candidates(&self) -> Vec<Arc<Node>> {
         let mut routing = self.routing.write().unwrap_or_else(|e| e.into_inner());
+        let primaries = routing.primaries();
+        let seeds: Vec<Arc<Node>> = self
+            .seeds
+            .iter()
+            .map(|seed| self.node_in(&mut routing, seed.clone()))
+            .collect();
+        let first = primaries.iter().take(ASK_AT_ONCE / 2);
         let mut chosen: Vec<Arc<Node>> = Vec::new();
-        let add = |node: &Arc<Node>, chosen: &mut Vec<Arc<Node>>, limit: usize| {
-            if chosen.len() < limit && !chosen.iter().any(|c| c.address == node.address) {
+        for node in first
+            .chain(&seeds)
+            .chain(&primaries)
+            .chain(routing.nodes.values())
+        {
+            if chosen.len() < ASK_AT_ONCE && !chosen.iter().any(|c| c.address == node.address) {
                 chosen.push(Arc::clone(node));
             }
-        };
-        let primaries: Vec<Arc<Node>> = routing
-            .slots
-            .iter()
-            .flat_map(|slots| slots.iter().flatten())
-            .cloned()
-            .collect();
-        for node in &primaries {
-            add(node, &mut chosen, ASK_AT_ONCE / 2);
-        }
-        for seed in self.seeds.clone() {
-            let node = self.node_in(&mut routing, seed);
-            add(&node, &mut chosen, ASK_AT_ONCE);
-        }
-        for node in primaries.iter().chain(routing.nodes.values()) {
-            add(node, &mut chosen, ASK_AT_ONCE);
         }
         chosen
     }
@@ -507,9 +526,8 @@ impl Nodes {
                 *entry = Some(Arc::clone(&node));
             }
         }
-        let seeds = &self.seeds;
         routing.nodes.retain(|address, _| {
-            seeds.contains(address) || ranges.iter().any(|(_, _, a)| a == address)
+            self.seeds.contains(address) || ranges.iter().any(|(_, _, a)| a == address)
         });
         routing.slots = Some(slots.into_boxed_slice());
     }
@@ -519,32 +537,27 @@ impl Nodes {
     async fn primaries(self: &Arc<Self>, op: &'static str) -> Result<Vec<Arc<Node>>, LockError> {
         let until = Instant::now() + self.timeouts.response;
         let mut fetched = self.fetched.subscribe();
-        fetched.mark_unchanged();
         // A fetch that ends from now on (one in its cool-down starts none: try again shortly).
         while Instant::now() < until {
             self.refetch();
-            let pause = until.min(Instant::now() + REFETCH_EVERY);
-            if let Ok(Ok(())) = tokio::time::timeout_at(pause, fetched.changed()).await {
+            if fetch_ended(&mut fetched, until).await {
                 break;
             }
         }
-        let routing = self.routing.read().unwrap_or_else(|e| e.into_inner());
-        let Some(slots) = &routing.slots else {
-            return Err(lock(&self.failure)
-                .clone()
-                .unwrap_or(LockError::RedisTimeout {
-                    op,
-                    after: self.timeouts.response,
-                }));
-        };
-        let mut primaries: Vec<Arc<Node>> = Vec::new();
-        for node in slots.iter().flatten() {
-            if !primaries.iter().any(|p| p.address == node.address) {
-                primaries.push(Arc::clone(node));
-            }
+        let routing = self.routing();
+        if routing.slots.is_none() {
+            return Err(self.no_map(op));
         }
-        Ok(primaries)
+        Ok(routing.primaries())
     }
+}
+
+/// Waits for a fetch of the slot map to end, until `until` and at most [`REFETCH_EVERY`] (a
+/// fetch asked for in a cool-down starts none: look again then): whether one ended.
+async fn fetch_ended(fetched: &mut watch::Receiver<u64>, until: Instant) -> bool {
+    let pause = until.min(Instant::now() + REFETCH_EVERY);
+    let changed = tokio::time::timeout_at(pause, fetched.changed()).await;
+    matches!(changed, Ok(Ok(())))
 }
 
 /// Marks the fetch of [`Nodes`] ended when dropped.
@@ -612,7 +625,7 @@ fn parse_slots(answer: Value, asked: &Address) -> Option<Vec<Range>> {
 
 /// Dials one cluster node.
 struct NodeDial {
-    client: redis::RedisResult<redis::Client>,
+    info: redis::ConnectionInfo,
     timeouts: Timeouts,
 }
 
@@ -622,88 +635,14 @@ impl Dial for NodeDial {
     }
 
     fn server(&self) -> String {
-        match &self.client {
-            Ok(client) => client.get_connection_info().addr().to_string(),
-            Err(_) => "a cluster node".to_owned(),
-        }
+        self.info.addr().to_string()
     }
 
     fn dial(&self, op: &'static str) -> BoxFuture<'_, Result<MultiplexedConnection, LockError>> {
         Box::pin(async move {
-            match &self.client {
-                Ok(client) => super::dial(client, self.timeouts, op).await,
-                Err(error) => Err(LockError::InvalidUrl {
-                    reason: error.to_string(),
-                }),
-            }
+            let client = super::client(self.info.clone())?;
+            super::dial(&client, self.timeouts, op).await
         })
-    }
-}
-
-impl Cluster {
-    /// Runs `call` on the primary of its slot (see the module docs).
-    pub(crate) async fn run(&self, call: &ScriptCall) -> Result<Value, Failed> {
-        self.run_call(call).await
-    }
-
-    pub(crate) fn subscriber(&self) -> Arc<dyn Subscribe> {
-        Arc::new(ClusterSubscriber(Arc::clone(&self.nodes)))
-    }
-
-    /// The keys matching `pattern` on every primary.
-    pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, LockError> {
-        let mut found = Vec::new();
-        for node in self.nodes.primaries("scan (CLUSTER SLOTS)").await? {
-            found.extend(node.link.scan(pattern).await?);
-        }
-        Ok(found)
-    }
-
-    pub(crate) fn response_timeout(&self) -> Duration {
-        self.nodes.timeouts.response
-    }
-
-    pub(crate) fn endpoint(&self) -> String {
-        self.endpoint.clone()
-    }
-
-    pub(crate) fn waits_for_replicas(&self) -> bool {
-        self.replicas.is_some()
-    }
-
-    /// Runs `call` on every primary: each one's address and answer.
-    pub(crate) async fn run_on_every_server(
-        &self,
-        call: &ScriptCall,
-    ) -> Vec<(String, Result<Value, Failed>)> {
-        use futures_util::stream::{FuturesUnordered, StreamExt};
-        let primaries = match self.nodes.primaries(call.op).await {
-            Ok(primaries) => primaries,
-            Err(error) => {
-                let failed = Failed {
-                    error,
-                    reached: Reached::No,
-                };
-                return vec![(self.endpoint.clone(), Err(failed))];
-            }
-        };
-        primaries
-            .iter()
-            .map(|node| async move {
-                let (host, port) = &node.address;
-                (format!("{host}:{port}"), node.link.run(call).await)
-            })
-            .collect::<FuturesUnordered<_>>()
-            .collect()
-            .await
-    }
-
-    pub(crate) fn commands(&self) -> Vec<String> {
-        let mut commands = vec!["CLUSTER SLOTS".to_owned(), "ASKING".to_owned()];
-        if self.replicas.is_some() {
-            commands.push("WAIT 0 0".to_owned());
-        }
-        commands
     }
 }
 
@@ -718,14 +657,14 @@ impl Subscribe for ClusterSubscriber {
         // Nothing to dial yet: each node's connection is opened by the first subscription to
         // one of its slots.
         let lost = CancellationToken::new();
+        let ended: Ended = Box::pin(lost.clone().cancelled_owned());
         let channels = Arc::new(ShardChannels {
             nodes: Arc::clone(&self.0),
             on_message,
-            lost: lost.clone(),
-            open: Mutex::new(HashMap::new()),
-            subscribed: Mutex::new(HashMap::new()),
+            lost,
+            open: Mutex::default(),
+            subscribed: Mutex::default(),
         });
-        let ended: Ended = Box::pin(lost.cancelled_owned());
         Box::pin(async move { Ok((channels as Arc<dyn Channels>, ended)) })
     }
 }
@@ -738,7 +677,8 @@ struct ShardChannels {
     /// Cancelled when one node's connection is lost: the whole subscriber connection ends.
     lost: CancellationToken,
     open: Mutex<HashMap<Address, MultiplexedConnection>>,
-    subscribed: Mutex<HashMap<String, Address>>,
+    /// Each channel subscribed, and the node (and its connection) it is subscribed on.
+    subscribed: Mutex<HashMap<String, (Address, MultiplexedConnection)>>,
 }
 
 impl ShardChannels {
@@ -754,29 +694,17 @@ impl ShardChannels {
     /// connection (every 2 s), so waiters hear of releases again within that of the slot map
     /// naming the new primary, without following every fetch of a map still settling.
     fn drop_moved(&self) {
-        let moved: Vec<(String, Address)> = {
-            let mut subscribed = lock(&self.subscribed);
-            let moved: Vec<(String, Address)> = subscribed
-                .iter()
-                .filter(|(channel, address)| {
-                    self.nodes
-                        .primary(slot(channel))
-                        .is_some_and(|node| node.address != **address)
-                })
-                .map(|(channel, address)| (channel.clone(), address.clone()))
-                .collect();
-            for (channel, _) in &moved {
-                subscribed.remove(channel);
-            }
-            moved
-        };
-        for (channel, address) in moved {
-            if let Some(mut conn) = lock(&self.open).get(&address).cloned() {
-                let channel = channel.clone();
-                tokio::spawn(async move {
-                    let _ = send_one(&mut conn, "SUNSUBSCRIBE", &channel).await;
-                });
-            }
+        let moved: Vec<_> = lock(&self.subscribed)
+            .extract_if(|channel, (address, _)| {
+                let primary = self.nodes.primary(slot(channel));
+                primary.is_some_and(|node| node.address != *address)
+            })
+            .collect();
+        for (channel, (_, mut conn)) in moved {
+            let sent = channel.clone();
+            tokio::spawn(async move {
+                let _ = send_one(&mut conn, "SUNSUBSCRIBE", &sent).await;
+            });
             (self.on_message)(Message::Dropped { channel });
         }
     }
@@ -786,23 +714,11 @@ impl ShardChannels {
         if let Some(conn) = lock(&self.open).get(&node.address) {
             return Ok(conn.clone());
         }
-        let timeouts = self.nodes.timeouts;
-        let info = redis::IntoConnectionInfo::into_connection_info(crate::tls::address_like(
-            &self.nodes.transport,
-            node.address.0.clone(),
-            node.address.1,
-        ))?;
-        let settings = self
-            .nodes
-            .settings
-            .clone()
-            .set_protocol(redis::ProtocolVersion::RESP3);
+        let info = self.nodes.info(&node.address);
+        let settings = info.redis_settings().clone().set_protocol(RESP3);
         let client = redis::Client::open(info.set_redis_settings(settings))?;
         let (pushes, ended) = push_handler(Arc::clone(&self.on_message));
-        let config = redis::AsyncConnectionConfig::new()
-            .set_push_sender(pushes)
-            .set_connection_timeout(Some(timeouts.connect))
-            .set_response_timeout(Some(timeouts.response));
+        let config = self.nodes.timeouts.config().set_push_sender(pushes);
         let conn = client
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
@@ -814,10 +730,7 @@ impl ShardChannels {
         open.insert(node.address.clone(), conn.clone());
         drop(open);
         let lost = self.lost.clone();
-        tokio::spawn(async move {
-            ended.await;
-            lost.cancel();
-        });
+        tokio::spawn(ended.map(move |()| lost.cancel()));
         Ok(conn)
     }
 }
@@ -837,56 +750,42 @@ async fn send_one(
         .map(drop)
 }
 
+/// A `CLUSTERDOWN` error: no primary serves a slot, or a subscription found no node to make it
+/// on (the channel's waiters poll a while).
+fn cluster_down(what: &'static str, detail: String) -> redis::RedisError {
+    redis::RedisError::from((ErrorKind::Server(ClusterDown), what, detail))
+}
+
 impl Channels for ShardChannels {
     fn subscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>> {
         Box::pin(async move {
             let until = Instant::now() + self.nodes.timeouts.response;
-            let node = self
-                .nodes
-                .primary_by(slot(channel), until, "subscribe")
+            let primary = self.nodes.primary_by(slot(channel), until, "subscribe");
+            let node = primary.await.map_err(|failed| {
+                cluster_down("no node for the channel's slot", failed.error.to_string())
+            })?;
+            let mut conn = self.connection(&node).await.map_err(|error| {
+                // That node only: its channels poll a while, the others keep their
+                // subscriptions; and the node may be gone from the map.
+                self.nodes.refetch();
+                cluster_down("subscriber node", error.to_string())
+            })?;
+            send_one(&mut conn, "SSUBSCRIBE", channel)
                 .await
-                .map_err(|failed| {
-                    let text = failed.error.to_string();
-                    let kind = redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown);
-                    redis::RedisError::from((kind, "no node for the channel's slot", text))
-                })?;
-            let mut conn = match self.connection(&node).await {
-                Ok(conn) => conn,
-                Err(error) => {
-                    // That node only: its channels poll a while, the others keep their
-                    // subscriptions; and the node may be gone from the map.
-                    self.nodes.refetch();
-                    let kind = redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown);
-                    let text = error.to_string();
-                    return Err(redis::RedisError::from((kind, "subscriber node", text)));
-                }
-            };
-            match send_one(&mut conn, "SSUBSCRIBE", channel).await {
-                Ok(()) => {
-                    lock(&self.subscribed).insert(channel.to_owned(), node.address.clone());
-                    Ok(())
-                }
-                Err(error) => {
-                    if matches!(
-                        error.kind(),
-                        redis::ErrorKind::Server(
-                            redis::ServerErrorKind::Moved | redis::ServerErrorKind::ClusterDown
-                        )
-                    ) {
+                .inspect_err(|error| {
+                    if matches!(error.kind(), ErrorKind::Server(Moved | ClusterDown)) {
                         self.nodes.refetch();
                     }
-                    Err(error)
-                }
-            }
+                })?;
+            let subscribed = (node.address.clone(), conn);
+            lock(&self.subscribed).insert(channel.to_owned(), subscribed);
+            Ok(())
         })
     }
 
     fn unsubscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>> {
         Box::pin(async move {
-            let Some(address) = lock(&self.subscribed).remove(channel) else {
-                return Ok(());
-            };
-            let Some(mut conn) = lock(&self.open).get(&address).cloned() else {
+            let Some((_, mut conn)) = lock(&self.subscribed).remove(channel) else {
                 return Ok(());
             };
             send_one(&mut conn, "SUNSUBSCRIBE", channel).await

@@ -21,7 +21,7 @@ pub(crate) struct Timeouts {
 impl Timeouts {
     /// A connection's settings: opened within the connect timeout, each call bounded by the
     /// response timeout.
-    fn config(self) -> redis::AsyncConnectionConfig {
+    pub(super) fn config(self) -> redis::AsyncConnectionConfig {
         redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect))
             .set_response_timeout(Some(self.response))

@@ -70,7 +70,7 @@ impl Replicated {
     /// `WAIT` blocks the connection it runs on until the replicas answer or its timeout passes,
     /// and on the shared multiplexed connection every other lock's commands would queue behind
     /// it. Such connections are kept (up to [`MAX_SPARE`]) for the next replicated write; a
-    /// write that the replicas did not confirm is undone (see `topology::confirmed`). A failed
+    /// write that the replicas did not confirm is undone (see [`confirmed`]). A failed
     /// try is sent again as the link's policy says ([`Retry::link`]): a passing refusal 20 ms
     /// later on the same connection, within the response timeout.
     pub(super) async fn run(
@@ -95,16 +95,14 @@ impl Replicated {
         loop {
             let (conn, generation) = match held.take() {
                 Some(held) => held,
-                None => match self.checkout(link, call.op, fresh).await {
-                    Ok((conn, generation, kept)) => {
-                        tried.kept = kept;
-                        (conn, generation)
-                    }
-                    Err(error) => {
-                        let reached = Reached::No.after(sent, false);
-                        return Err(Failed { error, reached });
-                    }
-                },
+                None => {
+                    let reached = Reached::No.after(sent, false);
+                    let checkout = self.checkout(link, call.op, fresh).await;
+                    let (conn, generation, kept) =
+                        checkout.map_err(|error| Failed { error, reached })?;
+                    tried.kept = kept;
+                    (conn, generation)
+                }
             };
             let until = *ends.get_or_insert_with(|| Instant::now() + response_timeout);
             let (answer, within) = self
@@ -113,14 +111,10 @@ impl Replicated {
             let failed = match answer {
                 Ok(answer) => {
                     self.keep(conn, generation);
-                    let replicas = Replicas {
-                        timeout: within,
-                        ..self.replicas
-                    };
-                    return confirmed(call, answer, replicas, |undo| {
-                        undo_within(link, undo, hop, finish)
-                    })
-                    .await;
+                    let mut replicas = self.replicas;
+                    replicas.timeout = within;
+                    let undo = |undo| undo_within(link, undo, hop, finish);
+                    return confirmed(call, answer, replicas, undo).await;
                 }
                 Err(failed) => failed,
             };
@@ -187,7 +181,7 @@ impl Replicated {
         request: &Request<'_>,
         finish: Option<Instant>,
         response_timeout: Duration,
-    ) -> (Result<Value, Failed>, Duration) {
+    ) -> (Result<(Value, Value), Failed>, Duration) {
         let (op, replicas, hop) = (call.op, self.replicas, request.hop);
         let (waited, after) = bounds(replicas.timeout, response_timeout, finish, Instant::now());
         // `ping`'s check waits for no replica: it shows that `WAIT` is taken.
@@ -227,13 +221,8 @@ async fn undo_within(
     let Some(finish) = finish else {
         return undo.await;
     };
-    let after = link.timeouts().response;
-    let timed_out = |_| {
-        Err(Failed::maybe(LockError::RedisTimeout {
-            op: "release",
-            after,
-        }))
-    };
+    let (op, after) = ("release", link.timeouts().response);
+    let timed_out = |_| Err(Failed::maybe(LockError::RedisTimeout { op, after }));
     tokio::time::timeout_at(finish, undo)
         .await
         .unwrap_or_else(timed_out)
@@ -263,39 +252,28 @@ fn bounds(
     (wait, after)
 }
 
-/// The replies to `[ASKING,] script, WAIT` as `[answer, replicas]`, or the first error among
+/// The replies to `[ASKING,] script, WAIT` as `(answer, replicas)`, or the first error among
 /// `ASKING`'s and the script's.
 fn replicated_answer(
     op: &'static str,
     values: Vec<Value>,
     hop: Hop,
     after: Duration,
-) -> Result<Value, Failed> {
+) -> Result<(Value, Value), Failed> {
     let mut values = hop.answers(values).map_err(|e| failed(op, e, after))?;
     let (Some(answer), Some(acked)) = (values.next(), values.next()) else {
-        return Err(unexpected(op));
+        // A write and `WAIT` answered with something else than a reply to each.
+        let what = "unexpected answer to a write and WAIT";
+        let source = redis::RedisError::from((redis::ErrorKind::Parse, what));
+        let (error, reached) = (LockError::Redis { op, source }, Reached::Answered);
+        return Err(Failed { error, reached });
     };
     let answer = answer.extract_error().map_err(|e| failed(op, e, after))?;
-    Ok(Value::Array(vec![answer, acked]))
+    Ok((answer, acked))
 }
 
-/// A write and `WAIT` answered with something else than a reply to each.
-fn unexpected(op: &'static str) -> Failed {
-    let source = (
-        redis::ErrorKind::Parse,
-        "unexpected answer to a write and WAIT",
-    );
-    Failed {
-        error: LockError::Redis {
-            op,
-            source: source.into(),
-        },
-        reached: Reached::Answered,
-    }
-}
-
-/// With `min_replicas`: the answer of `call` sent in one pipeline with `WAIT` (`pipelined` is
-/// `[answer, replicas that acknowledged]`), which waited `replicas.timeout` for them. When
+/// With `min_replicas`: the `answer` of `call` sent in one pipeline with `WAIT`, and `WAIT`'s
+/// reply (`acked`: how many replicas acknowledged, after `replicas.timeout` at most). When
 /// fewer replicas than required did, or the server refused `WAIT`, an acquire is undone at once
 /// (by `run`, its release) and the call fails with [`LockError::Replication`] (with a
 /// `Misconfigured` error naming `WAIT` when it was refused); it counts as having written (so
@@ -304,7 +282,7 @@ fn unexpected(op: &'static str) -> Failed {
 /// confirmed after it when too few did ([`Unconfirmed`]: a wait that ends on it says so).
 async fn confirmed<F, Fut>(
     call: &ScriptCall,
-    pipelined: Value,
+    (answer, acked): (Value, Value),
     replicas: Replicas,
     run: F,
 ) -> Result<Value, Failed>
@@ -312,16 +290,10 @@ where
     F: FnOnce(ScriptCall) -> Fut,
     Fut: Future<Output = Result<Value, Failed>>,
 {
-    let (answer, acked) = match pipelined {
-        Value::Array(mut values) if values.len() == 2 => {
-            let acked = match values.pop().map(Value::extract_error) {
-                Some(Ok(Value::Int(n))) => Ok(usize::try_from(n).unwrap_or(0)),
-                Some(Err(refusal)) => Err(wait_refused(call.op, refusal)),
-                _ => Ok(0),
-            };
-            (values.pop().unwrap_or(Value::Nil), acked)
-        }
-        _ => return Err(unexpected(call.op)),
+    let acked = match acked.extract_error() {
+        Ok(Value::Int(n)) => Ok(usize::try_from(n).unwrap_or(0)),
+        Ok(_) => Ok(0),
+        Err(refusal) => Err(wait_refused(call.op, refusal)),
     };
     let needed = match call.confirm {
         Confirm::Shown => 0,
@@ -337,39 +309,35 @@ where
         },
         Err(refused) => refused,
     };
-    let mut undone = false;
-    if let Confirm::Acquire(taking) = &call.confirm {
-        let undo = taking.undo();
-        // The acquire script answers a fencing token when it took the keys, an array when
-        // they are held (see `scripts/acquire.lua`).
-        let took = matches!(answer, Value::Int(_) | Value::BulkString(_));
-        if !took {
-            // Held by another owner: nothing was taken, and the answer stands.
-            return Ok(match error {
-                LockError::Replication {
-                    acked,
-                    needed,
-                    within,
-                    ..
-                } => Unconfirmed {
-                    acked,
-                    needed,
-                    within,
-                }
-                .appended_to(answer),
-                _ => answer,
-            });
-        }
-        undone = run(undo).await.is_ok();
+    let Confirm::Acquire(taking) = &call.confirm else {
+        let reached = Reached::Answered;
+        return Err(Failed { error, reached });
+    };
+    // The acquire script answers a fencing token when it took the keys, an array when they
+    // are held (see `scripts/acquire.lua`).
+    if !matches!(answer, Value::Int(_) | Value::BulkString(_)) {
+        // Held by another owner: nothing was taken, and the answer stands.
+        return Ok(match error {
+            LockError::Replication {
+                acked,
+                needed,
+                within,
+                ..
+            } => Unconfirmed {
+                acked,
+                needed,
+                within,
+            }
+            .appended_to(answer),
+            _ => answer,
+        });
     }
-    Err(Failed {
-        error,
-        reached: if undone {
-            Reached::Refused
-        } else {
-            Reached::Answered
-        },
-    })
+    let reached = match run(taking.undo()).await {
+        // Undone: nothing of it is left.
+        Ok(_) => Reached::Refused,
+        Err(_) => Reached::Answered,
+    };
+    Err(Failed { error, reached })
 }
 
 /// What the server's refusal of `WAIT` (`NOPERM` for an ACL user without `+wait`, `ERR unknown
@@ -434,7 +402,7 @@ mod tests {
         acked: Value,
     ) -> (Result<Value, Failed>, usize) {
         let undos = AtomicUsize::new(0);
-        let confirmed = confirmed(call, Value::Array(vec![answer, acked]), REPLICAS, |undo| {
+        let confirmed = confirmed(call, (answer, acked), REPLICAS, |undo| {
             assert_eq!(undo.op, "release");
             undos.fetch_add(1, Ordering::Relaxed);
             std::future::ready(Ok(Value::Int(1)))

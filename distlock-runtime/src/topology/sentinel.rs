@@ -42,12 +42,10 @@ use crate::tls::Tls;
 /// Finds the primary through the sentinels, and says when it changed.
 struct Resolver {
     master: String,
+    /// The first one's user, password and database are the primary's too, and the primary is
+    /// reached as it is: over TLS, with its certificates, when it is a `rediss://` URL; else over
+    /// plain TCP.
     sentinels: Vec<ConnectionInfo>,
-    /// User, password and database for the primary.
-    primary: redis::RedisConnectionInfo,
-    /// How the primary is reached: over TLS, with the certificates of the first sentinel's
-    /// address, when that is a `rediss://` one; else over plain TCP.
-    transport: redis::ConnectionAddr,
     timeouts: Timeouts,
     /// The sentinel that answered last is asked first.
     next: AtomicUsize,
@@ -77,10 +75,8 @@ pub(crate) fn primary(
         .iter()
         .map(|url| super::parse_url(url, tls))
         .collect::<Result<_, _>>()?;
-    let primary = sentinels[0].redis_settings().clone();
-    let transport = sentinels[0].addr().clone();
     let mut commands = vec!["ROLE".to_owned()];
-    if primary.db() != 0 {
+    if sentinels[0].redis_settings().db() != 0 {
         commands.push("SELECT 0".to_owned());
     }
     if replicas.is_some() {
@@ -89,8 +85,6 @@ pub(crate) fn primary(
     let resolver = Arc::new(Resolver {
         master: master.clone(),
         sentinels,
-        primary,
-        transport,
         timeouts,
         next: AtomicUsize::new(0),
         switched: watch::Sender::new(0),
@@ -120,19 +114,18 @@ impl Resolver {
 
     /// The primary's address, from the first sentinel that answers.
     async fn primary(&self, op: &'static str) -> Result<ConnectionInfo, LockError> {
-        let count = self.sentinels.len();
-        let first = self.next.load(Ordering::Relaxed);
-        let mut last_error = None;
+        let (count, first) = (self.sentinels.len(), self.next.load(Ordering::Relaxed));
+        let mut last_error = LockError::NotConfigured;
         for i in (0..count).map(|i| (first + i) % count) {
             match self.ask(i, op).await {
                 Ok(address) => {
                     self.next.store(i, Ordering::Relaxed);
                     return Ok(address);
                 }
-                Err(error) => last_error = Some(error),
+                Err(error) => last_error = error,
             }
         }
-        Err(last_error.unwrap_or(LockError::NotConfigured))
+        Err(last_error)
     }
 
     async fn ask(&self, sentinel: usize, op: &'static str) -> Result<ConnectionInfo, LockError> {
@@ -148,12 +141,10 @@ impl Resolver {
                 reason: format!("the sentinels do not monitor a primary named {master:?}"),
             });
         };
-        let addr = crate::tls::address_like(&self.transport, host, port);
-        Ok(redis::IntoConnectionInfo::into_connection_info(addr)
-            .map_err(|e| LockError::InvalidUrl {
-                reason: e.to_string(),
-            })?
-            .set_redis_settings(self.primary.clone()))
+        // As the first sentinel is reached, with its user, password and database.
+        let first = &self.sentinels[0];
+        let addr = crate::tls::address_like(first.addr(), host, port);
+        Ok(first.clone().set_addr(addr))
     }
 
     /// A connection to the primary, checked with `ROLE` to be one.
@@ -169,13 +160,10 @@ impl Resolver {
         // That sentinel may lag behind the others: ask the next one first next time.
         let next = (self.next.load(Ordering::Relaxed) + 1) % self.sentinels.len();
         self.next.store(next, Ordering::Relaxed);
-        Err(LockError::Redis {
-            op,
-            source: redis::RedisError::from((
-                redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
-                "the server Sentinel named is not a primary (a failover is under way)",
-            )),
-        })
+        let kind = redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
+        let what = "the server Sentinel named is not a primary (a failover is under way)";
+        let source = redis::RedisError::from((kind, what));
+        Err(LockError::Redis { op, source })
     }
 }
 
@@ -197,42 +185,36 @@ impl Dial for Sentinel {
     }
 }
 
-/// Listens for `+switch-master` on one sentinel after another until the manager is dropped;
-/// on a switch of this primary, drops the command connection and ends subscriber connections.
-async fn watch_switches(resolver: Weak<Resolver>) {
+/// Listens for `+switch-master` on one sentinel after another until the manager is dropped
+/// (then ends, with `None`); on a switch of this primary, drops the command connection and ends
+/// subscriber connections.
+async fn watch_switches(resolver: Weak<Resolver>) -> Option<()> {
     let mut next = 0usize;
     loop {
-        let Some(current) = resolver.upgrade() else {
-            return;
-        };
+        let current = resolver.upgrade()?;
         let info = current.sentinels[next % current.sentinels.len()].clone();
         let master = current.master.clone();
         let pause = current.timeouts.connect.min(Duration::from_secs(1));
         let response = current.timeouts.response;
         drop(current);
         next += 1;
-        let Ok(client) = super::client(info) else {
-            return;
+        let client = super::client(info).ok()?;
+        let subscribed = async {
+            let pubsub = tokio::time::timeout(pause * 2, client.get_async_pubsub()).await;
+            let (mut sink, messages) = pubsub.ok()?.ok()?.split();
+            let subscribed = tokio::time::timeout(response, sink.subscribe("+switch-master")).await;
+            subscribed.ok()?.ok().map(|()| (sink, messages))
         };
-        let Ok(Ok(pubsub)) = tokio::time::timeout(pause * 2, client.get_async_pubsub()).await
-        else {
+        let Some((mut sink, mut messages)) = subscribed.await else {
             tokio::time::sleep(pause).await;
             continue;
         };
-        let (mut sink, mut messages) = pubsub.split();
-        let subscribed = tokio::time::timeout(response, sink.subscribe("+switch-master")).await;
-        if !matches!(subscribed, Ok(Ok(()))) {
-            tokio::time::sleep(pause).await;
-            continue;
-        }
         loop {
             use futures_util::StreamExt;
             // Wake now and then to notice that the manager was dropped, and that the sentinel
             // still answers (one that stopped would never say the primary switched).
             let message = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
-            let Some(resolver) = resolver.upgrade() else {
-                return;
-            };
+            let resolver = resolver.upgrade()?;
             match message {
                 Err(_) => {
                     let pong = tokio::time::timeout(response, sink.ping::<Value>()).await;
@@ -265,7 +247,6 @@ impl Subscribe for Sentinel {
     ) -> BoxFuture<'_, redis::RedisResult<(Arc<dyn Channels>, Ended)>> {
         Box::pin(async move {
             let mut switched = self.0.switched.subscribe();
-            switched.mark_unchanged();
             let address = self.0.primary("subscribe").await.map_err(|e| {
                 redis::RedisError::from((redis::ErrorKind::Io, "sentinel", e.to_string()))
             })?;
