@@ -417,7 +417,7 @@ impl LockError {
                 detail: String::new(),
                 source,
             },
-            // Which key, the caller finds out (see `diagnose.rs`).
+            // Which key, the caller finds out (see `refusal.rs`).
             Reply::WrongType => Self::WrongType {
                 op,
                 key: String::new(),
@@ -617,7 +617,7 @@ impl Misconfiguration {
     /// Recognizes a refusal of the manager's settings among Redis errors.
     fn of(error: &redis::RedisError) -> Option<Self> {
         // What the server says of a client certificate (TLS alerts, as rustls shows them).
-        const CLIENT_CERTIFICATE_ALERTS: [&str; 7] = [
+        const CLIENT_ALERTS: [&str; 7] = [
             "CertificateRequired",
             "BadCertificate",
             "UnknownCA",
@@ -628,36 +628,29 @@ impl Misconfiguration {
         ];
         let text = error.to_string();
         let code = error.code().unwrap_or_default();
+        let said = |words: &[&str]| words.iter().any(|w| code == *w || text.contains(w));
+        let (_, alert) = text
+            .split_once("received fatal alert: ")
+            .unwrap_or_default();
         if text.contains("invalid peer certificate") {
             Some(Self::ServerCertificate)
-        } else if text
-            .split("received fatal alert: ")
-            .nth(1)
-            .is_some_and(|alert| {
-                CLIENT_CERTIFICATE_ALERTS
-                    .iter()
-                    .any(|name| alert.starts_with(name))
-            })
-        {
+        } else if CLIENT_ALERTS.iter().any(|name| alert.starts_with(name)) {
             Some(Self::ClientCertificate)
         } else if error.kind() == redis::ErrorKind::AuthenticationFailed
             // The cluster client reports a refused AUTH inside an IO error of its own.
-            || text.contains("AuthenticationFailed")
-            || matches!(code, "WRONGPASS" | "NOAUTH")
-            || text.contains("WRONGPASS")
-            || text.contains("NOAUTH")
+            || said(&["AuthenticationFailed", "WRONGPASS", "NOAUTH"])
         {
             Some(Self::Credentials)
-        } else if code == "NOPERM"
-            || text.contains("NOPERM")
+        } else if said(&[
+            "NOPERM",
             // Refused inside a script, the servers say so with `ERR`, each in its own words:
             // Redis 7.0 "The user executing the script can't run this command" ("... can't
             // access at least one of the keys", "... can't publish to the channel"); Redis 7.2
             // and later and Valkey "ACL failure in script: User u has no permissions to run
             // the 'time' command" ("...: No permissions to access a key", "... a channel").
-            || text.contains("The user executing the script can't")
-            || text.contains("ACL failure in script")
-        {
+            "The user executing the script can't",
+            "ACL failure in script",
+        ]) {
             Some(Self::Permissions)
         } else if unknown_command(&text) {
             Some(Self::Unsupported)
