@@ -492,7 +492,6 @@ pub(crate) enum Reply {
 impl Reply {
     /// Classifies `error`.
     pub(crate) fn of(error: &redis::RedisError) -> Self {
-        use redis::ServerErrorKind as S;
         if let Some(problem) = Misconfiguration::of(error) {
             return Self::Refused(problem);
         }
@@ -503,28 +502,25 @@ impl Reply {
         {
             return Self::Connection;
         }
-        match error.kind() {
-            redis::ErrorKind::Server(kind @ (S::Moved | S::Ask)) => {
+        match error.code() {
+            Some(code @ ("MOVED" | "ASK")) => {
                 let (to, _) = error.redirect_node().unwrap_or_default();
                 let address =
                     |(host, port): (&str, &str)| Some((host.to_owned(), port.parse().ok()?));
                 match to.rsplit_once(':').and_then(address) {
-                    Some(to) if kind == S::Moved => Self::Redirect(Redirect::Moved(to)),
+                    Some(to) if code == "MOVED" => Self::Redirect(Redirect::Moved(to)),
                     Some(to) => Self::Redirect(Redirect::Ask(to)),
                     None => Self::Other,
                 }
             }
-            redis::ErrorKind::Server(S::CrossSlot) => Self::CrossSlot,
-            redis::ErrorKind::Server(S::TryAgain | S::ClusterDown) => Self::Resharding,
-            redis::ErrorKind::Server(S::BusyLoading | S::MasterDown) => Self::Passing,
-            redis::ErrorKind::Server(S::ReadOnly) => Self::ReadOnly,
-            redis::ErrorKind::Server(S::NoScript) => Self::NoScript,
-            _ => match error.code() {
-                Some("BUSY") => Self::Passing,
-                Some("WRONGTYPE") => Self::WrongType,
-                _ if error.is_unrecoverable_error() => Self::Connection,
-                _ => Self::Other,
-            },
+            Some("CROSSSLOT") => Self::CrossSlot,
+            Some("TRYAGAIN" | "CLUSTERDOWN") => Self::Resharding,
+            Some("LOADING" | "BUSY" | "MASTERDOWN") => Self::Passing,
+            Some("READONLY") => Self::ReadOnly,
+            Some("NOSCRIPT") => Self::NoScript,
+            Some("WRONGTYPE") => Self::WrongType,
+            _ if error.is_unrecoverable_error() => Self::Connection,
+            _ => Self::Other,
         }
     }
 }
