@@ -9,6 +9,7 @@
 //! manager sends itself (`EVAL`, `SELECT`, and its topology's: `WAIT`, `ROLE`,
 //! `CLUSTER SLOTS`). It writes nothing.
 
+use std::collections::BTreeSet;
 use std::sync::LazyLock;
 
 use redis::Value;
@@ -212,9 +213,7 @@ fn check_rights(context: &Context, checked: &Checked, notifies: bool) -> Result<
         return Ok(());
     }
     let prefix = &context.prefix;
-    let mut grants: Vec<String> = missing.iter().map(|c| grant(c)).collect();
-    grants.sort();
-    grants.dedup();
+    let grants: BTreeSet<String> = missing.iter().map(|c| grant(c)).collect();
     let channels = if missing.iter().any(|m| m.starts_with("PUBLISH")) {
         format!(" &{prefix}*")
     } else {
@@ -223,7 +222,7 @@ fn check_rights(context: &Context, checked: &Checked, notifies: bool) -> Result<
     let detail = format!(
         "{on} it may not run {}; grant what is missing: ACL SETUSER <user> ~{prefix}*{channels} {}",
         missing.join(", "),
-        grants.join(" ")
+        Vec::from_iter(grants).join(" ")
     );
     let detail = and_instead(detail, &missing, "; or, ");
     Err(refusal(Misconfiguration::Permissions, detail))
@@ -265,8 +264,6 @@ fn refusal(problem: Misconfiguration, detail: String) -> LockError {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
-
     use super::*;
     use crate::refusal::commands_on;
 
