@@ -407,8 +407,7 @@ impl LockError {
     /// The error for `source`, a failed request of `op`, by its [`Reply`]:
     /// [`LockError::Misconfigured`] when Redis refused the manager's settings,
     /// [`LockError::WrongType`] for a key of another type (named by the caller, which knows the
-    /// keys: see `refusal.rs`), [`LockError::RedisTimeout`] for a timeout, else
-    /// [`LockError::Redis`].
+    /// keys: see `refusal.rs`), else [`LockError::Redis`].
     pub(crate) fn from_redis(op: &'static str, source: redis::RedisError) -> Self {
         match Reply::of(&source) {
             Reply::Refused(problem) => Self::Misconfigured {

@@ -234,9 +234,7 @@ impl LockManager {
         names.dedup();
         let mut held = Vec::with_capacity(names.len());
         for key in &names {
-            if let Some(info) = self.inspect(key).await? {
-                held.push(info);
-            }
+            held.extend(self.inspect(key).await?);
         }
         Ok(held)
     }
