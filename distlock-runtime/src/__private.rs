@@ -204,10 +204,7 @@ impl Write for Escaped<'_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
         for c in s.chars() {
             match c {
-                '%' => self.0.push_str("%25"),
-                ':' => self.0.push_str("%3A"),
-                '{' => self.0.push_str("%7B"),
-                '}' => self.0.push_str("%7D"),
+                '%' | ':' | '{' | '}' => write!(self.0, "%{:02X}", u32::from(c))?,
                 c => self.0.push(c),
             }
         }

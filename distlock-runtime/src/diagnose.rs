@@ -9,6 +9,7 @@
 //! manager sends itself (`EVAL`, `SELECT`, and its topology's: `WAIT`, `ROLE`,
 //! `CLUSTER SLOTS`). It writes nothing.
 
+use std::collections::BTreeSet;
 use std::sync::LazyLock;
 
 use redis::Value;
@@ -16,7 +17,7 @@ use redis::Value;
 use crate::call::{Confirm, ScriptCall};
 use crate::context::Context;
 use crate::error::{LockError, Misconfiguration};
-use crate::refusal::{grant, instead, not_offered};
+use crate::refusal::{and_instead, grant, not_offered};
 use crate::scripts::Lua;
 
 /// Checks what a manager needs on one server, writing nothing: `scripts/check.lua` (see the
@@ -61,11 +62,9 @@ pub enum ServerProduct {
 }
 
 impl std::fmt::Display for ServerProduct {
+    /// Its name, as its variant's: `Redis`, `Valkey`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Redis => "Redis",
-            Self::Valkey => "Valkey",
-        })
+        std::fmt::Debug::fmt(self, f)
     }
 }
 
@@ -97,9 +96,8 @@ pub(crate) async fn ping(context: &Context) -> Result<(), LockError> {
         check_rights(context, checked, notifies)?;
     }
     let servers: Vec<String> = checked.iter().map(|c| c.server.to_string()).collect();
-    let servers = servers.join(", ");
     let silent: Vec<&str> = unanswered.iter().map(|u| u.0.as_str()).collect();
-    let silent = silent.join(", ");
+    let (servers, silent) = (servers.join(", "), silent.join(", "));
     let seen_now = format!("{servers}; {silent}");
     let mut seen = crate::sync::lock(&context.servers_seen);
     if seen.as_deref() != Some(seen_now.as_str()) {
@@ -148,8 +146,7 @@ async fn check(
     // Each command a lock sends, one argument each.
     call.arg(redis.channel_commands()).arg(&redis.commands);
     let (answers, needed) = redis.run_on_every_server(&call).await;
-    let mut checked = Vec::new();
-    let mut unanswered = Vec::new();
+    let (mut checked, mut unanswered) = (Vec::new(), Vec::new());
     for (server, answer) in answers {
         match answer {
             Ok(value) => checked.push(parse(server, value)?),
@@ -200,10 +197,8 @@ fn parse(server: String, value: Value) -> Result<Checked, LockError> {
 /// ([`Misconfiguration::Unsupported`]) first, then the rights the user lacks.
 fn check_rights(context: &Context, checked: &Checked, notifies: bool) -> Result<(), LockError> {
     let server = &checked.server;
-    let on = format!(
-        "on {} ({} {})",
-        server.address, server.product, server.version
-    );
+    let (address, product, version) = (&server.address, server.product, &server.version);
+    let on = format!("on {address} ({product} {version})");
     if !checked.unknown.is_empty() {
         let commands: Vec<String> = checked.unknown.iter().map(|c| shown(c)).collect();
         let detail = format!("{on} {}", not_offered(&commands, ""));
@@ -218,23 +213,18 @@ fn check_rights(context: &Context, checked: &Checked, notifies: bool) -> Result<
         return Ok(());
     }
     let prefix = &context.prefix;
-    let mut grants: Vec<String> = missing.iter().map(|c| grant(c)).collect();
-    grants.sort();
-    grants.dedup();
+    let grants: BTreeSet<String> = missing.iter().map(|c| grant(c)).collect();
     let channels = if missing.iter().any(|m| m.starts_with("PUBLISH")) {
         format!(" &{prefix}*")
     } else {
         String::new()
     };
-    let mut detail = format!(
+    let detail = format!(
         "{on} it may not run {}; grant what is missing: ACL SETUSER <user> ~{prefix}*{channels} {}",
         missing.join(", "),
-        grants.join(" ")
+        Vec::from_iter(grants).join(" ")
     );
-    for instead in missing.iter().filter_map(|c| instead(c)) {
-        detail.push_str("; or, ");
-        detail.push_str(instead);
-    }
+    let detail = and_instead(detail, &missing, "; or, ");
     Err(refusal(Misconfiguration::Permissions, detail))
 }
 
@@ -274,8 +264,6 @@ fn refusal(problem: Misconfiguration, detail: String) -> LockError {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
-
     use super::*;
     use crate::refusal::commands_on;
 

@@ -407,8 +407,7 @@ impl LockError {
     /// The error for `source`, a failed request of `op`, by its [`Reply`]:
     /// [`LockError::Misconfigured`] when Redis refused the manager's settings,
     /// [`LockError::WrongType`] for a key of another type (named by the caller, which knows the
-    /// keys: see `refusal.rs`), [`LockError::RedisTimeout`] for a timeout, else
-    /// [`LockError::Redis`].
+    /// keys: see `refusal.rs`), else [`LockError::Redis`].
     pub(crate) fn from_redis(op: &'static str, source: redis::RedisError) -> Self {
         match Reply::of(&source) {
             Reply::Refused(problem) => Self::Misconfigured {
@@ -417,7 +416,7 @@ impl LockError {
                 detail: String::new(),
                 source,
             },
-            // Which key, the caller finds out (see `diagnose.rs`).
+            // Which key, the caller finds out (see `refusal.rs`).
             Reply::WrongType => Self::WrongType {
                 op,
                 key: String::new(),
@@ -492,7 +491,6 @@ pub(crate) enum Reply {
 impl Reply {
     /// Classifies `error`.
     pub(crate) fn of(error: &redis::RedisError) -> Self {
-        use redis::ServerErrorKind as S;
         if let Some(problem) = Misconfiguration::of(error) {
             return Self::Refused(problem);
         }
@@ -503,28 +501,25 @@ impl Reply {
         {
             return Self::Connection;
         }
-        match error.kind() {
-            redis::ErrorKind::Server(kind @ (S::Moved | S::Ask)) => {
+        match error.code() {
+            Some(code @ ("MOVED" | "ASK")) => {
                 let (to, _) = error.redirect_node().unwrap_or_default();
                 let address =
                     |(host, port): (&str, &str)| Some((host.to_owned(), port.parse().ok()?));
                 match to.rsplit_once(':').and_then(address) {
-                    Some(to) if kind == S::Moved => Self::Redirect(Redirect::Moved(to)),
+                    Some(to) if code == "MOVED" => Self::Redirect(Redirect::Moved(to)),
                     Some(to) => Self::Redirect(Redirect::Ask(to)),
                     None => Self::Other,
                 }
             }
-            redis::ErrorKind::Server(S::CrossSlot) => Self::CrossSlot,
-            redis::ErrorKind::Server(S::TryAgain | S::ClusterDown) => Self::Resharding,
-            redis::ErrorKind::Server(S::BusyLoading | S::MasterDown) => Self::Passing,
-            redis::ErrorKind::Server(S::ReadOnly) => Self::ReadOnly,
-            redis::ErrorKind::Server(S::NoScript) => Self::NoScript,
-            _ => match error.code() {
-                Some("BUSY") => Self::Passing,
-                Some("WRONGTYPE") => Self::WrongType,
-                _ if error.is_unrecoverable_error() => Self::Connection,
-                _ => Self::Other,
-            },
+            Some("CROSSSLOT") => Self::CrossSlot,
+            Some("TRYAGAIN" | "CLUSTERDOWN") => Self::Resharding,
+            Some("LOADING" | "BUSY" | "MASTERDOWN") => Self::Passing,
+            Some("READONLY") => Self::ReadOnly,
+            Some("NOSCRIPT") => Self::NoScript,
+            Some("WRONGTYPE") => Self::WrongType,
+            _ if error.is_unrecoverable_error() => Self::Connection,
+            _ => Self::Other,
         }
     }
 }
@@ -617,7 +612,7 @@ impl Misconfiguration {
     /// Recognizes a refusal of the manager's settings among Redis errors.
     fn of(error: &redis::RedisError) -> Option<Self> {
         // What the server says of a client certificate (TLS alerts, as rustls shows them).
-        const CLIENT_CERTIFICATE_ALERTS: [&str; 7] = [
+        const CLIENT_ALERTS: [&str; 7] = [
             "CertificateRequired",
             "BadCertificate",
             "UnknownCA",
@@ -628,36 +623,29 @@ impl Misconfiguration {
         ];
         let text = error.to_string();
         let code = error.code().unwrap_or_default();
+        let said = |words: &[&str]| words.iter().any(|w| code == *w || text.contains(w));
+        let (_, alert) = text
+            .split_once("received fatal alert: ")
+            .unwrap_or_default();
         if text.contains("invalid peer certificate") {
             Some(Self::ServerCertificate)
-        } else if text
-            .split("received fatal alert: ")
-            .nth(1)
-            .is_some_and(|alert| {
-                CLIENT_CERTIFICATE_ALERTS
-                    .iter()
-                    .any(|name| alert.starts_with(name))
-            })
-        {
+        } else if CLIENT_ALERTS.iter().any(|name| alert.starts_with(name)) {
             Some(Self::ClientCertificate)
         } else if error.kind() == redis::ErrorKind::AuthenticationFailed
             // The cluster client reports a refused AUTH inside an IO error of its own.
-            || text.contains("AuthenticationFailed")
-            || matches!(code, "WRONGPASS" | "NOAUTH")
-            || text.contains("WRONGPASS")
-            || text.contains("NOAUTH")
+            || said(&["AuthenticationFailed", "WRONGPASS", "NOAUTH"])
         {
             Some(Self::Credentials)
-        } else if code == "NOPERM"
-            || text.contains("NOPERM")
+        } else if said(&[
+            "NOPERM",
             // Refused inside a script, the servers say so with `ERR`, each in its own words:
             // Redis 7.0 "The user executing the script can't run this command" ("... can't
             // access at least one of the keys", "... can't publish to the channel"); Redis 7.2
             // and later and Valkey "ACL failure in script: User u has no permissions to run
             // the 'time' command" ("...: No permissions to access a key", "... a channel").
-            || text.contains("The user executing the script can't")
-            || text.contains("ACL failure in script")
-        {
+            "The user executing the script can't",
+            "ACL failure in script",
+        ]) {
             Some(Self::Permissions)
         } else if unknown_command(&text) {
             Some(Self::Unsupported)

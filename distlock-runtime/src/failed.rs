@@ -40,13 +40,14 @@ pub(crate) enum Reached {
     Refused,
 }
 
-/// Whether a failed request ran on the server: an error raised inside a script says where
-/// (`... script: <sha>, on @user_script:<line>.`), a refusal before the script ran does not,
-/// and an answer that could not be read came from a request that ran.
-pub(crate) fn ran(error: &redis::RedisError) -> bool {
+/// How far a request got that Redis answered with `error`: it ran if an error raised inside a
+/// script says where (`... script: <sha>, on @user_script:<line>.`), or if its answer could not
+/// be read; a refusal before the script ran does not say where.
+fn answered(error: &redis::RedisError) -> Reached {
     match error.kind() {
-        redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType => true,
-        _ => error.to_string().contains("@user_script"),
+        redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType => Reached::Answered,
+        _ if error.to_string().contains("@user_script") => Reached::Answered,
+        _ => Reached::Refused,
     }
 }
 
@@ -66,7 +67,7 @@ impl Reached {
 
 /// What a request that was sent and failed with `source` tells: a timeout or a broken
 /// connection may have reached Redis; an error Redis answered ran the script (or not, see
-/// [`ran`]).
+/// [`answered`]).
 pub(crate) fn failed(op: &'static str, source: redis::RedisError, after: Duration) -> Failed {
     if source.is_timeout() {
         return Failed::maybe(LockError::RedisTimeout { op, after });
@@ -74,11 +75,7 @@ pub(crate) fn failed(op: &'static str, source: redis::RedisError, after: Duratio
     if Reply::of(&source) == Reply::Connection {
         return Failed::maybe(LockError::Redis { op, source });
     }
-    let reached = if ran(&source) {
-        Reached::Answered
-    } else {
-        Reached::Refused
-    };
+    let reached = answered(&source);
     Failed {
         error: LockError::from_redis(op, source),
         reached,

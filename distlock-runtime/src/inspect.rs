@@ -93,12 +93,10 @@ pub struct Owner {
 impl Owner {
     /// The owner of `token` (`<random hex>:<label>`) in `mode`.
     fn of(token: &str, mode: LockMode) -> Self {
-        let (random, label) = token
-            .split_once(':')
-            .map_or((token, None), |(random, label)| (random, Some(label)));
+        let mut parts = token.splitn(2, ':');
         Self {
-            token_prefix: random.chars().take(8).collect(),
-            label: label.map(str::to_owned),
+            token_prefix: parts.next().unwrap_or_default().chars().take(8).collect(),
+            label: parts.next().map(str::to_owned),
             mode,
         }
     }
@@ -236,9 +234,7 @@ impl LockManager {
         names.dedup();
         let mut held = Vec::with_capacity(names.len());
         for key in &names {
-            if let Some(info) = self.inspect(key).await? {
-                held.push(info);
-            }
+            held.extend(self.inspect(key).await?);
         }
         Ok(held)
     }
@@ -257,14 +253,10 @@ fn lock_keys(manager: &LockManager, key: &str) -> Result<LockKeys, LockError> {
 
 /// `text` with glob specials escaped, for `SCAN MATCH`.
 fn glob_escape(text: &str) -> String {
-    let mut escaped = String::with_capacity(text.len());
-    for c in text.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            escaped.push('\\');
-        }
-        escaped.push(c);
-    }
-    escaped
+    let escape = |c| matches!(c, '*' | '?' | '[' | ']' | '\\').then_some('\\');
+    text.chars()
+        .flat_map(|c| escape(c).into_iter().chain([c]))
+        .collect()
 }
 
 /// What `inspect` tells of the lock on `key`, from the inspect script's answer.

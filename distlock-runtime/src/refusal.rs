@@ -51,13 +51,6 @@ where
 /// (see `error.rs`): Redis 7.2 and later and Valkey name the command, inside a script and
 /// outside; Redis 7.0 names it outside a script only, and inside one names the script's line.
 fn refused_command(code: &str, error: &str) -> String {
-    let (commands, at_line) = commands_at(code, error);
-    // `... no permissions to run the 'evalsha' command` (`'cluster|slots'` for a subcommand).
-    if let Some(command) = quoted(error, "permissions to run the '") {
-        let shown = command.replace('|', " ").to_uppercase();
-        let grant = grant(&shown);
-        return format!("it may not run {shown}{at_line}; grant it: ACL SETUSER <user> {grant}");
-    }
     // Redis 7.0: `... access at least one of the keys`, `... access one of the keys`; later:
     // `No permissions to access a key`.
     if error.contains("of the keys") || error.contains("access a key") {
@@ -72,14 +65,17 @@ fn refused_command(code: &str, error: &str) -> String {
                 ACL SETUSER <user> &<prefix>* (the manager's prefix, `distlock:` by default)"
             .to_owned();
     }
+    let (commands, at_line) = commands_at(code, error);
+    // `... no permissions to run the 'evalsha' command` (`'cluster|slots'` for a subcommand);
     // Redis 7.0 inside a script: the commands on the line it names.
+    let commands = match quoted(error, "permissions to run the '") {
+        Some(command) => vec![command.replace('|', " ").to_uppercase()],
+        None => commands,
+    };
     if commands.is_empty() {
         return String::new();
     }
-    let grants: Vec<String> = commands
-        .iter()
-        .map(|c| format!("+{}", c.to_lowercase()))
-        .collect();
+    let grants: Vec<String> = commands.iter().map(|c| grant(c)).collect();
     format!(
         "it may not run {}{at_line}; grant it: ACL SETUSER <user> {}",
         commands.join(" or "),
@@ -105,12 +101,15 @@ fn unoffered_command(code: &str, error: &str) -> String {
 /// `it does not offer WAIT`, for `commands` a server or proxy does not offer (`at_line`: where
 /// in distlock's script, if it said), with what to configure instead where there is a way.
 pub(crate) fn not_offered(commands: &[String], at_line: &str) -> String {
-    let mut detail = format!("it does not offer {}{at_line}", commands.join(" or "));
-    for instead in commands.iter().filter_map(|command| instead(command)) {
-        detail.push_str("; ");
-        detail.push_str(instead);
-    }
-    detail
+    let detail = format!("it does not offer {}{at_line}", commands.join(" or "));
+    and_instead(detail, commands, "; ")
+}
+
+/// `detail`, then what to configure instead of each of `commands` that has a way (see
+/// [`instead`]), each after `then`.
+pub(crate) fn and_instead(detail: String, commands: &[String], then: &str) -> String {
+    let ways = commands.iter().filter_map(|command| instead(command));
+    ways.fold(detail, |detail, way| format!("{detail}{then}{way}"))
 }
 
 /// The commands on the line of the script (source `code`) that an error raised inside it names
@@ -174,17 +173,15 @@ pub(crate) fn instead(command: &str) -> Option<&'static str> {
 /// ([`Misconfiguration::Unsupported`]) says so; both say what to configure instead, where
 /// there is something.
 pub(crate) fn refused_own_command(command: &str, problem: Misconfiguration) -> String {
-    let refusal = match problem {
-        Misconfiguration::Permissions => format!(
-            "it may not run {command}; grant it: ACL SETUSER <user> {}",
-            grant(command)
-        ),
-        _ => format!("it does not offer {command}"),
-    };
-    match instead(command) {
-        Some(instead) => format!("{refusal}; {instead}"),
-        None => refusal,
+    let commands = [command.to_owned()];
+    if problem != Misconfiguration::Permissions {
+        return not_offered(&commands, "");
     }
+    let refusal = format!(
+        "it may not run {command}; grant it: ACL SETUSER <user> {}",
+        grant(command)
+    );
+    and_instead(refusal, &commands, "; ")
 }
 
 /// The Redis commands a line of Lua calls (`redis.call('SET', ...)`, `redis.pcall(publish, ...)`).
