@@ -265,8 +265,9 @@ impl LockManagerBuilder {
     ///     .build()?;
     /// # Ok(()) }
     /// ```
-    pub fn min_replicas(self, n: usize) -> Self {
-        self.with(|b| b.replicas.count = n)
+    pub fn min_replicas(mut self, n: usize) -> Self {
+        self.replicas.count = n;
+        self
     }
 
     /// How long an acquire or extend waits for [`min_replicas`](Self::min_replicas)
@@ -284,17 +285,13 @@ impl LockManagerBuilder {
     ///     .build()?;
     /// # Ok(()) }
     /// ```
-    pub fn replica_timeout(self, timeout: Duration) -> Self {
-        self.with(|b| b.replicas.timeout = timeout)
+    pub fn replica_timeout(mut self, timeout: Duration) -> Self {
+        self.replicas.timeout = timeout;
+        self
     }
 
-    fn choose(self, source: Source) -> Self {
-        self.with(|b| b.sources.push(source))
-    }
-
-    /// This builder, changed by `change`: what every setter does.
-    fn with(mut self, change: impl FnOnce(&mut Self)) -> Self {
-        change(&mut self);
+    fn choose(mut self, source: Source) -> Self {
+        self.sources.push(source);
         self
     }
 
@@ -327,8 +324,9 @@ impl LockManagerBuilder {
     /// assert_eq!(locks.redis_key("invoice:7"), "billing:lock:{invoice:7}");
     /// # Ok(()) }
     /// ```
-    pub fn prefix(self, prefix: impl Into<String>) -> Self {
-        self.with(|b| b.prefix = prefix.into())
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
     }
 
     /// Lease length of requests that do not set one. Default 30 s.
@@ -342,8 +340,9 @@ impl LockManagerBuilder {
     ///     .build()?;
     /// # Ok(()) }
     /// ```
-    pub fn default_ttl(self, ttl: Duration) -> Self {
-        self.with(|b| b.default_ttl = ttl)
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = ttl;
+        self
     }
 
     /// How long requests that do not set a wait wait for a held lock. Default 10 s.
@@ -358,8 +357,9 @@ impl LockManagerBuilder {
     ///     .build()?;
     /// # Ok(()) }
     /// ```
-    pub fn default_wait(self, wait: Duration) -> Self {
-        self.with(|b| b.default_wait = wait)
+    pub fn default_wait(mut self, wait: Duration) -> Self {
+        self.default_wait = wait;
+        self
     }
 
     /// Whether single-key requests that do not say are fair (see
@@ -379,8 +379,9 @@ impl LockManagerBuilder {
     ///     .build()?;
     /// # Ok(()) }
     /// ```
-    pub fn default_fair(self, fair: bool) -> Self {
-        self.with(|b| b.default_fair = Some(fair))
+    pub fn default_fair(mut self, fair: bool) -> Self {
+        self.default_fair = Some(fair);
+        self
     }
 
     /// A label for this manager's leases, such as the host and process id, which
@@ -397,8 +398,9 @@ impl LockManagerBuilder {
     ///     .build()?;
     /// # Ok(()) }
     /// ```
-    pub fn holder_label(self, label: impl Into<String>) -> Self {
-        self.with(|b| b.holder_label = Some(crate::inspect::clean_label(&label.into())))
+    pub fn holder_label(mut self, label: impl Into<String>) -> Self {
+        self.holder_label = Some(crate::inspect::clean_label(&label.into()));
+        self
     }
 
     /// Trust the CA certificates in `pem` (PEM text: one or more `-----BEGIN CERTIFICATE-----`
@@ -423,8 +425,9 @@ impl LockManagerBuilder {
     /// [`build`](Self::build) fails with [`LockError::InvalidConfig`] when `pem` holds no
     /// certificate or a broken one, and when none of the manager's URLs is a `rediss://` one
     /// (the connections would not be encrypted).
-    pub fn tls_ca_pem(self, pem: impl Into<Vec<u8>>) -> Self {
-        self.with(|b| b.tls.add_ca(pem.into()))
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.add_ca(pem.into());
+        self
     }
 
     /// Present this client certificate on every `rediss://` connection the manager opens, for
@@ -451,11 +454,12 @@ impl LockManagerBuilder {
     /// the key cannot be read, when they do not belong together, and when none of the
     /// manager's URLs is a `rediss://` one.
     pub fn tls_client_cert_pem(
-        self,
+        mut self,
         cert_chain_pem: impl Into<Vec<u8>>,
         key_pem: impl Into<Vec<u8>>,
     ) -> Self {
-        self.with(|b| b.tls.set_client(cert_chain_pem.into(), key_pem.into()))
+        self.tls.set_client(cert_chain_pem.into(), key_pem.into());
+        self
     }
 
     /// Most connections the created pool opens. Default 8.
@@ -468,8 +472,9 @@ impl LockManagerBuilder {
     ///     .build()?;
     /// # Ok(()) }
     /// ```
-    pub fn pool_size(self, size: usize) -> Self {
-        self.with(|b| b.pool_size = size)
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size;
+        self
     }
 
     /// Longest time to open a connection (TCP connect and handshake). Default 2 s.
@@ -483,8 +488,9 @@ impl LockManagerBuilder {
     ///     .build()?;
     /// # Ok(()) }
     /// ```
-    pub fn connect_timeout(self, timeout: Duration) -> Self {
-        self.with(|b| b.timeouts.connect = timeout)
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.connect = timeout;
+        self
     }
 
     /// Longest time to wait for Redis to answer one call. Default 1 s.
@@ -498,8 +504,9 @@ impl LockManagerBuilder {
     ///     .build()?;
     /// # Ok(()) }
     /// ```
-    pub fn response_timeout(self, timeout: Duration) -> Self {
-        self.with(|b| b.timeouts.response = timeout)
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.response = timeout;
+        self
     }
 
     /// Longest time to wait for a free connection from the pool. Default 1 s.
@@ -513,8 +520,9 @@ impl LockManagerBuilder {
     ///     .build()?;
     /// # Ok(()) }
     /// ```
-    pub fn pool_wait_timeout(self, timeout: Duration) -> Self {
-        self.with(|b| b.timeouts.pool_wait = timeout)
+    pub fn pool_wait_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.pool_wait = timeout;
+        self
     }
 
     /// Asks the server at `url` what it is, with one `HELLO` on a connection of its own that
