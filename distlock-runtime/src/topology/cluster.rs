@@ -53,7 +53,7 @@ use tokio_util::sync::CancellationToken;
 use super::link::Hop;
 use super::Replicas;
 use super::{push_handler, Channels, Ended, Message, OnMessage, Subscribe};
-use super::{Dial, Link, Timeouts};
+use super::{Deployment, Dial, Grant, Link, Serial, Timeouts};
 use crate::call::{BoxFuture, ScriptCall};
 use crate::error::{LockError, Misconfiguration};
 use crate::failed::{Failed, Reached};
@@ -224,10 +224,6 @@ impl Cluster {
         }
     }
 
-    pub(crate) fn subscriber(&self) -> Arc<dyn Subscribe> {
-        Arc::new(ClusterSubscriber(Arc::clone(&self.nodes)))
-    }
-
     /// The keys matching `pattern` on every primary.
     pub(crate) async fn scan(&self, pattern: &str) -> Result<Vec<String>, LockError> {
         let mut found = Vec::new();
@@ -235,18 +231,6 @@ impl Cluster {
             found.extend(node.link.scan(pattern).await?);
         }
         Ok(found)
-    }
-
-    pub(crate) fn response_timeout(&self) -> Duration {
-        self.nodes.timeouts.response
-    }
-
-    pub(crate) fn endpoint(&self) -> String {
-        self.endpoint.clone()
-    }
-
-    pub(crate) fn waits_for_replicas(&self) -> bool {
-        self.nodes.replicas.is_some()
     }
 
     /// Runs `call` on every primary: each one's address and answer.
@@ -267,13 +251,25 @@ impl Cluster {
         });
         futures_util::future::join_all(answers).await
     }
+}
 
-    pub(crate) fn commands(&self) -> Vec<String> {
+impl From<Cluster> for Deployment {
+    fn from(cluster: Cluster) -> Self {
+        let nodes = Arc::clone(&cluster.nodes);
+        let waits_for_replicas = nodes.replicas.is_some();
         let mut commands = vec!["CLUSTER SLOTS".to_owned(), "ASKING".to_owned()];
-        if self.waits_for_replicas() {
+        if waits_for_replicas {
             commands.push("WAIT 0 0".to_owned());
         }
-        commands
+        Self {
+            endpoint: cluster.endpoint.clone(),
+            response_timeout: nodes.timeouts.response,
+            commands,
+            pool: None,
+            waits_for_replicas,
+            grant: Grant::Serial(Serial::Sharded(cluster)),
+            subscriber: Some(Arc::new(ClusterSubscriber(nodes))),
+        }
     }
 }
 

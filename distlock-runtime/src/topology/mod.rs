@@ -123,20 +123,6 @@ impl Serial {
     }
 }
 
-impl From<Cluster> for Deployment {
-    fn from(cluster: Cluster) -> Self {
-        Self {
-            endpoint: cluster.endpoint(),
-            response_timeout: cluster.response_timeout(),
-            subscriber: Some(cluster.subscriber()),
-            commands: cluster.commands(),
-            pool: None,
-            waits_for_replicas: cluster.waits_for_replicas(),
-            grant: Grant::Serial(Serial::Sharded(cluster)),
-        }
-    }
-}
-
 impl Deployment {
     /// Where fair requests run, or why they cannot: a quorum's nodes would each hand a lock to
     /// their own oldest waiter; with `min_replicas`, nothing confirms a hand-off.
