@@ -70,6 +70,14 @@ pub(crate) fn expand(args: &Args, templates: &Templates, item: &LockedFn) -> Tok
         .map(syn::LitStr::value)
         .collect::<Vec<_>>()
         .join(",");
+    // The lock order check's classes: each key's template with its placeholders blanked, in
+    // the keys' order (exclusive, then shared), and the fn's name for its warnings.
+    let classes = templates
+        .keys
+        .iter()
+        .chain(&templates.read)
+        .map(Template::class);
+    let name = item.sig.ident.to_string();
     let fair = match &args.fair {
         Some(fair) => quote!(::core::option::Option::Some(#fair)),
         None => quote!(::core::option::Option::None),
@@ -94,6 +102,8 @@ pub(crate) fn expand(args: &Args, templates: &Templates, item: &LockedFn) -> Tok
                     fair: #fair,
                     hold_at_least: #hold_at_least,
                     template: #template,
+                    classes: &[#(#classes),*],
+                    name: #name,
                 },
                 #on_error,
                 // Boxed once, so nesting annotated calls does not multiply the future's size.

@@ -30,6 +30,18 @@ pub(crate) struct Field {
 }
 
 impl Template {
+    /// The template's lock class: its text with each placeholder blanked (`acct:{a}` is
+    /// `acct:{}`), so every key it renders is of one class.
+    pub(crate) fn class(&self) -> String {
+        self.parts
+            .iter()
+            .map(|part| match part {
+                Part::Text(text) => text.as_str(),
+                Part::Placeholder { .. } => "{}",
+            })
+            .collect()
+    }
+
     pub(crate) fn parse(literal: &LitStr) -> syn::Result<Self> {
         let parts = parse_parts(&literal.value())
             .map_err(|message| syn::Error::new_spanned(literal, message))?;
@@ -169,6 +181,19 @@ mod tests {
                 ph("pair", &[("0", 31)]),
             ]
         );
+    }
+
+    #[test]
+    fn a_class_blanks_every_placeholder() {
+        let class = |text: &str| {
+            Template::parse(&LitStr::new(text, proc_macro2::Span::call_site()))
+                .unwrap()
+                .class()
+        };
+        assert_eq!(class("acct:{a}"), "acct:{}");
+        assert_eq!(class("acct:{ b.id }:{c.0}"), "acct:{}:{}");
+        assert_eq!(class("{{tag}}:{id}"), "{tag}:{}");
+        assert_eq!(class("plain"), "plain");
     }
 
     #[test]

@@ -28,6 +28,11 @@ pub struct Options {
     pub hold_at_least: Option<Result<Duration, LockError>>,
     /// The key template(s) as written, for metrics and spans.
     pub template: &'static str,
+    /// The lock order check's class of each key (exclusive, then shared, as written): its
+    /// template with the placeholders blanked.
+    pub classes: &'static [&'static str],
+    /// The annotated fn's name, for the lock order check's warnings.
+    pub name: &'static str,
 }
 
 /// A duration option's value given as an expression (`ttl = SETTINGS_TTL`, `wait =
@@ -243,7 +248,8 @@ fn request(
         .lock_all(keys)
         .read_keys(options.read)
         .renew(options.renew)
-        .metrics_label(options.template);
+        .metrics_label(options.template)
+        .attribute(options.classes, options.name);
     if let Some(ttl) = options.ttl.transpose()? {
         request = request.ttl(ttl);
     }

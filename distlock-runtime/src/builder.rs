@@ -11,6 +11,7 @@ use crate::context::{Context, Counters};
 use crate::error::LockError;
 use crate::manager::LockManager;
 use crate::notify::Notifications;
+use crate::order::{LockOrder, Orders};
 use crate::renew::Renewals;
 use crate::tls::Tls;
 use crate::topology::Replicas;
@@ -69,6 +70,7 @@ impl LockManager {
 /// | [`default_ttl`](Self::default_ttl) | 30 s |
 /// | [`default_wait`](Self::default_wait) | 10 s |
 /// | [`default_fair`](Self::default_fair) | `true` where the topology serves fair requests (not on a quorum, nor with `min_replicas`) |
+/// | [`lock_order`](Self::lock_order) | [`LockOrder::Warn`] |
 /// | [`pool_size`](Self::pool_size) | 8 connections |
 /// | [`connect_timeout`](Self::connect_timeout) | 2 s |
 /// | [`response_timeout`](Self::response_timeout) | 1 s |
@@ -98,6 +100,7 @@ pub struct LockManagerBuilder {
     /// `None`: fair where the topology serves fair requests.
     default_fair: Option<bool>,
     holder_label: Option<String>,
+    lock_order: LockOrder,
     pool_size: usize,
     timeouts: Timeouts,
     tls: Tls,
@@ -145,6 +148,7 @@ impl Default for LockManagerBuilder {
             default_wait: Duration::from_secs(10),
             default_fair: None,
             holder_label: None,
+            lock_order: LockOrder::Warn,
             pool_size: 8,
             timeouts: Timeouts {
                 connect: Duration::from_secs(2),
@@ -384,6 +388,29 @@ impl LockManagerBuilder {
         self
     }
 
+    /// What the manager does when a task nests lock classes in the order opposite to one some
+    /// task of it took them in before, which deadlocks the two until their waits run out:
+    /// [`LockOrder::Warn`] (the default) logs the first inversion of each pair of classes and
+    /// counts every one; [`LockOrder::Fail`] (the testing helpers' managers) makes the nested
+    /// call fail at once with [`LockError::LockOrderInversion`]; [`LockOrder::Off`] checks
+    /// nothing. A key's class is its attribute template with the placeholders blanked
+    /// (`acct:{a}` is `acct:{}`), or, for a key given to [`LockManager::lock`], the key itself.
+    /// The check asks Redis nothing and runs only for nested requests; see [`LockOrder`].
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), distlock_runtime::LockError> {
+    /// use distlock_runtime::LockOrder;
+    /// let locks = distlock_runtime::LockManager::builder()
+    ///     .url("redis://127.0.0.1:6379")
+    ///     .lock_order(LockOrder::Fail)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn lock_order(mut self, order: LockOrder) -> Self {
+        self.lock_order = order;
+        self
+    }
+
     /// A label for this manager's leases, such as the host and process id, which
     /// [`LockManager::inspect`] and the `distlock` command-line tool show as the holder, so
     /// "who holds it?" has an answer. It travels inside each owner token, so anyone who may read
@@ -607,6 +634,7 @@ impl LockManagerBuilder {
             default_wait: self.default_wait,
             default_fair,
             holder_label: self.holder_label,
+            orders: Orders::new(self.lock_order),
             stats: Counters::default(),
             servers_seen: Default::default(),
         }))

@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::background::Background;
 use crate::keys::LockKeys;
 use crate::notify::Notifications;
+use crate::order::Orders;
 use crate::renew::Renewals;
 use crate::topology::Deployment;
 
@@ -30,6 +31,8 @@ pub(crate) struct Context {
     pub(crate) default_fair: bool,
     /// Appended to every owner token (`token:label`), for `inspect`.
     pub(crate) holder_label: Option<String>,
+    /// The lock order check's record.
+    pub(crate) orders: Orders,
     pub(crate) stats: Counters,
     /// The servers the last `ping` found, as it logged them (see `diagnose.rs`).
     pub(crate) servers_seen: std::sync::Mutex<Option<String>>,

@@ -71,6 +71,22 @@ pub enum LockError {
         key: String,
     },
 
+    /// A task holding a key of class `held` asked for one of class `wanted`, where some task of
+    /// this manager took them the other way round before (or `wanted` is `held`: another key of
+    /// a class it holds). Two tasks doing so wait for each other until their waits run out.
+    /// Returned at once, before Redis is asked, under
+    /// [`LockOrder::Fail`](crate::LockOrder::Fail); see
+    /// [`LockManagerBuilder::lock_order`](crate::LockManagerBuilder::lock_order).
+    #[error(
+        "lock order inversion: a key of class `{wanted}` was asked for while this task holds          one of class `{held}`, and this manager has seen them taken the other way round (or          the two are keys of one class): two tasks nesting them in opposite orders deadlock          until their waits run out; take the classes in one order everywhere, or take both keys          in one request (all or nothing)"
+    )]
+    LockOrderInversion {
+        /// The class held (a key template with its placeholders blanked, or a key).
+        held: String,
+        /// The class asked for.
+        wanted: String,
+    },
+
     /// A try-lock (`wait = 0`) found the lock held and did not wait. (With
     /// [`min_replicas`](crate::LockManagerBuilder::min_replicas), one whose attempt the replicas
     /// did not confirm fails with [`LockError::Replication`] instead.)
@@ -307,6 +323,7 @@ impl LockError {
             | Self::InvalidUrl { .. } => ErrorClass::Misconfigured,
             Self::HeldByThisTask { .. }
             | Self::UpgradeNotSupported { .. }
+            | Self::LockOrderInversion { .. }
             | Self::InvalidKey { .. } => ErrorClass::CallerBug,
         }
     }
@@ -367,7 +384,8 @@ impl LockError {
 
     /// True when the calling code used the lock wrongly: an `acquire` that would wait for a key
     /// its own task holds ([`LockError::HeldByThisTask`]), an exclusive call inside a shared
-    /// hold of its key ([`LockError::UpgradeNotSupported`]), an unusable key
+    /// hold of its key ([`LockError::UpgradeNotSupported`]), a nesting in a lock order that
+    /// deadlocks ([`LockError::LockOrderInversion`]), an unusable key
     /// ([`LockError::InvalidKey`]). A bug to fix ([`ErrorClass::CallerBug`]).
     ///
     /// ```no_run
@@ -435,7 +453,7 @@ impl LockError {
 /// | `Contention` | `Timeout`, `NotAcquired` | somebody else holds the lock: try again later | 409 Conflict |
 /// | `Unavailable` | `Redis`, `RedisTimeout`, `NoQuorum`, `Replication`, `LeaseLost`, `AnsweredTooLate` | Redis could not be asked, or could not keep the lease: try again later | 503 Service Unavailable |
 /// | `Misconfigured` | `Misconfigured`, `WrongType`, `InvalidUrl`, `InvalidConfig`, `NotConfigured` | the settings or the deployment are wrong: retrying never helps, an operator must fix them | 500 Internal Server Error |
-/// | `CallerBug` | `HeldByThisTask`, `UpgradeNotSupported`, `InvalidKey` | the calling code used the lock wrongly: fix the code | 500 Internal Server Error |
+/// | `CallerBug` | `HeldByThisTask`, `UpgradeNotSupported`, `LockOrderInversion`, `InvalidKey` | the calling code used the lock wrongly: fix the code | 500 Internal Server Error |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorClass {
@@ -751,6 +769,13 @@ mod tests {
                 ErrorClass::CallerBug,
             ),
             (
+                LockError::LockOrderInversion {
+                    held: "a:{}".to_owned(),
+                    wanted: "b:{}".to_owned(),
+                },
+                ErrorClass::CallerBug,
+            ),
+            (
                 LockError::InvalidKey {
                     key: key(),
                     reason: "empty",
@@ -850,6 +875,7 @@ mod tests {
                 LockError::NotAcquired { .. } => "NotAcquired",
                 LockError::HeldByThisTask { .. } => "HeldByThisTask",
                 LockError::UpgradeNotSupported { .. } => "UpgradeNotSupported",
+                LockError::LockOrderInversion { .. } => "LockOrderInversion",
                 LockError::InvalidKey { .. } => "InvalidKey",
                 LockError::LeaseLost { .. } => "LeaseLost",
                 LockError::AnsweredTooLate { .. } => "AnsweredTooLate",

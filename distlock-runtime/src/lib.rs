@@ -304,6 +304,7 @@
 //! | `distlock_handoffs_total` | counter | `template`, `mode` | fair leases handed over by a release |
 //! | `distlock_renewals_total` | counter | `outcome` (`ok`, `failed`) | renewal round trips |
 //! | `distlock_subscriber_reconnects_total` | counter | | subscriber connections opened after the first |
+//! | `distlock_lock_order_inversions_total` | counter | | nested requests that took two lock classes in the order opposite to one seen before (see [`LockOrder`]) |
 //! | `distlock_terms_started_total` | counter | `election` | terms of an [`Election`] this process began leading |
 //! | `distlock_terms_lost_total` | counter | `election` | terms lost while held (renewal failed past the validity, or the key was taken or force-released); a resigned or dropped term is not lost |
 //!
@@ -367,6 +368,7 @@ mod lease;
 mod manager;
 mod mode;
 mod notify;
+mod order;
 mod reentrancy;
 mod refusal;
 mod release;
@@ -393,6 +395,7 @@ pub use inspect::{LockInfo, Owner};
 pub use lease::Lease;
 pub use manager::{default_manager, set_default_manager, LockManager, LockStats};
 pub use mode::LockMode;
+pub use order::LockOrder;
 pub use reentrancy::{current_fencing_token, current_lease, CurrentLease};
 pub use request::LockRequest;
 pub use topology::ServerKind;

@@ -90,6 +90,7 @@ impl LockManager {
     /// lease.release().await?;
     /// # Ok(()) }
     /// ```
+    #[track_caller]
     pub fn lock(&self, key: impl Into<String>) -> LockRequest {
         self.lock_all([key])
     }
@@ -105,6 +106,7 @@ impl LockManager {
     /// let price = locks.read_lock("product:7").run(async { 42 }).await?;
     /// # Ok(()) }
     /// ```
+    #[track_caller]
     pub fn read_lock(&self, key: impl Into<String>) -> LockRequest {
         LockRequest::new(Arc::clone(&self.context), Vec::new()).read_keys([key])
     }
@@ -122,6 +124,7 @@ impl LockManager {
     ///     .await?;
     /// # Ok(()) }
     /// ```
+    #[track_caller]
     pub fn lock_all<I, K>(&self, keys: I) -> LockRequest
     where
         I: IntoIterator<Item = K>,
@@ -148,6 +151,7 @@ impl LockManager {
     /// }
     /// # Ok(()) }
     /// ```
+    #[track_caller]
     pub fn try_lock(&self, key: impl Into<String>) -> LockRequest {
         self.lock(key).wait(Duration::ZERO)
     }

@@ -24,8 +24,10 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
+use crate::context::Context;
 use crate::error::LockError;
 use crate::mode::{KeyModes, LockMode};
+use crate::order::{Class, Site};
 use crate::sync::lock;
 use crate::wait::Wait;
 
@@ -47,6 +49,41 @@ struct Frame {
     parent: Option<Arc<Frame>>,
     /// Shared by every frame of the task's chain.
     loans: Arc<Loans>,
+    /// The keys' classes, for the lock order check.
+    named: Named,
+}
+
+/// The lock order check's class of each key of a request or frame (see `order.rs`), and where
+/// it was asked for.
+#[derive(Debug, Clone)]
+pub(crate) struct Named {
+    /// One per key, in the keys' order, where an attribute named them; `None`: each key is its
+    /// own class.
+    pub(crate) classes: Option<Arc<[&'static str]>>,
+    pub(crate) site: Site,
+}
+
+impl Named {
+    /// The class of `keys[at]`.
+    fn class<'a>(&'a self, keys: &'a [String], at: usize) -> Class<'a> {
+        Class {
+            name: self
+                .classes
+                .as_ref()
+                .map_or(&keys[at], |classes| classes[at]),
+            key: &keys[at],
+            site: self.site,
+        }
+    }
+
+    /// The classes of the keys at the positions `at`, in that order.
+    fn pick(&self, at: &[usize]) -> Self {
+        let classes = self.classes.as_ref();
+        Self {
+            classes: classes.map(|classes| at.iter().map(|&i| classes[i]).collect()),
+            site: self.site,
+        }
+    }
 }
 
 impl Frame {
@@ -89,6 +126,9 @@ pub(crate) struct Found {
     /// keys are borrowed, so that no loan is kept while waiting on Redis (a sibling using a
     /// held key could be waiting for a key of this request's lease).
     pub(crate) missing: KeyModes,
+    /// The classes of the held keys and of the missing ones.
+    held_named: Named,
+    missing_named: Named,
 }
 
 /// A `run`'s place on the current task: the frame its body runs in, and the held keys it
@@ -108,6 +148,29 @@ impl Drop for Entry {
     }
 }
 
+/// Checks the lock order of a request for `keys` (classes `named`) that no enclosing body holds,
+/// made through `context` on the current task, against the keys that enclosing bodies hold
+/// through it: see `order.rs`.
+///
+/// # Errors
+/// [`LockError::LockOrderInversion`] under [`LockOrder::Fail`](crate::LockOrder::Fail).
+pub(crate) fn check_order(
+    context: &Context,
+    keys: &[String],
+    named: &Named,
+) -> Result<(), LockError> {
+    let Some(innermost) = innermost().filter(|_| context.orders.on()) else {
+        return Ok(());
+    };
+    let held: Vec<Class<'_>> = innermost
+        .chain()
+        .filter(|frame| frame.manager_id == context.id)
+        .flat_map(|frame| (0..frame.keys.len()).map(|at| frame.named.class(&frame.keys, at)))
+        .collect();
+    let wanted: Vec<Class<'_>> = (0..keys.len()).map(|at| named.class(keys, at)).collect();
+    context.orders.check(&held, &wanted)
+}
+
 /// The first of `keys` that an enclosing `run` body on the current task holds through
 /// `manager_id`, if any: what a plain acquire, which cannot re-enter, refuses.
 pub(crate) fn first_held(manager_id: u64, keys: &[String]) -> Option<&str> {
@@ -125,14 +188,15 @@ pub(crate) fn first_held(manager_id: u64, keys: &[String]) -> Option<&str> {
 /// asked (an exclusive call inside a shared or permit hold): waiting for it would deadlock two
 /// readers that both asked.
 pub(crate) fn find(
-    manager_id: u64,
+    context: &Context,
     keys: &[String],
     modes: &[LockMode],
+    named: &Named,
 ) -> Result<Found, LockError> {
-    let parent = innermost();
-    let (mut wanted, mut held_modes) = (Vec::new(), Vec::new());
-    let (mut missing, mut missing_modes) = (Vec::new(), Vec::new());
-    for (key, &mode) in keys.iter().zip(modes) {
+    let (manager_id, parent) = (context.id, innermost());
+    let (mut wanted, mut held_modes, mut held_at) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut missing, mut missing_modes, mut missing_at) = (Vec::new(), Vec::new(), Vec::new());
+    for (at, (key, &mode)) in keys.iter().zip(modes).enumerate() {
         match parent.as_ref().and_then(|p| p.holder(manager_id, key)) {
             Some((_, held)) if !held.covers(mode) => {
                 return Err(LockError::UpgradeNotSupported { key: key.clone() });
@@ -140,19 +204,27 @@ pub(crate) fn find(
             Some((frame, held)) => {
                 wanted.push((frame.id, key.clone()));
                 held_modes.push(held);
+                held_at.push(at);
             }
             None => {
                 missing.push(key.clone());
                 missing_modes.push(mode);
+                missing_at.push(at);
             }
         }
+    }
+    let missing_named = named.pick(&missing_at);
+    if parent.is_some() && !missing.is_empty() {
+        check_order(context, &missing, &missing_named)?;
     }
     Ok(Found {
         manager_id,
         parent,
         wanted,
         held_modes,
+        held_named: named.pick(&held_at),
         missing: (missing.into(), missing_modes.into()),
+        missing_named,
     })
 }
 
@@ -214,12 +286,12 @@ impl Found {
             .map_or_else(Arc::default, |p| Arc::clone(&p.loans));
         let borrowed = (!self.wanted.is_empty()).then(|| {
             let keys = self.wanted.into_iter().map(|(_, key)| key).collect();
-            (keys, self.held_modes.into(), None)
+            (keys, self.held_modes.into(), None, self.held_named)
         });
         let (keys, modes) = self.missing;
-        let lease = fencing_token.map(|token| (keys, modes, Some(token)));
+        let lease = fencing_token.map(|token| (keys, modes, Some(token), self.missing_named));
         let mut frame = self.parent;
-        for (keys, modes, fencing_token) in [borrowed, lease].into_iter().flatten() {
+        for (keys, modes, fencing_token, named) in [borrowed, lease].into_iter().flatten() {
             frame = Some(Arc::new(Frame {
                 id: crate::ids::next_id(),
                 manager_id: self.manager_id,
@@ -228,6 +300,7 @@ impl Found {
                 fencing_token,
                 parent: frame,
                 loans: Arc::clone(&loans),
+                named,
             }));
         }
         frame

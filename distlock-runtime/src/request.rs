@@ -13,7 +13,8 @@ use crate::context::Context;
 use crate::error::LockError;
 use crate::lease::Lease;
 use crate::mode::{KeyModes, LockMode};
-use crate::reentrancy;
+use crate::order::Site;
+use crate::reentrancy::{self, Named};
 use crate::telemetry::Tags;
 use crate::validity::check_ttl;
 use crate::wait::Wait;
@@ -49,10 +50,16 @@ pub struct LockRequest {
     hold_at_least: Option<Duration>,
     /// Names the request in metrics and spans.
     label: &'static str,
+    /// The lock order check's class of each key (`keys`, then `read`, as given) where an
+    /// attribute named them; `None`: each key is its own class.
+    classes: Option<&'static [&'static str]>,
+    /// Where the request was made, for the lock order check's warnings.
+    site: Site,
 }
 
 impl LockRequest {
     /// A request for `keys` with the manager's defaults and renewal on.
+    #[track_caller]
     pub(crate) fn new(manager: Arc<Context>, keys: Vec<String>) -> Self {
         Self {
             ttl: manager.default_ttl,
@@ -65,7 +72,21 @@ impl LockRequest {
             fair: None,
             hold_at_least: None,
             label: crate::telemetry::UNLABELLED,
+            classes: None,
+            site: Site::Call(std::panic::Location::caller()),
         }
+    }
+
+    /// An annotated fn's request: the class of each key (exclusive, then shared, as written)
+    /// and the fn's name, for the lock order check.
+    pub(crate) fn attribute(
+        mut self,
+        classes: &'static [&'static str],
+        name: &'static str,
+    ) -> Self {
+        self.classes = Some(classes);
+        self.site = Site::Attribute(name);
+        self
     }
 
     /// The `template` label of this request's metrics and span: what the request is for, such as
@@ -253,12 +274,13 @@ impl LockRequest {
     /// or a ttl outside [`MIN_TTL`](crate::MIN_TTL)..=[`MAX_TTL`](crate::MAX_TTL); [`LockError::Redis`] / [`LockError::RedisTimeout`] when Redis
     /// cannot be asked within the manager's timeouts.
     pub async fn acquire(mut self) -> Result<Lease, LockError> {
-        let ask = self.ask()?;
+        let (ask, named) = self.ask()?;
         if let Some(key) = reentrancy::first_held(self.manager.id, &ask.keys) {
             return Err(LockError::HeldByThisTask {
                 key: key.to_owned(),
             });
         }
+        reentrancy::check_order(&self.manager, &ask.keys, &named)?;
         acquire::acquire(&self.manager, ask).await
     }
 
@@ -307,8 +329,8 @@ impl LockRequest {
         // and each would embed a copy of it; a body that makes nested calls would multiply
         // them level by level (three nested levels overflowed a test thread's 2 MB stack).
         let body = Box::pin(body);
-        let ask = self.ask()?;
-        let found = reentrancy::find(self.manager.id, &ask.keys, &ask.modes)?;
+        let (ask, named) = self.ask()?;
+        let found = reentrancy::find(&self.manager, &ask.keys, &ask.modes, &named)?;
         if found.missing.0.is_empty() {
             let entry = found.borrow(ask.wait, None).await?;
             return Ok(entry.scope(body).await);
@@ -355,10 +377,14 @@ impl LockRequest {
         .await
     }
 
-    /// The request checked, as the acquire takes it (its wait starts now).
-    fn ask(&mut self) -> Result<Ask, LockError> {
-        let read = std::mem::take(&mut self.read);
-        let (keys, modes) = prepare_keys(std::mem::take(&mut self.keys), read, self.permits)?;
+    /// The request checked, as the acquire takes it (its wait starts now), and its keys'
+    /// classes.
+    fn ask(&mut self) -> Result<(Ask, Named), LockError> {
+        let (keys, read) = (
+            std::mem::take(&mut self.keys),
+            std::mem::take(&mut self.read),
+        );
+        let ((keys, modes), classes) = prepare_keys(keys, read, self.permits, self.classes)?;
         check_ttl(self.ttl)?;
         // The manager's default applies to single-key requests only.
         let default = self.manager.default_fair && keys.len() == 1;
@@ -373,7 +399,11 @@ impl LockRequest {
                 ),
             });
         }
-        Ok(Ask {
+        let named = Named {
+            classes,
+            site: self.site,
+        };
+        let ask = Ask {
             tags: Tags::new(self.label, &modes),
             keys,
             modes,
@@ -381,7 +411,8 @@ impl LockRequest {
             wait: Wait::new(Instant::now(), self.wait),
             renew: self.renew,
             fair,
-        })
+        };
+        Ok((ask, named))
     }
 }
 
@@ -433,12 +464,13 @@ async fn release(lease: Lease) {
 
 /// A request's keys, sorted and de-duplicated, and the mode each is asked in: `keys` exclusively
 /// (or as one of `permits`), `read` shared, a key asked both ways exclusively (which covers
-/// reading it).
+/// reading it); with the class of each, where `classes` gives one per key (`keys`, then `read`).
 fn prepare_keys(
     keys: Vec<String>,
     read: Vec<String>,
     permits: Option<u32>,
-) -> Result<KeyModes, LockError> {
+    classes: Option<&'static [&'static str]>,
+) -> Result<(KeyModes, Option<Arc<[&'static str]>>), LockError> {
     if keys.is_empty() && read.is_empty() {
         return Err(LockError::InvalidKey {
             key: String::new(),
@@ -469,13 +501,18 @@ fn prepare_keys(
         }
         Some(n) => LockMode::Permits(n),
     };
-    let mut asked: Vec<(String, LockMode)> = keys
+    // (A class list that does not match the keys, from an attribute that did not compile, is
+    // left out.)
+    let classes = classes.filter(|classes| classes.len() == keys.len() + read.len());
+    let mut asked: Vec<(String, LockMode, Option<&'static str>)> = keys
         .into_iter()
         .map(|key| (key, exclusive))
         .chain(read.into_iter().map(|key| (key, LockMode::Shared)))
+        .enumerate()
+        .map(|(at, (key, mode))| (key, mode, classes.map(|classes| classes[at])))
         .collect();
     // By key, the exclusive first, so that de-duplication keeps it.
-    asked.sort_unstable_by(|(a, m), (b, n)| {
+    asked.sort_unstable_by(|(a, m, _), (b, n, _)| {
         a.cmp(b)
             .then((*m == LockMode::Shared).cmp(&(*n == LockMode::Shared)))
     });
@@ -489,8 +526,10 @@ fn prepare_keys(
             ),
         });
     }
-    let (keys, modes): (Vec<String>, Vec<LockMode>) = asked.into_iter().unzip();
-    Ok((keys.into(), modes.into()))
+    let classes = classes.map(|_| asked.iter().filter_map(|asked| asked.2).collect());
+    let (keys, modes): (Vec<String>, Vec<LockMode>) =
+        asked.into_iter().map(|(key, mode, _)| (key, mode)).unzip();
+    Ok(((keys.into(), modes.into()), classes))
 }
 
 #[cfg(test)]
@@ -499,7 +538,8 @@ mod tests {
 
     #[test]
     fn keys_are_sorted_and_deduplicated_and_empty_ones_refused() {
-        let prepare = |keys: Vec<String>| prepare_keys(keys, Vec::new(), None);
+        let prepare =
+            |keys: Vec<String>| prepare_keys(keys, Vec::new(), None, None).map(|(keys, _)| keys);
         let (keys, modes) = prepare(vec!["b".into(), "a".into(), "b".into()]).unwrap();
         assert_eq!(&*keys, ["a", "b"]);
         assert_eq!(&*modes, [LockMode::Exclusive; 2]);
@@ -512,22 +552,35 @@ mod tests {
 
     #[test]
     fn shared_keys_join_the_sorted_keys_and_a_key_asked_both_ways_is_exclusive() {
-        let (keys, modes) = prepare_keys(
+        // Each key's class (an attribute's) follows it through the sort.
+        let given: &'static [&'static str] = &["B", "C", "B'", "A", "C'"];
+        let ((keys, modes), classes) = prepare_keys(
             vec!["b".into()],
             vec!["c".into(), "b".into(), "a".into(), "c".into()],
             None,
+            Some(given),
         )
         .unwrap();
         assert_eq!(&*keys, ["a", "b", "c"]);
+        assert_eq!(classes.as_deref(), Some(&["A", "B", "C"][..]));
         use LockMode::{Exclusive, Shared};
         assert_eq!(&*modes, [Shared, Exclusive, Shared]);
-        let (keys, modes) = prepare_keys(Vec::new(), vec!["doc".into()], None).unwrap();
+        let (keys, modes) = prepare_keys(Vec::new(), vec!["doc".into()], None, None)
+            .map(|(keys, _)| keys)
+            .unwrap();
         assert_eq!((&*keys, &*modes), (&["doc".to_owned()][..], &[Shared][..]));
     }
 
     #[test]
     fn permits_take_one_key_and_at_least_one_permit() {
-        let one = prepare_keys(vec!["pool".into(), "pool".into()], Vec::new(), Some(8)).unwrap();
+        let one = prepare_keys(
+            vec!["pool".into(), "pool".into()],
+            Vec::new(),
+            Some(8),
+            None,
+        )
+        .map(|(keys, _)| keys)
+        .unwrap();
         assert_eq!(&*one.1, [LockMode::Permits(8)]);
         for (keys, read, n) in [
             (vec!["pool"], vec![], 0),
@@ -537,7 +590,7 @@ mod tests {
             let keys = keys.into_iter().map(String::from).collect();
             let read = read.into_iter().map(String::from).collect();
             assert!(matches!(
-                prepare_keys(keys, read, Some(n)),
+                prepare_keys(keys, read, Some(n), None).map(|(keys, _)| keys),
                 Err(LockError::InvalidConfig {
                     what: "permits",
                     ..

@@ -117,6 +117,12 @@ pub(crate) fn subscriber_reconnect() {
     metrics::counter!("distlock_subscriber_reconnects_total").increment(1);
 }
 
+/// A nested request inverted a lock order seen before (see `order.rs`).
+pub(crate) fn lock_order_inversion() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("distlock_lock_order_inversions_total").increment(1);
+}
+
 /// Rate-limits a warning that may repeat for every lock while Redis is away: the first is let
 /// through at once, later ones at most once a [`Throttle::EVERY`], each with how many were held
 /// back since the last.

@@ -530,10 +530,12 @@ impl Drop for TestRedis {
     }
 }
 
-/// `builder` with the test servers' 2 s connect, response and pool-wait timeouts.
+/// `builder` with the test servers' 2 s connect, response and pool-wait timeouts, and the lock
+/// order check failing a nested call at once ([`LockOrder::Fail`](crate::LockOrder::Fail)).
 pub(crate) fn with_test_timeouts(builder: LockManagerBuilder) -> LockManagerBuilder {
     let timeout = Duration::from_secs(2);
     builder
+        .lock_order(crate::LockOrder::Fail)
         .connect_timeout(timeout)
         .response_timeout(timeout)
         .pool_wait_timeout(timeout)
