@@ -10,6 +10,10 @@
 //! - `permit`, `permit-fair`: the same two with the key held as one of 1 permit (`permits(1)`).
 //! - `macro`: the fair cycle through a `#[distributed_lock]` fn (fair, the default), compared
 //!   with `uncontended-fair`.
+//! - `nested`, `nested-unchecked`: the `uncontended` cycle through `run`, nested in a `run` body
+//!   that holds another key, so that each cycle passes the lock order check; the second on a
+//!   manager with `LockOrder::Off`. `lock-order` runs the two interleaved (50 rounds) and prints
+//!   the median of the per-round throughput ratios: what the check costs.
 //! - `contended`: W workers (across P processes with `--procs`; fair with `--fair`) on one key,
 //!   each critical section holding it `--body-ms` (0 by default) between round trips to Redis
 //!   that would show a broken lock, counted as violations. `--mode`:
@@ -74,7 +78,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
 use distlock_examples::local_redis::LocalRedis;
-use distlock_runtime::{distributed_lock, LockError, LockManager, LockRequest};
+use distlock_runtime::{
+    distributed_lock, LockError, LockManager, LockManagerBuilder, LockOrder, LockRequest,
+};
 use redis::aio::MultiplexedConnection;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -171,6 +177,13 @@ enum Scenario {
     /// `permit` with `fair(true)`.
     PermitFair,
     Macro,
+    /// `uncontended` nested in a `run` body that holds another key: each cycle passes the lock
+    /// order check (`LockOrder::Warn`, the default).
+    Nested,
+    /// `nested` on a manager with `LockOrder::Off`.
+    NestedUnchecked,
+    /// `nested` against `nested-unchecked`, interleaved: what the lock order check costs.
+    LockOrder,
     Contended,
     Held,
     /// How the cost grows with keys per request and leases held.
@@ -217,6 +230,7 @@ async fn main() -> ExitCode {
         (None, true, _) => compare(&cli, &url).await,
         (None, false, Some(Scenario::Contended)) => contended(&cli, &url).await,
         (None, false, Some(Scenario::Held)) => held(&cli, &url).await,
+        (None, false, Some(Scenario::LockOrder)) => lock_order_cost(&cli, &url).await,
         (None, false, Some(Scenario::Growth)) => growth(&cli, &url).await,
         (None, false, Some(Scenario::Election)) => election(&cli, &url).await,
         (None, false, Some(Scenario::ElectionWorker)) => election_worker(&cli, &url).await,
@@ -237,11 +251,13 @@ async fn main() -> ExitCode {
 type Fallible<T> = Result<T, String>;
 
 fn manager(url: &str) -> Fallible<LockManager> {
+    manager_builder(url).build().map_err(|e| e.to_string())
+}
+
+fn manager_builder(url: &str) -> LockManagerBuilder {
     LockManager::builder()
         .url(url)
         .prefix(format!("distlock-bench:{}:", std::process::id()))
-        .build()
-        .map_err(|e| e.to_string())
 }
 
 /// Deletes the fencing counters the run's locks on `keys` left (`PREFIXfence:{KEY}`; they
@@ -388,10 +404,38 @@ async fn macro_cycles(locks: &LockManager, n: u32) -> Fallible<Cycles> {
     Ok(cycles)
 }
 
+/// `n` cycles of a lock on `nested`, each nested in one `run` body that holds `nested-outer`
+/// throughout: every cycle goes through the lock order check (unless the manager's is off).
+async fn nested_cycles(locks: &LockManager, n: u32) -> Fallible<Cycles> {
+    let outer = locks
+        .lock("nested-outer")
+        .fair(false)
+        .ttl(Duration::from_secs(60));
+    let body = async {
+        let mut cycles = Cycles::default();
+        let started = Instant::now();
+        for _ in 0..n {
+            let t = Instant::now();
+            locks
+                .lock("nested")
+                .fair(false)
+                .run(async {})
+                .await
+                .map_err(|e| e.to_string())?;
+            cycles.latencies.push(t.elapsed());
+        }
+        cycles.total = started.elapsed();
+        Ok(cycles)
+    };
+    outer.run(body).await.map_err(|e| e.to_string())?
+}
+
+/// Runs `n` cycles of `scenario` on `locks` (`nested-unchecked` on `unchecked`, the same
+/// manager's settings with the lock order check off).
 async fn run_scenario(
     scenario: Scenario,
     conn: &mut MultiplexedConnection,
-    locks: &LockManager,
+    (locks, unchecked): (&LockManager, &LockManager),
     n: u32,
 ) -> Fallible<Cycles> {
     match scenario {
@@ -407,7 +451,10 @@ async fn run_scenario(
         Scenario::Permit => uncontended_cycles(locks, "permit", Role::Permit(1), n, false).await,
         Scenario::PermitFair => uncontended_cycles(locks, "permit", Role::Permit(1), n, true).await,
         Scenario::Macro => macro_cycles(locks, n).await,
-        Scenario::Contended
+        Scenario::Nested => nested_cycles(locks, n).await,
+        Scenario::NestedUnchecked => nested_cycles(unchecked, n).await,
+        Scenario::LockOrder
+        | Scenario::Contended
         | Scenario::Held
         | Scenario::Growth
         | Scenario::Election
@@ -425,6 +472,9 @@ fn scenario_name(s: Scenario) -> &'static str {
         Scenario::Permit => "permit",
         Scenario::PermitFair => "permit-fair",
         Scenario::Macro => "macro",
+        Scenario::Nested => "nested",
+        Scenario::NestedUnchecked => "nested-unchecked",
+        Scenario::LockOrder => "lock-order",
         Scenario::Contended => "contended",
         Scenario::Held => "held",
         Scenario::Growth => "growth",
@@ -442,8 +492,10 @@ async fn measure(
 ) -> Fallible<Vec<(Scenario, Cycles)>> {
     let mut conn = connection(url).await?;
     let locks = manager(url)?;
+    let unchecked = manager_builder(url).lock_order(LockOrder::Off).build();
+    let managers = (&locks, &unchecked.map_err(|e| e.to_string())?);
     for &s in scenarios {
-        run_scenario(s, &mut conn, &locks, 1_000.min(cli.cycles)).await?;
+        run_scenario(s, &mut conn, managers, 1_000.min(cli.cycles)).await?;
     }
     let rounds = 50;
     let per_round = (cli.cycles / rounds).max(1);
@@ -451,13 +503,20 @@ async fn measure(
         scenarios.iter().map(|&s| (s, Cycles::default())).collect();
     for _ in 0..rounds {
         for (s, total) in &mut results {
-            total.add_round(run_scenario(*s, &mut conn, &locks, per_round).await?);
+            total.add_round(run_scenario(*s, &mut conn, managers, per_round).await?);
         }
     }
     remove_counters(
         &mut conn,
         locks.prefix(),
-        ["uncontended", "macro", "shared", "permit"],
+        [
+            "uncontended",
+            "macro",
+            "shared",
+            "permit",
+            "nested",
+            "nested-outer",
+        ],
     )
     .await?;
     Ok(results)
@@ -488,6 +547,30 @@ fn print_cycles(results: &[(Scenario, Cycles)]) {
             us(c.quantile(0.99))
         );
     }
+}
+
+/// The nested cycle with the lock order check against the same cycle without it, interleaved:
+/// the median of the per-round throughput ratios.
+async fn lock_order_cost(cli: &Cli, url: &str) -> Fallible<()> {
+    let scenarios = [Scenario::NestedUnchecked, Scenario::Nested];
+    let results = measure(cli, url, &scenarios).await?;
+    let mut ratios: Vec<f64> = (results[1].1.round_rates.iter())
+        .zip(&results[0].1.round_rates)
+        .map(|(checked, unchecked)| checked / unchecked)
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    let ratio = ratios.get(ratios.len() / 2).copied().unwrap_or(f64::NAN);
+    if cli.json {
+        println!(
+            "{}",
+            json!({ "scenario": "lock-order", "nested_over_nested_unchecked": ratio })
+        );
+    } else {
+        print_cycles(&results);
+        println!();
+        println!("nested / nested-unchecked = {ratio:.3}  (median of per-round throughput ratios)");
+    }
+    Ok(())
 }
 
 async fn single(cli: &Cli, url: &str, scenario: Scenario) -> Fallible<()> {

@@ -177,6 +177,13 @@
 //! `docs/modes.md` in the repository says how readers, writers and permits are served in
 //! arrival order, what unfair requests do, and how each topology holds them.
 //!
+//! # Nesting and lock order
+//! A `run` body or annotated fn that asks for a key its task already holds re-enters it (see
+//! [`LockRequest::run`]). Nested locks on different keys are checked for their order
+//! ([`LockOrder`]): a nesting that deadlocks with one taken the other way round before logs a
+//! warning (the default), or, under [`LockOrder::Fail`] (the testing helpers' managers), fails
+//! at once with [`LockError::LockOrderInversion`].
+//!
 //! # Leader election
 //! [`LockManager::election`] elects one leader per name across the fleet: [`Election::run`]
 //! serves for the process's life, calling its function with a [`Term`] while this candidate

@@ -24,7 +24,52 @@ use crate::error::LockError;
 use crate::sync::lock;
 
 /// What a manager does when a task nests lock classes in an order that deadlocks with an order
-/// seen before (see [`LockManagerBuilder::lock_order`](crate::LockManagerBuilder::lock_order)).
+/// seen before: [`LockManagerBuilder::lock_order`](crate::LockManagerBuilder::lock_order).
+///
+/// Nested locks taken in opposite orders deadlock across the fleet: `transfer(a, b)` locking
+/// `acct:{a}` and calling `deposit(b)`, which locks `acct:{b}`, waits for `transfer(b, a)`, which
+/// waits for it, until both waits run out and fail as contention. The check finds such an order
+/// the first time it is taken, before it deadlocks, from the order locks are taken in (as the
+/// Linux kernel's lockdep does):
+///
+/// - A key's **class** is its attribute template with the placeholders blanked (`acct:{a}` and
+///   `acct:{b}` are both `acct:{}`), or, for a key given to the explicit API
+///   ([`LockManager::lock`](crate::LockManager::lock) and the like), the key itself.
+/// - When a task holding keys (inside a [`run`](crate::LockRequest::run) body or an annotated
+///   fn) asks this manager for more, each class it holds is recorded as taken before each class
+///   it asks for. The request is an **inversion** if some task of the manager took two of them
+///   the other way round before, or if it asks for another key of a class it holds (two
+///   accounts, one inside the other).
+/// - Never an inversion: re-entering a key the task holds; the keys of one request, which are
+///   taken together, all or nothing (`lock_all`, an attribute's key list); keys held through
+///   another manager; a lease from [`acquire`](crate::LockRequest::acquire) kept outside a body
+///   (it belongs to no task's record).
+/// - The check asks Redis nothing, runs only for nested requests, and remembers at most 10,000
+///   pairs of classes per manager (a warning says when it stops recording).
+///
+/// An order meant both ways is not declared but written so: take the keys in one request
+/// (`lock_all(["acct:1", "acct:2"])`, or both in the attribute's list), or give the nested call
+/// a manager of its own with `LockOrder::Off`. Cycles through three or more classes (a in b, b
+/// in c, c in a) are not found; pairs are.
+///
+/// ```no_run
+/// # use distlock_runtime::{distributed_lock, LockError, LockManager};
+/// #[distributed_lock("acct:{from}", manager = locks)]
+/// async fn transfer(locks: &LockManager, from: u64, to: u64) -> Result<(), LockError> {
+///     deposit(locks, to).await // `acct:{}` inside `acct:{}`: an inversion
+/// }
+///
+/// #[distributed_lock("acct:{to}", manager = locks)]
+/// async fn deposit(locks: &LockManager, to: u64) -> Result<(), LockError> {
+///     Ok(())
+/// }
+///
+/// // Instead: both accounts in one request, all or nothing.
+/// #[distributed_lock("acct:{from}", "acct:{to}", manager = locks)]
+/// async fn transfer_both(locks: &LockManager, from: u64, to: u64) -> Result<(), LockError> {
+///     Ok(())
+/// }
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum LockOrder {
     /// No check, nothing recorded.
@@ -58,6 +103,10 @@ impl fmt::Display for Site {
         }
     }
 }
+
+/// The class of each key of a request, in the keys' order, where an attribute named them;
+/// `None`: each key is its own class.
+pub(crate) type Classes = Option<Arc<[&'static str]>>;
 
 /// One key of a request, as the check sees it.
 #[derive(Debug, Clone, Copy)]

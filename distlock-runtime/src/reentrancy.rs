@@ -27,7 +27,7 @@ use tokio::sync::Notify;
 use crate::context::Context;
 use crate::error::LockError;
 use crate::mode::{KeyModes, LockMode};
-use crate::order::{Class, Site};
+use crate::order::{Class, Classes, Site};
 use crate::sync::lock;
 use crate::wait::Wait;
 
@@ -57,9 +57,7 @@ struct Frame {
 /// it was asked for.
 #[derive(Debug, Clone)]
 pub(crate) struct Named {
-    /// One per key, in the keys' order, where an attribute named them; `None`: each key is its
-    /// own class.
-    pub(crate) classes: Option<Arc<[&'static str]>>,
+    pub(crate) classes: Classes,
     pub(crate) site: Site,
 }
 

@@ -13,7 +13,7 @@ use crate::context::Context;
 use crate::error::LockError;
 use crate::lease::Lease;
 use crate::mode::{KeyModes, LockMode};
-use crate::order::Site;
+use crate::order::{Classes, Site};
 use crate::reentrancy::{self, Named};
 use crate::telemetry::Tags;
 use crate::validity::check_ttl;
@@ -470,7 +470,7 @@ fn prepare_keys(
     read: Vec<String>,
     permits: Option<u32>,
     classes: Option<&'static [&'static str]>,
-) -> Result<(KeyModes, Option<Arc<[&'static str]>>), LockError> {
+) -> Result<(KeyModes, Classes), LockError> {
     if keys.is_empty() && read.is_empty() {
         return Err(LockError::InvalidKey {
             key: String::new(),

@@ -9,7 +9,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use distlock_runtime::LockError;
+use distlock_runtime::{LockError, LockOrder};
 use distlock_tests::{free_port, manager_at, RedisServer};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
@@ -364,4 +364,51 @@ async fn terms_started_and_lost_are_counted_per_election_and_a_resignation_is_no
     assert_eq!(counter(started, &labels), started_before + 2.0);
     // Another election's series is its own.
     assert_eq!(counter(started, &[("election", "other")]), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_lock_order_inversion_is_counted_and_each_failed_one_too() {
+    let _serial = serial().await;
+    const INVERSIONS: &str = "distlock_lock_order_inversions_total";
+    let server = RedisServer::start();
+    let warn = server
+        .manager_builder()
+        .lock_order(LockOrder::Warn)
+        .build()
+        .unwrap();
+    let before = counter(INVERSIONS, &[]);
+    let nest = |locks: distlock_runtime::LockManager, outer: &'static str, inner: &'static str| async move {
+        locks
+            .lock(outer)
+            .run(async { locks.lock(inner).run(async {}).await })
+            .await
+            .unwrap()
+    };
+    nest(warn.clone(), "metrics-order-a", "metrics-order-b")
+        .await
+        .unwrap();
+    assert_eq!(
+        counter(INVERSIONS, &[]),
+        before,
+        "the first order is no inversion"
+    );
+    // Warned once, counted twice.
+    nest(warn.clone(), "metrics-order-b", "metrics-order-a")
+        .await
+        .unwrap();
+    nest(warn.clone(), "metrics-order-b", "metrics-order-a")
+        .await
+        .unwrap();
+    assert_eq!(counter(INVERSIONS, &[]), before + 2.0);
+    // The harness's managers fail: counted too.
+    let fail = server.manager();
+    nest(fail.clone(), "metrics-order-c", "metrics-order-d")
+        .await
+        .unwrap();
+    let refused = nest(fail, "metrics-order-d", "metrics-order-c").await;
+    assert!(
+        matches!(refused, Err(LockError::LockOrderInversion { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(counter(INVERSIONS, &[]), before + 3.0);
 }

@@ -364,8 +364,9 @@ impl TestRedis {
         self.child.as_ref().map(Child::id)
     }
 
-    /// A manager for this server, with 2 s connect, response and pool-wait timeouts: short
-    /// enough to fail a test quickly, long enough never to fire on a loaded CI machine.
+    /// A manager for this server, with 2 s connect, response and pool-wait timeouts (short
+    /// enough to fail a test quickly, long enough never to fire on a loaded CI machine), and
+    /// [`LockOrder::Fail`](crate::LockOrder::Fail): a lock order inversion fails the call.
     ///
     /// # Panics
     /// Never in practice: the builder of [`manager_builder`](Self::manager_builder) is valid.
