@@ -65,7 +65,7 @@ use crate::sync::lock;
 /// }
 ///
 /// // Instead: both accounts in one request, all or nothing.
-/// #[distributed_lock("acct:{from}", "acct:{to}", manager = locks)]
+/// #[distributed_lock(["acct:{from}", "acct:{to}"], manager = locks)]
 /// async fn transfer_both(locks: &LockManager, from: u64, to: u64) -> Result<(), LockError> {
 ///     Ok(())
 /// }
