@@ -192,10 +192,25 @@ pub(crate) fn find(
     named: &Named,
 ) -> Result<Found, LockError> {
     let (manager_id, parent) = (context.id, innermost());
+    let Some(enclosing) = &parent else {
+        // Outside any body: every key is missing, and no order is taken.
+        return Ok(Found {
+            manager_id,
+            parent: None,
+            wanted: Vec::new(),
+            held_modes: Vec::new(),
+            held_named: Named {
+                classes: None,
+                site: named.site,
+            },
+            missing: (keys.into(), modes.into()),
+            missing_named: named.clone(),
+        });
+    };
     let (mut wanted, mut held_modes, mut held_at) = (Vec::new(), Vec::new(), Vec::new());
     let (mut missing, mut missing_modes, mut missing_at) = (Vec::new(), Vec::new(), Vec::new());
     for (at, (key, &mode)) in keys.iter().zip(modes).enumerate() {
-        match parent.as_ref().and_then(|p| p.holder(manager_id, key)) {
+        match enclosing.holder(manager_id, key) {
             Some((_, held)) if !held.covers(mode) => {
                 return Err(LockError::UpgradeNotSupported { key: key.clone() });
             }
@@ -212,7 +227,7 @@ pub(crate) fn find(
         }
     }
     let missing_named = named.pick(&missing_at);
-    if parent.is_some() && !missing.is_empty() {
+    if !missing.is_empty() {
         check_order(context, &missing, &missing_named)?;
     }
     Ok(Found {
