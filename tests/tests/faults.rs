@@ -17,9 +17,11 @@ use distlock_tests::RedisServer;
 /// How soon after the deployment is whole every manager must serve again.
 const RECOVERY: Duration = Duration::from_secs(5);
 
-/// A ping must end within this (its own timeouts: 0.5 s to connect, 1 s to answer; on a
-/// cluster it may fetch the slot map first, on Sentinel ask for the primary).
-const PING_BOUND: Duration = Duration::from_millis(2500);
+/// A ping must end within this: its own timeouts (0.5 s to connect, 1 s to answer; on a
+/// cluster it may wait up to 1 s for the slot map first, on Sentinel ask for the primary) add
+/// up to 2.5 s, and a loaded machine's scheduling adds to that (a ping of a cluster whose
+/// primary hung was seen out for 2.6 s under two parallel builds); a hung ping stays out.
+const PING_BOUND: Duration = Duration::from_millis(3000);
 
 /// How hard each manager of a load process works.
 #[derive(Clone, Copy)]
