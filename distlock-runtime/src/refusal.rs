@@ -51,6 +51,14 @@ where
 /// (see `error.rs`): Redis 7.2 and later and Valkey name the command, inside a script and
 /// outside; Redis 7.0 names it outside a script only, and inside one names the script's line.
 fn refused_command(code: &str, error: &str) -> String {
+    // `... no permissions to run the 'evalsha' command` (`'cluster|slots'` for a subcommand);
+    // first, as the user's name in the text may hold any of the words looked for below.
+    if let Some(command) = quoted(error, "permissions to run the '") {
+        let shown = command.replace('|', " ").to_uppercase();
+        let (_, at_line) = commands_at(code, error);
+        let grant = grant(&shown);
+        return format!("it may not run {shown}{at_line}; grant it: ACL SETUSER <user> {grant}");
+    }
     // Redis 7.0: `... access at least one of the keys`, `... access one of the keys`; later:
     // `No permissions to access a key`.
     if error.contains("of the keys") || error.contains("access a key") {
@@ -65,17 +73,16 @@ fn refused_command(code: &str, error: &str) -> String {
                 ACL SETUSER <user> &<prefix>* (the manager's prefix, `distlock:` by default)"
             .to_owned();
     }
+    // Redis 7.0 inside a script: the commands on the line it names (`PUBLISH (or SPUBLISH on a
+    // cluster)` granted as said).
     let (commands, at_line) = commands_at(code, error);
-    // `... no permissions to run the 'evalsha' command` (`'cluster|slots'` for a subcommand);
-    // Redis 7.0 inside a script: the commands on the line it names.
-    let commands = match quoted(error, "permissions to run the '") {
-        Some(command) => vec![command.replace('|', " ").to_uppercase()],
-        None => commands,
-    };
     if commands.is_empty() {
         return String::new();
     }
-    let grants: Vec<String> = commands.iter().map(|c| grant(c)).collect();
+    let grants: Vec<String> = commands
+        .iter()
+        .map(|c| format!("+{}", c.to_lowercase()))
+        .collect();
     format!(
         "it may not run {}{at_line}; grant it: ACL SETUSER <user> {}",
         commands.join(" or "),
@@ -274,6 +281,12 @@ mod tests {
                 "NOPERM User u has no permissions to run the 'cluster|slots' command",
                 "may not run CLUSTER SLOTS; grant it: ACL SETUSER <user> +cluster|slots",
             ),
+            // A user whose name holds words the key and channel refusals use.
+            (
+                "NOPERM User channel-svc-of the keys has no permissions to run the 'evalsha' \
+                 command",
+                "may not run EVALSHA; grant it: ACL SETUSER <user> +evalsha",
+            ),
             // A key, inside a script and outside.
             (
                 "ERR The user executing the script can't access at least one of the keys \
@@ -356,6 +369,17 @@ mod tests {
         assert_eq!(
             commands_on("  redis.pcall(publish, L, '')"),
             ["PUBLISH (or SPUBLISH on a cluster)"]
+        );
+        // Redis 7.0, refused on that line: both commands granted as said.
+        let code = "#!lua\nlocal publish = ARGV[1]\nredis.pcall(publish, KEYS[1], '')";
+        let detail = refused_command(
+            code,
+            "ERR The user executing the script can't run this command or subcommand script: \
+             8f9536, on @user_script:3.",
+        );
+        assert!(
+            detail.ends_with("+publish (or spublish on a cluster)"),
+            "{detail}"
         );
     }
 }
