@@ -71,7 +71,7 @@ pub(crate) fn expand(args: &Args, templates: &Templates, item: &LockedFn) -> Tok
         .collect::<Vec<_>>()
         .join(",");
     // The lock order check's classes: each key's template with its placeholders blanked, in
-    // the keys' order (exclusive, then shared), and the fn's name for its warnings.
+    // the keys' order (exclusive, then shared), and the fn's path for its warnings.
     let classes = templates
         .keys
         .iter()
@@ -103,7 +103,7 @@ pub(crate) fn expand(args: &Args, templates: &Templates, item: &LockedFn) -> Tok
                     hold_at_least: #hold_at_least,
                     template: #template,
                     classes: &[#(#classes),*],
-                    name: #name,
+                    name: ::core::concat!(::core::module_path!(), "::", #name),
                 },
                 #on_error,
                 // Boxed once, so nesting annotated calls does not multiply the future's size.

@@ -31,7 +31,7 @@ pub struct Options {
     /// The lock order check's class of each key (exclusive, then shared, as written): its
     /// template with the placeholders blanked.
     pub classes: &'static [&'static str],
-    /// The annotated fn's name, for the lock order check's warnings.
+    /// The annotated fn's path (`module::fn`), for the lock order check's warnings.
     pub name: &'static str,
 }
 

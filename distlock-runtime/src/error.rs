@@ -78,7 +78,11 @@ pub enum LockError {
     /// [`LockOrder::Fail`](crate::LockOrder::Fail); see
     /// [`LockManagerBuilder::lock_order`](crate::LockManagerBuilder::lock_order).
     #[error(
-        "lock order inversion: a key of class `{wanted}` was asked for while this task holds          one of class `{held}`, and this manager has seen them taken the other way round (or          the two are keys of one class): two tasks nesting them in opposite orders deadlock          until their waits run out; take the classes in one order everywhere, or take both keys          in one request (all or nothing)"
+        "lock order inversion: a key of class `{wanted}` was asked for while this task holds \
+         one of class `{held}`, and this manager has seen them taken the other way round (or \
+         the two are keys of one class): two tasks nesting them in opposite orders deadlock \
+         until their waits run out; take the classes in one order everywhere, or take both keys \
+         in one request (all or nothing)"
     )]
     LockOrderInversion {
         /// The class held (a key template with its placeholders blanked, or a key).

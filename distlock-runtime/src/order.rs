@@ -40,7 +40,8 @@ use crate::sync::lock;
 ///   it asks for. The request is an **inversion** if some task of the manager took two of them
 ///   the other way round before, or if it asks for another key of a class it holds (two
 ///   accounts, one inside the other).
-/// - Never an inversion: re-entering a key the task holds; the keys of one request, which are
+/// - Never an inversion: a try-lock (a zero wait), which never waits and so never deadlocks
+///   (nor is its order recorded); re-entering a key the task holds; the keys of one request, which are
 ///   taken together, all or nothing (`lock_all`, an attribute's key list); keys held through
 ///   another manager; a lease from [`acquire`](crate::LockRequest::acquire) kept outside a body
 ///   (it belongs to no task's record).
@@ -160,40 +161,60 @@ impl Orders {
     }
 
     /// Checks a nested request: a task holding `held` asks for `wanted` (the keys it does not
-    /// hold yet). Records each held class as taken before each wanted one.
+    /// hold yet). Unless it fails, records each held class as taken before each wanted one that
+    /// is not an inversion. A request with inversions counts once in the metric; warnings are
+    /// logged once the record is unlocked.
     ///
     /// # Errors
-    /// [`LockError::LockOrderInversion`] under [`LockOrder::Fail`], for the first inversion.
+    /// [`LockError::LockOrderInversion`] under [`LockOrder::Fail`], for the first inversion;
+    /// nothing of the request is recorded then.
     pub(crate) fn check(&self, held: &[Class<'_>], wanted: &[Class<'_>]) -> Result<(), LockError> {
         if self.mode == LockOrder::Off || held.is_empty() || wanted.is_empty() {
             return Ok(());
         }
         let mut state = lock(&self.state);
-        for outer in held {
-            for inner in wanted {
-                let Some(inversion) = state.nest(*outer, *inner) else {
-                    continue;
-                };
-                crate::telemetry::lock_order_inversion();
-                let error = LockError::LockOrderInversion {
-                    held: inversion.held.name.to_owned(),
-                    wanted: inversion.wanted.name.to_owned(),
-                };
-                if self.mode == LockOrder::Fail {
-                    return Err(error);
-                }
-                if state.warned.insert(pair(&inversion)) {
-                    warn(&inversion);
-                }
-            }
+        let pairs = held
+            .iter()
+            .flat_map(|&outer| wanted.iter().map(move |&inner| (outer, inner)));
+        let (inversions, orders): (Vec<_>, Vec<_>) = pairs
+            .map(|(outer, inner)| (state.inversion(outer, inner), (outer, inner)))
+            .partition(|(inversion, _)| inversion.is_some());
+        let inversions: Vec<Inversion<'_>> = inversions.into_iter().filter_map(|i| i.0).collect();
+        if let (LockOrder::Fail, Some(first)) = (self.mode, inversions.first()) {
+            drop(state);
+            crate::telemetry::lock_order_inversion();
+            return Err(LockError::LockOrderInversion {
+                held: first.held.name.to_owned(),
+                wanted: first.wanted.name.to_owned(),
+            });
+        }
+        let full = orders
+            .into_iter()
+            .any(|(_, (outer, inner))| !state.record(outer, inner));
+        let news: Vec<&Inversion<'_>> = (inversions.iter())
+            .filter(|inversion| state.warned.insert(pair(inversion)))
+            .collect();
+        let first_full = full && !std::mem::replace(&mut state.full, true);
+        drop(state);
+        if !inversions.is_empty() {
+            crate::telemetry::lock_order_inversion();
+        }
+        news.into_iter().for_each(warn);
+        if first_full {
+            tracing::warn!(
+                pairs = MAX_PAIRS,
+                "distlock's lock order check remembers no more orders of classes: new nestings \
+                 go unchecked (keys given to the explicit API are classes of their own; many \
+                 distinct ones nested fill it)"
+            );
         }
         Ok(())
     }
 }
 
 impl State {
-    /// Records `inner` taken inside `outer`, or says why that is an inversion.
-    fn nest<'a>(&mut self, outer: Class<'a>, inner: Class<'a>) -> Option<Inversion<'a>> {
+    /// Why taking `inner` inside `outer` is an inversion, if it is.
+    fn inversion<'a>(&self, outer: Class<'a>, inner: Class<'a>) -> Option<Inversion<'a>> {
         if outer.name == inner.name {
             // Another key of the class (the same key would be a re-entry, never checked).
             return (outer.key != inner.key).then_some(Inversion {
@@ -203,31 +224,29 @@ impl State {
             });
         }
         let reversed = (Arc::from(inner.name), Arc::from(outer.name));
-        if let Some(&before) = self.seen.get(&reversed) {
-            return Some(Inversion {
-                held: outer,
-                wanted: inner,
-                before: Some(before),
-            });
-        }
+        let before = *self.seen.get(&reversed)?;
+        Some(Inversion {
+            held: outer,
+            wanted: inner,
+            before: Some(before),
+        })
+    }
+
+    /// Records `inner` taken inside `outer` (where first seen, if new); `false` when the record
+    /// is full and it was new.
+    fn record(&mut self, outer: Class<'_>, inner: Class<'_>) -> bool {
         let full = self.seen.len() >= MAX_PAIRS;
-        match self.seen.entry((reversed.1, reversed.0)) {
-            Entry::Occupied(_) => {}
-            Entry::Vacant(_) if full => {
-                if !std::mem::replace(&mut self.full, true) {
-                    tracing::warn!(
-                        pairs = MAX_PAIRS,
-                        "distlock's lock order check remembers no more orders of classes: \
-                         new nestings go unchecked (keys given to the explicit API are classes \
-                         of their own; many distinct ones nested fill it)"
-                    );
-                }
-            }
+        match self
+            .seen
+            .entry((Arc::from(outer.name), Arc::from(inner.name)))
+        {
+            Entry::Occupied(_) => true,
+            Entry::Vacant(_) if full => false,
             Entry::Vacant(vacant) => {
                 vacant.insert((outer.site, inner.site));
+                true
             }
         }
-        None
     }
 }
 
@@ -307,6 +326,25 @@ mod tests {
         );
         // The failed nesting was not recorded: the first order still stands.
         assert_eq!(inverted(orders.check(&[a], &[b])), None);
+    }
+
+    #[test]
+    fn a_failed_request_records_none_of_its_pairs() {
+        let orders = Orders::new(LockOrder::Fail);
+        let (x, y, z) = (class("x", "x"), class("y", "y"), class("z", "z"));
+        assert!(orders.check(&[z], &[x]).is_ok());
+        // Holding x and y, asking for z: x then z inverts z then x; y then z is not kept.
+        assert!(inverted(orders.check(&[x, y], &[z])).is_some());
+        assert!(orders.check(&[z], &[y]).is_ok(), "y then z was recorded");
+    }
+
+    #[test]
+    fn a_request_with_several_inversions_counts_once_and_warns_each_pair_once() {
+        let orders = Orders::new(LockOrder::Warn);
+        let (a, b, c) = (class("a", "a"), class("b", "b"), class("c", "c"));
+        assert!(orders.check(&[a, b], &[c]).is_ok());
+        assert!(orders.check(&[c], &[a, b]).is_ok());
+        assert_eq!(lock(&orders.state).warned.len(), 2);
     }
 
     #[test]

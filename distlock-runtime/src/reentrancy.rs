@@ -148,7 +148,8 @@ impl Drop for Entry {
 
 /// Checks the lock order of a request for `keys` (classes `named`) that no enclosing body holds,
 /// made through `context` on the current task, against the keys that enclosing bodies hold
-/// through it: see `order.rs`.
+/// through it: see `order.rs`. (Not for a try-lock, which never waits, so never deadlocks: its
+/// caller does not call this.)
 ///
 /// # Errors
 /// [`LockError::LockOrderInversion`] under [`LockOrder::Fail`](crate::LockOrder::Fail).
@@ -160,9 +161,10 @@ pub(crate) fn check_order(
     let Some(innermost) = innermost().filter(|_| context.orders.on()) else {
         return Ok(());
     };
+    // The frames that took a lease: a re-entry's frame only borrows keys one of them holds.
     let held: Vec<Class<'_>> = innermost
         .chain()
-        .filter(|frame| frame.manager_id == context.id)
+        .filter(|frame| frame.manager_id == context.id && frame.fencing_token.is_some())
         .flat_map(|frame| (0..frame.keys.len()).map(|at| frame.named.class(&frame.keys, at)))
         .collect();
     let wanted: Vec<Class<'_>> = (0..keys.len()).map(|at| named.class(keys, at)).collect();
@@ -178,18 +180,20 @@ pub(crate) fn first_held(manager_id: u64, keys: &[String]) -> Option<&str> {
         .map(String::as_str)
 }
 
-/// Looks up `keys` (sorted, each asked in its mode of `modes`) for a `run` through `manager_id`
-/// on the current task: which an enclosing body holds, which are missing.
+/// Looks up `keys` (sorted, each asked in its mode of `modes`, of classes `named`) for a `run`
+/// through `context` on the current task: which an enclosing body holds, which are missing.
+/// A request that `waits` (not a try-lock) for missing keys has its lock order checked.
 ///
 /// # Errors
 /// [`LockError::UpgradeNotSupported`] for a key held in a mode that does not cover the one
 /// asked (an exclusive call inside a shared or permit hold): waiting for it would deadlock two
-/// readers that both asked.
+/// readers that both asked. [`LockError::LockOrderInversion`] (see [`check_order`]).
 pub(crate) fn find(
     context: &Context,
     keys: &[String],
     modes: &[LockMode],
     named: &Named,
+    waits: bool,
 ) -> Result<Found, LockError> {
     let (manager_id, parent) = (context.id, innermost());
     let Some(enclosing) = &parent else {
@@ -227,7 +231,7 @@ pub(crate) fn find(
         }
     }
     let missing_named = named.pick(&missing_at);
-    if !missing.is_empty() {
+    if waits && !missing.is_empty() {
         check_order(context, &missing, &missing_named)?;
     }
     Ok(Found {

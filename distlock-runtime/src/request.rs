@@ -280,7 +280,9 @@ impl LockRequest {
                 key: key.to_owned(),
             });
         }
-        reentrancy::check_order(&self.manager, &ask.keys, &named)?;
+        if !ask.wait.is_try() {
+            reentrancy::check_order(&self.manager, &ask.keys, &named)?;
+        }
         acquire::acquire(&self.manager, ask).await
     }
 
@@ -330,7 +332,8 @@ impl LockRequest {
         // them level by level (three nested levels overflowed a test thread's 2 MB stack).
         let body = Box::pin(body);
         let (ask, named) = self.ask()?;
-        let found = reentrancy::find(&self.manager, &ask.keys, &ask.modes, &named)?;
+        let waits = !ask.wait.is_try();
+        let found = reentrancy::find(&self.manager, &ask.keys, &ask.modes, &named, waits)?;
         if found.missing.0.is_empty() {
             let entry = found.borrow(ask.wait, None).await?;
             return Ok(entry.scope(body).await);

@@ -69,19 +69,63 @@ async fn an_inversion_fails_at_once_under_fail_while_the_wanted_key_is_held_else
         tokio::spawn(async move { close_day(&locks, 1).await })
     };
     first.await.unwrap().expect("the first order is fine");
-    // Another process holds ledger:{2}: a wait for it would last the full 10 s default wait.
-    let other = server.manager();
-    let _held = other.lock("ledger:2").acquire().await.unwrap();
-    // Another task nests ledger under audit: refused before Redis is asked.
-    let started = Instant::now();
+    // Another task nests ledger under audit: refused.
     let (held, wanted) = inversion(audit_then_close(&locks, 2).await);
-    let took = started.elapsed();
     assert_eq!((held.as_str(), wanted.as_str()), ("audit:{}", "ledger:{}"));
-    assert!(took < AT_ONCE, "refused after {took:?}, not at once");
     // The outer key was released: the failed call left nothing held.
     assert!(locks.inspect("audit:2").await.unwrap().is_none());
     // The first order still stands.
     close_day(&locks, 3).await.expect("the first order again");
+
+    // At once: the same with keys as classes, the nested call alone timed, while another
+    // manager holds the wanted key (a wait for it would last the full 10 s default wait).
+    locks
+        .lock("ledger:9")
+        .run(async { locks.lock("audit:9").run(async {}).await })
+        .await
+        .unwrap()
+        .unwrap();
+    let other = server.manager();
+    let _held = other.lock("ledger:9").acquire().await.unwrap();
+    let (nested, took) = locks
+        .lock("audit:9")
+        .run(async {
+            let started = Instant::now();
+            let nested = locks.lock("ledger:9").run(async {}).await;
+            (nested, started.elapsed())
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(nested, Err(LockError::LockOrderInversion { .. })),
+        "{nested:?}"
+    );
+    assert!(took < AT_ONCE, "refused after {took:?}, not at once");
+}
+
+#[tokio::test]
+async fn a_try_lock_never_waits_so_is_never_an_inversion() {
+    let server = RedisServer::start();
+    let locks = manager(&server, LockOrder::Fail);
+    locks
+        .lock("a")
+        .run(async { locks.lock("b").run(async {}).await })
+        .await
+        .unwrap()
+        .unwrap();
+    // b then a, trying once: fine, and not recorded as an order.
+    locks
+        .lock("b")
+        .run(async { locks.try_lock("a").run(async {}).await })
+        .await
+        .unwrap()
+        .unwrap();
+    locks
+        .lock("a")
+        .run(async { locks.lock("b").run(async {}).await })
+        .await
+        .unwrap()
+        .expect("a then b still stands alone");
 }
 
 #[tokio::test]
@@ -145,10 +189,10 @@ async fn warn_lets_the_call_go_on_and_warns_once_per_pair_naming_both_orders() {
         "WARN",
         "`ledger:{}`",
         "`audit:{}`",
-        "fn `audit_then_close`",
-        "fn `close_ledger`",
-        "fn `close_day`",
-        "fn `audit`",
+        "fn `lock_order::audit_then_close`",
+        "fn `lock_order::close_ledger`",
+        "fn `lock_order::close_day`",
+        "fn `lock_order::audit`",
     ] {
         assert!(warning.contains(needle), "no {needle} in {warning}");
     }
