@@ -41,10 +41,10 @@ use crate::sync::lock;
 ///   the other way round before, or if it asks for another key of a class it holds (two
 ///   accounts, one inside the other).
 /// - Never an inversion: a try-lock (a zero wait), which never waits and so never deadlocks
-///   (nor is its order recorded); re-entering a key the task holds; the keys of one request, which are
-///   taken together, all or nothing (`lock_all`, an attribute's key list); keys held through
-///   another manager; a lease from [`acquire`](crate::LockRequest::acquire) kept outside a body
-///   (it belongs to no task's record).
+///   (nor is its order recorded); re-entering a key the task holds; the keys of one request,
+///   which are taken together, all or nothing (`lock_all`, an attribute's key list); keys held
+///   through another manager; a lease from [`acquire`](crate::LockRequest::acquire) kept
+///   outside a body (it belongs to no task's record).
 /// - The check asks Redis nothing, runs only for nested requests, and remembers at most 10,000
 ///   pairs of classes per manager (a warning says when it stops recording).
 ///
