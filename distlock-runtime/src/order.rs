@@ -173,13 +173,15 @@ impl Orders {
             return Ok(());
         }
         let mut state = lock(&self.state);
-        let pairs = held
-            .iter()
-            .flat_map(|&outer| wanted.iter().map(move |&inner| (outer, inner)));
-        let (inversions, orders): (Vec<_>, Vec<_>) = pairs
-            .map(|(outer, inner)| (state.inversion(outer, inner), (outer, inner)))
-            .partition(|(inversion, _)| inversion.is_some());
-        let inversions: Vec<Inversion<'_>> = inversions.into_iter().filter_map(|i| i.0).collect();
+        let (mut inversions, mut orders) = (Vec::new(), Vec::new());
+        for &outer in held {
+            for &inner in wanted {
+                match state.inversion(outer, inner) {
+                    Some(inversion) => inversions.push(inversion),
+                    None => orders.push((outer, inner)),
+                }
+            }
+        }
         if let (LockOrder::Fail, Some(first)) = (self.mode, inversions.first()) {
             drop(state);
             crate::telemetry::lock_order_inversion();
@@ -190,7 +192,7 @@ impl Orders {
         }
         let full = orders
             .into_iter()
-            .any(|(_, (outer, inner))| !state.record(outer, inner));
+            .any(|(outer, inner)| !state.record(outer, inner));
         let news: Vec<&Inversion<'_>> = (inversions.iter())
             .filter(|inversion| state.warned.insert(pair(inversion)))
             .collect();
