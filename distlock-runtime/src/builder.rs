@@ -622,10 +622,11 @@ impl LockManagerBuilder {
         let notifications = redis
             .subscriber
             .clone()
-            .map(|subscriber| Notifications::new(subscriber, self.timeouts));
+            .map(|subscriber| Notifications::new(subscriber, self.timeouts, &self.prefix));
+        let forced = notifications.as_ref().map(Notifications::forced);
         Ok(LockManager::new(Context {
             id: crate::ids::next_id(),
-            renewals: Renewals::new(Arc::clone(&redis)),
+            renewals: Renewals::new(Arc::clone(&redis), forced),
             background: Default::default(),
             notifications,
             redis,

@@ -169,12 +169,18 @@ impl LockManager {
     /// of a shared key or a semaphore); `true` if it was held. Its fair waiters are then served
     /// in order, as on a release.
     ///
-    /// **Dangerous.** This breaks the current holder's exclusion: its body may still be running,
-    /// and another caller can now take the lock and run beside it. The holder learns of the loss
-    /// (each holder, of a shared key) at its next renewal (its `run` then returns
-    /// [`LockError::LeaseLost`]), not before; only
-    /// storage that checks fencing tokens turns its late writes away. Use it for a lock whose
-    /// holder is known to be gone (a stuck process, a ttl set far too long).
+    /// **Dangerous.** This breaks the current holder's exclusion, so the holder is told: each
+    /// holder's manager (every holder's, of a shared key or a semaphore; an election's leader's)
+    /// hears of it on the channel `{prefix}forced`, and ends the lease at once, within
+    /// milliseconds of this call's return: its [`Lease::lost`](crate::Lease::lost) resolves, its
+    /// `run` (or annotated call) stops the body at its next await point and returns
+    /// [`LockError::LeaseLost`], and its renewal stops. A holder whose manager cannot hear it
+    /// (an ACL user without channel rights, a manager built on a caller's pool, a subscriber
+    /// connection down at that moment) learns at its next renewal, a third of its ttl at most
+    /// (a lease without renewal, never: it runs to its ttl). A body that does not await keeps
+    /// running until it does, so only storage that checks fencing tokens turns its late writes
+    /// away. Use it for a lock whose holder is known to be gone or stuck (a ttl set far too
+    /// long, a job to stop).
     ///
     /// ```no_run
     /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
@@ -196,7 +202,8 @@ impl LockManager {
             .key(keys.waiters())
             .key(keys.fence())
             .key(keys.holders());
-        call.arg(redis.announce().0);
+        call.arg(redis.announce().0)
+            .arg(crate::notify::forced_channel(self.prefix()));
         let released = redis.force_release(&call).await?;
         Ok(released > 0)
     }

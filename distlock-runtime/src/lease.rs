@@ -11,7 +11,7 @@ use crate::context::Context;
 use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::release::{release_in_background, release_keys, Leaving};
-use crate::renew::{extend_lease, Registration};
+use crate::renew::{extend_lease, Registration, Renew};
 use crate::scripts::Queued;
 use crate::validity::check_ttl;
 use crate::validity::{LeaseState, Loss};
@@ -78,7 +78,8 @@ impl Holding {
             state,
             registration: None,
         };
-        holding.registration = renew.then(|| context.renewals.register(&holding, false));
+        let renew = if renew { Renew::Always } else { Renew::Never };
+        holding.registration = Some(context.renewals.register(&holding, renew));
         holding
     }
 
@@ -93,7 +94,7 @@ impl Holding {
     /// A lease without renewal, handed over for less than its ttl: extended to its ttl once,
     /// now.
     pub(crate) fn renew_once(&mut self, context: &Context) {
-        self.registration = Some(context.renewals.register(self, true));
+        self.registration = Some(context.renewals.register(self, Renew::Once));
     }
 
     /// The Redis key of the lock on the key at `index` among the request's keys.

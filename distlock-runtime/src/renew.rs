@@ -13,6 +13,12 @@
 //! The driver is woken only when a lease becomes due before the driver's planned wake-up, so a
 //! lock cycle that ends before its first renewal costs a registry insert and remove, no task
 //! wake-up.
+//!
+//! **Forced releases.** Every lease registers, also one without renewal (never due), so that a
+//! forced release can end it at once: while it runs, the driver keeps the manager's
+//! forced-release channel subscribed (see `notify/`), and a notice naming a lease's owner token
+//! marks it lost ([`Loss::Forced`]) and drops it from the registry. Without the notice (no
+//! channel rights, no subscriber connection) a renewing lease learns of it at its next renewal.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -26,6 +32,7 @@ use crate::error::LockError;
 use crate::keys::LockKeys;
 use crate::lease::Holding;
 use crate::mode::Words;
+use crate::notify::Forced;
 use crate::retry::Retry;
 use crate::scripts;
 use crate::sync::lock;
@@ -51,6 +58,9 @@ struct Shared {
     wake: Notify,
     redis: Arc<Deployment>,
     failures: Mutex<FailureLog>,
+    /// The manager's forced-release notices, listened to while the driver runs; `None` without
+    /// a subscriber connection (a caller's pool).
+    forced: Option<Forced>,
 }
 
 #[derive(Default)]
@@ -82,7 +92,11 @@ struct Entry {
     keys: Arc<[LockKeys]>,
     token: Arc<str>,
     state: Arc<LeaseState>,
-    /// When to renew next; `None` while the acquire request is still out.
+    /// Whether it is renewed: a lease without renewal is registered only to hear of a forced
+    /// release, and is never due (but for `once`).
+    renews: bool,
+    /// When to renew next; `None` while the acquire request is still out, and for good
+    /// without renewal.
     due: Option<Instant>,
     /// How early the renewal may go with others due sooner: a quarter of the interval that
     /// led to `due`, so a lease handed over for a short claim is not renewed at once because
@@ -101,23 +115,36 @@ pub(crate) struct Registration {
     id: u64,
 }
 
+/// How a registered lease is renewed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renew {
+    /// Every third of its ttl, once [`Registration::schedule`]d.
+    Always,
+    /// Never: registered only to hear of a forced release.
+    Never,
+    /// Extended once to its ttl, now, then never: a lease without renewal that was handed
+    /// over for a claim time shorter than its ttl.
+    Once,
+}
+
 impl Renewals {
-    pub(crate) fn new(redis: Arc<Deployment>) -> Self {
+    /// The renewals of the leases on `redis`, which learn of forced releases from `forced`.
+    pub(crate) fn new(redis: Arc<Deployment>, forced: Option<Forced>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 registry: Mutex::new(Registry::default()),
                 wake: Notify::new(),
                 redis,
                 failures: Mutex::new(FailureLog::default()),
+                forced,
             }),
         }
     }
 
-    /// Registers the lease of `holding`, about to be requested: renewed once
-    /// [`Registration::schedule`]d. With `once`, a lease without renewal that was handed over
-    /// for a claim time shorter than its ttl: extended once to its ttl, now.
+    /// Registers the lease of `holding`, about to be requested, renewed as `renew` says.
     /// Must be called inside a Tokio runtime (it may start the driver task).
-    pub(crate) fn register(&self, holding: &Holding, once: bool) -> Registration {
+    pub(crate) fn register(&self, holding: &Holding, renew: Renew) -> Registration {
+        let once = renew == Renew::Once;
         let mut registry = lock(&self.shared.registry);
         registry.next_id += 1;
         let id = registry.next_id;
@@ -125,6 +152,7 @@ impl Renewals {
             keys: Arc::clone(&holding.redis_keys),
             token: Arc::clone(&holding.token),
             state: Arc::clone(&holding.state),
+            renews: renew == Renew::Always,
             due: None,
             slack: Duration::ZERO,
             once,
@@ -151,7 +179,8 @@ impl Registration {
 
     fn schedule_with(&self, due: Instant, slack: Duration) {
         let mut registry = lock(&self.shared.registry);
-        if let Some(entry) = registry.leases.get_mut(&self.id) {
+        let entry = registry.leases.get_mut(&self.id);
+        if let Some(entry) = entry.filter(|entry| entry.renews || entry.once) {
             entry.due = Some(due);
             entry.slack = slack;
             // Scheduled from a request that went through (an acquire, a hand-off, an extend).
@@ -274,6 +303,16 @@ async fn drive(shared: Arc<Shared>, id: u64) {
         shared: &shared,
         id,
     };
+    // Listened to while the driver runs, that is while leases are registered (and for `IDLE`
+    // after the last).
+    let _listening = shared.forced.as_ref().and_then(|forced| {
+        let shared = Arc::downgrade(&shared);
+        forced.listen(Arc::new(move |notice: &[u8]| {
+            if let Some(shared) = shared.upgrade() {
+                force_released(&shared, notice);
+            }
+        }))
+    });
     loop {
         match collect_due(&shared) {
             Collected::Stop => return,
@@ -379,7 +418,8 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
                     Event::ExpiredBeforeRenewal
                 } else {
                     if entry.once {
-                        registry.leases.remove(&lease.id);
+                        // Extended: from now on only listening for a forced release.
+                        (entry.once, entry.due) = (false, None);
                         continue;
                     }
                     entry.failures = 0;
@@ -426,9 +466,31 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
     }
 }
 
+/// A forced release freed the holders whose owner tokens `notice` lists (space-separated):
+/// each registered lease among them is lost at once, and renewed no more.
+fn force_released(shared: &Shared, notice: &[u8]) {
+    let Ok(notice) = std::str::from_utf8(notice) else {
+        return;
+    };
+    let tokens: Vec<&str> = notice.split(' ').collect();
+    let mut lost = Vec::new();
+    lock(&shared.registry).leases.retain(|_, entry| {
+        if !tokens.contains(&&*entry.token) {
+            return true;
+        }
+        entry.state.lose(Loss::Forced);
+        lost.push(Arc::clone(&entry.keys));
+        false
+    });
+    for keys in lost {
+        Event::ForceReleased.log(&keys);
+    }
+}
+
 /// What a renewal found, logged after the registry lock is released.
 enum Event {
     NotOwned,
+    ForceReleased,
     FailedUntilExpiry(LockError),
     ExpiredBeforeRenewal,
 }
@@ -447,6 +509,10 @@ impl Event {
             Self::NotOwned => tracing::warn!(
                 ?keys,
                 "distlock lease lost: the lock was deleted or taken by another owner"
+            ),
+            Self::ForceReleased => tracing::warn!(
+                ?keys,
+                "distlock lease lost: the lock was force-released (LockManager::force_release)"
             ),
             Self::FailedUntilExpiry(error) => tracing::warn!(
                 ?keys,

@@ -59,6 +59,8 @@ pub(crate) enum Loss {
     Expired,
     /// Redis said the lock is gone or someone else's.
     Taken,
+    /// A forced release told this manager that it freed the lease.
+    Forced,
 }
 
 struct Inner {
@@ -154,6 +156,7 @@ impl LeaseState {
     pub(crate) fn cause(&self) -> &'static str {
         match self.loss() {
             Some(Loss::Taken) => "the lock was deleted or taken by another owner",
+            Some(Loss::Forced) => "the lock was force-released (LockManager::force_release)",
             _ if self.renews => {
                 "it expired before a renewal got through (Redis unreachable, hung or slow)"
             }

@@ -240,7 +240,15 @@ async fn a_subscriber_connection_opened_again_after_it_was_killed_is_counted() {
     let _serial = serial().await;
     let server = RedisServer::start();
     let locks = server.manager();
-    let holder = server.manager();
+    // On a caller's pool: without a subscriber connection of its own (which would listen for
+    // forced releases while it holds a lease), so `locks` holds the only one.
+    let pool = deadpool_redis::Config::from_url(server.url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let holder = distlock_runtime::LockManager::builder()
+        .pool(pool)
+        .build()
+        .unwrap();
     let conn = server.client().await;
     let before = counter(RECONNECTS, &[]);
 

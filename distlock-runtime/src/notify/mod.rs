@@ -36,6 +36,11 @@
 //! connection breaks, every waiter is woken to try again. A lost notification costs latency
 //! (waiters also wake at the holder's expiry), never a hang.
 //!
+//! **Forced releases.** A forced release (`LockManager::force_release`) also `PUBLISH`es the
+//! tokens of the holders it freed on one channel per key prefix (see [`forced_channel`]), which a
+//! cluster carries to every node. While a manager holds leases, its renewal driver keeps that
+//! channel subscribed ([`Forced::listen`]) and ends each lease named there at once.
+//!
 //! Where each key stands (its waiters, its subscription, the command in flight) is a pure state
 //! machine, [`channel::Channel`]: every event goes to it, and this module does what it decides
 //! (sends the command, closes the connection, wakes the waiters).
@@ -52,20 +57,29 @@ use tokio_util::sync::CancellationToken;
 use crate::fair::{self, FairWaiter, Handoff};
 use crate::sync::lock;
 use crate::topology::Timeouts;
-use crate::topology::{Channels, Ended, Message, OnMessage, Subscribe};
+use crate::topology::{Channels, Ended, Message, OnMessage, Scope, Subscribe};
 
 mod channel;
 
 use channel::{Action, Command, Conditions, Kind, Outcome, Request, Wake};
 
-/// The notification side of one manager.
+/// The notification side of one manager: dropped with the manager, it closes the subscriber
+/// connection.
 pub(crate) struct Notifications {
     hub: Arc<Hub>,
+}
+
+impl Drop for Notifications {
+    fn drop(&mut self) {
+        self.hub.closed.cancel();
+    }
 }
 
 struct Hub {
     subscriber: Arc<dyn Subscribe>,
     timeouts: Timeouts,
+    /// The channel of the manager's prefix that forced releases are told on.
+    forced: String,
     state: Mutex<State>,
     /// Notified (all waiters) whenever the connection or a subscription changes.
     changed: Notify,
@@ -165,9 +179,14 @@ enum Role {
     /// A fair waiter: as a plain one, and what it keeps for hand-offs, which `fair/` routes.
     Fair(Box<FairWaiter>),
     /// An observer (an election's watch), not a waiter: woken by every message on the key,
-    /// it never takes a notification meant for a waiter.
-    Observer,
+    /// it never takes a notification meant for a waiter. A listener is also handed each
+    /// message's payload.
+    Observer(Option<Listener>),
 }
+
+/// Takes the payload of each message on a channel, on the subscriber connection's own task
+/// (see [`OnMessage`]): it must not block.
+pub(crate) type Listener = Arc<dyn Fn(&[u8]) + Send + Sync>;
 
 impl Slot {
     fn fair(&self) -> Option<&FairWaiter> {
@@ -237,11 +256,13 @@ pub(crate) struct Ticket {
 }
 
 impl Notifications {
-    pub(crate) fn new(subscriber: Arc<dyn Subscribe>, timeouts: Timeouts) -> Self {
+    /// Notifications through `subscriber`, for the locks under `prefix`.
+    pub(crate) fn new(subscriber: Arc<dyn Subscribe>, timeouts: Timeouts, prefix: &str) -> Self {
         Self {
             hub: Arc::new(Hub {
                 subscriber,
                 timeouts,
+                forced: forced_channel(prefix),
                 state: Mutex::new(State::default()),
                 changed: Notify::new(),
                 closed: CancellationToken::new(),
@@ -270,35 +291,108 @@ impl Notifications {
     /// woken by every message on it (a release, a hand-off), while the key's waiters still
     /// get every notification as if it were not there.
     pub(crate) fn observe(&self, channel: &str) -> Ticket {
-        self.join(channel, Role::Observer)
+        self.join(channel, Role::Observer(None))
+    }
+
+    /// A handle on the forced-release notices of this manager, which does not keep it alive.
+    pub(crate) fn forced(&self) -> Forced {
+        Forced {
+            hub: Arc::downgrade(&self.hub),
+        }
     }
 
     /// Joins the waiters of `channel` (last in line) as `role`.
     fn join(&self, channel: &str, role: Role) -> Ticket {
-        let slot = Arc::new(Slot {
-            wake: Notify::new(),
-            woken: AtomicBool::new(false),
-            role,
-        });
-        let mut state = lock(&self.hub.state);
-        let waiters = state.channels.entry(channel.to_owned()).or_default();
-        waiters.join(Arc::clone(&slot));
-        if let Some(newcomer) = slot.fair() {
-            fair::joined(newcomer, FairWaiters(waiters.waiters()));
-        }
-        drop(state);
-        Ticket {
-            hub: Arc::clone(&self.hub),
-            channel: channel.to_owned(),
-            slot,
-            joined: Instant::now(),
-            owed: AtomicBool::new(false),
-        }
+        join(&self.hub, channel, role)
     }
 
     /// Whether notifications for the lock key `channel` reach this manager now.
     pub(crate) fn subscribed(&self, channel: &str) -> bool {
         self.hub.subscribed_since(channel).is_some()
+    }
+}
+
+/// The channel that forced releases of the locks under `prefix` are told on: the prefix and
+/// `forced`, which no lock's channel (its lock key, `{prefix}lock:{key}`) can be. Each message
+/// is the owner tokens of the holders one forced release freed, space-separated.
+pub(crate) fn forced_channel(prefix: &str) -> String {
+    format!("{prefix}forced")
+}
+
+/// The forced-release notices of one manager, for its renewal driver (which knows its leases).
+pub(crate) struct Forced {
+    hub: Weak<Hub>,
+}
+
+impl Forced {
+    /// Keeps the manager's forced-release channel subscribed while the returned
+    /// [`Listening`] lives (from a task of its own, so no lock request ever waits for it), and
+    /// hands each notice's payload to `on_notice`. `None` once the manager is gone.
+    pub(crate) fn listen(&self, on_notice: Listener) -> Option<Listening> {
+        let hub = self.hub.upgrade()?;
+        let closed = hub.closed.clone();
+        let ticket = join(&hub, &hub.forced.clone(), Role::Observer(Some(on_notice)));
+        drop(hub);
+        let task = tokio::spawn(keep_subscribed(ticket, closed));
+        Some(Listening(task))
+    }
+}
+
+/// Subscribed to a manager's forced-release channel until dropped.
+pub(crate) struct Listening(tokio::task::JoinHandle<()>);
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        // The task's ticket leaves the channel's waiters, the last one unsubscribing it.
+        self.0.abort();
+    }
+}
+
+/// How often [`keep_subscribed`] looks at its subscription when nothing told it of a change.
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// Keeps `ticket`'s channel subscribed: subscribes it, and again whenever the connection or the
+/// subscription changed (a connection lost, Redis refusing), until `closed` (the manager is
+/// gone) or the task is aborted.
+async fn keep_subscribed(ticket: Ticket, closed: CancellationToken) {
+    let hub = Arc::clone(&ticket.hub);
+    loop {
+        let changed = hub.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let until = Instant::now() + hub.timeouts.connect + hub.timeouts.response;
+        let subscribed = tokio::select! {
+            subscribed = ticket.subscribe(until) => subscribed,
+            () = closed.cancelled() => return,
+        };
+        tokio::select! {
+            () = changed, if subscribed => {}
+            () = tokio::time::sleep(LOOK_EVERY) => {}
+            () = closed.cancelled() => return,
+        }
+    }
+}
+
+/// Joins the waiters of `channel` at `hub` (last in line) as `role`.
+fn join(hub: &Arc<Hub>, channel: &str, role: Role) -> Ticket {
+    let slot = Arc::new(Slot {
+        wake: Notify::new(),
+        woken: AtomicBool::new(false),
+        role,
+    });
+    let mut state = lock(&hub.state);
+    let waiters = state.channels.entry(channel.to_owned()).or_default();
+    waiters.join(Arc::clone(&slot));
+    if let Some(newcomer) = slot.fair() {
+        fair::joined(newcomer, FairWaiters(waiters.waiters()));
+    }
+    drop(state);
+    Ticket {
+        hub: Arc::clone(hub),
+        channel: channel.to_owned(),
+        slot,
+        joined: Instant::now(),
+        owed: AtomicBool::new(false),
     }
 }
 
@@ -350,7 +444,7 @@ impl Ticket {
     pub(crate) async fn woken(&self) -> bool {
         self.slot.wake.notified().await;
         let plain = self.slot.woken.swap(false, Ordering::SeqCst);
-        if plain && !matches!(self.slot.role, Role::Observer) {
+        if plain && !matches!(self.slot.role, Role::Observer(_)) {
             self.owed.store(true, Ordering::SeqCst);
         }
         plain
@@ -607,9 +701,14 @@ impl InFlight {
     /// Sends `command` and reports how it ended.
     async fn send(mut self, command: Command<Arc<Link>>) {
         let channel = self.channel.as_str();
+        let scope = if channel == self.hub.forced {
+            Scope::Everywhere
+        } else {
+            Scope::Key
+        };
         let request = match command.kind {
-            Kind::Subscribe => command.on.sink.subscribe(channel),
-            Kind::Unsubscribe => command.on.sink.unsubscribe(channel),
+            Kind::Subscribe => command.on.sink.subscribe(channel, scope),
+            Kind::Unsubscribe => command.on.sink.unsubscribe(channel, scope),
         };
         // On a cluster, a subscription may open its node's connection first.
         let timeouts = &self.hub.timeouts;
@@ -620,7 +719,7 @@ impl InFlight {
                 // Refused for want of rights: waiters poll for a while.
                 let mut state = lock(&self.hub.state);
                 if state.refused_until.is_none() {
-                    tracing::warn!(%error, "distlock may not subscribe to release notifications (the ACL user has no channel rights); waiters poll instead");
+                    tracing::warn!(%error, "distlock may not subscribe to release notifications (the ACL user has no channel rights); waiters poll instead, and a holder learns of a forced release at its next renewal");
                 }
                 state.refused_until = Some(Instant::now() + REFUSED_FOR);
                 Outcome::Refused
@@ -700,15 +799,21 @@ fn receive(hub: &Arc<Hub>, message: Message) {
         return;
     };
     channel.message(Instant::now().into_std());
-    for observer in channel
-        .waiters()
-        .filter(|s| matches!(s.role, Role::Observer))
-    {
-        observer.wake.notify_one();
+    let mut listeners = Vec::new();
+    for observer in channel.waiters() {
+        if let Role::Observer(listener) = &observer.role {
+            observer.wake.notify_one();
+            listeners.extend(listener.clone());
+        }
     }
     match handoff {
         None => wake_one(channel),
         Some(handoff) => fair::deliver(&name, handoff, FairWaiters(channel.waiters())),
+    }
+    drop(state);
+    // Called unlocked: a listener may take locks of its own.
+    for listener in listeners {
+        listener(&payload);
     }
 }
 
@@ -748,7 +853,7 @@ fn wake_all(channel: &Channel) {
 fn wake_one(channel: &Channel) {
     if let Some(slot) = channel
         .waiters()
-        .find(|s| !matches!(s.role, Role::Observer) && !s.woken.load(Ordering::SeqCst))
+        .find(|s| !matches!(s.role, Role::Observer(_)) && !s.woken.load(Ordering::SeqCst))
     {
         slot.notify();
     }

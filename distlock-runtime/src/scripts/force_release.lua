@@ -1,18 +1,33 @@
 -- FORCE_RELEASE: frees a lock whoever holds it, in whatever mode, as a release would: every
--- holder is dropped (a shared or permit holder learns it at its next renewal), then its fair
--- queue is served (admit), and the release announced to waiters unless a writer was handed it.
+-- holder is dropped and told so, then its fair queue is served (admit), and the release
+-- announced to waiters unless a writer was handed it.
 -- KEYS: the lock key L, its queue Q, its queue's entries W (see fair/entry.lua), its
 --   fencing counter F, its holders H (scripts/holders.lua).
 -- ARGV[1]: the command that announces a release (PUBLISH, or SPUBLISH on a cluster).
+-- ARGV[2]: the channel of forced releases (`forced_channel` in notify/mod.rs), on which the
+--   holders' owner tokens are PUBLISHed (space-separated; a cluster carries a PUBLISH to every
+--   node), so that their managers end their leases at once.
 -- Returns 1 when the lock was held, 0 when it was free.
-local publish = ARGV[1]
+local publish, forced = ARGV[1], ARGV[2]
 local L, Q, W, F, H = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local held = redis.call('EXISTS', L) == 1
   or (redis.call('EXISTS', H) == 1 and redis.call('ZCOUNT', H, '(' .. now, '+inf') > 0)
 if not held then return 0 end
+-- The holders' owner tokens: the lock key's value without its waited-on mark `~`, and each
+-- live member's last word (a member is the token, after its mode for a permit: holders.lua).
+-- pcall: a key of another type holds no lease of ours.
+local tokens = {}
+local owner = redis.pcall('GET', L)
+if type(owner) == 'string' then tokens[1] = string.gsub(owner, '^~', '') end
+local members = redis.pcall('ZRANGE', H, '(' .. now, '+inf', 'BYSCORE')
+if type(members) == 'table' then
+  for _, member in ipairs(members) do tokens[#tokens + 1] = string.match(member, '(%S+)$') end
+end
 redis.call('DEL', L, H)
+-- pcall: a user without channel rights still releases; its holders learn at their renewal.
+if #tokens > 0 then redis.pcall('PUBLISH', forced, table.concat(tokens, ' ')) end
 -- The fair queue's functions, put here by the composition, as in release.lua.
 --[[ queue functions ]]
 local served = false

@@ -52,7 +52,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::link::Hop;
 use super::Replicas;
-use super::{push_handler, Channels, Ended, Message, OnMessage, Subscribe};
+use super::{push_handler, Channels, Ended, Message, OnMessage, Scope, Subscribe};
 use super::{Deployment, Dial, Grant, Link, Serial, Timeouts};
 use crate::call::{BoxFuture, ScriptCall};
 use crate::error::{LockError, Misconfiguration};
@@ -660,6 +660,7 @@ impl Subscribe for ClusterSubscriber {
             lost,
             open: Mutex::default(),
             subscribed: Mutex::default(),
+            everywhere: Mutex::default(),
         });
         Box::pin(async move { Ok((channels as Arc<dyn Channels>, ended)) })
     }
@@ -673,8 +674,12 @@ struct ShardChannels {
     /// Cancelled when one node's connection is lost: the whole subscriber connection ends.
     lost: CancellationToken,
     open: Mutex<HashMap<Address, MultiplexedConnection>>,
-    /// Each channel subscribed, and the node (and its connection) it is subscribed on.
+    /// Each lock's channel subscribed, and the node (and its connection) it is subscribed on.
     subscribed: Mutex<HashMap<String, (Address, MultiplexedConnection)>>,
+    /// Likewise each channel of the whole cluster ([`Scope::Everywhere`]): subscribed on the
+    /// primary of its name's slot, though any node would do, and left there when the slot
+    /// moves (every node carries its messages).
+    everywhere: Mutex<HashMap<String, MultiplexedConnection>>,
 }
 
 impl ShardChannels {
@@ -753,7 +758,11 @@ fn cluster_down(what: &'static str, detail: String) -> redis::RedisError {
 }
 
 impl Channels for ShardChannels {
-    fn subscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>> {
+    fn subscribe<'a>(
+        &'a self,
+        channel: &'a str,
+        scope: Scope,
+    ) -> BoxFuture<'a, redis::RedisResult<()>> {
         Box::pin(async move {
             let until = Instant::now() + self.nodes.timeouts.response;
             let primary = self.nodes.primary_by(slot(channel), until, "subscribe");
@@ -766,6 +775,11 @@ impl Channels for ShardChannels {
                 self.nodes.refetch();
                 cluster_down("subscriber node", error.to_string())
             })?;
+            if scope == Scope::Everywhere {
+                send_one(&mut conn, "SUBSCRIBE", channel).await?;
+                lock(&self.everywhere).insert(channel.to_owned(), conn);
+                return Ok(());
+            }
             send_one(&mut conn, "SSUBSCRIBE", channel)
                 .await
                 .inspect_err(|error| {
@@ -779,8 +793,18 @@ impl Channels for ShardChannels {
         })
     }
 
-    fn unsubscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>> {
+    fn unsubscribe<'a>(
+        &'a self,
+        channel: &'a str,
+        scope: Scope,
+    ) -> BoxFuture<'a, redis::RedisResult<()>> {
         Box::pin(async move {
+            if scope == Scope::Everywhere {
+                let Some(mut conn) = lock(&self.everywhere).remove(channel) else {
+                    return Ok(());
+                };
+                return send_one(&mut conn, "UNSUBSCRIBE", channel).await;
+            }
             let Some((_, mut conn)) = lock(&self.subscribed).remove(channel) else {
                 return Ok(());
             };

@@ -305,10 +305,29 @@ pub(crate) fn push_handler(
     (handler, Box::pin(ended.map(drop)))
 }
 
+/// Where a channel's messages are published: what a subscription to it must reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scope {
+    /// A lock's channel, named by its lock key: `SPUBLISH`ed on a cluster, so subscribed
+    /// (`SSUBSCRIBE`) on the primary of the key's slot.
+    Key,
+    /// A channel of the whole deployment (a manager's forced releases): `PUBLISH`ed, which a
+    /// cluster carries to every node, so subscribed (`SUBSCRIBE`) on any node.
+    Everywhere,
+}
+
 /// Subscribes and unsubscribes channels on one subscriber connection.
 pub(crate) trait Channels: Send + Sync + 'static {
-    fn subscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>>;
-    fn unsubscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>>;
+    fn subscribe<'a>(
+        &'a self,
+        channel: &'a str,
+        scope: Scope,
+    ) -> BoxFuture<'a, redis::RedisResult<()>>;
+    fn unsubscribe<'a>(
+        &'a self,
+        channel: &'a str,
+        scope: Scope,
+    ) -> BoxFuture<'a, redis::RedisResult<()>>;
     /// Run every 2 s by the notifier: checks with a `PING` that the connection (each of them,
     /// on a cluster) still answers, as one that stopped (a server hung, a network cut that
     /// closed nothing) would never say so itself; on a cluster, first ends the subscriptions

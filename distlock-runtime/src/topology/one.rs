@@ -11,7 +11,7 @@ use deadpool_redis::Pool;
 use futures_util::future::{select, FutureExt};
 use redis::aio::MultiplexedConnection;
 
-use super::{push_handler, Channels, Ended, OnMessage, Subscribe};
+use super::{push_handler, Channels, Ended, OnMessage, Scope, Subscribe};
 use super::{take_from_pool, Deployment, Dial, Grant, Link, Replicas, Serial, Timeouts};
 use crate::call::BoxFuture;
 use crate::error::LockError;
@@ -153,12 +153,21 @@ pub(crate) async fn open_plain(
 struct PlainChannels(MultiplexedConnection);
 
 impl Channels for PlainChannels {
-    fn subscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>> {
+    /// Every channel is plain here, whatever its scope.
+    fn subscribe<'a>(
+        &'a self,
+        channel: &'a str,
+        _: Scope,
+    ) -> BoxFuture<'a, redis::RedisResult<()>> {
         let mut conn = self.0.clone();
         Box::pin(async move { conn.subscribe(channel).await })
     }
 
-    fn unsubscribe<'a>(&'a self, channel: &'a str) -> BoxFuture<'a, redis::RedisResult<()>> {
+    fn unsubscribe<'a>(
+        &'a self,
+        channel: &'a str,
+        _: Scope,
+    ) -> BoxFuture<'a, redis::RedisResult<()>> {
         let mut conn = self.0.clone();
         Box::pin(async move { conn.unsubscribe(channel).await })
     }

@@ -19,6 +19,11 @@
 //! sleeps SECS under the lock (renewed), printing `acquired` when it starts; print
 //! `outcome OUTCOME after_ms MS` when `run` returns (OUTCOME is `ok`, `lost` or the error), wait
 //! until SECS have passed since the start, then print `cpu_ms MS`, the process's CPU time.
+//! `lock_worker body TOPOLOGY KEY MODE`: run a body that sleeps 120 s under the lock on KEY
+//! (ttl 30 s, renewed; TOPOLOGY as `load_worker` takes it), printing `acquired` when it starts
+//! and, when the lock call returns, `lost UNIX_MS` (the wall clock, in ms, when it returned
+//! `LeaseLost`) or `outcome OUTCOME`. MODE: `x` (`run`), `attr` (a `#[distributed_lock]` fn),
+//! `r` (shared), `pN` (one of N permits), `election` (a term, until it is lost).
 //! `lock_worker schedule URL JOB TICKS TICK_MS HOLD_MS LATE_MS`: a scheduled job, one instance
 //! of several: at each tick boundary of the wall clock (TICK_MS apart) for TICKS ticks, start up
 //! to LATE_MS late (random, as a late clock or a busy scheduler would), try the lock on JOB once
@@ -50,6 +55,53 @@ async fn increment(
     tokio::task::yield_now().await;
     conn.set::<_, _, ()>(counter, value + 1).await?;
     Ok(())
+}
+
+/// A body that outlasts any test, under a lock with a 30 s ttl.
+#[distributed_lock("{key}", ttl = 30, manager = locks)]
+async fn stuck(locks: &LockManager, key: &str) -> Result<(), LockError> {
+    println!("acquired");
+    std::io::stdout().flush().ok();
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    Ok(())
+}
+
+/// Runs `mode`'s body on `key` (see the module docs) until the lock call returns.
+async fn body(locks: &LockManager, key: &str, mode: &str) -> Result<(), LockError> {
+    let entered = || {
+        println!("acquired");
+        std::io::stdout().flush().ok();
+    };
+    let sleep = || tokio::time::sleep(Duration::from_secs(120));
+    let ttl = Duration::from_secs(30);
+    match mode {
+        "attr" => stuck(locks, key).await,
+        "election" => {
+            let term = locks.election(key).ttl(ttl).campaign().await?;
+            entered();
+            tokio::select! {
+                () = term.lost() => Err(LockError::LeaseLost { keys: vec![key.to_owned()] }),
+                () = sleep() => Ok(()),
+            }
+        }
+        _ => {
+            let request = match mode {
+                "r" => locks.read_lock(key),
+                "x" => locks.lock(key),
+                permits => {
+                    let n = permits.trim_start_matches('p').parse().unwrap_or(1);
+                    locks.lock(key).permits(n)
+                }
+            };
+            request
+                .ttl(ttl)
+                .run(async {
+                    entered();
+                    sleep().await;
+                })
+                .await
+        }
+    }
 }
 
 /// A stay in the room of `key` (see the module docs), as a writer or a reader.
@@ -228,6 +280,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("cpu_ms {}", cpu_time()?.as_millis());
             Ok(())
         }
+        ["body", topology, key, mode] => {
+            let builder = distlock_tests::with_topology(LockManager::builder(), topology)?;
+            let locks = builder.build()?;
+            match body(&locks, key, mode).await {
+                Err(LockError::LeaseLost { .. }) => {
+                    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+                    println!("lost {}", now.as_millis());
+                }
+                outcome => println!("outcome {outcome:?}"),
+            }
+            std::io::stdout().flush()?;
+            Ok(())
+        }
         ["schedule", url, job, ticks, tick_ms, hold_ms, late_ms] => {
             let locks = LockManager::from_url(url)?;
             let tick_ms: u64 = tick_ms.parse()?;
@@ -263,7 +328,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         _ => Err(
             "usage: lock_worker count|count-fair|count-attr URL KEY COUNTER N | hold URL KEY TTL_MS \
              | hold-read URL KEY TTL_MS | hold-permit URL KEY N TTL_MS | rw URL KEY N WRITE_EVERY \
-             | wait-fair URL KEY N [WAIT_MS] | outage URL KEY TTL_MS SECS \
+             | wait-fair URL KEY N [WAIT_MS] | outage URL KEY TTL_MS SECS | body TOPOLOGY KEY MODE \
              | schedule URL JOB TICKS TICK_MS HOLD_MS LATE_MS".into(),
         ),
     }

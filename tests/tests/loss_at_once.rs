@@ -1,0 +1,238 @@
+//! Loss at once: a forced release in one process stops the holder's body in another within
+//! 100 ms of its return, not at the holder's next renewal (10 s at the ttl of 30 s the holders
+//! here take), on one server, a cluster and Sentinel, in every mode and for an election's term.
+//! A holder whose manager cannot hear it (no subscriber connection) still learns at its next
+//! renewal.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use distlock_runtime::{LockError, LockManager};
+use distlock_tests::topology::{RedisCluster, SentinelGroup};
+use distlock_tests::{eventually, RedisServer};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout};
+
+/// How soon after the forced release returns the holder's lock call must have returned.
+const AT_ONCE: Duration = Duration::from_millis(100);
+
+/// A `lock_worker body` process holding `key` in `mode` on `topology`, once its body runs.
+struct Holder {
+    _child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Holder {
+    async fn start(topology: &str, key: &str, mode: &str) -> Self {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lock_worker"))
+            .args(["body", topology, key, mode])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start lock_worker");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .expect("the holder's body started in time")
+            .unwrap();
+        assert_eq!(first.as_deref(), Some("acquired"), "{first:?}");
+        Self {
+            _child: child,
+            lines,
+        }
+    }
+
+    /// When (wall clock, ms) its lock call returned `LeaseLost`; panics on any other outcome, or
+    /// none within `within`.
+    async fn lost(&mut self, within: Duration) -> u128 {
+        let line = tokio::time::timeout(within, self.lines.next_line())
+            .await
+            .expect("the holder's lock call returned in time")
+            .unwrap()
+            .unwrap_or_default();
+        let at = line
+            .strip_prefix("lost ")
+            .unwrap_or_else(|| panic!("{line}"));
+        at.parse().unwrap()
+    }
+}
+
+fn wall_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+/// How many connections of the servers at `urls` are subscribed to the forced-release channel
+/// of the default prefix.
+async fn listening(urls: &[String]) -> i64 {
+    let mut total = 0;
+    for url in urls {
+        let Ok(client) = redis::Client::open(url.as_str()) else {
+            continue;
+        };
+        let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+            continue;
+        };
+        let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg("distlock:forced")
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_default();
+        total += counts.iter().map(|(_, n)| n).sum::<i64>();
+    }
+    total
+}
+
+/// Waits until `n` managers listen for forced releases on the servers at `urls`.
+async fn until_listening(urls: &[String], n: i64) {
+    let found = eventually(Duration::from_secs(5), || async {
+        listening(urls).await >= n
+    })
+    .await;
+    assert!(
+        found.is_some(),
+        "the holders never subscribed to distlock:forced"
+    );
+}
+
+/// Force-releases `key` from `operator` (this process) and checks that every holder's lock
+/// call returned within [`AT_ONCE`] of that.
+async fn force_and_check(operator: &LockManager, key: &str, holders: &mut [Holder]) {
+    assert!(operator.force_release(key).await.unwrap());
+    let returned = wall_ms();
+    for holder in holders {
+        let lost = holder.lost(Duration::from_secs(5)).await;
+        let late = lost.saturating_sub(returned);
+        assert!(
+            late <= AT_ONCE.as_millis(),
+            "the holder stopped {late} ms after the forced release returned"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_stops_the_holders_body_in_another_process_at_once() {
+    let _timed = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let topology = format!("url={}", server.url());
+    let urls = [server.url()];
+    let operator = server.manager();
+    // An annotated fn's body; then `run`'s.
+    for (key, mode) in [("forced-attr", "attr"), ("forced-run", "x")] {
+        let mut holder = [Holder::start(&topology, key, mode).await];
+        until_listening(&urls, 1).await;
+        force_and_check(&operator, key, &mut holder).await;
+        until_listening(&urls, 0).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_stops_every_reader_and_permit_holder_and_a_leader_at_once() {
+    let _timed = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let topology = format!("url={}", server.url());
+    let urls = [server.url()];
+    let operator = server.manager();
+    for (key, mode) in [("forced-r", "r"), ("forced-p", "p3")] {
+        let mut holders = [
+            Holder::start(&topology, key, mode).await,
+            Holder::start(&topology, key, mode).await,
+        ];
+        until_listening(&urls, 2).await;
+        force_and_check(&operator, key, &mut holders).await;
+        until_listening(&urls, 0).await;
+    }
+    let mut leader = [Holder::start(&topology, "forced", "election").await];
+    until_listening(&urls, 1).await;
+    force_and_check(&operator, "election:forced", &mut leader).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_on_a_cluster_stops_the_holder_at_once() {
+    let _timed = distlock_tests::timed().await;
+    let cluster = RedisCluster::start(3, 0);
+    let urls = cluster.seed_urls();
+    let topology = format!("cluster={}", urls.join(","));
+    let operator = LockManager::builder()
+        .cluster(urls.clone())
+        .build()
+        .unwrap();
+    // The notice is PUBLISHed on the key's node, and heard on whichever node the holder's
+    // manager subscribed on: keys on each of the three primaries.
+    let mut keys: Vec<String> = Vec::new();
+    for i in 0.. {
+        let key = format!("forced-{i}");
+        let primary = cluster.primary_of(&format!("distlock:lock:{{{key}}}"));
+        if !keys
+            .iter()
+            .any(|k| cluster.primary_of(&format!("distlock:lock:{{{k}}}")) == primary)
+        {
+            keys.push(key);
+        }
+        if keys.len() == 3 {
+            break;
+        }
+    }
+    for key in &keys {
+        let mut holder = [Holder::start(&topology, key, "x").await];
+        until_listening(&urls, 1).await;
+        force_and_check(&operator, key, &mut holder).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_on_sentinel_stops_the_holder_at_once() {
+    let _timed = distlock_tests::timed().await;
+    let group = SentinelGroup::start(1, 1);
+    let topology = format!(
+        "sentinel={}@{}",
+        group.master_name(),
+        group.sentinel_urls().join(",")
+    );
+    let primary = group.server(group.primary_index()).url();
+    let operator = LockManager::builder()
+        .sentinel(group.master_name(), group.sentinel_urls())
+        .build()
+        .unwrap();
+    let mut holder = [Holder::start(&topology, "forced-s", "x").await];
+    until_listening(&[primary], 1).await;
+    force_and_check(&operator, "forced-s", &mut holder).await;
+}
+
+#[tokio::test]
+async fn a_holder_that_cannot_hear_the_notice_learns_at_its_next_renewal() {
+    let server = RedisServer::start();
+    // On a caller's pool, the manager has no subscriber connection.
+    let pool = deadpool_redis::Config::from_url(server.url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let holder = LockManager::builder().pool(pool).build().unwrap();
+    let operator = server.manager();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let body = tokio::spawn(async move {
+        holder
+            .lock("deaf")
+            .ttl(Duration::from_millis(1500))
+            .run(async move {
+                let _ = started_tx.send(());
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            })
+            .await
+    });
+    started_rx.await.unwrap();
+    let forced = tokio::time::Instant::now();
+    assert!(operator.force_release("deaf").await.unwrap());
+    let lost = tokio::time::timeout(Duration::from_secs(3), body)
+        .await
+        .expect("the holder learns of the loss at its next renewal (ttl/3)")
+        .unwrap();
+    assert!(matches!(lost, Err(LockError::LeaseLost { .. })), "{lost:?}");
+    // Not at once: at its renewal, half a second on.
+    assert!(
+        forced.elapsed() > Duration::from_millis(250),
+        "{:?}",
+        forced.elapsed()
+    );
+}
