@@ -6,12 +6,14 @@
 //! them: taken, released (freed before its expiry), expired (gone at its expiry), handed over (a
 //! new holder without a free moment seen), holders joining and leaving a key held shared or as
 //! permits, and the fair queue growing or shrinking. While Redis cannot be read, one line says
-//! so, and one more when it answers again.
+//! so, and one more when it answers again. A forced release of a followed key is printed as it
+//! happens, with the holders it freed ([`LockManager::forced_releases`]): their managers end
+//! their leases at once.
 
 use std::io::Write;
 use std::time::{Duration, Instant, SystemTime};
 
-use distlock_runtime::{LockError, LockManager, LockMode};
+use distlock_runtime::{ForcedRelease, ForcedReleases, LockError, LockManager, LockMode};
 use serde_json::json;
 
 use crate::reading::{mode_name, names, secs, Holder, Lock};
@@ -36,6 +38,8 @@ pub(crate) async fn run(locks: &LockManager, options: Options) -> Result<(), Loc
     };
     let mut trackers: Vec<Tracker> = options.keys.iter().map(|k| Tracker::new(k)).collect();
     let mut unavailable = false;
+    // Heard on the manager's subscriber connection (none on a caller's pool: not here).
+    let mut forced = locks.forced_releases().ok();
     loop {
         let round = Instant::now();
         for tracker in &mut trackers {
@@ -70,7 +74,27 @@ pub(crate) async fn run(locks: &LockManager, options: Options) -> Result<(), Loc
                 }
             }
         }
-        tokio::time::sleep(options.every.saturating_sub(round.elapsed())).await;
+        let next_round = tokio::time::Instant::from_std(round + options.every);
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(next_round) => break,
+                Some(release) = next_forced(&mut forced) => {
+                    if let Some(tracker) = trackers.iter_mut().find(|t| t.key == release.key) {
+                        tracker.forced();
+                        let holders = release.holders;
+                        out.change(&release.key, &Change::Forced { holders })?;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The next forced release heard, if anything listens.
+async fn next_forced(forced: &mut Option<ForcedReleases>) -> Option<ForcedRelease> {
+    match forced {
+        Some(forced) => forced.next().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -135,6 +159,8 @@ pub(crate) enum Change {
     Left { owner: Holder, now: Lock },
     /// The fair queue changed length.
     Queue { before: usize, now: Lock },
+    /// Force-released (`distlock release --force`), freeing these holders.
+    Forced { holders: Vec<String> },
 }
 
 /// What is known of one key: its last reading and when it expires at the latest.
@@ -164,6 +190,12 @@ impl Tracker {
             key: key.to_owned(),
             last: Last::Unread,
         }
+    }
+
+    /// The key was force-released: free from now on, so a holder read next took it then (it
+    /// is not handed over), and a key found free was not released again.
+    pub(crate) fn forced(&mut self) {
+        self.last = Last::Free;
     }
 
     /// Redis could not be read: a key found gone after this is [`Change::Gone`].
@@ -354,6 +386,9 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
         Change::Queue { before, now } => {
             format!("waiters {before} -> {}", queue(now))
         }
+        Change::Forced { holders } => {
+            format!("force-released: {} lost the lease", holders.join(", "))
+        }
     }
 }
 
@@ -408,6 +443,7 @@ pub(crate) fn change_json(at: SystemTime, key: &str, change: &Change) -> serde_j
             "waiters",
             json!({ "before": before, "lock": info_json(now) }),
         ),
+        Change::Forced { holders } => ("forced", json!({ "holders": holders })),
     };
     let mut object = json!({
         "at": utc(at),

@@ -328,6 +328,29 @@ async fn watch_names_each_change_of_a_lock_and_a_leader_as_it_happens() {
     .await;
     assert!(line.contains("before its expiry"), "{line}");
 
+    // Forced: `distlock release --force` from another process; watch names the holder that
+    // lost its lease, as the forced release tells it.
+    alpha.send("take order:1 30000").await;
+    watch
+        .line(mark, &["order:1 taken by alpha ("], SHOWS_WITHIN)
+        .await;
+    let mark = watch.count();
+    let forced = Command::new(env!("CARGO_BIN_EXE_distlock"))
+        .args(["--url", &server.url(), "release", "order:1", "--force"])
+        .output()
+        .await
+        .unwrap();
+    assert!(forced.status.success(), "{forced:?}");
+    let at = Instant::now();
+    shows(
+        &watch,
+        mark,
+        &["order:1 force-released: alpha lost the lease"],
+        at,
+    )
+    .await;
+    let mark = watch.count();
+
     // Expired: its holder killed, the lease runs out (1 s ttl) without a release.
     let mut gamma = Helper::start(&server, "gamma");
     gamma.send("take order:1 1000").await;

@@ -34,7 +34,7 @@ mod tests {
         ("fair_refresh", "52bcf57a5866b9e1142b4fb17819257ead8545a5"),
         ("raise", "0eeb3641f21e578ad69c5fd93e1758f55dc94200"),
         ("inspect", "b502674578f6009af66138a198ad104cfef470f0"),
-        ("force_release", "66b87ceb19e2151da63e84f62976c87d64b3b440"),
+        ("force_release", "210e1f6023b95bba6c9dd5c1ce6427d4a325f9a9"),
         ("check", "472451a2c531efc537fb8fd91d724b6bd2f8a04b"),
         ("key_types", "0f78f49b3902f1c2da6260e309797d0462609281"),
     ];

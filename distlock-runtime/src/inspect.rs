@@ -203,7 +203,8 @@ impl LockManager {
             .key(keys.fence())
             .key(keys.holders());
         call.arg(redis.announce().0)
-            .arg(crate::notify::forced_channel(self.prefix()));
+            .arg(crate::forced::channel(self.prefix()))
+            .arg(key);
         let released = redis.force_release(&call).await?;
         Ok(released > 0)
     }

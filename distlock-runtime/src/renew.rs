@@ -29,6 +29,7 @@ use tokio::time::Instant;
 
 use crate::call::{Confirm, ScriptCall};
 use crate::error::LockError;
+use crate::forced::Notice;
 use crate::keys::LockKeys;
 use crate::lease::Holding;
 use crate::mode::Words;
@@ -466,16 +467,15 @@ async fn renew_batch(shared: &Shared, batch: Vec<Due>) {
     }
 }
 
-/// A forced release freed the holders whose owner tokens `notice` lists (space-separated):
-/// each registered lease among them is lost at once, and renewed no more.
+/// A forced release freed the holders whose owner tokens `notice` lists: each registered lease
+/// among them is lost at once, and renewed no more.
 fn force_released(shared: &Shared, notice: &[u8]) {
-    let Ok(notice) = std::str::from_utf8(notice) else {
+    let Some(notice) = Notice::parse(notice) else {
         return;
     };
-    let tokens: Vec<&str> = notice.split(' ').collect();
     let mut lost = Vec::new();
     lock(&shared.registry).leases.retain(|_, entry| {
-        if !tokens.contains(&&*entry.token) {
+        if !notice.tokens.contains(&&*entry.token) {
             return true;
         }
         entry.state.lose(Loss::Forced);

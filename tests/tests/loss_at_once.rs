@@ -236,3 +236,40 @@ async fn a_holder_that_cannot_hear_the_notice_learns_at_its_next_renewal() {
         forced.elapsed()
     );
 }
+
+#[tokio::test]
+async fn forced_releases_names_each_key_and_the_holders_it_freed() {
+    let server = RedisServer::start();
+    let operator = server.manager();
+    let mut forced = operator.forced_releases().unwrap();
+    until_listening(&[server.url()], 1).await;
+    let (web, job) = (server.labelled("web-1"), server.labelled("job-7"));
+    let a = web.read_lock("report 7").acquire().await.unwrap();
+    let b = job.read_lock("report 7").acquire().await.unwrap();
+    assert!(operator.force_release("report 7").await.unwrap());
+    let heard = tokio::time::timeout(Duration::from_secs(2), forced.next())
+        .await
+        .expect("the forced release was heard")
+        .unwrap();
+    assert_eq!(heard.key, "report 7");
+    let mut holders = heard.holders.clone();
+    holders.sort();
+    assert_eq!(holders, ["job-7", "web-1"]);
+    let both = eventually(Duration::from_secs(1), || async {
+        a.is_lost() && b.is_lost()
+    });
+    assert!(both.await.is_some(), "the readers' leases were not ended");
+    // A free key's forced release frees nobody, and tells nobody.
+    assert!(!operator.force_release("report 8").await.unwrap());
+    let nothing = tokio::time::timeout(Duration::from_millis(300), forced.next()).await;
+    assert!(nothing.is_err(), "{nothing:?}");
+
+    let pool = deadpool_redis::Config::from_url(server.url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let on_pool = LockManager::builder().pool(pool).build().unwrap();
+    assert!(matches!(
+        on_pool.forced_releases(),
+        Err(LockError::InvalidConfig { what: "pool", .. })
+    ));
+}

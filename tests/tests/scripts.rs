@@ -269,9 +269,14 @@ async fn inspect(conn: &mut MultiplexedConnection, k: &Keys) -> Option<Holding> 
 
 /// FORCE_RELEASE of `k`: 1 when it was held.
 async fn force_release(conn: &mut MultiplexedConnection, k: &Keys) -> i64 {
-    run(conn, "force_release", &k.served(), "PUBLISH")
-        .await
-        .unwrap()
+    run(
+        conn,
+        "force_release",
+        &k.served(),
+        ("PUBLISH", "distlock:forced", "k"),
+    )
+    .await
+    .unwrap()
 }
 
 /// Redis's clock: `(µs, ms)`.

@@ -37,7 +37,7 @@
 //! (waiters also wake at the holder's expiry), never a hang.
 //!
 //! **Forced releases.** A forced release (`LockManager::force_release`) also `PUBLISH`es the
-//! tokens of the holders it freed on one channel per key prefix (see [`forced_channel`]), which a
+//! tokens of the holders it freed on one channel per key prefix (see `forced.rs`), which a
 //! cluster carries to every node. While a manager holds leases, its renewal driver keeps that
 //! channel subscribed ([`Forced::listen`]) and ends each lease named there at once.
 //!
@@ -262,7 +262,7 @@ impl Notifications {
             hub: Arc::new(Hub {
                 subscriber,
                 timeouts,
-                forced: forced_channel(prefix),
+                forced: crate::forced::channel(prefix),
                 state: Mutex::new(State::default()),
                 changed: Notify::new(),
                 closed: CancellationToken::new(),
@@ -310,13 +310,6 @@ impl Notifications {
     pub(crate) fn subscribed(&self, channel: &str) -> bool {
         self.hub.subscribed_since(channel).is_some()
     }
-}
-
-/// The channel that forced releases of the locks under `prefix` are told on: the prefix and
-/// `forced`, which no lock's channel (its lock key, `{prefix}lock:{key}`) can be. Each message
-/// is the owner tokens of the holders one forced release freed, space-separated.
-pub(crate) fn forced_channel(prefix: &str) -> String {
-    format!("{prefix}forced")
 }
 
 /// The forced-release notices of one manager, for its renewal driver (which knows its leases).

@@ -4,9 +4,10 @@
 -- KEYS: the lock key L, its queue Q, its queue's entries W (see fair/entry.lua), its
 --   fencing counter F, its holders H (scripts/holders.lua).
 -- ARGV[1]: the command that announces a release (PUBLISH, or SPUBLISH on a cluster).
--- ARGV[2]: the channel of forced releases (`forced_channel` in notify/mod.rs), on which the
---   holders' owner tokens are PUBLISHed (space-separated; a cluster carries a PUBLISH to every
---   node), so that their managers end their leases at once.
+-- ARGV[2]: the channel of forced releases (forced.rs), on which the holders' owner tokens
+--   (space-separated), a newline and the key ARGV[3] are PUBLISHed (a cluster carries a PUBLISH
+--   to every node), so that the holders' managers end their leases at once.
+-- ARGV[3]: the lock's key, as requested.
 -- Returns 1 when the lock was held, 0 when it was free.
 local publish, forced = ARGV[1], ARGV[2]
 local L, Q, W, F, H = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -27,7 +28,9 @@ if type(members) == 'table' then
 end
 redis.call('DEL', L, H)
 -- pcall: a user without channel rights still releases; its holders learn at their renewal.
-if #tokens > 0 then redis.pcall('PUBLISH', forced, table.concat(tokens, ' ')) end
+if #tokens > 0 then
+  redis.pcall('PUBLISH', forced, table.concat(tokens, ' ') .. '\n' .. ARGV[3])
+end
 -- The fair queue's functions, put here by the composition, as in release.lua.
 --[[ queue functions ]]
 local served = false
