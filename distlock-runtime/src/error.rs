@@ -103,14 +103,16 @@ pub enum LockError {
         key: String,
     },
 
-    /// The lease ended while the body was running: renewal found the lock gone or owned by
-    /// someone else, renewal kept failing until the lease expired, or a lease without renewal
-    /// reached its ttl. The body was stopped at its next await point.
+    /// The lease ended while the body was running: an operator force-released it
+    /// ([`LockManager::force_release`](crate::LockManager::force_release), told at once),
+    /// renewal found the lock gone or owned by someone else, renewal kept failing until the
+    /// lease expired, or a lease without renewal reached its ttl. The body was stopped at its
+    /// next await point.
     #[error(
-        "lease on {keys:?} was lost while the body ran (deleted or taken over in Redis, \
-         or expired before it could be renewed); the body was stopped and its effects may be \
-         partial: use the fencing token to reject its late writes, and raise `ttl` or enable \
-         `renew` if bodies outlive their lease"
+        "lease on {keys:?} was lost while the body ran (deleted, force-released or taken over \
+         in Redis, or expired before it could be renewed); the body was stopped and its effects \
+         may be partial: use the fencing token to reject its late writes, and raise `ttl` or \
+         enable `renew` if bodies outlive their lease"
     )]
     LeaseLost {
         /// The keys of the lost lease.

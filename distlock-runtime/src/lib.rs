@@ -349,7 +349,8 @@
 //! Other topologies add a few rights: `+wait` with `min_replicas`; on a Sentinel primary
 //! `+role` (the route checks it reached a primary); on a cluster `+cluster|slots` (the route
 //! fetches the slot map), `+asking` (a call to a slot being migrated) and, for notifications,
-//! `+spublish +ssubscribe +sunsubscribe` instead of the plain ones. A managed service may refuse
+//! `+spublish +ssubscribe +sunsubscribe` beside the plain ones (a forced release is told to
+//! its holders on a plain channel, which a cluster carries to every node). A managed service may refuse
 //! some of these whatever the ACL says, and the error then says what to configure instead;
 //! `docs/operations.md` ("Servers") in the repository lists what each service is known to
 //! refuse.
