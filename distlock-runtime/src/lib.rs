@@ -90,6 +90,11 @@
 //! its bounds on each topology, and the repository's `tests/README.md` names the tests that
 //! prove it.
 //!
+//! An operator's [`LockManager::force_release`] breaks exclusion on purpose, and tells the
+//! holders: each holder's manager ends its lease at once ([`Lease::lost`] resolves, `run` and
+//! annotated calls return [`LockError::LeaseLost`] within milliseconds), not at its next
+//! renewal, where it can hear it (a manager with a subscriber connection and channel rights).
+//!
 //! # When Redis fails, or refuses
 //! Every [`LockError`] is in one of four classes ([`LockError::class`]): **contention**,
 //! **unavailable**, **misconfigured** and **a bug in the caller**; [`ErrorClass`] says what to
