@@ -525,6 +525,7 @@ impl Hub {
                 tokio::spawn(connect(Connecting {
                     hub: Arc::clone(self),
                     next: Connection::Down,
+                    ran: false,
                 }));
                 return Request::Wait;
             }
@@ -613,10 +614,15 @@ impl Hub {
 
 /// A connect under way: dropped, it ends, and the connection becomes `next`. Dropped before it
 /// set `next` (its task dropped with its runtime half way), it leaves the connection down: the
-/// next waiter connects anew.
+/// next waiter connects anew. Dropped before it ever ran (spawned on a runtime shutting down,
+/// which drops a new task at once), it leaves the connection failed for [`RECONNECT_AFTER`]:
+/// the caller that spawned it, woken by that, would otherwise spawn the next one at once,
+/// again and again within one poll, and never let its runtime finish shutting down.
 struct Connecting {
     hub: Arc<Hub>,
     next: Connection,
+    /// The connect's task ran.
+    ran: bool,
 }
 
 impl Drop for Connecting {
@@ -624,7 +630,13 @@ impl Drop for Connecting {
         let mut state = lock(&self.hub.state);
         // Only the connect under way moves the connection on from `Connecting`.
         if matches!(state.connection, Connection::Connecting) {
-            state.connection = std::mem::take(&mut self.next);
+            state.connection = if self.ran {
+                std::mem::take(&mut self.next)
+            } else {
+                Connection::Failed {
+                    retry_after: Instant::now() + RECONNECT_AFTER,
+                }
+            };
         }
         drop(state);
         self.hub.changed.notify_waiters();
@@ -634,6 +646,7 @@ impl Drop for Connecting {
 /// Opens the subscriber connection (whose push handler hands out its messages, see [`receive`])
 /// and starts the task that notices its end.
 async fn connect(mut connecting: Connecting) {
+    connecting.ran = true;
     let hub = Arc::clone(&connecting.hub);
     let weak = Arc::downgrade(&hub);
     let on_message: OnMessage = Arc::new(move |message| {
