@@ -17,7 +17,7 @@ use redis::{RedisWrite, ToRedisArgs};
 /// |---|---|
 /// | `Exclusive` | nobody |
 /// | `Shared` | nobody exclusively, and no fair waiter is queued for the key |
-/// | `Permits(n)` | nobody exclusively, fewer than `n` shared or permit leases, and no fair waiter is queued |
+/// | `Permits(n)` | nobody exclusively, fewer than `n` shared or permit leases (on a quorum: by nobody in one of `n` slots), and no fair waiter is queued |
 ///
 /// A key is meant to be used in one way: exclusive and shared (a read-write lock), or permits
 /// (a semaphore; see [`LockRequest::permits`](crate::LockRequest::permits) for callers that
