@@ -1011,7 +1011,10 @@ async fn renewal_and_release_by_any_slot_find_the_tokens_own_slot() {
         release(&mut conn, &[&any], (OURS, NOT_QUEUED, ALWAYS)).await,
         1
     );
-    assert_eq!(members(&mut conn, &any).await, std::slice::from_ref(&theirs));
+    assert_eq!(
+        members(&mut conn, &any).await,
+        std::slice::from_ref(&theirs)
+    );
     assert_eq!(channel.published(&mut conn).await, [""]);
     assert_eq!(
         release(&mut conn, &[&any], (OURS, NOT_QUEUED, ALWAYS)).await,
