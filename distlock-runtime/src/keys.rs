@@ -21,6 +21,8 @@
 //! be taken in one atomic script. Interpolated values are escaped by the attribute, so a caller's
 //! input never chooses a slot. A prefix should contain no `{`: the first one would make the tag.
 
+use std::borrow::Cow;
+
 use crate::mode::LockMode;
 
 /// The Redis keys of the lock on one user key, in one buffer (one allocation for the five), and
@@ -32,6 +34,21 @@ pub(crate) struct LockKeys {
     /// Where each name ends in `names`.
     ends: [usize; 5],
     mode: LockMode,
+    /// Where a permit sits among the key's holders (ignored in the other modes).
+    seat: Seat,
+}
+
+/// Where a permit lease sits among a semaphore's holders (`scripts/holders.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Seat {
+    /// Counted: a server that sees every holder admits one while fewer than N hold the key.
+    Counted,
+    /// In whichever of the N slots its owner token holds, each slot an exclusive lock of its own:
+    /// a quorum's permit, as its renewal and release name it (docs/modes.md, "Semaphores on a
+    /// quorum").
+    AnySlot,
+    /// In slot `i` (of N): what one acquire round of a quorum's permit asks for.
+    Slot(u32),
 }
 
 /// The kinds of key, in their order in [`LockKeys`], each with the Redis type distlock keeps
@@ -62,6 +79,7 @@ impl LockKeys {
             names,
             ends,
             mode: LockMode::Exclusive,
+            seat: Seat::Counted,
         }
     }
 
@@ -71,9 +89,30 @@ impl LockKeys {
         self
     }
 
+    /// The same keys, a permit held in a slot: whichever its token holds, or `Slot(i)`.
+    pub(crate) fn seated(mut self, seat: Seat) -> Self {
+        self.seat = seat;
+        self
+    }
+
     /// The mode a request holds the key in.
     pub(crate) fn mode(&self) -> LockMode {
         self.mode
+    }
+
+    /// Where a permit sits.
+    pub(crate) fn seat(&self) -> Seat {
+        self.seat
+    }
+
+    /// The word the scripts read for the mode (`scripts/holders.lua`): the mode's
+    /// ([`LockMode::word`]), or for a permit in a slot `N/i`, or `N/*` for whichever slot.
+    pub(crate) fn word(&self) -> Cow<'static, str> {
+        match (self.mode, self.seat) {
+            (LockMode::Permits(n), Seat::Slot(i)) => Cow::Owned(format!("{n}/{i}")),
+            (LockMode::Permits(n), Seat::AnySlot) => Cow::Owned(format!("{n}/*")),
+            (mode, _) => mode.word(),
+        }
     }
 
     /// The key a renewal extends: the lock key when held exclusively, the holders otherwise.
@@ -110,8 +149,8 @@ impl LockKeys {
         self.name(3)
     }
 
-    /// The leases holding the key shared or as permits: a sorted set of members (a token, or
-    /// `N token`) scored by expiry.
+    /// The leases holding the key shared or as permits: a sorted set of members (a token,
+    /// `N token`, or `N/i token` in a quorum's slot i) scored by expiry.
     pub(crate) fn holders(&self) -> &str {
         self.name(4)
     }
@@ -150,5 +189,16 @@ mod tests {
             Some(("waiters:", "hash"))
         );
         assert_eq!(LockKeys::kind_of("unrelated"), None);
+    }
+
+    #[test]
+    fn a_permit_in_a_slot_is_named_by_its_slot_or_any_slot() {
+        let keys = LockKeys::new("app:", "pool").held(LockMode::Permits(3));
+        assert_eq!(keys.word(), "3");
+        assert_eq!(keys.clone().seated(Seat::AnySlot).word(), "3/*");
+        assert_eq!(keys.clone().seated(Seat::Slot(2)).word(), "3/2");
+        // The other modes have no slots.
+        let shared = LockKeys::new("app:", "doc").held(LockMode::Shared);
+        assert_eq!(shared.seated(Seat::AnySlot).word(), "r");
     }
 }

@@ -17,7 +17,7 @@ use redis::{RedisWrite, ToRedisArgs};
 /// |---|---|
 /// | `Exclusive` | nobody |
 /// | `Shared` | nobody exclusively, and no fair waiter is queued for the key |
-/// | `Permits(n)` | nobody exclusively, fewer than `n` shared or permit leases, and no fair waiter is queued |
+/// | `Permits(n)` | nobody exclusively, fewer than `n` shared or permit leases (on a quorum: by nobody in one of `n` slots), and no fair waiter is queued |
 ///
 /// A key is meant to be used in one way: exclusive and shared (a read-write lock), or permits
 /// (a semaphore; see [`LockRequest::permits`](crate::LockRequest::permits) for callers that
@@ -67,12 +67,16 @@ impl LockMode {
         }
     }
 
-    /// The mode a script's word names (see [`word`](Self::word)), if any.
+    /// The mode a script's word names (see [`word`](Self::word), and a permit's slot `N/i`,
+    /// `scripts/holders.lua`), if any.
     pub(crate) fn from_word(word: &str) -> Option<Self> {
         match word {
             "x" => Some(Self::Exclusive),
             "r" => Some(Self::Shared),
-            digits => digits.parse().ok().filter(|&n| n > 0).map(Self::Permits),
+            word => {
+                let digits = word.split_once('/').map_or(word, |(n, _)| n);
+                digits.parse().ok().filter(|&n| n > 0).map(Self::Permits)
+            }
         }
     }
 }
@@ -90,17 +94,18 @@ impl fmt::Display for LockMode {
 pub(crate) type KeyModes = (std::sync::Arc<[String]>, std::sync::Arc<[LockMode]>);
 
 /// The modes of a script's keys, one word each, space-separated (`scripts/holders.lua`): `x`
-/// exclusive, `r` shared, the digits of `n` for one of `n` permits.
+/// exclusive, `r` shared, the digits of `n` for one of `n` permits (`n/i` in a slot: see
+/// `LockKeys::word`).
 pub(crate) struct Words<I>(pub(crate) I);
 
-impl<I: Iterator<Item = LockMode> + Clone> ToRedisArgs for Words<I> {
+impl<I: Iterator<Item = Cow<'static, str>> + Clone> ToRedisArgs for Words<I> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        let mut modes = self.0.clone();
-        match (modes.next(), modes.next()) {
+        let mut words = self.0.clone();
+        match (words.next(), words.next()) {
             // The common case, without joining.
-            (Some(mode), None) => out.write_arg(mode.word().as_bytes()),
+            (Some(word), None) => out.write_arg(word.as_bytes()),
             _ => {
-                let words: Vec<_> = self.0.clone().map(LockMode::word).collect();
+                let words: Vec<_> = self.0.clone().collect();
                 out.write_arg(words.join(" ").as_bytes());
             }
         }
@@ -112,7 +117,9 @@ mod tests {
     use super::*;
 
     fn sent(modes: &[LockMode]) -> Vec<u8> {
-        Words(modes.iter().copied()).to_redis_args().concat()
+        Words(modes.iter().map(|m| m.word()))
+            .to_redis_args()
+            .concat()
     }
 
     #[test]
@@ -129,6 +136,9 @@ mod tests {
             assert_eq!(LockMode::from_word(&word), Some(mode));
         }
         assert_eq!(LockMode::from_word("0"), None);
+        // A permit in a quorum's slot reads as its semaphore's mode.
+        assert_eq!(LockMode::from_word("3/2"), Some(LockMode::Permits(3)));
+        assert_eq!(LockMode::from_word("0/1"), None);
     }
 
     #[test]

@@ -598,7 +598,7 @@ async fn extend_calls(
         }
         for (i, group) in &entries {
             let (keys, token, ttl) = leases[*i];
-            let modes = Words(group.iter().map(|&k| keys[k].mode()));
+            let modes = Words(group.iter().map(|&k| keys[k].word()));
             call.arg(token).arg(millis(ttl)).arg(modes);
         }
         let members: Vec<_> = entries.into_iter().map(|(i, _)| i).collect();

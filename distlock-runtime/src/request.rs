@@ -236,6 +236,10 @@ impl LockRequest {
     /// Each caller is admitted while fewer than its own `n` hold the key: callers that pass
     /// different `n` for one key (a rolling change of the limit) let in at most the largest.
     ///
+    /// On a quorum, whose nodes each see only the holders they granted, the permits are `n`
+    /// slots, each a lock a majority grants: an attempt asks slot after slot (up to `n` rounds),
+    /// so keep `n` small there (`docs/modes.md`, "Semaphores on a quorum").
+    ///
     /// ```no_run
     /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
     /// // At most 8 exports at once, across the fleet.

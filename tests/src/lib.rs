@@ -10,6 +10,7 @@
 
 pub mod history;
 pub mod partition;
+pub mod stays;
 pub mod tls;
 pub mod topology;
 

@@ -200,20 +200,8 @@ async fn a_quorum_needs_a_majority_for_each_mode() {
             .unwrap()
     };
     let (a, b) = (manager(&servers), manager(&servers));
-    every_mode_works(&a, &b, 1).await;
-    // A semaphore of more permits is refused: each node counts the holders it granted, and
-    // holders granted by different majorities could outnumber the permits.
-    let refused = a.lock("m-pool").permits(2).acquire().await;
-    assert!(
-        matches!(
-            refused,
-            Err(LockError::InvalidConfig {
-                what: "permits",
-                ..
-            })
-        ),
-        "{refused:?}"
-    );
+    // A semaphore of several permits too: its holders sit in slots.
+    every_mode_works(&a, &b, 3).await;
 
     // Two of five down: readers still share on the three left, a writer is still kept out.
     servers[1].kill();
@@ -253,6 +241,36 @@ async fn a_quorum_needs_a_majority_for_each_mode() {
         .await;
     assert!(second.is_err(), "{second:?}");
     permit.release().await.unwrap();
+    // And of two: two holders, each in a slot of its own on the three nodes, a third refused;
+    // inspect lists both, renewal keeps them, a release frees a slot.
+    let first = a.lock("q-pair").permits(2).acquire().await.unwrap();
+    let second = b.lock("q-pair").permits(2).acquire().await.unwrap();
+    assert!(second.fencing_token() > first.fencing_token());
+    assert!(alive.iter().all(|s| members(s, "q-pair") == 2));
+    let third = a
+        .lock("q-pair")
+        .permits(2)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await;
+    assert!(
+        matches!(third, Err(LockError::NotAcquired { .. })),
+        "{third:?}"
+    );
+    let info = a.inspect("q-pair").await.unwrap().unwrap();
+    assert_eq!((info.mode, info.holders), (LockMode::Permits(2), 2));
+    first.extend(Duration::from_secs(60)).await.unwrap();
+    first.release().await.unwrap();
+    assert!(alive.iter().all(|s| members(s, "q-pair") == 1));
+    let third = a
+        .lock("q-pair")
+        .permits(2)
+        .wait(Duration::ZERO)
+        .acquire()
+        .await;
+    let third = third.expect("a released slot is free again");
+    third.release().await.unwrap();
+    second.release().await.unwrap();
     // Three of five down: no majority for any mode.
     servers[2].kill();
     let c = manager(&servers);

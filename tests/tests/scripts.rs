@@ -923,6 +923,125 @@ async fn a_retried_shared_or_permit_acquire_finds_its_own_member_and_takes_it_ag
     assert_eq!(members(&mut conn, &permit).await, [permit.member(THEIRS)]);
 }
 
+#[tokio::test]
+async fn a_permit_in_a_slot_is_granted_while_that_slot_is_free_whatever_the_others_hold() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let slot = |i: usize| keys("slots").held(["3/0", "3/1", "3/2"][i]);
+    let (_, ms) = now(&mut conn).await;
+    hold(&mut conn, &slot(1), THEIRS, ms + 5_000).await;
+    hold(&mut conn, &slot(2), FIRST, ms + 9_000).await;
+    // Slot 1 is taken: refused, until its holder's expiry (not the other slot's).
+    let reply = acquire(&mut conn, &[&slot(1)], (OURS, 30_000, NOT_YET)).await;
+    let (index, remaining) = held(&reply).expect("slot 1 is held");
+    assert_eq!(index, 1);
+    assert!((4_000..=5_000).contains(&remaining), "{remaining}");
+    // Slot 0 is free though two members are live, more than a count of 2 would admit.
+    let reply = acquire(&mut conn, &[&slot(0)], (OURS, 30_000, NOT_YET)).await;
+    let token = token_of(&reply);
+    assert_eq!(
+        get(&mut conn, &slot(0).fence).await,
+        Some(token.to_string())
+    );
+    assert_eq!(
+        members(&mut conn, &slot(0)).await,
+        [
+            format!("3/1 {THEIRS}"),
+            format!("3/2 {FIRST}"),
+            format!("3/0 {OURS}")
+        ]
+    );
+    // Retried (its answer lost): the same slot again, with a greater token.
+    let again = token_of(&acquire(&mut conn, &[&slot(0)], (OURS, 30_000, NOT_YET)).await);
+    assert!(again > token);
+    // Another token in the same slot is refused, whatever N it names.
+    let other_n = keys("slots").held("5/0");
+    let reply = acquire(&mut conn, &[&other_n], (SECOND, 30_000, NEVER)).await;
+    assert_eq!(held(&reply).map(|h| h.0), Some(1));
+    // An expired holder frees its slot.
+    hold(&mut conn, &slot(1), THEIRS, ms - 1).await;
+    let reply = acquire(&mut conn, &[&slot(1)], (SECOND, 30_000, NOT_YET)).await;
+    token_of(&reply);
+    assert!(!members(&mut conn, &slot(1))
+        .await
+        .contains(&format!("3/1 {THEIRS}")));
+
+    // A live member outside slots (a permit counted by a client without slots, or a reader)
+    // holds every slot, until its expiry.
+    let mixed = |mode| keys("slots-mixed").held(mode);
+    hold(&mut conn, &mixed("2"), THEIRS, ms + 5_000).await;
+    let reply = acquire(&mut conn, &[&mixed("2/1")], (OURS, 30_000, NEVER)).await;
+    let (_, remaining) = held(&reply).expect("held outside slots");
+    assert!((4_000..=5_000).contains(&remaining), "{remaining}");
+    // And a counted permit sees the slots' members as holders.
+    let _: i64 = conn.del(&mixed("2").holders).await.unwrap();
+    hold(&mut conn, &mixed("2/0"), THEIRS, ms + 5_000).await;
+    hold(&mut conn, &mixed("2/1"), FIRST, ms + 5_000).await;
+    let reply = acquire(&mut conn, &[&mixed("2")], (OURS, 30_000, NEVER)).await;
+    assert_eq!(held(&reply).map(|h| h.0), Some(1));
+    // A writer is kept out by a slot's member.
+    let reply = acquire(&mut conn, &[&mixed(EXCLUSIVE)], (OURS, 30_000, NEVER)).await;
+    assert_eq!(held(&reply).map(|h| h.0), Some(1));
+}
+
+#[tokio::test]
+async fn renewal_and_release_by_any_slot_find_the_tokens_own_slot() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let any = keys("any-slot").held("3/*");
+    let (ours, theirs) = (format!("3/2 {OURS}"), format!("3/0 {THEIRS}"));
+    let (_, ms) = now(&mut conn).await;
+    let _: usize = conn.zadd(&any.holders, &ours, ms + 1_000).await.unwrap();
+    let _: usize = conn.zadd(&any.holders, &theirs, ms + 1_000).await.unwrap();
+    // Renewed in whichever slot it holds; a token without a slot here is not.
+    let extended = extend(
+        &mut conn,
+        60_000,
+        &[(OURS, vec![&any]), (SECOND, vec![&any])],
+    )
+    .await;
+    assert_eq!(extended, [1, 0]);
+    let ours_at: Option<f64> = conn.zscore(&any.holders, &ours).await.unwrap();
+    assert!(ours_at.unwrap() as u64 >= ms + 59_000);
+    let theirs_at: Option<f64> = conn.zscore(&any.holders, &theirs).await.unwrap();
+    assert_eq!(theirs_at.map(|s| s as u64), Some(ms + 1_000));
+    assert!(pttl(&mut conn, &any.holders).await > 59_000);
+    // Inspected as a permit of 3, the slot's member listed.
+    let seen = inspect(&mut conn, &any).await.unwrap();
+    assert_eq!((seen.kind.as_str(), seen.holders), ("s", 2));
+    assert!(seen.members.contains(&ours), "{:?}", seen.members);
+    // Released in whichever slot it holds, announced; the other slot's holder stays.
+    let mut channel = Channel::subscribe(&server, &any.lock).await;
+    assert_eq!(
+        release(&mut conn, &[&any], (OURS, NOT_QUEUED, ALWAYS)).await,
+        1
+    );
+    assert_eq!(
+        members(&mut conn, &any).await,
+        std::slice::from_ref(&theirs)
+    );
+    assert_eq!(channel.published(&mut conn).await, [""]);
+    assert_eq!(
+        release(&mut conn, &[&any], (OURS, NOT_QUEUED, ALWAYS)).await,
+        0
+    );
+    // A renewal after the release finds nothing: the lease is lost.
+    assert_eq!(extend(&mut conn, 60_000, &[(OURS, vec![&any])]).await, [0]);
+    // A release by its exact slot (an undo) removes that member only.
+    let _: usize = conn.zadd(&any.holders, &ours, ms + 30_000).await.unwrap();
+    let exact = keys("any-slot").held("3/1");
+    assert_eq!(
+        release(&mut conn, &[&exact], (OURS, NOT_QUEUED, ALWAYS)).await,
+        0
+    );
+    let exact = keys("any-slot").held("3/2");
+    assert_eq!(
+        release(&mut conn, &[&exact], (OURS, NOT_QUEUED, ALWAYS)).await,
+        1
+    );
+    assert_eq!(members(&mut conn, &any).await, [theirs]);
+}
+
 // ---- release.lua ----
 
 #[tokio::test]

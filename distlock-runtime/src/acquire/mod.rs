@@ -35,13 +35,13 @@ use crate::error::LockError;
 use crate::failed::Reached;
 use crate::fair::{claim_renewal, ClaimRenewal, FairAttempts, Handoff};
 use crate::ids::{id_text, random_ids};
-use crate::keys::LockKeys;
+use crate::keys::{LockKeys, Seat};
 use crate::lease::{Holding, Lease};
 use crate::mode::LockMode;
 use crate::release::{release_in_background, Leaving};
 use crate::scripts::{Acquire, Taken, Unconfirmed, Waiting};
 use crate::telemetry::{self, Tags};
-use crate::topology::{Grant, Serial};
+use crate::topology::Serial;
 use crate::validity::LeaseState;
 use crate::wait::{Wait, Waiter, Wake};
 
@@ -146,8 +146,16 @@ struct Acquiring<'a> {
 
 impl<'a> Acquiring<'a> {
     fn new(context: &'a Arc<Context>, ask: Ask) -> Result<Self, LockError> {
+        let redis = context.redis();
+        // A quorum's permits sit in slots (see `places.rs`): renewed and released in whichever
+        // slot the token holds.
+        let seat = if redis.permits_in_slots() {
+            Seat::AnySlot
+        } else {
+            Seat::Counted
+        };
         let redis_keys: Arc<[LockKeys]> = (ask.keys.iter().zip(ask.modes.iter()))
-            .map(|(key, &mode)| context.lock_keys(key).held(mode))
+            .map(|(key, &mode)| context.lock_keys(key).held(mode).seated(seat))
             .collect();
         // The owner token, and the secret of a fair request's first attempt, from one OS call.
         let [token_id, first_secret] = random_ids();
@@ -157,18 +165,6 @@ impl<'a> Acquiring<'a> {
         } else {
             Waiting::NotYet
         };
-        let redis = context.redis();
-        let semaphore = |m: &LockMode| matches!(m, LockMode::Permits(n) if *n > 1);
-        if matches!(redis.grant, Grant::Majority(_)) && ask.modes.iter().any(semaphore) {
-            return Err(LockError::InvalidConfig {
-                what: "permits",
-                reason: "a semaphore of more than one permit cannot be held on a quorum: each \
-                         node counts the holders it granted, and holders granted by different \
-                         majorities could outnumber the permits; use one server, Sentinel or a \
-                         cluster for semaphores, or permits(1)"
-                    .to_owned(),
-            });
-        }
         let attempts_by = if ask.fair {
             let serial = redis.fair().map_err(|reason| LockError::InvalidConfig {
                 what: "fair",

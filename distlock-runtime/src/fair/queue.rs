@@ -82,7 +82,7 @@ impl FairRequest {
             .arg(secret)
             .arg(redis.publish_command())
             .arg(waiting)
-            .arg(Words(std::iter::once(k.mode())));
+            .arg(Words(std::iter::once(k.word())));
         redis.call(&invocation).await
     }
 

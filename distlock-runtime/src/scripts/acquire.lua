@@ -10,14 +10,16 @@
 --   waited for a key already (it competed with other waiters, who may still wait: the keys it
 --   takes exclusively are marked as waited on), '0' when it has not yet, NEVER ('-') when it
 --   will not wait at all (a try-lock, which marks nothing).
--- ARGV[4]: the keys' modes, one word each, space-separated: 'x' exclusive, 'r' shared, or N for
---   one of N permits (scripts/holders.lua).
+-- ARGV[4]: the keys' modes, one word each, space-separated: 'x' exclusive, 'r' shared, N for
+--   one of N permits, or 'N/i' for slot i of N permits, as a quorum holds them
+--   (scripts/holders.lua).
 -- ARGV[5] (optional): a proposed fencing token, the least one drawn (draw's floor).
 -- A key is free for an exclusive lease when no other owner holds it exclusively and no live
 -- member holds it shared or as a permit; for a shared one when no other owner holds it
 -- exclusively and no live fair waiter is queued (readers that are not fair do not overtake a
 -- queued writer; waiters whose wait has passed are dropped from the queue); for one of N
--- permits when, besides, fewer than N live members hold it.
+-- permits when, besides, fewer than N live members hold it; for slot i of N permits when, besides,
+-- no live member holds slot i, and none holds the key outside slots (slot_taken).
 -- Returns the fencing token (its decimal digits) when every key was free (or already held by
 -- this token, so a retried request after a lost answer is harmless) and is now taken for the
 -- ttl; {0, i, pttl} when some key is not free, where i is the 1-based index of the first such

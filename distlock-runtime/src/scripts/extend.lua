@@ -5,12 +5,13 @@
 --   permit; then its fencing counter (scripts/draw.lua), which lives as long as the leases
 --   whose token it holds, so that inspecting a lock held for long still shows its token.
 -- ARGV: for each lease, three values: owner token, new ttl in ms, and its keys' modes, one word
---   per key, space-separated ('x', 'r' or N, scripts/holders.lua).
+--   per key, space-separated ('x', 'r', N or 'N/*', scripts/holders.lua).
 -- Returns one integer per lease: 1 when every key was held by the token (an exclusive one
--- marked as waited on or not; a member whose expiry has not passed) and now lives ttl more;
+-- marked as waited on or not; a member whose expiry has not passed, for 'N/*' any slot the
+-- token holds) and now lives ttl more;
 -- 0 when some key is gone, owned by another token or no longer of its type (pcall: one broken
 -- lease never fails the batch), in which case none of that lease's keys is touched (a lost
--- lock is never re-created or prolonged). Calls is_owner (scripts/owner.lua), member and keep
+-- lock is never re-created or prolonged). Calls is_owner (scripts/owner.lua), leased and keep
 -- (scripts/holders.lua).
 local EXCLUSIVE = 'x'
 local now = nil
@@ -21,6 +22,8 @@ for a = 1, #ARGV, 3 do
   local modes = {}
   for word in string.gmatch(ARGV[a + 2], '%S+') do modes[#modes + 1] = word end
   local owned = 1
+  -- Each key's live members of the lease (holders.lua's leased), when held by members.
+  local members = {}
   for j, mode in ipairs(modes) do
     local key = KEYS[k + 2 * (j - 1)]
     if mode == EXCLUSIVE then
@@ -30,8 +33,8 @@ for a = 1, #ARGV, 3 do
         local t = redis.call('TIME')
         now = t[1] * 1000 + math.floor(t[2] / 1000)
       end
-      local score = redis.pcall('ZSCORE', key, member(mode, token))
-      if type(score) ~= 'string' or tonumber(score) <= now then owned = 0 break end
+      members[j] = leased(key, mode, token, now)
+      if #members[j] == 0 then owned = 0 break end
     end
   end
   if owned == 1 then
@@ -40,7 +43,9 @@ for a = 1, #ARGV, 3 do
       if mode == EXCLUSIVE then
         redis.call('PEXPIRE', key, ttl)
       else
-        redis.call('ZADD', key, 'XX', now + tonumber(ttl), member(mode, token))
+        for _, m in ipairs(members[j]) do
+          redis.call('ZADD', key, 'XX', now + tonumber(ttl), m)
+        end
         keep(key, ttl)
       end
       redis.call('PEXPIRE', KEYS[k + 2 * (j - 1) + 1], ttl, 'GT')

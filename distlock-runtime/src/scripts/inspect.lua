@@ -14,7 +14,7 @@
 --     wait has passed or whose entry is gone are left out (and left in place);
 --   member...: the exclusive owner's token without the mark of a lock someone waits on (see
 --     scripts/mod.rs, "Waited on"), or the first 100 live members in order of expiry (see
---     scripts/holders.lua: a token, or 'N token').
+--     scripts/holders.lua: a token, 'N token', or 'N/i token' for a quorum's slot i).
 -- Raises a refusal of any command it runs. A key of another type reads as nothing (pcall), but
 -- any other refusal, an ACL user without the right to a command, is raised again by the same
 -- command on the same line (where Redis 7.0's error names it): a count read as 0 would be a

@@ -158,7 +158,7 @@ impl Taking {
                 call.key(kind(keys));
             }
         }
-        let modes = Words(keys().map(LockKeys::mode));
+        let modes = Words(keys().map(LockKeys::word));
         call.arg(&*self.token)
             .arg(millis(self.ttl))
             .arg(waiting)
@@ -197,7 +197,7 @@ pub(crate) fn release_call<'a>(
     call.arg(token).arg(queued).arg(publish).arg(announce);
     // Without modes, the script holds every key exclusive: the common case sends none.
     if keys.clone().any(|k| k.mode() != LockMode::Exclusive) {
-        call.arg(Words(keys.map(LockKeys::mode)));
+        call.arg(Words(keys.map(LockKeys::word)));
     }
     call
 }

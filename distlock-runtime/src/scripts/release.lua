@@ -10,8 +10,9 @@
 -- ARGV[4]: ALWAYS ('1') to treat every key as waited on (a quorum's: see
 --   `Deployment::announce`); '0' to announce only the release of a key marked as waited on
 --   (`Announce` in scripts/mod.rs).
--- ARGV[5] (optional): the keys' modes, one word each, space-separated: 'x', 'r' or N
---   (scripts/holders.lua); every key is held exclusively when it is absent.
+-- ARGV[5] (optional): the keys' modes, one word each, space-separated: 'x', 'r', N, 'N/i' or
+--   'N/*' (scripts/holders.lua: 'N/*' releases every slot the token holds); every key is held
+--   exclusively when it is absent.
 -- Returns the number of lock keys this owner held. An exclusive one that nobody waited on
 -- (unmarked, see scripts/mod.rs, "Waited on") is deleted. A marked one is deleted and its fair
 -- queue served (admit: `h ...` messages on the key's channel). A shared or permit lease's
@@ -75,18 +76,34 @@ for i = 1, #KEYS, 5 do
     -- member (scripts/holders.lua) written out: defining the holders' functions here cost a
     -- shared release 5% more server time (0.36 to 0.44 µs of 6.8 to 7.8 µs, the medians of 800
     -- paired batches of 300 calls, by `INFO commandstats`).
-    local m = mode == 'r' and token or mode .. ' ' .. token
-    -- pcall: holders of another type hold no member of ours.
-    local score = redis.pcall('ZSCORE', H, m)
-    if type(score) == 'string' then
-      redis.call('ZREM', H, m)
-      if tonumber(score) > now then
-        released = released + 1
-        -- Room for a writer (the last reader left) or a permit.
-        room = true
-        announce = announce or always or mode ~= 'r'
-          or redis.call('ZCOUNT', H, '(' .. now, '+inf') == 0
+    local ms = {mode == 'r' and token or mode .. ' ' .. token}
+    if string.sub(mode, -2) == '/*' then
+      -- Whichever slot the token holds (in_slot, holders.lua, written out likewise): each
+      -- member 'N/i token' of H, live or not. pcall: holders of another type hold none.
+      ms = {}
+      local all = redis.pcall('ZRANGE', H, 0, -1)
+      if type(all) == 'table' and not all.err then
+        for _, m in ipairs(all) do
+          local head = string.match(m, '^%d+/%d+ ')
+          if head and string.sub(m, #head + 1) == token then ms[#ms + 1] = m end
+        end
       end
+    end
+    local held = false
+    for _, m in ipairs(ms) do
+      -- pcall: holders of another type hold no member of ours.
+      local score = redis.pcall('ZSCORE', H, m)
+      if type(score) == 'string' then
+        redis.call('ZREM', H, m)
+        held = held or tonumber(score) > now
+      end
+    end
+    if held then
+      released = released + 1
+      -- Room for a writer (the last reader left) or a permit.
+      room = true
+      announce = announce or always or mode ~= 'r'
+        or redis.call('ZCOUNT', H, '(' .. now, '+inf') == 0
     end
   end
   if room and (free or redis.call('EXISTS', L) == 0) then

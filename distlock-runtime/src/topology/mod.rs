@@ -134,6 +134,13 @@ impl Deployment {
         }
     }
 
+    /// Whether permits are held in slots (`keys::Seat`): on a quorum, whose nodes each see only
+    /// the holders they granted, so that none can count them all (docs/modes.md, "Semaphores on
+    /// a quorum").
+    pub(crate) fn permits_in_slots(&self) -> bool {
+        matches!(self.grant, Grant::Majority(_))
+    }
+
     /// Which keys one script call may carry together: those with the same shard (a cluster
     /// slot; one shard elsewhere).
     pub(crate) fn shard(&self, key: &str) -> u16 {

@@ -17,7 +17,8 @@
 //!   every node did).
 //! - **Inspect** lists the holders a majority of nodes list ([`view`]).
 //! - Fair requests are refused ([`FAIR_REFUSED`]), and so is `min_replicas` (a majority is its
-//!   redundancy).
+//!   redundancy). A semaphore's permits are slots, each acquired as a lock of its own (see
+//!   `acquire/places.rs`).
 //!
 //! Release notifications come from whichever node the subscriber connection reached (each
 //! node announces every release); when that node is down, the next is tried.
