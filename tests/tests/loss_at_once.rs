@@ -273,3 +273,19 @@ async fn forced_releases_names_each_key_and_the_holders_it_freed() {
         Err(LockError::InvalidConfig { what: "pool", .. })
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_on_a_quorum_stops_each_permit_holder_at_once() {
+    let _timed = distlock_tests::timed().await;
+    let quorum = distlock_tests::topology::QuorumSet::start(3);
+    let urls = quorum.urls();
+    let topology = format!("quorum={}", urls.join(","));
+    let operator = LockManager::builder().quorum(urls.clone()).build().unwrap();
+    // Every node publishes the holders it freed; each manager hears the node it subscribed on.
+    let mut holders = [
+        Holder::start(&topology, "forced-q", "p2").await,
+        Holder::start(&topology, "forced-q", "p2").await,
+    ];
+    until_listening(&urls, 2).await;
+    force_and_check(&operator, "forced-q", &mut holders).await;
+}
