@@ -46,9 +46,10 @@ pub struct ForcedRelease {
     /// The lock's key, as requested (`order:42`).
     pub key: String,
     /// Each holder it freed (one of a key held exclusively, every reader or permit holder of
-    /// one held shared or as permits), as [`LockInfo`](crate::LockInfo) names holders: its
-    /// manager's [`holder_label`](crate::LockManagerBuilder::holder_label) if it set one, the
-    /// first 8 hex digits of its owner token otherwise.
+    /// one held shared or as permits; on a quorum, those the publishing node had granted), as
+    /// [`LockInfo`](crate::LockInfo) names holders: its manager's
+    /// [`holder_label`](crate::LockManagerBuilder::holder_label) if it set one, the first 8 hex
+    /// digits of its owner token otherwise.
     pub holders: Vec<String>,
 }
 
@@ -79,7 +80,8 @@ impl std::fmt::Debug for ForcedReleases {
 impl LockManager {
     /// Listens for forced releases ([`force_release`](Self::force_release), from any process)
     /// of the locks under this manager's prefix: each is handed over with the holders it freed,
-    /// the ones whose managers end their leases at once. For an audit log, or a dashboard
+    /// whose managers end their leases at once where they hear it (see `force_release`). For
+    /// an audit log, or a dashboard
     /// (`distlock watch` prints them). A release forced while the subscription is being made
     /// (or remade after a lost connection) is missed. Must be called inside a Tokio runtime.
     ///

@@ -112,6 +112,9 @@ impl Lease {
         holding: &mut Holding,
         fencing_token: u64,
     ) -> Self {
+        if let Some(registration) = &holding.registration {
+            registration.held();
+        }
         Self {
             manager,
             keys,

@@ -96,6 +96,10 @@ struct Entry {
     /// Whether it is renewed: a lease without renewal is registered only to hear of a forced
     /// release, and is never due (but for `once`).
     renews: bool,
+    /// Whether its request made a lease of it ([`Registration::held`]): only then does a
+    /// forced release end it. An attempt still under way may hold a key a moment (a grant on
+    /// one quorum node, or one cluster shard, undone after), which the request outlives.
+    held: bool,
     /// When to renew next; `None` while the acquire request is still out, and for good
     /// without renewal.
     due: Option<Instant>,
@@ -154,6 +158,7 @@ impl Renewals {
             token: Arc::clone(&holding.token),
             state: Arc::clone(&holding.state),
             renews: renew == Renew::Always,
+            held: false,
             due: None,
             slack: Duration::ZERO,
             once,
@@ -178,15 +183,24 @@ impl Registration {
         self.schedule_with(sent + interval(ttl), interval(ttl) / 4);
     }
 
+    /// The request made a lease of it: a forced release naming its token ends it from now on.
+    pub(crate) fn held(&self) {
+        if let Some(entry) = lock(&self.shared.registry).leases.get_mut(&self.id) {
+            entry.held = true;
+        }
+    }
+
     fn schedule_with(&self, due: Instant, slack: Duration) {
         let mut registry = lock(&self.shared.registry);
         let entry = registry.leases.get_mut(&self.id);
-        if let Some(entry) = entry.filter(|entry| entry.renews || entry.once) {
-            entry.due = Some(due);
-            entry.slack = slack;
-            // Scheduled from a request that went through (an acquire, a hand-off, an extend).
-            entry.failures = 0;
-        }
+        let Some(entry) = entry.filter(|entry| entry.renews || entry.once) else {
+            // Never renewed: nothing to wake the driver for.
+            return;
+        };
+        entry.due = Some(due);
+        entry.slack = slack;
+        // Scheduled from a request that went through (an acquire, a hand-off, an extend).
+        entry.failures = 0;
         // The driver may have died with the runtime it ran on since this lease registered.
         start_driver(&self.shared, &mut registry);
         // Wake it only if it would sleep past this lease's renewal; a busy driver collects
@@ -475,7 +489,7 @@ fn force_released(shared: &Shared, notice: &[u8]) {
     };
     let mut lost = Vec::new();
     lock(&shared.registry).leases.retain(|_, entry| {
-        if !notice.tokens.contains(&&*entry.token) {
+        if !entry.held || !notice.tokens.contains(&&*entry.token) {
             return true;
         }
         entry.state.lose(Loss::Forced);

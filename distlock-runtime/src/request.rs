@@ -233,8 +233,9 @@ impl LockRequest {
     /// `n` leases hold the key (a waiter is woken by a release). Each permit is a lease of its
     /// own: a crashed holder's permit comes back at its own ttl.
     ///
-    /// Each caller is admitted while fewer than its own `n` hold the key: callers that pass
-    /// different `n` for one key (a rolling change of the limit) let in at most the largest.
+    /// Each caller is admitted while fewer than its own `n` hold the key (on a quorum: while one
+    /// of its own `n` slots is free): callers that pass different `n` for one key (a rolling
+    /// change of the limit) let in at most the largest.
     ///
     /// On a quorum, whose nodes each see only the holders they granted, the permits are `n`
     /// slots, each a lock a majority grants: an attempt asks slot after slot (up to `n` rounds),

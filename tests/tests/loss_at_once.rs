@@ -114,7 +114,8 @@ async fn force_and_check(operator: &LockManager, key: &str, holders: &mut [Holde
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_release_stops_the_holders_body_in_another_process_at_once() {
-    let _timed = distlock_tests::timed().await;
+    // Alone in this binary: a 100 ms bound on a loaded 2-core machine.
+    let _alone = distlock_tests::heavy().await;
     let server = RedisServer::start();
     let topology = format!("url={}", server.url());
     let urls = [server.url()];
@@ -130,7 +131,8 @@ async fn a_forced_release_stops_the_holders_body_in_another_process_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_release_stops_every_reader_and_permit_holder_and_a_leader_at_once() {
-    let _timed = distlock_tests::timed().await;
+    // Alone in this binary: a 100 ms bound on a loaded 2-core machine.
+    let _alone = distlock_tests::heavy().await;
     let server = RedisServer::start();
     let topology = format!("url={}", server.url());
     let urls = [server.url()];
@@ -151,7 +153,8 @@ async fn a_forced_release_stops_every_reader_and_permit_holder_and_a_leader_at_o
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_release_on_a_cluster_stops_the_holder_at_once() {
-    let _timed = distlock_tests::timed().await;
+    // Alone in this binary: a 100 ms bound on a loaded 2-core machine.
+    let _alone = distlock_tests::heavy().await;
     let cluster = RedisCluster::start(3, 0);
     let urls = cluster.seed_urls();
     let topology = format!("cluster={}", urls.join(","));
@@ -184,7 +187,8 @@ async fn a_forced_release_on_a_cluster_stops_the_holder_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_release_on_sentinel_stops_the_holder_at_once() {
-    let _timed = distlock_tests::timed().await;
+    // Alone in this binary: a 100 ms bound on a loaded 2-core machine.
+    let _alone = distlock_tests::heavy().await;
     let group = SentinelGroup::start(1, 1);
     let topology = format!(
         "sentinel={}@{}",
@@ -246,6 +250,8 @@ async fn forced_releases_names_each_key_and_the_holders_it_freed() {
     let (web, job) = (server.labelled("web-1"), server.labelled("job-7"));
     let a = web.read_lock("report 7").acquire().await.unwrap();
     let b = job.read_lock("report 7").acquire().await.unwrap();
+    // The holders' managers subscribed too (from their first lease).
+    until_listening(&[server.url()], 3).await;
     assert!(operator.force_release("report 7").await.unwrap());
     let heard = tokio::time::timeout(Duration::from_secs(2), forced.next())
         .await
@@ -276,7 +282,8 @@ async fn forced_releases_names_each_key_and_the_holders_it_freed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_release_on_a_quorum_stops_each_permit_holder_at_once() {
-    let _timed = distlock_tests::timed().await;
+    // Alone in this binary: a 100 ms bound on a loaded 2-core machine.
+    let _alone = distlock_tests::heavy().await;
     let quorum = distlock_tests::topology::QuorumSet::start(3);
     let urls = quorum.urls();
     let topology = format!("quorum={}", urls.join(","));
@@ -288,4 +295,44 @@ async fn a_forced_release_on_a_quorum_stops_each_permit_holder_at_once() {
     ];
     until_listening(&urls, 2).await;
     force_and_check(&operator, "forced-q", &mut holders).await;
+}
+
+/// A user whose channel rights cover the locks' channels but not `distlock:forced` (on a
+/// cluster: the sharded commands without the plain ones) keeps its waiters' notifications
+/// while it holds leases: only the forced-release channel is refused, and said so once.
+#[tokio::test]
+async fn a_refused_forced_release_channel_refuses_nothing_else() {
+    let (logs, _capture) = distlock_tests::Logs::capture();
+    let server = RedisServer::start();
+    let commands = &distlock_tests::documented_acl_lines()[0];
+    for line in [
+        commands.replace("CHANGE-ME", "narrow-41"),
+        "ACL SETUSER distlock &distlock:lock:* +publish +subscribe +unsubscribe".to_owned(),
+    ] {
+        let args: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(server.command(&args).trim(), "+OK", "{line}");
+    }
+    let url = format!("redis://distlock:narrow-41@127.0.0.1:{}", server.port());
+    let locks = LockManager::builder().url(url).build().unwrap();
+    // Holding a lease, the manager asks for the forced-release channel, and is refused.
+    let held = locks.lock("narrow-held").acquire().await.unwrap();
+    let refused = eventually(Duration::from_secs(5), || async {
+        logs.count("may not subscribe to forced-release notices") == 1
+    });
+    assert!(refused.await.is_some(), "{}", logs.text());
+    // A waiter still subscribes to its key's channel, and is woken by the release.
+    let holder = server.manager();
+    let other = holder.lock("narrow-busy").acquire().await.unwrap();
+    let waiting = distlock_tests::spawn_waiter(&locks, "narrow-busy", Duration::from_secs(10));
+    let conn = server.client().await;
+    distlock_tests::until_subscribed(&conn, "narrow-busy").await;
+    other.release().await.unwrap();
+    waiting.await.unwrap().1.unwrap().release().await.unwrap();
+    held.release().await.unwrap();
+    assert_eq!(
+        logs.count("may not subscribe to release notifications"),
+        0,
+        "{}",
+        logs.text()
+    );
 }

@@ -313,13 +313,19 @@ impl<'a> Acquiring<'a> {
             self.waiting = Waiting::Waited;
             if let Attempts::Places(places) = &mut self.attempts_by {
                 let holding = &self.holding;
-                *places = Places::new(
+                let mut next = Places::new(
                     self.context.redis(),
                     &holding.redis_keys,
                     &holding.token,
                     (self.ask.ttl, deadline(&self.ask.wait)),
                     self.waiting,
                 );
+                let at_once = late && next.after_doubt(places);
+                *places = next;
+                if at_once {
+                    // A quorum semaphore's other slots, asked by the new token now.
+                    return Ok(Stage::Attempting);
+                }
             }
         }
         // A plain attempt marks the first held key; a fair one marks its holder when it

@@ -23,6 +23,7 @@
 //! whose keys are held releases the groups taken before it. A failure after some group was
 //! taken says the request ran (its acquire then releases by token, see `acquire/mod.rs`).
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,6 +58,11 @@ struct Slots {
     start: u32,
     deadline: Option<Instant>,
     waiting: Waiting,
+    /// The slot the last attempt ended on.
+    last: AtomicU32,
+    /// How many attempts of the request before this token's ended on a held slot that a node
+    /// left in doubt (see [`Places::after_doubt`]).
+    doubts: u32,
 }
 
 /// The keys of one request that share a shard, taken by one script call.
@@ -87,12 +93,15 @@ impl Places {
                     publish,
                     announce,
                 };
+                let start = first_slot(token, n);
                 let slots = Slots {
                     taking,
                     n,
-                    start: first_slot(token, n),
+                    start,
                     deadline,
                     waiting,
+                    last: AtomicU32::new(start),
+                    doubts: 0,
                 };
                 return Self {
                     groups: Vec::new(),
@@ -121,6 +130,22 @@ impl Places {
             groups,
             slots: None,
         }
+    }
+
+    /// A quorum semaphore's attempt under `before` (this request's previous owner token) ended
+    /// on a held slot that a node left in doubt: this token's first attempt starts at the next
+    /// slot. Whether to make it at once: while fewer attempts in a row ended so than there are
+    /// slots (a node that hangs leaves every round in doubt, and each token asks one slot then:
+    /// a token never holds two slots), so that a free slot is found without waiting for a
+    /// release, and a semaphore that is full is not asked in a loop.
+    pub(crate) fn after_doubt(&mut self, before: &Places) -> bool {
+        let (Some(slots), Some(previous)) = (&mut self.slots, &before.slots) else {
+            return false;
+        };
+        let last = previous.last.load(Ordering::Relaxed);
+        slots.start = slot_after(last, 1, slots.n);
+        slots.doubts = previous.doubts + 1;
+        slots.doubts < slots.n
     }
 
     /// One attempt.
@@ -202,6 +227,7 @@ impl Slots {
                 ..self.taking
             });
             let acquire = taking.call(self.deadline, self.waiting);
+            self.last.store(slot, Ordering::Relaxed);
             let taken = quorum.acquire(&taking, &acquire).await?;
             let Taken {
                 answer: Acquire::Held { remaining, .. },

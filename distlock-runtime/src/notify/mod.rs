@@ -116,6 +116,9 @@ struct State {
     channels: HashMap<String, Channel>,
     /// Redis refused a `SUBSCRIBE` (ACL): waiters poll until then.
     refused_until: Option<Instant>,
+    /// Redis refused the `SUBSCRIBE` of the forced-release channel, which alone is not tried
+    /// again for a while (said once).
+    forced_refused: bool,
 }
 
 impl State {
@@ -721,11 +724,23 @@ impl InFlight {
         let answer = tokio::time::timeout(timeouts.connect + timeouts.response, request).await;
         let outcome = match answer {
             Ok(Ok(())) => Outcome::Done,
+            Ok(Err(error)) if error.code() == Some("NOPERM") && scope == Scope::Everywhere => {
+                // Refused the forced-release channel only (a grant narrower than the prefix's
+                // channels; on a cluster, the sharded commands without the plain ones): the
+                // locks' own channels are not refused for it.
+                let mut state = lock(&self.hub.state);
+                if !std::mem::replace(&mut state.forced_refused, true) {
+                    tracing::warn!(%error, %channel, "distlock may not subscribe to forced-release notices (the ACL user has no rights on this channel); a holder learns of a forced release at its next renewal");
+                }
+                Outcome::Failed {
+                    retry_after: (Instant::now() + REFUSED_FOR).into_std(),
+                }
+            }
             Ok(Err(error)) if error.code() == Some("NOPERM") => {
                 // Refused for want of rights: waiters poll for a while.
                 let mut state = lock(&self.hub.state);
                 if state.refused_until.is_none() {
-                    tracing::warn!(%error, "distlock may not subscribe to release notifications (the ACL user has no channel rights); waiters poll instead, and a holder learns of a forced release at its next renewal");
+                    tracing::warn!(%error, "distlock may not subscribe to release notifications (the ACL user has no channel rights); waiters poll instead, and a renewing holder learns of a forced release at its next renewal");
                 }
                 state.refused_until = Some(Instant::now() + REFUSED_FOR);
                 Outcome::Refused
