@@ -105,6 +105,7 @@ async fn force_and_check(operator: &LockManager, key: &str, holders: &mut [Holde
     for holder in holders {
         let lost = holder.lost(Duration::from_secs(5)).await;
         let late = lost.saturating_sub(returned);
+        println!("{key}: the holder's lock call returned {late} ms after the forced release");
         assert!(
             late <= AT_ONCE.as_millis(),
             "the holder stopped {late} ms after the forced release returned"
