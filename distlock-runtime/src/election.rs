@@ -560,9 +560,9 @@ impl Term {
         &self.office.election
     }
 
-    /// Resolves when the term is lost: renewal found the key gone or taken by someone else
-    /// (force-released), or kept failing until the term's validity ran out; or when it ended
-    /// (resigned). Never resolves while the term stays valid.
+    /// Resolves when the term is lost: its key was force-released (heard at once), renewal
+    /// found the key gone or taken by someone else, or kept failing until the term's validity
+    /// ran out; or when it ended (resigned). Never resolves while the term stays valid.
     pub async fn lost(&self) {
         tokio::select! {
             () = self.office.state.lost() => {}

@@ -193,9 +193,11 @@ impl Lease {
             .saturating_duration_since(tokio::time::Instant::now())
     }
 
-    /// Resolves when the lease is lost: renewal found a key gone or owned by someone else,
-    /// renewal kept failing until the lease's validity ran out, or (without renewal) its ttl
-    /// passed. Never resolves while the lease stays valid.
+    /// Resolves when the lease is lost: a forced release freed it (at once, where this manager
+    /// hears it: see [`LockManager::force_release`](crate::LockManager::force_release)),
+    /// renewal found a key gone or owned by someone else, renewal kept failing until the lease's
+    /// validity ran out, or (without renewal) its ttl passed. Never resolves while the lease
+    /// stays valid.
     ///
     /// ```no_run
     /// # async fn copy_files() {}
