@@ -639,32 +639,42 @@ impl Sentinels {
         };
         for i in 2..5 {
             let address = addresses.get(i);
-            let sentinel_port = crate::free_port();
-            let config = std::env::temp_dir().join(format!(
-                "distlock-partition-sentinel-{}-{sentinel_port}.conf",
-                std::process::id()
-            ));
-            group.config_files.push(config.clone());
-            std::fs::write(
-                &config,
-                format!(
-                    "port {sentinel_port}\nprotected-mode no\nbind-source-addr {address}\n\
+            // A free port may be taken by another test before the sentinel binds it: the
+            // sentinel then exits at once, and another port is tried.
+            let mut tries = 0;
+            let server = loop {
+                tries += 1;
+                let sentinel_port = crate::free_port();
+                let config = std::env::temp_dir().join(format!(
+                    "distlock-partition-sentinel-{}-{sentinel_port}.conf",
+                    std::process::id()
+                ));
+                group.config_files.push(config.clone());
+                std::fs::write(
+                    &config,
+                    format!(
+                        "port {sentinel_port}\nprotected-mode no\nbind-source-addr {address}\n\
                      sentinel announce-ip {address}\n\
                      sentinel monitor {MASTER} {ip} {port} 2\n\
                      sentinel down-after-milliseconds {MASTER} {down_after_ms}\n\
                      sentinel failover-timeout {MASTER} 3000\n"
-                ),
-            )
-            .expect("write a sentinel's config");
-            let address_text = address.to_string();
-            // After the harness's own `--bind 127.0.0.1`, which would override the file's.
-            let server = TestRedis::builder()
-                .config_file(&config)
-                .arg("--sentinel")
-                .args(["--bind", &address_text, "127.0.0.1"])
-                .port(sentinel_port)
-                .start_blocking()
-                .unwrap_or_else(|e| panic!("start a sentinel: {e}"));
+                    ),
+                )
+                .expect("write a sentinel's config");
+                let address_text = address.to_string();
+                // After the harness's own `--bind 127.0.0.1`, which would override the file's.
+                let started = TestRedis::builder()
+                    .config_file(&config)
+                    .arg("--sentinel")
+                    .args(["--bind", &address_text, "127.0.0.1"])
+                    .port(sentinel_port)
+                    .start_blocking();
+                match started {
+                    Ok(server) => break server,
+                    Err(e) if tries >= 5 => panic!("start a sentinel: {e}"),
+                    Err(_) => {}
+                }
+            };
             group.sentinels.push(Node {
                 server: RedisServer::from(server),
                 address,
