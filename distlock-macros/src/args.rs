@@ -1,5 +1,5 @@
 //! The attribute's arguments as a spanned model: `KEYS, read = .., permits = .., ttl = ..,
-//! wait = .., renew = .., fair = .., hold_at_least = .., manager = .., crate = ".."`, each option
+//! wait = .., renew = .., fair = .., hold_at_least = .., lease = .., manager = .., crate = ".."`, each option
 //! set at most once. `KEYS` may be left out when `read` names keys.
 
 use proc_macro2::Span;
@@ -14,10 +14,10 @@ const MAX_TTL_MS: u64 = 365 * 24 * 60 * 60 * 1000;
 
 /// The options the attribute accepts, for "unknown option" messages.
 pub(crate) const OPTIONS: &str =
-    "`read`, `permits`, `ttl`, `wait`, `renew`, `fair`, `hold_at_least`, `manager`, `crate`";
+    "`read`, `permits`, `ttl`, `wait`, `renew`, `fair`, `hold_at_least`, `lease`, `manager`, `crate`";
 
 /// The options' names, as in [`OPTIONS`].
-const NAMES: [&str; 9] = [
+const NAMES: [&str; 10] = [
     "read",
     "permits",
     "ttl",
@@ -25,6 +25,7 @@ const NAMES: [&str; 9] = [
     "renew",
     "fair",
     "hold_at_least",
+    "lease",
     "manager",
     "crate",
 ];
@@ -41,6 +42,8 @@ pub(crate) struct Args {
     pub(crate) renew: Option<syn::LitBool>,
     pub(crate) fair: Option<syn::LitBool>,
     pub(crate) hold_at_least: Option<DurationArg>,
+    /// `lease = NAME`: the variable the body's lease is bound to.
+    pub(crate) lease: Option<syn::Ident>,
     pub(crate) manager: Option<Expr>,
     pub(crate) krate: Option<syn::Path>,
 }
@@ -114,6 +117,7 @@ impl Parse for Parsed {
             renew: None,
             fair: None,
             hold_at_least: None,
+            lease: None,
             manager: None,
             krate: None,
         };
@@ -243,6 +247,7 @@ impl Args {
                 duration(&value, "hold_at_least", true)?,
                 duplicate,
             ),
+            "lease" => set_once(&mut self.lease, variable(&value)?, duplicate),
             "manager" => set_once(&mut self.manager, value, duplicate),
             "crate" => set_once(&mut self.krate, path(&value)?, duplicate),
             _ => Err(syn::Error::new_spanned(
@@ -251,6 +256,22 @@ impl Args {
             )),
         }
     }
+}
+
+/// `lease = NAME`: a plain identifier, the variable the body sees.
+fn variable(value: &Expr) -> syn::Result<syn::Ident> {
+    if let Expr::Path(path) = value {
+        if path.qself.is_none() && path.attrs.is_empty() {
+            if let Some(name) = path.path.get_ident() {
+                return Ok(name.clone());
+            }
+        }
+    }
+    Err(syn::Error::new_spanned(
+        value,
+        "`lease` names the variable that holds the body's lease: write `lease = lease`, then \
+         `lease.fencing_token()` in the body",
+    ))
 }
 
 fn set_once<T>(

@@ -107,6 +107,16 @@ pub(crate) struct Templates {
 /// fn's parameters.
 pub(crate) fn templates(args: &Args, item: &LockedFn, errors: &mut Errors) -> Templates {
     let parameters = item.parameter_names();
+    // `lease = id` would hide the parameter `id` from the body: surely a slip.
+    if let Some(lease) = args.lease.as_ref().filter(|l| parameters.contains(l)) {
+        errors.push(syn::Error::new_spanned(
+            lease,
+            format!(
+                "`lease = {lease}` would hide the parameter `{lease}` in the body; name the \
+                 lease's variable otherwise, as in `lease = lease`"
+            ),
+        ));
+    }
     let mut parse = |literals: &[LitStr]| {
         literals
             .iter()

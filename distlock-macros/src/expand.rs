@@ -83,6 +83,13 @@ pub(crate) fn expand(args: &Args, templates: &Templates, item: &LockedFn) -> Tok
         None => quote!(::core::option::Option::None),
     };
     let body = rebrace(&item.body);
+    // `lease = NAME`: the body's lease, bound before the body's first statement (inside the
+    // lease's scope, where the runtime always has one).
+    let lease = args.lease.as_ref().map(|name| {
+        quote_spanned!(name.span()=>
+            let #name: #private::CurrentLease = #private::body_lease();
+        )
+    });
 
     quote! {
         #(#attrs)*
@@ -115,6 +122,7 @@ pub(crate) fn expand(args: &Args, templates: &Templates, item: &LockedFn) -> Tok
                         let #return_local: #output = loop {};
                         return #return_local;
                     }
+                    #lease
                     #body
                 }),
             )

@@ -23,6 +23,17 @@ use proc_macro::TokenStream;
 /// }
 /// ```
 ///
+/// With `lease = lease`, the body holds its fencing token for the storage it writes to:
+///
+/// ```ignore
+/// #[distributed_lock("account:{id}", lease = lease)]
+/// async fn deposit(db: &Db, id: u64, cents: u64) -> Result<(), AppError> {
+///     // the storage refuses a write whose token is below the last one it accepted
+///     db.add_fenced(id, cents, lease.fencing_token()).await?;
+///     Ok(())
+/// }
+/// ```
+///
 /// # Keys
 /// The first argument (left out when `read` alone names the keys) is a key template, or an array
 /// of them locked together (all or nothing,
@@ -65,7 +76,8 @@ use proc_macro::TokenStream;
 /// | `renew` | `true` / `false`: extend the lease every ttl/3 while the body runs | `true` |
 /// | `fair` | `true` / `false`: serve waiters in arrival order, handing the lock straight to the oldest live waiter; one key only, the `read` keys counted too | the manager's (`true` for one key unless `LockManagerBuilder::default_fair(false)`; unfair on a quorum or with `min_replicas`) |
 /// | `hold_at_least` | after the body, keep the keys held until this long after the acquisition (same forms as `ttl`): scheduled jobs that must run at most once per tick across a fleet | released when the body ends |
-/// | `manager` | an expression yielding a `LockManager`, `&LockManager` or `Arc<LockManager>`; may use the parameters and `self` (`manager = &self.locks`) | the manager installed with `set_default_manager` |
+/// | `lease` | a variable name (`lease = lease`): the body sees the lease it runs under as `distlock_runtime::CurrentLease`, for its fencing token (`lease.fencing_token()`) and keys, without naming a key; under re-entry, the enclosing lease that holds the keys (as `current_lease()`). A name a parameter already has is a compile error | not bound (`distlock_runtime::current_lease()` returns the same) |
+/// | `manager` | an expression yielding a `LockManager`, `&LockManager` or `Arc<LockManager>`; may use the parameters and `self` (`manager = &self.locks`) | the default manager: the one `with_default_manager` gave the running future, else the one installed with `set_default_manager` |
 /// | `crate` | path of the runtime crate as a string, for a renamed dependency (`crate = "lock"`) | `"::distlock_runtime"` |
 ///
 /// Any other option, a duplicate, a malformed value, `fair = true` with several keys, `permits = 0`,

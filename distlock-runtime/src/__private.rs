@@ -217,6 +217,18 @@ impl Write for Escaped<'_> {
     }
 }
 
+pub use crate::reentrancy::CurrentLease;
+
+/// `lease = NAME`: the lease of the body it is bound in, evaluated at the body's first poll,
+/// which always runs inside the lease's scope.
+///
+/// # Panics
+/// Outside a locked body, which the expansion never does.
+pub fn body_lease() -> CurrentLease {
+    crate::reentrancy::current_lease()
+        .expect("distlock bug: an annotated fn's body ran outside its lease; please report it")
+}
+
 /// Runs `body` under the lock on `keys` (exclusive, or one of `options.permits`) and
 /// `options.read` (shared), taken together: the whole expansion of an annotated fn. `on_error` is
 /// `<ReturnType as LockResult>::from_lock_error`, named in the expansion so that a return type

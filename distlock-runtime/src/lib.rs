@@ -360,6 +360,8 @@
 //! `docs/operations.md` ("Servers") in the repository lists what each service is known to
 //! refuse.
 #![forbid(unsafe_code)]
+// On docs.rs: each item behind a cargo feature says which one.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 mod acquire;
@@ -393,6 +395,7 @@ mod scripts;
 mod sync;
 mod telemetry;
 #[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 mod time;
 mod tls;
@@ -408,7 +411,9 @@ pub use fair::HANDOFF_CLAIM;
 pub use forced::{ForcedRelease, ForcedReleases};
 pub use inspect::{LockInfo, Owner};
 pub use lease::Lease;
-pub use manager::{default_manager, set_default_manager, LockManager, LockStats};
+pub use manager::{
+    default_manager, set_default_manager, with_default_manager, LockManager, LockStats,
+};
 pub use mode::LockMode;
 pub use order::LockOrder;
 pub use reentrancy::{current_fencing_token, current_lease, CurrentLease};

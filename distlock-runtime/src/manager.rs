@@ -3,6 +3,7 @@
 //! its requests and leases lives in its [`Context`].
 
 use std::fmt;
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -289,8 +290,17 @@ impl fmt::Debug for LockManager {
 
 static DEFAULT_MANAGER: RwLock<Option<LockManager>> = RwLock::new(None);
 
-/// Installs the manager that `#[distributed_lock]` functions without `manager = ...` use.
-/// Replaces one installed before.
+tokio::task_local! {
+    /// The default manager of the futures run by [`with_default_manager`].
+    static SCOPED_MANAGER: LockManager;
+}
+
+/// Installs the manager that `#[distributed_lock]` functions without `manager = ...` use,
+/// for the whole process: every task and thread, from now on. Replaces one installed before.
+///
+/// Call it once, at startup. Tests that run in parallel, each against its own throwaway
+/// server, must not share one default: give each test's future its own with
+/// [`with_default_manager`], which takes precedence over this one.
 ///
 /// ```no_run
 /// use distlock_runtime::{distributed_lock, LockError, LockManager};
@@ -312,7 +322,40 @@ pub fn set_default_manager(manager: LockManager) {
         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(manager);
 }
 
-/// The manager installed with [`set_default_manager`].
+/// Runs `future` with `manager` as the default manager of the `#[distributed_lock]` functions
+/// it calls without `manager = ...`, in place of the one [`set_default_manager`] installed
+/// for the process.
+///
+/// The default is scoped to `future` on its task: calls made while it runs, however deeply
+/// nested, use `manager`; other tasks do not see it, and neither do tasks that `future`
+/// spawns (`tokio::spawn` starts a task of its own: wrap the spawned future too). Scopes nest:
+/// the innermost wins. Made for tests that run in parallel in one process, each against its
+/// own server.
+///
+#[cfg_attr(feature = "testing", doc = "```")]
+#[cfg_attr(not(feature = "testing"), doc = "```ignore")]
+/// use distlock_runtime::testing::TestRedis;
+/// use distlock_runtime::{distributed_lock, LockError};
+///
+/// #[distributed_lock("report:{day}")]
+/// async fn build_report(day: u32) -> Result<u64, LockError> {
+///     Ok(distlock_runtime::current_lease().map_or(0, |lease| lease.fencing_token()))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let redis = TestRedis::start().await?; // this test's own server
+/// let token = distlock_runtime::with_default_manager(redis.manager(), build_report(7)).await?;
+/// assert!(token > 0);
+/// # Ok(()) }
+/// ```
+pub async fn with_default_manager<F: Future>(manager: LockManager, future: F) -> F::Output {
+    SCOPED_MANAGER.scope(manager, future).await
+}
+
+/// The manager `#[distributed_lock]` functions without `manager = ...` use here: the one
+/// [`with_default_manager`] gave the running future, else the one installed with
+/// [`set_default_manager`].
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), distlock_runtime::LockError> {
@@ -323,8 +366,11 @@ pub fn set_default_manager(manager: LockManager) {
 /// ```
 ///
 /// # Errors
-/// [`LockError::NotConfigured`] when none was installed.
+/// [`LockError::NotConfigured`] when neither gave one.
 pub fn default_manager() -> Result<LockManager, LockError> {
+    if let Ok(manager) = SCOPED_MANAGER.try_with(LockManager::clone) {
+        return Ok(manager);
+    }
     DEFAULT_MANAGER
         .read()
         .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -383,12 +383,18 @@ impl CurrentLease {
     }
 }
 
-/// Inside a locked body: the innermost lease this task runs under, with its keys and fencing
-/// token. `None` outside any [`run`](crate::LockRequest::run) body (and in tasks spawned from
-/// one, which do not inherit the record).
+/// Inside a locked body: the lease its keys are held under, with its keys and fencing token.
+/// `None` outside any [`run`](crate::LockRequest::run) body (and in tasks spawned from one,
+/// which do not inherit the record).
 ///
-/// A nested `run` whose keys were all held already runs under the outer lease, so inside it this
-/// returns the outer lease. Use [`current_fencing_token`] for the token covering one key.
+/// In an annotated fn, `lease = NAME` in the attribute binds the same value to `NAME` for the
+/// body (see [`distributed_lock`](crate::distributed_lock)), with no `Option` to unwrap.
+///
+/// A nested `run` whose keys were all held already runs under the enclosing lease that holds
+/// them, so inside it this returns that lease (not a lease taken in between for other keys). A
+/// nested `run` that took a lease for some keys and re-entered others returns its new lease,
+/// whose [`keys`](CurrentLease::keys) are the ones it took; use [`current_fencing_token`] for
+/// the token covering one key.
 ///
 /// ```no_run
 /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {
@@ -399,11 +405,18 @@ impl CurrentLease {
 /// # Ok(()) }
 /// ```
 pub fn current_lease() -> Option<CurrentLease> {
-    innermost()?.chain().find_map(|frame| {
-        frame.fencing_token.map(|fencing_token| CurrentLease {
-            keys: Arc::clone(&frame.keys),
-            fencing_token,
-        })
+    let innermost = innermost()?;
+    // The innermost body's own lease; for a body that only re-entered (its frame holds no
+    // lease), the nearest enclosing lease that holds one of its keys.
+    let holder = innermost.chain().find(|frame| {
+        frame.fencing_token.is_some()
+            && frame.manager_id == innermost.manager_id
+            && (std::ptr::eq(*frame, &*innermost)
+                || frame.keys.iter().any(|key| innermost.keys.contains(key)))
+    })?;
+    Some(CurrentLease {
+        keys: Arc::clone(&holder.keys),
+        fencing_token: holder.fencing_token?,
     })
 }
 

@@ -537,3 +537,73 @@ async fn annotated_permits_admit_that_many_holders_and_refuse_a_bad_count_at_the
     first.release().await.unwrap();
     second.release().await.unwrap();
 }
+
+/// `lease = lease`: the token Redis holds for the key, with the keys it covers.
+#[distributed_lock("account:{id}", manager = locks, lease = lease)]
+async fn fenced(locks: &LockManager, id: u32) -> Result<(u64, Vec<String>, u64), LockError> {
+    let held = locks
+        .inspect(&format!("account:{id}"))
+        .await?
+        .expect("held");
+    Ok((
+        lease.fencing_token(),
+        lease.keys().to_vec(),
+        held.fencing_token,
+    ))
+}
+
+/// Holds `a:{id}`, then `b:{id}` inside, then `a:{id}` again (re-entered) inside that: the
+/// innermost body's lease is the one holding `a`, not the `b` lease between them.
+#[distributed_lock("a:{id}", manager = locks, lease = lease)]
+async fn a_then_b(locks: &LockManager, id: u32) -> Result<(u64, u64, u64), LockError> {
+    let (b, again) = b_then_a(locks, id).await?;
+    Ok((lease.fencing_token(), b, again))
+}
+
+#[distributed_lock("b:{id}", manager = locks, lease = lease)]
+async fn b_then_a(locks: &LockManager, id: u32) -> Result<(u64, u64), LockError> {
+    Ok((lease.fencing_token(), a_again(locks, id).await?))
+}
+
+#[distributed_lock("a:{id}", manager = locks, lease = lease)]
+async fn a_again(locks: &LockManager, id: u32) -> Result<u64, LockError> {
+    let _ = id;
+    assert_eq!(current_lease().as_ref(), Some(&lease));
+    Ok(lease.fencing_token())
+}
+
+/// Holds `a:{id}`, then asks for `a:{id}` and `c:{id}`: the new lease covers `c` alone.
+#[distributed_lock("a:{id}", manager = locks)]
+async fn a_then_a_and_c(locks: &LockManager, id: u32) -> Result<Vec<String>, LockError> {
+    a_and_c(locks, id).await
+}
+
+#[distributed_lock(["a:{id}", "c:{id}"], manager = locks, lease = lease)]
+async fn a_and_c(locks: &LockManager, id: u32) -> Result<Vec<String>, LockError> {
+    let _ = id;
+    Ok(lease.keys().to_vec())
+}
+
+#[tokio::test]
+async fn the_lease_binding_is_the_lease_holding_the_bodys_keys() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let (token, keys, in_redis) = fenced(&locks, 7).await.unwrap();
+    assert_eq!(keys, ["account:7"]);
+    assert_eq!(
+        token, in_redis,
+        "the binding's token is the one Redis holds for the key"
+    );
+    let (later, _, _) = fenced(&locks, 7).await.unwrap();
+    assert!(
+        later > token,
+        "a later holder's token {later} is above {token}"
+    );
+
+    let (a, b, again) = a_then_b(&locks, 1).await.unwrap();
+    assert_ne!(a, b);
+    assert_eq!(again, a, "re-entering a:1 under b:1 runs under a:1's lease");
+
+    assert_eq!(a_then_a_and_c(&locks, 1).await.unwrap(), ["c:1"]);
+}

@@ -46,6 +46,35 @@
 //! # fn main() { a_seat_is_booked_under_its_lock().unwrap() }
 //! ```
 //!
+//! Annotated fns without `manager = ...` use the default manager. Tests run in parallel in one
+//! process, so give each test's future its own with
+//! [`with_default_manager`](crate::with_default_manager) rather than installing one for the
+//! whole process with [`set_default_manager`](crate::set_default_manager):
+//!
+//! ```
+//! use distlock_runtime::{distributed_lock, with_default_manager, LockError};
+//!
+//! #[distributed_lock("seat:{seat}", wait = 0)]
+//! async fn book(seat: u32) -> Result<u32, LockError> {
+//!     Ok(seat)
+//! }
+//!
+//! # mod tokio { pub use ::tokio::*; pub use ::tokio::main as test; }
+//! #[tokio::test]
+//! async fn booking_uses_this_tests_server() -> Result<(), Box<dyn std::error::Error>> {
+//!     let redis = distlock_runtime::testing::TestRedis::start().await?;
+//!     with_default_manager(redis.manager(), async {
+//!         assert_eq!(book(7).await?, 7); // locked on this test's server
+//!         let held = redis.manager().lock("seat:7").acquire().await?;
+//!         assert!(matches!(book(7).await, Err(LockError::NotAcquired { .. })));
+//!         held.release().await
+//!     })
+//!     .await?;
+//!     Ok(())
+//! }
+//! # fn main() { booking_uses_this_tests_server().unwrap() }
+//! ```
+//!
 //! Beside one server: [`TestCluster`] (a Redis Cluster, created with `redis-cli`),
 //! [`TestSentinel`] (a primary, its replicas and sentinels) and [`TestQuorum`] (independent
 //! servers for a quorum), each with a manager for it and the faults a test may want to cause:
