@@ -135,11 +135,26 @@
 //!
 //! # Fencing tokens
 //! A holder paused past its lease (GC, `SIGSTOP`, a suspended host or VM) can still send a write
-//! after another holder took the lock. No lock can prevent that; storage can. Pass
-//! [`Lease::fencing_token`] (or [`current_fencing_token`] inside a body) with every write, and
-//! have the storage refuse a token smaller than the greatest it has seen for the resource: a
-//! paused holder's late write is then refused instead of corrupting the newer holder's work (the
-//! seckill example does this in one Lua script).
+//! after another holder took the lock. No lock can prevent that; storage can. Pass the lease's
+//! fencing token with every write, and have the storage refuse a token smaller than the
+//! greatest it has seen for the resource: a paused holder's late write is then refused instead
+//! of corrupting the newer holder's work. In an annotated fn, `lease = lease` puts the lease in
+//! the body; by hand, [`Lease::fencing_token`]; anywhere inside a body, [`current_lease`] (or
+//! [`current_fencing_token`] for one key of several leases).
+//!
+//! ```no_run
+//! use distlock_runtime::{distributed_lock, LockError};
+//! # struct Db; impl Db { async fn set_stock(&self, _: &str, _: u32, _: u64) -> Result<(), LockError> { Ok(()) } }
+//!
+//! #[distributed_lock("stock:{sku}", lease = lease)]
+//! async fn restock(db: &Db, sku: &str, units: u32) -> Result<(), LockError> {
+//!     // `db` keeps the greatest token it has seen per SKU and refuses a smaller one.
+//!     db.set_stock(sku, units, lease.fencing_token()).await
+//! }
+//! ```
+//!
+//! `docs/guarantees.md` in the repository ("Fenced storage") has the storage's side as code to
+//! copy, one Lua script on a Redis hash (the seckill example does the same).
 //!
 //! Tokens strictly increase per key across all clients, also after an expiry and after Redis
 //! lost its data (a restart without persistence, a failover to a replica that missed writes); a
