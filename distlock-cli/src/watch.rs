@@ -649,7 +649,7 @@ mod tests {
             from: alpha,
             to: claim.clone(),
         };
-        assert_eq!(handed, [change.clone()]);
+        assert_eq!(handed, std::slice::from_ref(&change));
         assert_eq!(
             describe("order:42", &change),
             "handed over from alpha (aaaa1111) to beta (bbbb2222), not taken up yet \
