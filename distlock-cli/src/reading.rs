@@ -22,6 +22,9 @@ pub(crate) struct Lock {
     pub(crate) owners: Vec<Holder>,
     /// The live fair waiters, in arrival order.
     pub(crate) queued: Vec<Holder>,
+    /// Handed to its fair waiter (the owner), which has not taken it up: `remaining` is what
+    /// is left of the hand-off's claim, not of the owner's ttl ([`LockInfo::handoff_claim`]).
+    pub(crate) claim: bool,
 }
 
 /// A lease, or a queued waiter.
@@ -52,6 +55,7 @@ impl From<&LockInfo> for Lock {
             holders: info.holders,
             owners: info.owners.iter().map(Holder::from).collect(),
             queued: info.queued.iter().map(Holder::from).collect(),
+            claim: info.handoff_claim,
         }
     }
 }
@@ -85,6 +89,13 @@ impl Lock {
     }
 }
 
+/// What is left of a lock as `watch` and `top` show it: `ttl 1.5s`, or `claim 1.5s` while it is
+/// in a hand-off's claim (its recipient's ttl is not known yet).
+pub(crate) fn left(lock: &Lock, remaining: Duration) -> String {
+    let what = if lock.claim { "claim" } else { "ttl" };
+    format!("{what} {}", secs(remaining))
+}
+
 /// `1.5s`, as `watch` and `top` show a ttl; `no expiry` for a key without one.
 pub(crate) fn secs(duration: Duration) -> String {
     if duration == Duration::MAX {
@@ -108,7 +119,6 @@ pub(crate) fn mode_name(mode: LockMode) -> &'static str {
     }
 }
 
-/// A reading for tests: `owners` and `queued` as `prefix:label` (or a bare prefix).
 /// The servers that hold the locks, in a few words: `Valkey 8.1.8 at 10.0.0.5:6379` for one,
 /// `Redis 8.2.3 on 3 servers` for several of one version, each version's count when they differ
 /// (a cluster being upgraded).
@@ -145,6 +155,7 @@ fn summary(servers: &[(String, &str)]) -> String {
         .join(", ")
 }
 
+/// A reading for tests: `owners` and `queued` as `prefix:label` (or a bare prefix).
 #[cfg(test)]
 pub(crate) fn lock(key: &str, mode: LockMode, owners: &[&str], token: u64) -> Lock {
     let holder = |text: &&str| {
@@ -166,6 +177,7 @@ pub(crate) fn lock(key: &str, mode: LockMode, owners: &[&str], token: u64) -> Lo
         holders: owners.len(),
         owners: owners.iter().map(holder).collect(),
         queued: Vec::new(),
+        claim: false,
     }
 }
 

@@ -4,8 +4,10 @@
 //! Each key is read with [`LockManager::inspect`] every `--interval-ms` (one script call per key
 //! and interval), and the [`Tracker`] of the key turns two readings into the changes between
 //! them: taken, released (freed before its expiry), expired (gone at its expiry), handed over (a
-//! new holder without a free moment seen), holders joining and leaving a key held shared or as
-//! permits, and the fair queue growing or shrinking. While Redis cannot be read, one line says
+//! new holder without a free moment seen; while its fair recipient has not taken it up, the
+//! lock is in the hand-off's claim), taken up (the recipient extended the claim to its ttl),
+//! holders joining and leaving a key held shared or as permits, and the fair queue growing or
+//! shrinking. While Redis cannot be read, one line says
 //! so, and one more when it answers again. A forced release of a followed key is printed as it
 //! happens, with the holders it freed ([`LockManager::forced_releases`]): their managers end
 //! their leases at once.
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use distlock_runtime::{ForcedRelease, ForcedReleases, LockError, LockManager, LockMode};
 use serde_json::json;
 
-use crate::reading::{mode_name, names, secs, Holder, Lock};
+use crate::reading::{left, mode_name, names, secs, Holder, Lock};
 use crate::ELECTION_KEY;
 
 /// What `watch` was asked.
@@ -153,6 +155,8 @@ pub(crate) enum Change {
     /// Held by someone else (or in another mode) without a free moment seen: a fair hand-off,
     /// or a release and a take within one interval.
     HandedOver { from: Lock, to: Lock },
+    /// The recipient of a hand-off took it up: its claim became a lease of its ttl.
+    TakenUp(Lock),
     /// A lease joined a key held shared or as permits.
     Joined { owner: Holder, now: Lock },
     /// A lease left a key held shared or as permits (released or expired).
@@ -265,6 +269,7 @@ fn held_changes(before: Lock, now: &Lock, changes: &mut Vec<Change>) {
     );
     // Of a shared key or a semaphore, holders come and go one by one: joined and left.
     let replaced = !shared(now) && !now.owners.iter().any(|o| before.held_by(o));
+    let taken_up = before.claim && !now.claim;
     if !same_kind || replaced {
         let queued = before.queued.len();
         changes.push(Change::HandedOver {
@@ -278,6 +283,9 @@ fn held_changes(before: Lock, now: &Lock, changes: &mut Vec<Change>) {
             });
         }
         return;
+    }
+    if taken_up {
+        changes.push(Change::TakenUp(now.clone()));
     }
     if shared(now) {
         for owner in before.owners.iter().filter(|o| !now.held_by(o)) {
@@ -316,17 +324,32 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
     let election = key.starts_with(ELECTION_KEY);
     let state = |info: &Lock| {
         format!(
-            "{} token {} ttl {}",
+            "{} token {} {}",
             if election {
                 "term".to_owned()
             } else {
                 info.mode.to_string()
             },
             info.fencing_token,
-            secs(info.remaining)
+            left(info, info.remaining)
         )
     };
+    // A lock in a hand-off's claim is its recipient's only once it takes it up.
+    let pending = |info: &Lock| {
+        if info.claim {
+            ", not taken up yet"
+        } else {
+            ""
+        }
+    };
     match change {
+        Change::Held(info) if info.claim => format!(
+            "handed over to {}{} ({}, {})",
+            names(&info.owners),
+            pending(info),
+            state(info),
+            queue(info)
+        ),
         Change::Held(info) if election => {
             format!("led by {} ({})", names(&info.owners), state(info))
         }
@@ -338,6 +361,12 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
         ),
         Change::Free if election => "no leader".to_owned(),
         Change::Free => "free".to_owned(),
+        Change::Taken(info) if info.claim => format!(
+            "handed over to {}{} ({})",
+            names(&info.owners),
+            pending(info),
+            state(info)
+        ),
         Change::Taken(info) if election => {
             format!("elected {} ({})", names(&info.owners), state(info))
         }
@@ -355,6 +384,11 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
                 last.fencing_token
             )
         }
+        Change::Expired(last) if last.claim => format!(
+            "claim lapsed: {} (token {}) did not take it up",
+            names(&last.owners),
+            last.fencing_token
+        ),
         Change::Expired(last) => format!(
             "expired: {} (token {}) did not renew",
             names(&last.owners),
@@ -366,7 +400,7 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
             last.fencing_token
         ),
         Change::HandedOver { from, to } => format!(
-            "{} from {} to {} ({})",
+            "{} from {} to {}{} ({})",
             if election {
                 "leader changed"
             } else {
@@ -374,8 +408,10 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
             },
             names(&from.owners),
             names(&to.owners),
+            pending(to),
             state(to)
         ),
+        Change::TakenUp(info) => format!("taken up by {} ({})", names(&info.owners), state(info)),
         Change::Joined { owner, now } => format!(
             "joined by {} ({}, {} holders)",
             owner.who(),
@@ -406,6 +442,7 @@ fn info_json(info: &Lock) -> serde_json::Value {
         "mode": mode_name(info.mode),
         "fencing_token": info.fencing_token,
         "remaining_ms": crate::millis(info.remaining),
+        "handoff_claim": info.claim,
         "holders": info.owners.iter().map(owner_json).collect::<Vec<_>>(),
         "queued": info.queued.iter().map(owner_json).collect::<Vec<_>>(),
     })
@@ -431,6 +468,7 @@ pub(crate) fn change_json(at: SystemTime, key: &str, change: &Change) -> serde_j
             "handed_over",
             json!({ "last": info_json(from), "lock": info_json(to) }),
         ),
+        Change::TakenUp(info) => ("taken_up", json!({ "lock": info_json(info) })),
         Change::Joined { owner, now } => (
             "joined",
             json!({ "owner": owner_json(owner), "lock": info_json(now) }),
@@ -595,5 +633,64 @@ mod tests {
         // A leap day.
         let leap = SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400);
         assert_eq!(utc(leap), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn a_hand_off_in_its_claim_says_so_until_its_recipient_takes_it_up() {
+        let t = Instant::now();
+        let mut key = Tracker::new("order:42");
+        let alpha = info("order:42", LockMode::Exclusive, &["aaaa1111:alpha"], 7);
+        key.observe(Some(alpha.clone()), t, t);
+        let mut claim = info("order:42", LockMode::Exclusive, &["bbbb2222:beta"], 8);
+        claim.claim = true;
+        claim.remaining = Duration::from_millis(1_900);
+        let handed = key.observe(Some(claim.clone()), at(t, 100), at(t, 101));
+        let change = Change::HandedOver {
+            from: alpha,
+            to: claim.clone(),
+        };
+        assert_eq!(handed, std::slice::from_ref(&change));
+        assert_eq!(
+            describe("order:42", &change),
+            "handed over from alpha (aaaa1111) to beta (bbbb2222), not taken up yet \
+             (exclusive token 8 claim 1.9s)"
+        );
+        let stamp = SystemTime::UNIX_EPOCH;
+        let object = change_json(stamp, "order:42", &change);
+        assert_eq!(object["event"], "handed_over");
+        assert_eq!(object["lock"]["handoff_claim"], true, "{object}");
+        assert_eq!(object["last"]["handoff_claim"], false, "{object}");
+        // The same claim read again: nothing to say.
+        assert!(key
+            .observe(Some(claim.clone()), at(t, 200), at(t, 201))
+            .is_empty());
+        // Extended to the recipient's ttl: taken up, with its lease.
+        let mut lease = claim.clone();
+        lease.claim = false;
+        lease.remaining = Duration::from_secs(30);
+        let taken = key.observe(Some(lease.clone()), at(t, 300), at(t, 301));
+        assert_eq!(taken, [Change::TakenUp(lease.clone())]);
+        assert_eq!(
+            describe("order:42", &taken[0]),
+            "taken up by beta (bbbb2222) (exclusive token 8 ttl 30.0s)"
+        );
+        let object = change_json(stamp, "order:42", &taken[0]);
+        assert_eq!(object["event"], "taken_up");
+        assert_eq!(object["lock"]["remaining_ms"], 30_000, "{object}");
+        // A claim found at the start, and one that lapses.
+        assert_eq!(
+            describe("order:42", &Change::Held(claim.clone())),
+            "handed over to beta (bbbb2222), not taken up yet (exclusive token 8 claim 1.9s, \
+             0 waiting)"
+        );
+        assert_eq!(
+            describe("order:42", &Change::Expired(claim)),
+            "claim lapsed: beta (bbbb2222) (token 8) did not take it up"
+        );
+        // A lease is shown with its ttl.
+        assert_eq!(
+            describe("order:42", &Change::Held(lease)),
+            "held by beta (bbbb2222) (exclusive token 8 ttl 30.0s, 0 waiting)"
+        );
     }
 }

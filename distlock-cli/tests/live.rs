@@ -191,6 +191,16 @@ impl Helper {
         answer.rsplit(' ').next().unwrap().to_owned()
     }
 
+    /// Sends the process `signal` (`STOP`: it answers nothing, renews nothing, until `CONT`).
+    fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("helper alive").to_string();
+        let sent = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -{signal} {pid}");
+    }
+
     /// Kills the process (SIGKILL): its leases are neither renewed nor released.
     async fn kill(mut self) {
         self.child.kill().await.unwrap();
@@ -485,11 +495,13 @@ struct Top {
 }
 
 impl Top {
-    fn start(server: &RedisServer) -> Self {
+    /// `distlock top ARGS...`.
+    fn start(server: &RedisServer, args: &[&str]) -> Self {
         let top = format!(
-            "{} --url {} --timeout-ms 500 top",
+            "{} --url {} --timeout-ms 500 top {}",
             env!("CARGO_BIN_EXE_distlock"),
-            server.url()
+            server.url(),
+            args.join(" ")
         );
         let shell = format!(
             "stty cols 160 rows 40; {top}; status=$?; stty -a | tr ' ;' '\\n\\n' | grep -x -- '-\\?icanon'; exit $status"
@@ -573,7 +585,7 @@ fn place(text: &str, part: &str) -> Option<usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn top_shows_other_processes_locks_sorts_filters_survives_a_restart_and_quits_clean() {
     let mut server = RedisServer::start();
-    let mut top = Top::start(&server);
+    let mut top = Top::start(&server, &[]);
     // The status line says which server and version answered, as the server's INFO says.
     let answered = match server.info_field("valkey_version") {
         Some(valkey) => format!("Valkey {valkey} at "),
@@ -711,6 +723,82 @@ async fn top_shows_other_processes_locks_sorts_filters_survives_a_restart_and_qu
     drop(gamma);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_hand_off_shows_as_a_claim_in_top_and_watch_until_its_recipient_takes_it_up() {
+    let server = RedisServer::start();
+    let top = Top::start(&server, &["--interval-ms", "200"]);
+    let watch = Watch::start(&server, &["order:7"]);
+    watch.line(0, &[" order:7 free"], SHOWS_WITHIN * 5).await;
+    let (mut alpha, mut beta) = (
+        Helper::start(&server, "alpha"),
+        Helper::start(&server, "beta"),
+    );
+
+    // A lease shows its ttl.
+    let token = Helper::token(&alpha.send("take order:7 30000").await);
+    let at = Instant::now();
+    let ttl = format!("exclusive token {token} ttl ");
+    shows(&watch, 0, &["order:7 taken by alpha (", &ttl], at).await;
+    let (text, _) = top
+        .until(at, SHOWS_WITHIN * 3, |t| row(t, "order:7").is_some())
+        .await;
+    let line = row(&text, "order:7").unwrap();
+    assert!(line.contains("alpha (") && line.contains(&token), "{line}");
+    assert!(
+        !line.contains("claim") && !line.contains("handing"),
+        "{line}"
+    );
+
+    // A fair waiter queues, and is stopped (SIGSTOP) before the release hands it the lock: it
+    // cannot take the lock up, so the lock stays in the hand-off's claim (2 s).
+    assert_eq!(beta.send("wait order:7 30000").await, "waiting order:7");
+    top.until(Instant::now(), SHOWS_WITHIN * 2, |t| {
+        row(t, "order:7").is_some_and(|l| l.contains("1: beta"))
+    })
+    .await;
+    beta.signal("STOP");
+    let mark = watch.count();
+    alpha.send("release order:7").await;
+    let at = Instant::now();
+    let handed = [
+        "order:7 handed over from alpha (",
+        "to beta (",
+        ", not taken up yet (exclusive token ",
+        " claim ",
+    ];
+    let claimed = |t: &str| {
+        row(t, "order:7")
+            .is_some_and(|l| l.contains("handing over to beta (") && l.contains("claim "))
+    };
+    let (line, (text, delay)) = tokio::join!(
+        shows(&watch, mark, &handed, at),
+        top.until(at, SHOWS_WITHIN, claimed)
+    );
+    println!(
+        "top showed the claim {delay:?} after the release:\n{}",
+        row(&text, "order:7").unwrap()
+    );
+    assert!(!line.contains(" ttl "), "{line}");
+
+    // Resumed within the claim: it takes the lock up, extended to its own ttl.
+    beta.signal("CONT");
+    let at = Instant::now();
+    let taken = beta.answer().await;
+    assert!(taken.starts_with("taken order:7 "), "{taken}");
+    let taken_up = shows(&watch, mark, &["order:7 taken up by beta (", " ttl "], at).await;
+    assert!(!taken_up.contains("claim"), "{taken_up}");
+    let (text, _) = top
+        .until(at, SHOWS_WITHIN, |t| {
+            row(t, "order:7").is_some_and(|l| l.contains("beta (") && !l.contains("claim"))
+        })
+        .await;
+    assert!(
+        !row(&text, "order:7").unwrap().contains("handing"),
+        "{text}"
+    );
+    println!("{}", watch.text());
+}
+
 /// Client requests `server` answered: [`RedisServer::requests`] less the `HLEN`s, which only
 /// run inside the inspect script (and that list does not leave out).
 fn requests(server: &RedisServer) -> u64 {
@@ -771,7 +859,7 @@ async fn watch_and_top_cost_one_script_call_per_key_per_reading() {
     drop(watch);
 
     // top: a SCAN for each kind of key (lock:, holders:), then one inspect per lock, each second.
-    let top = Top::start(&server);
+    let top = Top::start(&server, &[]);
     top.until(Instant::now(), Duration::from_secs(10), |t| {
         t.contains("live; read") && row(t, "cost:9").is_some()
     })

@@ -65,6 +65,18 @@ pub struct LockInfo {
     /// The fair waiters queued for it, in arrival order: who is served next, and after whom
     /// (the live ones among the queue's first 100 entries; unfair waiters do not queue).
     pub queued: Vec<Owner>,
+    /// Whether the lock is in a fair hand-off's claim: a release handed it to the fair waiter
+    /// shown as its holder, which has not taken it up yet. [`remaining`](Self::remaining) is
+    /// then what is left of the claim ([`HANDOFF_CLAIM`](crate::HANDOFF_CLAIM)), not of the
+    /// recipient's ttl: its renewal extends the lock to its ttl a third of the claim later, and
+    /// a recipient that is gone lets the claim lapse (`docs/fair.md`, "Claim").
+    ///
+    /// Read from the lock's expiry: a hand-off sets it to the claim from the moment it draws its
+    /// fencing token. So a lease whose ttl is `HANDOFF_CLAIM` (2 s), that a fair waiter waits
+    /// on, reads as a claim too until its first renewal (for its whole life without renewal);
+    /// a claim shorter than `HANDOFF_CLAIM` (a recipient whose ttl is shorter) is its whole
+    /// ttl, and reads as a lease. Of a key held shared or as permits, always `false`.
+    pub handoff_claim: bool,
 }
 
 /// One lease holding a lock, or one fair waiter queued for it, as [`LockInfo`] shows it.
@@ -161,6 +173,7 @@ impl LockManager {
             .key(keys.waiters())
             .key(keys.holders())
             .key(keys.queue());
+        call.arg(crate::time::millis(crate::HANDOFF_CLAIM));
         let answer = self.context().redis().inspect(&call).await?;
         answer.map(|answer| info(key, answer)).transpose()
     }
@@ -289,7 +302,7 @@ fn info(key: &str, answer: Inspected) -> Result<LockInfo, LockError> {
     let mut owners = Vec::with_capacity(answer.members.len());
     for member in &answer.members {
         let (mode, token) = match (answer.kind.as_str(), member.split_once(' ')) {
-            ("x", _) => (Some(LockMode::Exclusive), member.as_str()),
+            ("x" | "h", _) => (Some(LockMode::Exclusive), member.as_str()),
             ("s", None) => (Some(LockMode::Shared), member.as_str()),
             ("s", Some((n, token))) => (LockMode::from_word(n), token),
             _ => return Err(bad("an unknown kind of holding")),
@@ -314,6 +327,7 @@ fn info(key: &str, answer: Inspected) -> Result<LockInfo, LockError> {
         holder_labels: owners.iter().filter_map(|o| o.label.clone()).collect(),
         owners,
         queued,
+        handoff_claim: answer.kind == "h",
     })
 }
 

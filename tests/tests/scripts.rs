@@ -2124,6 +2124,68 @@ async fn inspect_reads_a_lock_without_its_mark_and_changes_nothing() {
     assert!(inspect(&mut conn, &k).await.is_none());
 }
 
+/// The kind INSPECT answers of `k` (`x`, `h`, `s`), given a hand-off's claim of `claim` ms.
+async fn inspected_kind(conn: &mut MultiplexedConnection, k: &Keys, claim: &[u64]) -> String {
+    let keys = [&*k.lock, &k.fence, &k.waiters, &k.holders, &k.queue];
+    let reply: Vec<Value> = run(conn, "inspect", &keys, claim).await.unwrap();
+    String::from_redis_value(reply[0].clone()).unwrap()
+}
+
+#[tokio::test]
+async fn inspect_tells_a_hand_offs_claim_from_a_lease_until_its_recipient_extends_it() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let k = keys("claimed");
+    // A lease of 30 s, waited on by a fair waiter with a claim of 2 s.
+    let (us, ms) = now(&mut conn).await;
+    set_px(&mut conn, &k.fence, &us.to_string(), 30_000).await;
+    set_px(&mut conn, &k.lock, &format!("~{OURS}"), 30_000).await;
+    enqueue(
+        &mut conn,
+        &k,
+        FIRST,
+        &entry(ms + 60_000, 2_000, "aa", EXCLUSIVE),
+    )
+    .await;
+    assert_eq!(inspected_kind(&mut conn, &k, &[2_000]).await, "x");
+    // Released: handed to the waiter for its claim.
+    assert_eq!(
+        release(&mut conn, &[&k], (OURS, NOT_QUEUED, WAITED_ON)).await,
+        1
+    );
+    assert_eq!(get(&mut conn, &k.lock).await, Some(format!("~{FIRST}")));
+    assert_eq!(inspected_kind(&mut conn, &k, &[2_000]).await, "h");
+    // A caller that does not say the claim is told a lease.
+    assert_eq!(inspected_kind(&mut conn, &k, &[]).await, "x");
+    // The recipient's renewal extends it to its ttl: a lease.
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    assert_eq!(extend(&mut conn, 30_000, &[(FIRST, vec![&k])]).await, [1]);
+    assert_eq!(inspected_kind(&mut conn, &k, &[2_000]).await, "x");
+    // A lease as long as the claim, marked and not renewed, reads as a claim (documented).
+    let (us, ms) = now(&mut conn).await;
+    set_px(&mut conn, &k.fence, &us.to_string(), 2_000).await;
+    let expiry = ms + 2_000;
+    let () = redis::cmd("SET")
+        .arg(&k.lock)
+        .arg(format!("~{THEIRS}"))
+        .arg("PXAT")
+        .arg(expiry)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(inspected_kind(&mut conn, &k, &[2_000]).await, "h");
+    // Unmarked, it is a lease: a hand-off always marks.
+    let () = redis::cmd("SET")
+        .arg(&k.lock)
+        .arg(THEIRS)
+        .arg("PXAT")
+        .arg(expiry)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(inspected_kind(&mut conn, &k, &[2_000]).await, "x");
+}
+
 #[tokio::test]
 async fn inspect_lists_the_live_members_of_a_shared_or_permit_key_by_expiry_and_writes_nothing() {
     // Redis refuses any write from a script so flagged.

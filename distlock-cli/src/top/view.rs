@@ -74,10 +74,10 @@ fn render_locks(frame: &mut Frame<'_>, area: Rect, model: &Model, now: Instant) 
             lock.key.clone(),
             lock.mode.to_string(),
             lock.holders.to_string(),
-            secs(model.remaining(lock, now)),
+            remaining(model, lock, now),
             lock.fencing_token.to_string(),
             lock.queued.len().to_string(),
-            names(&lock.owners),
+            holder(lock),
             queue(lock),
         ]);
         marked(row, model, lock, now)
@@ -86,13 +86,33 @@ fn render_locks(frame: &mut Frame<'_>, area: Rect, model: &Model, now: Instant) 
         Constraint::Fill(2),
         Constraint::Length(10),
         Constraint::Length(9),
-        Constraint::Length(8),
+        Constraint::Length(10),
         Constraint::Length(18),
         Constraint::Length(9),
         Constraint::Fill(3),
         Constraint::Fill(2),
     ];
     frame.render_widget(table(" locks ", header, rows, widths), area);
+}
+
+/// The TTL cell: what is left, counting down; `claim 1.5s` while a hand-off's recipient has
+/// not taken the lock up (its own ttl shows once it has).
+fn remaining(model: &Model, lock: &Lock, now: Instant) -> String {
+    let left = secs(model.remaining(lock, now));
+    if lock.claim {
+        format!("claim {left}")
+    } else {
+        left
+    }
+}
+
+/// The HOLDER cell: the holders, or `handing over to beta (…)` in a hand-off's claim.
+fn holder(lock: &Lock) -> String {
+    if lock.claim {
+        format!("handing over to {}", names(&lock.owners))
+    } else {
+        names(&lock.owners)
+    }
 }
 
 /// A row shown in yellow while its lock's holder changed lately.
@@ -134,9 +154,9 @@ fn render_elections(
     let rows = elections.iter().map(|lock| {
         let row = Row::new([
             lock.election().unwrap_or_default().to_owned(),
-            names(&lock.owners),
+            holder(lock),
             lock.fencing_token.to_string(),
-            secs(model.remaining(lock, now)),
+            remaining(model, lock, now),
             queue(lock),
         ]);
         marked(row, model, lock, now)
@@ -145,7 +165,7 @@ fn render_elections(
         Constraint::Fill(2),
         Constraint::Fill(3),
         Constraint::Length(18),
-        Constraint::Length(8),
+        Constraint::Length(10),
         Constraint::Fill(3),
     ];
     frame.render_widget(table(" elections ", header, rows, widths), area);
@@ -265,5 +285,30 @@ mod tests {
             text.contains("Redis unavailable for 2.0s, retrying; the rows are from before. connection refused"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_lock_in_a_hand_offs_claim_shows_the_claim_and_who_it_is_handed_to() {
+        let start = Instant::now();
+        let mut model = Model::new();
+        let plain = lock("order:1", LockMode::Exclusive, &["aaaa1111:alpha"], 7);
+        let mut handed = lock("order:2", LockMode::Exclusive, &["bbbb2222:beta"], 8);
+        handed.claim = true;
+        handed.remaining = Duration::from_millis(2_000);
+        let mut leader = lock("election:cron", LockMode::Exclusive, &["cccc3333:boss"], 9);
+        leader.claim = true;
+        model.refreshed(Ok(vec![plain, handed, leader]), start);
+        let text = screen(&model, start + Duration::from_millis(500));
+        let row = text.lines().find(|l| l.contains("order:2")).unwrap();
+        for part in ["claim 1.5s", "handing over to beta (bbbb2222)"] {
+            assert!(row.contains(part), "{part} in {row}");
+        }
+        let row = text.lines().find(|l| l.contains("order:1")).unwrap();
+        assert!(row.contains(" 9.5s "), "{row}");
+        assert!(!row.contains("claim") && !row.contains("handing"), "{row}");
+        let row = text.lines().find(|l| l.contains("cron")).unwrap();
+        for part in ["claim 9.5s", "handing over to boss (cccc3333)"] {
+            assert!(row.contains(part), "{part} in {row}");
+        }
     }
 }

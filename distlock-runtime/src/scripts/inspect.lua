@@ -1,9 +1,12 @@
 -- INSPECT: reads a lock without changing it.
 -- KEYS: the lock key, its fencing counter, its queue's entries (see fair/entry.lua), its
 --   holders (scripts/holders.lua), its queue (fair/entry.lua).
+-- ARGV[1] (optional): the claim time of a hand-off, in ms (HANDOFF_CLAIM, fair/mod.rs).
 -- Returns nil when the lock is free (or its keys hold other types), else
 -- {kind, pttl, counter, waiters, holders, queued, member...}:
---   kind: 'x' when held exclusively, 's' when by members (shared or permits);
+--   kind: 'x' when held exclusively, 'h' when exclusively by a fair hand-off's claim that its
+--     recipient has not extended yet (see claimed below), 's' when by members (shared or
+--     permits);
 --   pttl: the lock's PTTL in ms (-1 for a key without expiry), or the time until the last
 --     member's expiry;
 --   counter: the fencing counter's digits (empty when it is gone or of another type);
@@ -52,12 +55,26 @@ local function queued()
   end
   return live
 end
+-- Whether a lock key whose value is `value`, with pttl ms left and fencing counter `counter`,
+-- is in a hand-off's claim: fair/hand.lua sets the key marked for ARGV[1] ms at the moment it
+-- draws the fencing token from Redis's clock (microseconds, draw.lua), and the recipient's first
+-- renewal moves the expiry on; so the expiry is the token's time plus the claim (within 2 ms:
+-- Redis 7.0 reads the clock anew for each command of a script). A lease whose ttl is the claim,
+-- marked and not renewed since its acquire, reads the same.
+local function claimed(value, pttl, counter)
+  local claim = tonumber(ARGV[1])
+  if not claim or not is_marked(value) or pttl < 0 or #counter < 7 then return false end
+  local drawn = tonumber(string.sub(counter, 1, -4))
+  return math.abs(now + pttl - drawn - claim) <= 2
+end
 local owner = redis.pcall('GET', L)
 if refused(owner) then redis.call('GET', L) end
 if type(owner) == 'string' then
-  if is_marked(owner) then owner = string.sub(owner, 2) end
   local counter, waiters = counter_and_waiters()
-  return {'x', redis.call('PTTL', L), counter, waiters, 1, queued(), owner}
+  local pttl = redis.call('PTTL', L)
+  local kind = claimed(owner, pttl, counter) and 'h' or 'x'
+  if is_marked(owner) then owner = string.sub(owner, 2) end
+  return {kind, pttl, counter, waiters, 1, queued(), owner}
 end
 local count = redis.pcall('ZCOUNT', H, '(' .. now, '+inf')
 if refused(count) then redis.call('ZCOUNT', H, '(' .. now, '+inf') end

@@ -6,7 +6,8 @@ use redis::{FromRedisValue, ParsingError, Value};
 /// it; a free lock answers nil (`Option<Inspected>`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Inspected {
-    /// `x` (held exclusively) or `s` (held shared or as permits).
+    /// `x` (held exclusively), `h` (held exclusively by a hand-off's claim) or `s` (held
+    /// shared or as permits).
     pub(crate) kind: String,
     /// The lock's time left in ms (held by members: until the last one's expiry); -1: no
     /// expiry.
