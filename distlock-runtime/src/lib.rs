@@ -365,7 +365,6 @@
 
 mod acquire;
 #[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 mod axum;
 mod background;
 mod builder;
