@@ -460,6 +460,9 @@ impl LockError {
 /// | `Unavailable` | `Redis`, `RedisTimeout`, `NoQuorum`, `Replication`, `LeaseLost`, `AnsweredTooLate` | Redis could not be asked, or could not keep the lease: try again later | 503 Service Unavailable |
 /// | `Misconfigured` | `Misconfigured`, `WrongType`, `InvalidUrl`, `InvalidConfig`, `NotConfigured` | the settings or the deployment are wrong: retrying never helps, an operator must fix them | 500 Internal Server Error |
 /// | `CallerBug` | `HeldByThisTask`, `UpgradeNotSupported`, `LockOrderInversion`, `InvalidKey` | the calling code used the lock wrongly: fix the code | 500 Internal Server Error |
+///
+/// With the cargo feature `axum`, `LockError`'s `IntoResponse` answers with these statuses (its
+/// docs say which headers and bodies go with them, and what is logged).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorClass {

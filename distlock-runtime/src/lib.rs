@@ -65,10 +65,11 @@
 //! | feature | default | what it adds | what it costs |
 //! |---|---|---|---|
 //! | `metrics` | on | counters and histograms through the [`metrics`](https://docs.rs/metrics) facade (see [Metrics and traces](#metrics-and-traces)) | three small crates to build (`metrics`, `rapidhash`, `rustversion`); at run time next to nothing until the application installs a recorder |
+//! | `axum` | off | `impl axum::response::IntoResponse for LockError`: a handler returns `Result<T, LockError>` and a lock failure answers 409, 503 or 500 by its class (see [`LockError`]'s `IntoResponse` impl) | `axum-core` and `http`, which an axum 0.8 application builds already |
 //! | `testing` | off | the module `testing`: throwaway `redis-server` processes for tests (see [Testing your code](#testing-your-code)); for `[dev-dependencies]` | no dependency; needs `redis-server` 7.0+ (and `redis-cli` for a cluster) installed where tests run |
 //!
 //! With `default-features = false`, distlock reports no metrics and does not depend on
-//! `metrics`; its `tracing` spans stay. Everything else but `testing` is always compiled in.
+//! `metrics`; its `tracing` spans stay. Everything else but `axum` and `testing` is always compiled in.
 //! Its dependencies are built with their default features off and only these on:
 //!
 //! | dependency | features | what for |
@@ -380,6 +381,8 @@
 #![warn(missing_docs)]
 
 mod acquire;
+#[cfg(feature = "axum")]
+mod axum;
 mod background;
 mod builder;
 mod call;

@@ -1022,7 +1022,7 @@ async fn create_product(
             })),
         )
             .into_response(),
-        Err(e) => failed(&e),
+        Err(e) => failed(e),
     }
 }
 
@@ -1037,7 +1037,7 @@ async fn show_product(
     match shop.report(id).await {
         Ok(Some(report)) => Json(report).into_response(),
         Ok(None) => error(StatusCode::NOT_FOUND, format!("no product {id}")),
-        Err(e) => failed(&e),
+        Err(e) => failed(e),
     }
 }
 
@@ -1049,7 +1049,7 @@ async fn show_offer(State(shop): State<Shop>, path: Result<Path<u64>, PathReject
     match shop.offer(id).await {
         Ok(Some(offer)) => Json(offer).into_response(),
         Ok(None) => error(StatusCode::NOT_FOUND, format!("no product {id}")),
-        Err(e) => failed(&e),
+        Err(e) => failed(e),
     }
 }
 
@@ -1065,7 +1065,7 @@ async fn restock(
     match shop.restock(id, body).await {
         Ok(Some(offer)) => Json(offer).into_response(),
         Ok(None) => error(StatusCode::NOT_FOUND, format!("no product {id}")),
-        Err(e) => failed(&e),
+        Err(e) => failed(e),
     }
 }
 
@@ -1099,44 +1099,51 @@ async fn buy(
             None,
             Some(format!("no product {id}")),
         ),
-        Err(e) => {
-            let (status, word) = failure(&e);
-            if status.is_server_error() {
-                tracing::warn!(error = %e, "seckill request failed");
-            }
-            answer(status, word, None, Some(e.to_string()))
-        }
+        Err(e) => failed(e),
     }
 }
 
-/// The error answer for a failed request, with the status and word [`failure`] gives.
-fn failed(e: &ShopError) -> Response {
-    let (status, word) = failure(e);
+/// The answer to a failed request: `{"status": word, "message": ...}`, the word from [`word`].
+/// A lock failure gets the status the runtime's `IntoResponse` for `LockError` gives it (409
+/// busy, 503 unavailable with `Retry-After` where known, 500 to fix; logged there), and keeps
+/// its `Retry-After`; the shop's own failures are answered here, a server error logged.
+fn failed(e: ShopError) -> Response {
+    let body = Json(serde_json::json!({ "status": word(&e), "message": e.to_string() }));
+    let status = match e {
+        ShopError::Lock(lock) => {
+            let (mut parts, _) = lock.into_response().into_parts();
+            // The JSON body brings its own.
+            parts.headers.remove(axum::http::header::CONTENT_TYPE);
+            return (parts, body).into_response();
+        }
+        ShopError::Busy => StatusCode::CONFLICT,
+        // Nothing was written: the buyer may try again.
+        ShopError::Stale { .. } | ShopError::Redis(_) | ShopError::Pool(_) => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+    };
     if status.is_server_error() {
         tracing::warn!(error = %e, "seckill request failed");
     }
-    let body = serde_json::json!({ "status": word, "message": e.to_string() });
-    (status, Json(body)).into_response()
+    (status, body).into_response()
 }
 
-/// The answer to a purchase that failed, by the kind of failure (see `ErrorClass` in the
-/// runtime's docs): somebody else is buying (409, try again), the lock service or the store is
-/// unavailable or the lease ran out (503, try again later: nothing was bought), the lock
-/// settings or this service are wrong (500, retrying will not help).
-pub fn failure(e: &ShopError) -> (StatusCode, &'static str) {
+/// The word a failed request answers with, by the kind of failure (see `ErrorClass` in the
+/// runtime's docs): somebody else is buying (`busy`: try again), the lock service or the store
+/// is unavailable or the lease ran out (`unavailable`, `stale`: try again later, nothing was
+/// bought), the lock settings or this service are wrong (`misconfigured`, `bug`: retrying will
+/// not help).
+fn word(e: &ShopError) -> &'static str {
     use distlock_runtime::ErrorClass;
     match e {
-        ShopError::Busy => (StatusCode::CONFLICT, "busy"),
-        // Nothing was written: the buyer may try again.
-        ShopError::Stale { .. } => (StatusCode::SERVICE_UNAVAILABLE, "stale"),
-        ShopError::Redis(_) | ShopError::Pool(_) => {
-            (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
-        }
+        ShopError::Busy => "busy",
+        ShopError::Stale { .. } => "stale",
+        ShopError::Redis(_) | ShopError::Pool(_) => "unavailable",
         ShopError::Lock(e) => match e.class() {
-            ErrorClass::Contention => (StatusCode::CONFLICT, "busy"),
-            ErrorClass::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-            ErrorClass::Misconfigured => (StatusCode::INTERNAL_SERVER_ERROR, "misconfigured"),
-            _ => (StatusCode::INTERNAL_SERVER_ERROR, "bug"),
+            ErrorClass::Contention => "busy",
+            ErrorClass::Unavailable => "unavailable",
+            ErrorClass::Misconfigured => "misconfigured",
+            _ => "bug",
         },
     }
 }
@@ -1178,28 +1185,61 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    /// Each class of lock failure gets the status the runtime's docs recommend: contention 409,
-    /// unavailable and a lost lease 503, a misconfiguration or a caller's bug 500.
-    #[test]
-    fn each_class_of_lock_failure_maps_to_its_status() {
+    /// The status, the `Retry-After` and the JSON body's word of a failed request.
+    async fn answer(e: ShopError) -> (u16, Option<String>, String) {
+        let response = failed(e);
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get(axum::http::header::RETRY_AFTER)
+            .map(|value| value.to_str().unwrap().to_owned());
+        assert_eq!(
+            response.headers()[axum::http::header::CONTENT_TYPE],
+            "application/json"
+        );
+        let body = axum::body::to_bytes(response.into_body(), 4096)
+            .await
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        (
+            status,
+            retry_after,
+            body["status"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    /// Each class of lock failure gets the status the runtime's `IntoResponse` gives it
+    /// (contention 409, unavailable and a lost lease 503, a misconfiguration or a caller's bug
+    /// 500), its `Retry-After`, and the word the load generator counts.
+    #[tokio::test]
+    async fn each_class_of_lock_failure_maps_to_its_status() {
         let key = || "seckill:7".to_owned();
         let redis = || redis::RedisError::from((redis::ErrorKind::Io, "refused"));
         let cases = [
-            (LockError::NotAcquired { key: key() }, 409),
+            (LockError::NotAcquired { key: key() }, 409, None, "busy"),
             (
                 LockError::Timeout {
                     key: key(),
                     waited: Duration::from_secs(1),
                 },
                 409,
+                None,
+                "busy",
             ),
-            (LockError::LeaseLost { keys: vec![key()] }, 503),
+            (
+                LockError::LeaseLost { keys: vec![key()] },
+                503,
+                None,
+                "unavailable",
+            ),
             (
                 LockError::Redis {
                     op: "acquire",
                     source: redis(),
                 },
                 503,
+                None,
+                "unavailable",
             ),
             (
                 LockError::RedisTimeout {
@@ -1207,6 +1247,8 @@ mod tests {
                     after: Duration::from_secs(1),
                 },
                 503,
+                Some("1"),
+                "unavailable",
             ),
             (
                 LockError::Misconfigured {
@@ -1216,6 +1258,8 @@ mod tests {
                     source: redis(),
                 },
                 500,
+                None,
+                "misconfigured",
             ),
             (
                 LockError::WrongType {
@@ -1224,20 +1268,26 @@ mod tests {
                     found: "a list".to_owned(),
                 },
                 500,
+                None,
+                "misconfigured",
             ),
-            (LockError::NotConfigured, 500),
-            (LockError::HeldByThisTask { key: key() }, 500),
+            (LockError::NotConfigured, 500, None, "misconfigured"),
+            (LockError::HeldByThisTask { key: key() }, 500, None, "bug"),
         ];
-        for (error, status) in cases {
-            let (got, _) = failure(&ShopError::Lock(error.clone()));
-            assert_eq!(got.as_u16(), status, "{error:?}");
+        for (error, status, retry_after, word) in cases {
+            let got = answer(ShopError::Lock(error.clone())).await;
+            let want = (status, retry_after.map(str::to_owned), word.to_owned());
+            assert_eq!(got, want, "{error:?}");
         }
-        assert_eq!(failure(&ShopError::Busy).0, StatusCode::CONFLICT);
+        assert_eq!(
+            answer(ShopError::Busy).await,
+            (409, None, "busy".to_owned())
+        );
         let stale = ShopError::Stale {
             product: 7,
             token: 1,
             newest: 2,
         };
-        assert_eq!(failure(&stale).0, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(answer(stale).await, (503, None, "stale".to_owned()));
     }
 }

@@ -1218,4 +1218,5 @@ impl std::future::Future for Tripwire {
 #[doc = include_str!("../../docs/operations.md")]
 #[doc = include_str!("../../docs/elections.md")]
 #[doc = include_str!("../../docs/guarantees.md")]
+#[doc = include_str!("../../docs/axum.md")]
 pub struct DocsDoctests;
