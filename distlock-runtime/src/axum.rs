@@ -3,12 +3,15 @@
 //! The status comes from [`LockError::class`], the one place that sorts errors; this module
 //! only says how each class is answered, what the answer tells the client, and what is logged.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use axum_core::response::{IntoResponse, Response};
 use http::header::RETRY_AFTER;
 use http::{HeaderValue, StatusCode};
 
+use crate::sync::lock;
+use crate::telemetry::Throttle;
 use crate::{ErrorClass, LockError};
 
 /// The body of a 409: the lock is held by someone else.
@@ -24,8 +27,8 @@ const INTERNAL: &str = "internal error";
 /// | class | status | `Retry-After` | logged (`tracing`) |
 /// |---|---|---|---|
 /// | [`Contention`](ErrorClass::Contention) | 409 Conflict | no | no: expected traffic, counted by the metric `distlock_acquisitions_total` |
-/// | [`Unavailable`](ErrorClass::Unavailable) | 503 Service Unavailable | for [`RedisTimeout`](LockError::RedisTimeout) and [`Replication`](LockError::Replication), see below | `warn`, with the whole error; not for [`LeaseLost`](LockError::LeaseLost), which the runtime has already warned of when it stopped the body |
-/// | [`Misconfigured`](ErrorClass::Misconfigured), [`CallerBug`](ErrorClass::CallerBug) | 500 Internal Server Error | no | `error`, with the whole error: the body says nothing, so the log is where an operator learns what to fix |
+/// | [`Unavailable`](ErrorClass::Unavailable) | 503 Service Unavailable | for [`RedisTimeout`](LockError::RedisTimeout) and [`Replication`](LockError::Replication), see below | `warn`, with the whole error, at most once a second (with how many went unlogged); not for [`LeaseLost`](LockError::LeaseLost), which the runtime has already warned of when it stopped the body |
+/// | [`Misconfigured`](ErrorClass::Misconfigured), [`CallerBug`](ErrorClass::CallerBug) | 500 Internal Server Error | no | `error`, with the whole error, at most once a second: the body says nothing, so the log is where an operator learns what to fix |
 ///
 /// The body is a short `text/plain; charset=utf-8` sentence per status (`lock busy: another
 /// request holds it; try again`, `lock service unavailable; try again later`, `internal
@@ -72,17 +75,41 @@ impl IntoResponse for LockError {
             ErrorClass::Contention => (StatusCode::CONFLICT, BUSY).into_response(),
             ErrorClass::Unavailable => {
                 if !matches!(self, LockError::LeaseLost { .. }) {
-                    tracing::warn!(error = %self, "distlock: answering 503, a lock could not be had");
+                    if let Some(held_back) = note(&UNAVAILABLE_LOGGED) {
+                        tracing::warn!(
+                            error = %self,
+                            unlogged_before = held_back,
+                            "distlock: answering 503, a lock could not be had (logged at most once a second)"
+                        );
+                    }
                 }
                 let retry_after = retry_after(&self).map(|after| [(RETRY_AFTER, after)]);
                 (StatusCode::SERVICE_UNAVAILABLE, retry_after, UNAVAILABLE).into_response()
             }
             ErrorClass::Misconfigured | ErrorClass::CallerBug => {
-                tracing::error!(error = %self, class = ?self.class(), "distlock: answering 500 to a lock failure");
+                if let Some(held_back) = note(&INTERNAL_LOGGED) {
+                    tracing::error!(
+                        error = %self,
+                        class = ?self.class(),
+                        unlogged_before = held_back,
+                        "distlock: answering 500 to a lock failure (logged at most once a second)"
+                    );
+                }
                 (StatusCode::INTERNAL_SERVER_ERROR, INTERNAL).into_response()
             }
         }
     }
+}
+
+/// The 503s and the 500s logged: each at most once a second, so an outage or a wrong setting
+/// that fails every request does not log every request.
+static UNAVAILABLE_LOGGED: Mutex<Throttle> = Mutex::new(Throttle::new());
+static INTERNAL_LOGGED: Mutex<Throttle> = Mutex::new(Throttle::new());
+
+/// Counts one answer of a kind; `Some(how many went unlogged since the last line)` when this one
+/// is to be logged.
+fn note(logged: &Mutex<Throttle>) -> Option<u64> {
+    lock(logged).note(tokio::time::Instant::now())
 }
 
 /// The `Retry-After` of an unavailable error, where it carries how long the failing part was

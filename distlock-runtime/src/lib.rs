@@ -240,39 +240,50 @@
 //! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
 //! ```
 //!
-//! A handler, and its test as it would sit in the handler's module:
+//! An axum handler (with the feature `axum`, a `LockError` answers 409, 503 or 500 by itself),
+//! and its test as it would sit in the handler's module: the test calls the handler with its
+//! extractors, as axum would, on a throwaway server.
 //!
-#![cfg_attr(feature = "testing", doc = "```")]
-#![cfg_attr(not(feature = "testing"), doc = "```ignore")]
+#![cfg_attr(all(feature = "testing", feature = "axum"), doc = "```")]
+#![cfg_attr(not(all(feature = "testing", feature = "axum")), doc = "```ignore")]
+//! use axum::extract::{Path, State};
 //! use distlock_runtime::{distributed_lock, LockError, LockManager};
 //!
 //! /// Books a seat, once across every instance of the service; a seat being booked by another
-//! /// instance is `LockError::NotAcquired` (the caller answers 409).
-//! #[distributed_lock("seat:{seat}", manager = locks, wait = 0)]
-//! async fn book(locks: &LockManager, seat: u32) -> Result<u32, LockError> {
-//!     Ok(seat)
+//! /// instance answers 409 at once.
+//! #[distributed_lock("seat:{seat}", manager = &locks, wait = 0)]
+//! async fn book(State(locks): State<LockManager>, Path(seat): Path<u32>) -> Result<String, LockError> {
+//!     Ok(format!("seat {seat} booked"))
 //! }
 //!
 //! # // A doc-test runs no #[test] function: this one becomes a plain fn that `main` calls.
 //! # mod tokio { pub use ::tokio::*; pub use ::tokio::main as test; }
 //! #[tokio::test]
 //! async fn a_seat_is_booked_by_one_instance_at_a_time() -> Result<(), Box<dyn std::error::Error>> {
+//!     use axum::response::IntoResponse;
 //!     use distlock_runtime::testing::TestRedis;
 //!
 //!     let redis = TestRedis::start().await?;
 //!     // Two instances of the service, each with its own manager.
 //!     let (ours, theirs) = (redis.manager(), redis.manager());
-//!     assert_eq!(book(&ours, 7).await?, 7);
+//!     assert_eq!(book(State(ours.clone()), Path(7)).await?, "seat 7 booked");
 //!
-//!     // While the other instance books seat 7, this one is turned away at once.
+//!     // While the other instance books seat 7, this one is turned away at once, with a 409.
 //!     let booking = theirs.lock("seat:7").acquire().await?;
-//!     assert!(matches!(book(&ours, 7).await, Err(LockError::NotAcquired { .. })));
+//!     let busy = book(State(ours.clone()), Path(7)).await.unwrap_err();
+//!     assert!(matches!(busy, LockError::NotAcquired { .. }));
+//!     assert_eq!(busy.into_response().status(), 409);
 //!     booking.release().await?;
-//!     assert_eq!(book(&ours, 7).await?, 7);
+//!     assert_eq!(book(State(ours), Path(7)).await?, "seat 7 booked");
 //!     Ok(())
 //! }
 //! # fn main() { a_seat_is_booked_by_one_instance_at_a_time().unwrap() }
 //! ```
+//!
+//! Annotated fns without `manager = ...` use the default manager: give each test's future its
+//! own with [`with_default_manager`] (tests run in parallel, each with its own server), as the
+//! `testing` module's docs show. `docs/axum.md` in the repository tests two
+//! instances of a router over HTTP requests.
 //!
 //! # Topologies
 //! A manager talks to exactly one deployment, chosen on its builder: one server

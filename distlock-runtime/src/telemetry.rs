@@ -137,6 +137,15 @@ pub(crate) struct Throttle {
 impl Throttle {
     pub(crate) const EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
+    /// None let through yet (for a `static`).
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    pub(crate) const fn new() -> Self {
+        Self {
+            last: None,
+            held_back: 0,
+        }
+    }
+
     /// Counts one more occurrence at `now`; `Some(held back since the last)` when it is to be
     /// logged.
     pub(crate) fn note(&mut self, now: tokio::time::Instant) -> Option<u64> {

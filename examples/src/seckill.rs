@@ -19,8 +19,8 @@
 //! oversell. distlock then reports the lease lost (`LockError::LeaseLost`), but only once it
 //! runs again, which can be after the write went out: renewal and lease-loss detection make the
 //! window short, only the storage can close it. So every access of the `lock` strategy to a
-//! product carries the lease's fencing token ([`distlock_runtime::current_fencing_token`];
-//! every later holder of the key has a greater one), and the product keeps the newest token
+//! product carries the lease's fencing token (`lease = lease` in the attribute gives the body
+//! its lease; every later holder of the key has a greater token), and the product keeps the newest token
 //! that touched it (its `fence` field). One script
 //! (`FENCED_READ`) reads the product and records the token there, refusing a token older than
 //! the recorded one; another (`FENCED_WRITE`) writes only if no newer token has touched the
@@ -420,41 +420,35 @@ impl Shop {
 /// The purchase under the product's distributed lock: at most one buyer per product at a
 /// time, fleet-wide, while leases hold; the lease's fencing token makes the product refuse this
 /// buyer's read-check-write once a newer holder has used it (see the module docs).
-#[distributed_lock("seckill:{product_id}", ttl = 5, manager = &shop.locks)]
+#[distributed_lock("seckill:{product_id}", ttl = 5, manager = &shop.locks, lease = lease)]
 async fn purchase_locked(
     shop: &ShopInner,
     product_id: u64,
     user_id: u64,
 ) -> Result<Outcome, ShopError> {
-    // The key as the attribute renders it; the body only ever runs under a lease on it.
-    let token = distlock_runtime::current_fencing_token(&format!("seckill:{product_id}"))
-        .expect("a #[distributed_lock] body runs under the lease on its key");
-    shop.read_check_write(product_id, user_id, Some(token))
+    shop.read_check_write(product_id, user_id, Some(lease.fencing_token()))
         .await
 }
 
 /// The read of the product's offer under its key held shared: beside other readers, never
 /// while a restock (or a purchase) holds the key. The lease's fencing token makes the product
 /// refuse this read once a newer lease has used it (see the module docs).
-#[distributed_lock(read = "seckill:{product_id}", ttl = 5, manager = &shop.locks)]
+#[distributed_lock(read = "seckill:{product_id}", ttl = 5, manager = &shop.locks, lease = lease)]
 async fn offer_locked(shop: &ShopInner, product_id: u64) -> Result<Option<Offer>, ShopError> {
-    let token = distlock_runtime::current_fencing_token(&format!("seckill:{product_id}"))
-        .expect("a #[distributed_lock] body runs under the lease on its key");
-    shop.read_offer(product_id, Some(token)).await
+    shop.read_offer(product_id, Some(lease.fencing_token()))
+        .await
 }
 
 /// The restock under the product's key held exclusively: no reader, purchase or other restock
 /// runs between its two writes while its lease holds; its fencing token makes the product refuse
 /// each write once a newer lease has used it.
-#[distributed_lock("seckill:{product_id}", ttl = 5, manager = &shop.locks)]
+#[distributed_lock("seckill:{product_id}", ttl = 5, manager = &shop.locks, lease = lease)]
 async fn restock_locked(
     shop: &ShopInner,
     product_id: u64,
     restock: Restock,
 ) -> Result<Option<Offer>, ShopError> {
-    let token = distlock_runtime::current_fencing_token(&format!("seckill:{product_id}"))
-        .expect("a #[distributed_lock] body runs under the lease on its key");
-    shop.restock_in_two_writes(product_id, restock, Some(token))
+    shop.restock_in_two_writes(product_id, restock, Some(lease.fencing_token()))
         .await
 }
 
