@@ -600,7 +600,34 @@ mod tests {
             ["`fair` needs a value: `fair = ...`"]
         );
         assert!(parse(r#""a:{id}", fiar = true"#).1[0]
-            .contains("`renew`, `fair`, `hold_at_least`, `manager`"));
+            .contains("`renew`, `fair`, `hold_at_least`, `lease`, `manager`"));
+    }
+
+    #[test]
+    fn lease_takes_one_variable_name_once() {
+        let name = |attribute: &str| {
+            let parsed: Parsed = syn::parse_str(attribute).expect("parses");
+            parsed.args.lease.map(|ident| ident.to_string())
+        };
+        assert_eq!(name(r#""a:{id}", lease = lease"#).as_deref(), Some("lease"));
+        assert_eq!(
+            name(r#""a:{id}", lease = held, ttl = 5"#).as_deref(),
+            Some("held")
+        );
+        assert_eq!(name(r#""a:{id}""#), None);
+        let refused = "`lease` names the variable that holds the body's lease: write \
+                       `lease = lease`, then `lease.fencing_token()` in the body";
+        assert_eq!(parse(r#""a:{id}", lease = "lease""#).1, [refused]);
+        assert_eq!(parse(r#""a:{id}", lease = a.b"#).1, [refused]);
+        assert_eq!(parse(r#""a:{id}", lease = ::a"#).1, [refused]);
+        assert_eq!(
+            parse(r#""a:{id}", lease = a, lease = b"#).1,
+            ["`lease` is given twice"]
+        );
+        assert_eq!(
+            parse(r#""a:{id}", lease"#).1,
+            ["`lease` needs a value: `lease = ...`"]
+        );
     }
 
     /// The keys as written: exclusive, then shared.
