@@ -262,7 +262,7 @@ impl Args {
 fn variable(value: &Expr) -> syn::Result<syn::Ident> {
     if let Expr::Path(path) = value {
         if path.qself.is_none() && path.attrs.is_empty() {
-            if let Some(name) = path.path.get_ident() {
+            if let Some(name) = path.path.get_ident().filter(|name| *name != "self") {
                 return Ok(name.clone());
             }
         }
@@ -620,6 +620,7 @@ mod tests {
         assert_eq!(parse(r#""a:{id}", lease = "lease""#).1, [refused]);
         assert_eq!(parse(r#""a:{id}", lease = a.b"#).1, [refused]);
         assert_eq!(parse(r#""a:{id}", lease = ::a"#).1, [refused]);
+        assert_eq!(parse(r#""a:{id}", lease = self"#).1, [refused]);
         assert_eq!(
             parse(r#""a:{id}", lease = a, lease = b"#).1,
             ["`lease` is given twice"]

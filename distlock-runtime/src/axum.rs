@@ -27,7 +27,7 @@ const INTERNAL: &str = "internal error";
 /// | class | status | `Retry-After` | logged (`tracing`) |
 /// |---|---|---|---|
 /// | [`Contention`](ErrorClass::Contention) | 409 Conflict | no | no: expected traffic, counted by the metric `distlock_acquisitions_total` |
-/// | [`Unavailable`](ErrorClass::Unavailable) | 503 Service Unavailable | for [`RedisTimeout`](LockError::RedisTimeout) and [`Replication`](LockError::Replication), see below | `warn`, with the whole error, at most once a second (with how many went unlogged); not for [`LeaseLost`](LockError::LeaseLost), which the runtime has already warned of when it stopped the body |
+/// | [`Unavailable`](ErrorClass::Unavailable) | 503 Service Unavailable | for [`RedisTimeout`](LockError::RedisTimeout) and [`Replication`](LockError::Replication), see below | `warn`, with the whole error, at most once a second (with how many went unlogged) |
 /// | [`Misconfigured`](ErrorClass::Misconfigured), [`CallerBug`](ErrorClass::CallerBug) | 500 Internal Server Error | no | `error`, with the whole error, at most once a second: the body says nothing, so the log is where an operator learns what to fix |
 ///
 /// The body is a short `text/plain; charset=utf-8` sentence per status (`lock busy: another
@@ -37,7 +37,8 @@ const INTERNAL: &str = "internal error";
 ///
 /// `Retry-After` (whole seconds, rounded up, at least 1) is sent where the error carries how long
 /// the part that failed was just waited for in vain: the response timeout of a
-/// [`RedisTimeout`](LockError::RedisTimeout) (the server did not answer for that long) and
+/// [`RedisTimeout`](LockError::RedisTimeout) (the server, or a pooled connection, was not had for
+/// that long) and
 /// the replica wait of a [`Replication`](LockError::Replication) (the replicas did not confirm
 /// within it). A retry sooner would most likely meet the same; it is a floor, not a forecast of
 /// the recovery. The other unavailable errors carry no such time: the durations of
@@ -74,14 +75,12 @@ impl IntoResponse for LockError {
         match self.class() {
             ErrorClass::Contention => (StatusCode::CONFLICT, BUSY).into_response(),
             ErrorClass::Unavailable => {
-                if !matches!(self, LockError::LeaseLost { .. }) {
-                    if let Some(held_back) = note(&UNAVAILABLE_LOGGED) {
-                        tracing::warn!(
-                            error = %self,
-                            unlogged_before = held_back,
-                            "distlock: answering 503, a lock could not be had (logged at most once a second)"
-                        );
-                    }
+                if let Some(held_back) = note(&UNAVAILABLE_LOGGED) {
+                    tracing::warn!(
+                        error = %self,
+                        unlogged_before = held_back,
+                        "distlock: answering 503, a lock could not be had (logged at most once a second)"
+                    );
                 }
                 let retry_after = retry_after(&self).map(|after| [(RETRY_AFTER, after)]);
                 (StatusCode::SERVICE_UNAVAILABLE, retry_after, UNAVAILABLE).into_response()
@@ -109,7 +108,9 @@ static INTERNAL_LOGGED: Mutex<Throttle> = Mutex::new(Throttle::new());
 /// Counts one answer of a kind; `Some(how many went unlogged since the last line)` when this one
 /// is to be logged.
 fn note(logged: &Mutex<Throttle>) -> Option<u64> {
-    lock(logged).note(tokio::time::Instant::now())
+    // The process's clock, not a runtime's: a paused test runtime's would be shared by every
+    // runtime through these statics.
+    lock(logged).note(tokio::time::Instant::from_std(std::time::Instant::now()))
 }
 
 /// The `Retry-After` of an unavailable error, where it carries how long the failing part was

@@ -69,7 +69,8 @@
 //! | `testing` | off | the module `testing`: throwaway `redis-server` processes for tests (see [Testing your code](#testing-your-code)); for `[dev-dependencies]` | no dependency; needs `redis-server` 7.0+ (and `redis-cli` for a cluster) installed where tests run |
 //!
 //! With `default-features = false`, distlock reports no metrics and does not depend on
-//! `metrics`; its `tracing` spans stay. Everything else but `axum` and `testing` is always compiled in.
+//! `metrics`; its `tracing` spans stay. Everything else but `axum` and `testing` is always
+//! compiled in.
 //! Its dependencies are built with their default features off and only these on:
 //!
 //! | dependency | features | what for |
@@ -78,6 +79,7 @@
 //! | `rustls` | `ring`, `std`, `tls12` | the crypto provider distlock installs for TLS when none is (ring builds with a C compiler alone), and TLS 1.2 beside 1.3; see [`LockManagerBuilder::tls_ca_pem`] |
 //! | `deadpool-redis` | `rt_tokio_1` | the connection pool of a one-server manager, also [`LockManagerBuilder::pool`] |
 //! | `tokio` | `rt`, `time`, `sync`, `macros` | renewal and release tasks, timeouts: locks are taken on a Tokio runtime |
+//! | `axum-core`, `http` (feature `axum`) | `std` (`http`'s) | `IntoResponse` and the response's status and headers |
 //!
 //! # Guarantees
 //! Mutual exclusion per key while leases are valid (an exclusive holder alone, readers only

@@ -390,11 +390,12 @@ impl CurrentLease {
 /// In an annotated fn, `lease = NAME` in the attribute binds the same value to `NAME` for the
 /// body (see [`distributed_lock`](crate::distributed_lock)), with no `Option` to unwrap.
 ///
-/// A nested `run` whose keys were all held already runs under the enclosing lease that holds
-/// them, so inside it this returns that lease (not a lease taken in between for other keys). A
-/// nested `run` that took a lease for some keys and re-entered others returns its new lease,
-/// whose [`keys`](CurrentLease::keys) are the ones it took; use [`current_fencing_token`] for
-/// the token covering one key.
+/// The lease's token fences the keys in [`keys`](CurrentLease::keys), which are all of the
+/// body's keys unless the body re-entered keys held further out. A nested `run` whose keys were
+/// all held already runs under the enclosing leases that hold them: this returns the nearest
+/// that holds one of its keys (not a lease taken in between for other keys). A nested `run` that
+/// took a lease for some keys and re-entered others returns its new lease, whose keys are the
+/// ones it took. In both cases, [`current_fencing_token`] gives the token that fences each key.
 ///
 /// ```no_run
 /// # async fn demo(locks: distlock_runtime::LockManager) -> Result<(), distlock_runtime::LockError> {

@@ -50,7 +50,9 @@ async fn parallel_futures_each_use_their_own_default_manager() {
         .expect("both calls should be inside their bodies at once");
     let held_first = token_on(&first.manager(), "seat:1").await;
     let held_second = token_on(&second.manager(), "seat:1").await;
-    meet.wait().await;
+    tokio::time::timeout(Duration::from_secs(10), meet.wait())
+        .await
+        .expect("a call left its body before the test had looked");
     let (a, b) = (a.await.unwrap().unwrap(), b.await.unwrap().unwrap());
     assert_eq!(
         held_first,
