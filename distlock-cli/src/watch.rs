@@ -155,7 +155,7 @@ pub(crate) enum Change {
     /// Held by someone else (or in another mode) without a free moment seen: a fair hand-off,
     /// or a release and a take within one interval.
     HandedOver { from: Lock, to: Lock },
-    /// The recipient of a hand-off took it up: its claim became a lease of its ttl.
+    /// The recipient of a hand-off renewed it: its claim became a lease of its ttl.
     TakenUp(Lock),
     /// A lease joined a key held shared or as permits.
     Joined { owner: Holder, now: Lock },
@@ -334,21 +334,20 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
             left(info, info.remaining)
         )
     };
-    // A lock in a hand-off's claim is its recipient's only once it takes it up.
-    let pending = |info: &Lock| {
-        if info.claim {
-            ", not taken up yet"
-        } else {
-            ""
-        }
+    // A hand-off's recipient runs from the hand-off on, but its own ttl shows only from its
+    // first renewal (a third of the claim in, never if it is done sooner).
+    let claim = |info: &Lock, more: &str| {
+        let who = info.owners.first().map_or("", Holder::name);
+        format!(
+            "in {who}'s hand-off claim: {}{more}; {who}'s own ttl from its first renewal",
+            state(info)
+        )
     };
     match change {
         Change::Held(info) if info.claim => format!(
-            "handed over to {}{} ({}, {})",
+            "handed over to {} ({})",
             names(&info.owners),
-            pending(info),
-            state(info),
-            queue(info)
+            claim(info, &format!(", {}", queue(info)))
         ),
         Change::Held(info) if election => {
             format!("led by {} ({})", names(&info.owners), state(info))
@@ -361,12 +360,6 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
         ),
         Change::Free if election => "no leader".to_owned(),
         Change::Free => "free".to_owned(),
-        Change::Taken(info) if info.claim => format!(
-            "handed over to {}{} ({})",
-            names(&info.owners),
-            pending(info),
-            state(info)
-        ),
         Change::Taken(info) if election => {
             format!("elected {} ({})", names(&info.owners), state(info))
         }
@@ -385,7 +378,7 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
             )
         }
         Change::Expired(last) if last.claim => format!(
-            "claim lapsed: {} (token {}) did not take it up",
+            "claim expired: {} (token {}) did not renew it (gone, or paused)",
             names(&last.owners),
             last.fencing_token
         ),
@@ -400,7 +393,7 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
             last.fencing_token
         ),
         Change::HandedOver { from, to } => format!(
-            "{} from {} to {}{} ({})",
+            "{} from {} to {} ({})",
             if election {
                 "leader changed"
             } else {
@@ -408,8 +401,7 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
             },
             names(&from.owners),
             names(&to.owners),
-            pending(to),
-            state(to)
+            if to.claim { claim(to, "") } else { state(to) }
         ),
         Change::TakenUp(info) => format!("taken up by {} ({})", names(&info.owners), state(info)),
         Change::Joined { owner, now } => format!(
@@ -652,8 +644,8 @@ mod tests {
         assert_eq!(handed, std::slice::from_ref(&change));
         assert_eq!(
             describe("order:42", &change),
-            "handed over from alpha (aaaa1111) to beta (bbbb2222), not taken up yet \
-             (exclusive token 8 claim 1.9s)"
+            "handed over from alpha (aaaa1111) to beta (bbbb2222) (in beta's hand-off claim: \
+             exclusive token 8 claim 1.9s; beta's own ttl from its first renewal)"
         );
         let stamp = SystemTime::UNIX_EPOCH;
         let object = change_json(stamp, "order:42", &change);
@@ -677,15 +669,15 @@ mod tests {
         let object = change_json(stamp, "order:42", &taken[0]);
         assert_eq!(object["event"], "taken_up");
         assert_eq!(object["lock"]["remaining_ms"], 30_000, "{object}");
-        // A claim found at the start, and one that lapses.
+        // A claim found at the start, and one that runs out.
         assert_eq!(
             describe("order:42", &Change::Held(claim.clone())),
-            "handed over to beta (bbbb2222), not taken up yet (exclusive token 8 claim 1.9s, \
-             0 waiting)"
+            "handed over to beta (bbbb2222) (in beta's hand-off claim: exclusive token 8 claim \
+             1.9s, 0 waiting; beta's own ttl from its first renewal)"
         );
         assert_eq!(
             describe("order:42", &Change::Expired(claim)),
-            "claim lapsed: beta (bbbb2222) (token 8) did not take it up"
+            "claim expired: beta (bbbb2222) (token 8) did not renew it (gone, or paused)"
         );
         // A lease is shown with its ttl.
         assert_eq!(
