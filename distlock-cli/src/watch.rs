@@ -4,11 +4,11 @@
 //! Each key is read with [`LockManager::inspect`] every `--interval-ms` (one script call per key
 //! and interval), and the [`Tracker`] of the key turns two readings into the changes between
 //! them: taken, released (freed before its expiry), expired (gone at its expiry), handed over (a
-//! new holder without a free moment seen; while its fair recipient has not taken it up, the
-//! lock is in the hand-off's claim), taken up (the recipient extended the claim to its ttl),
-//! holders joining and leaving a key held shared or as permits, and the fair queue growing or
-//! shrinking. While Redis cannot be read, one line says
-//! so, and one more when it answers again. A forced release of a followed key is printed as it
+//! new holder without a free moment seen; until its fair recipient renews it, the lock is in
+//! the hand-off's claim, believed as [`judge_claim`] says), taken up (the recipient extended the
+//! claim to its ttl), holders joining and leaving a key held shared or as permits, and the fair
+//! queue growing or shrinking. While Redis cannot be read, one line says so, and one more when
+//! it answers again. A forced release of a followed key is printed as it
 //! happens, with the holders it freed ([`LockManager::forced_releases`]): their managers end
 //! their leases at once.
 
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use distlock_runtime::{ForcedRelease, ForcedReleases, LockError, LockManager, LockMode};
 use serde_json::json;
 
-use crate::reading::{left, mode_name, names, secs, Holder, Lock};
+use crate::reading::{judge_claim, left, mode_name, names, secs, Before, Holder, Lock};
 use crate::ELECTION_KEY;
 
 /// What `watch` was asked.
@@ -217,6 +217,12 @@ impl Tracker {
         sent: Instant,
         received: Instant,
     ) -> Vec<Change> {
+        let before = match &self.last {
+            Last::Unread => Before::Unread,
+            Last::Free => Before::Free,
+            Last::Held { info, .. } => Before::Held(info),
+        };
+        let read = read.map(|now| judge_claim(before, now));
         let last = std::mem::replace(&mut self.last, Last::Free);
         let mut changes = Vec::new();
         match (last, &read) {
@@ -683,6 +689,53 @@ mod tests {
         assert_eq!(
             describe("order:42", &Change::Held(lease)),
             "held by beta (bbbb2222) (exclusive token 8 ttl 30.0s, 0 waiting)"
+        );
+    }
+
+    #[test]
+    fn a_claim_is_believed_only_from_a_hand_off_and_runs_out_as_a_claim_only_then() {
+        let t = Instant::now();
+        let mut key = Tracker::new("order:42");
+        let alpha = info("order:42", LockMode::Exclusive, &["aaaa1111:alpha"], 7);
+        key.observe(Some(alpha.clone()), t, t);
+        // Alpha's own lease reads as a claim (its expiry 2 s after its token), then renewed:
+        // nothing to say, neither a hand-off's claim nor a take-up.
+        let mut coincidence = alpha.clone();
+        coincidence.claim = true;
+        coincidence.remaining = Duration::from_millis(1_900);
+        assert!(key
+            .observe(Some(coincidence.clone()), at(t, 100), at(t, 101))
+            .is_empty());
+        assert!(key
+            .observe(Some(alpha.clone()), at(t, 200), at(t, 201))
+            .is_empty());
+        // Read as a claim, not renewed and gone at its expiry: it expired, as a lease does.
+        key.observe(Some(coincidence.clone()), at(t, 300), at(t, 301));
+        let gone = key.observe(None, at(t, 2_300), at(t, 2_301));
+        assert!(
+            matches!(&gone[..], [Change::Expired(last)] if !last.claim),
+            "{gone:?}"
+        );
+        assert_eq!(
+            describe("order:42", &gone[0]),
+            "expired: alpha (aaaa1111) (token 7) did not renew"
+        );
+        // Taken from free with an expiry that reads as a claim: taken, with its ttl.
+        let taken = key.observe(Some(coincidence), at(t, 2_400), at(t, 2_401));
+        assert!(
+            matches!(&taken[..], [Change::Taken(lock)] if !lock.claim),
+            "{taken:?}"
+        );
+        // A real hand-off's claim that runs out: the claim expired.
+        let mut claim = info("order:42", LockMode::Exclusive, &["bbbb2222:beta"], 8);
+        claim.claim = true;
+        claim.remaining = Duration::from_millis(2_000);
+        key.observe(Some(claim.clone()), at(t, 2_500), at(t, 2_501));
+        let lapsed = key.observe(None, at(t, 4_600), at(t, 4_601));
+        assert_eq!(lapsed, [Change::Expired(claim)]);
+        assert!(
+            describe("order:42", &lapsed[0]).starts_with("claim expired: beta"),
+            "{lapsed:?}"
         );
     }
 }
