@@ -22,8 +22,9 @@ pub(crate) struct Lock {
     pub(crate) owners: Vec<Holder>,
     /// The live fair waiters, in arrival order.
     pub(crate) queued: Vec<Holder>,
-    /// Handed to its fair waiter (the owner), which has not taken it up: `remaining` is what
-    /// is left of the hand-off's claim, not of the owner's ttl ([`LockInfo::handoff_claim`]).
+    /// Handed to its fair waiter (the owner), which has not renewed it yet: `remaining` is what
+    /// is left of the hand-off's claim, not of the owner's ttl ([`LockInfo::handoff_claim`]),
+    /// as judged by [`judge_claim`].
     pub(crate) claim: bool,
 }
 
@@ -87,6 +88,37 @@ impl Lock {
             .iter()
             .any(|o| o.token_prefix == holder.token_prefix)
     }
+}
+
+/// What was read of a key before a reading, as [`judge_claim`] needs it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Before<'a> {
+    /// Nothing: this is the first reading.
+    Unread,
+    /// Free (or not listed).
+    Free,
+    /// Held, as shown then (its claim judged already).
+    Held(&'a Lock),
+}
+
+/// `now` with its claim kept only where it is a fair hand-off's. The runtime reads a claim from
+/// the lock's expiry, which some leases match ([`LockInfo::handoff_claim`]); a hand-off always
+/// gives the lock to another owner without a free moment, so a claim is believed when it comes
+/// with such a change, while the same claim lasts (same owner and token), and on the first
+/// reading (nothing to tell it by). A claim flag that turns on for the same owner, or on a lock
+/// that was free, is a lease's.
+pub(crate) fn judge_claim(before: Before<'_>, mut now: Lock) -> Lock {
+    now.claim = now.claim
+        && match before {
+            Before::Unread => true,
+            Before::Free => false,
+            Before::Held(last) => {
+                let handed_over = !now.owners.iter().any(|o| last.held_by(o));
+                let same_claim = last.claim && last.fencing_token == now.fencing_token;
+                handed_over || same_claim
+            }
+        };
+    now
 }
 
 /// What is left of a lock as `watch` and `top` show it: `ttl 1.5s`, or `claim 1.5s` while it is
@@ -184,6 +216,44 @@ pub(crate) fn lock(key: &str, mode: LockMode, owners: &[&str], token: u64) -> Lo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `key` held by `owner` with fencing token `token`, read as a claim when `claim`.
+    fn read(owner: &str, token: u64, claim: bool) -> Lock {
+        let mut read = lock("order:42", LockMode::Exclusive, &[owner], token);
+        read.claim = claim;
+        read
+    }
+
+    #[test]
+    fn a_claim_is_believed_only_with_a_new_owner_while_held_or_at_the_first_reading() {
+        let alpha = read("aaaa1111:alpha", 7, false);
+        let judged = |before, now: Lock| judge_claim(before, now).claim;
+        // Handed to beta without a free moment: its claim.
+        let beta = judge_claim(Before::Held(&alpha), read("bbbb2222:beta", 8, true));
+        assert!(beta.claim);
+        // The same claim read again, then extended: a lease.
+        assert!(judged(Before::Held(&beta), read("bbbb2222:beta", 8, true)));
+        assert!(!judged(
+            Before::Held(&beta),
+            read("bbbb2222:beta", 8, false)
+        ));
+        // Alpha's own lease whose expiry matches a claim (a 2 s ttl, a 1.5 s ttl just renewed,
+        // hold_at_least of 2 s): a lease.
+        assert!(!judged(
+            Before::Held(&alpha),
+            read("aaaa1111:alpha", 7, true)
+        ));
+        // Taken from free: a lease (a hand-off never frees the key).
+        assert!(!judged(Before::Free, read("bbbb2222:beta", 8, true)));
+        // Nothing to tell it by: as read.
+        assert!(judged(Before::Unread, read("bbbb2222:beta", 8, true)));
+        // A lease stays a lease whatever came before.
+        assert!(!judged(Before::Unread, read("bbbb2222:beta", 8, false)));
+        assert!(!judged(
+            Before::Held(&alpha),
+            read("bbbb2222:beta", 8, false)
+        ));
+    }
 
     #[test]
     fn servers_are_summed_up_by_version() {

@@ -4,11 +4,11 @@
 //! Each key is read with [`LockManager::inspect`] every `--interval-ms` (one script call per key
 //! and interval), and the [`Tracker`] of the key turns two readings into the changes between
 //! them: taken, released (freed before its expiry), expired (gone at its expiry), handed over (a
-//! new holder without a free moment seen; while its fair recipient has not taken it up, the
-//! lock is in the hand-off's claim), taken up (the recipient extended the claim to its ttl),
-//! holders joining and leaving a key held shared or as permits, and the fair queue growing or
-//! shrinking. While Redis cannot be read, one line says
-//! so, and one more when it answers again. A forced release of a followed key is printed as it
+//! new holder without a free moment seen; until its fair recipient renews it, the lock is in
+//! the hand-off's claim, believed as [`judge_claim`] says), taken up (the recipient extended the
+//! claim to its ttl), holders joining and leaving a key held shared or as permits, and the fair
+//! queue growing or shrinking. While Redis cannot be read, one line says so, and one more when
+//! it answers again. A forced release of a followed key is printed as it
 //! happens, with the holders it freed ([`LockManager::forced_releases`]): their managers end
 //! their leases at once.
 
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use distlock_runtime::{ForcedRelease, ForcedReleases, LockError, LockManager, LockMode};
 use serde_json::json;
 
-use crate::reading::{left, mode_name, names, secs, Holder, Lock};
+use crate::reading::{judge_claim, left, mode_name, names, secs, Before, Holder, Lock};
 use crate::ELECTION_KEY;
 
 /// What `watch` was asked.
@@ -155,7 +155,7 @@ pub(crate) enum Change {
     /// Held by someone else (or in another mode) without a free moment seen: a fair hand-off,
     /// or a release and a take within one interval.
     HandedOver { from: Lock, to: Lock },
-    /// The recipient of a hand-off took it up: its claim became a lease of its ttl.
+    /// The recipient of a hand-off renewed it: its claim became a lease of its ttl.
     TakenUp(Lock),
     /// A lease joined a key held shared or as permits.
     Joined { owner: Holder, now: Lock },
@@ -217,6 +217,12 @@ impl Tracker {
         sent: Instant,
         received: Instant,
     ) -> Vec<Change> {
+        let before = match &self.last {
+            Last::Unread => Before::Unread,
+            Last::Free => Before::Free,
+            Last::Held { info, .. } => Before::Held(info),
+        };
+        let read = read.map(|now| judge_claim(before, now));
         let last = std::mem::replace(&mut self.last, Last::Free);
         let mut changes = Vec::new();
         match (last, &read) {
@@ -334,21 +340,20 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
             left(info, info.remaining)
         )
     };
-    // A lock in a hand-off's claim is its recipient's only once it takes it up.
-    let pending = |info: &Lock| {
-        if info.claim {
-            ", not taken up yet"
-        } else {
-            ""
-        }
+    // A hand-off's recipient runs from the hand-off on, but its own ttl shows only from its
+    // first renewal (a third of the claim in, never if it is done sooner).
+    let claim = |info: &Lock, more: &str| {
+        let who = info.owners.first().map_or("", Holder::name);
+        format!(
+            "in {who}'s hand-off claim: {}{more}; {who}'s own ttl from its first renewal",
+            state(info)
+        )
     };
     match change {
         Change::Held(info) if info.claim => format!(
-            "handed over to {}{} ({}, {})",
+            "handed over to {} ({})",
             names(&info.owners),
-            pending(info),
-            state(info),
-            queue(info)
+            claim(info, &format!(", {}", queue(info)))
         ),
         Change::Held(info) if election => {
             format!("led by {} ({})", names(&info.owners), state(info))
@@ -361,12 +366,6 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
         ),
         Change::Free if election => "no leader".to_owned(),
         Change::Free => "free".to_owned(),
-        Change::Taken(info) if info.claim => format!(
-            "handed over to {}{} ({})",
-            names(&info.owners),
-            pending(info),
-            state(info)
-        ),
         Change::Taken(info) if election => {
             format!("elected {} ({})", names(&info.owners), state(info))
         }
@@ -385,7 +384,7 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
             )
         }
         Change::Expired(last) if last.claim => format!(
-            "claim lapsed: {} (token {}) did not take it up",
+            "claim expired: {} (token {}) did not renew it (gone, or paused)",
             names(&last.owners),
             last.fencing_token
         ),
@@ -400,7 +399,7 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
             last.fencing_token
         ),
         Change::HandedOver { from, to } => format!(
-            "{} from {} to {}{} ({})",
+            "{} from {} to {} ({})",
             if election {
                 "leader changed"
             } else {
@@ -408,8 +407,7 @@ pub(crate) fn describe(key: &str, change: &Change) -> String {
             },
             names(&from.owners),
             names(&to.owners),
-            pending(to),
-            state(to)
+            if to.claim { claim(to, "") } else { state(to) }
         ),
         Change::TakenUp(info) => format!("taken up by {} ({})", names(&info.owners), state(info)),
         Change::Joined { owner, now } => format!(
@@ -652,8 +650,8 @@ mod tests {
         assert_eq!(handed, std::slice::from_ref(&change));
         assert_eq!(
             describe("order:42", &change),
-            "handed over from alpha (aaaa1111) to beta (bbbb2222), not taken up yet \
-             (exclusive token 8 claim 1.9s)"
+            "handed over from alpha (aaaa1111) to beta (bbbb2222) (in beta's hand-off claim: \
+             exclusive token 8 claim 1.9s; beta's own ttl from its first renewal)"
         );
         let stamp = SystemTime::UNIX_EPOCH;
         let object = change_json(stamp, "order:42", &change);
@@ -677,20 +675,67 @@ mod tests {
         let object = change_json(stamp, "order:42", &taken[0]);
         assert_eq!(object["event"], "taken_up");
         assert_eq!(object["lock"]["remaining_ms"], 30_000, "{object}");
-        // A claim found at the start, and one that lapses.
+        // A claim found at the start, and one that runs out.
         assert_eq!(
             describe("order:42", &Change::Held(claim.clone())),
-            "handed over to beta (bbbb2222), not taken up yet (exclusive token 8 claim 1.9s, \
-             0 waiting)"
+            "handed over to beta (bbbb2222) (in beta's hand-off claim: exclusive token 8 claim \
+             1.9s, 0 waiting; beta's own ttl from its first renewal)"
         );
         assert_eq!(
             describe("order:42", &Change::Expired(claim)),
-            "claim lapsed: beta (bbbb2222) (token 8) did not take it up"
+            "claim expired: beta (bbbb2222) (token 8) did not renew it (gone, or paused)"
         );
         // A lease is shown with its ttl.
         assert_eq!(
             describe("order:42", &Change::Held(lease)),
             "held by beta (bbbb2222) (exclusive token 8 ttl 30.0s, 0 waiting)"
+        );
+    }
+
+    #[test]
+    fn a_claim_is_believed_only_from_a_hand_off_and_runs_out_as_a_claim_only_then() {
+        let t = Instant::now();
+        let mut key = Tracker::new("order:42");
+        let alpha = info("order:42", LockMode::Exclusive, &["aaaa1111:alpha"], 7);
+        key.observe(Some(alpha.clone()), t, t);
+        // Alpha's own lease reads as a claim (its expiry 2 s after its token), then renewed:
+        // nothing to say, neither a hand-off's claim nor a take-up.
+        let mut coincidence = alpha.clone();
+        coincidence.claim = true;
+        coincidence.remaining = Duration::from_millis(1_900);
+        assert!(key
+            .observe(Some(coincidence.clone()), at(t, 100), at(t, 101))
+            .is_empty());
+        assert!(key
+            .observe(Some(alpha.clone()), at(t, 200), at(t, 201))
+            .is_empty());
+        // Read as a claim, not renewed and gone at its expiry: it expired, as a lease does.
+        key.observe(Some(coincidence.clone()), at(t, 300), at(t, 301));
+        let gone = key.observe(None, at(t, 2_300), at(t, 2_301));
+        assert!(
+            matches!(&gone[..], [Change::Expired(last)] if !last.claim),
+            "{gone:?}"
+        );
+        assert_eq!(
+            describe("order:42", &gone[0]),
+            "expired: alpha (aaaa1111) (token 7) did not renew"
+        );
+        // Taken from free with an expiry that reads as a claim: taken, with its ttl.
+        let taken = key.observe(Some(coincidence), at(t, 2_400), at(t, 2_401));
+        assert!(
+            matches!(&taken[..], [Change::Taken(lock)] if !lock.claim),
+            "{taken:?}"
+        );
+        // A real hand-off's claim that runs out: the claim expired.
+        let mut claim = info("order:42", LockMode::Exclusive, &["bbbb2222:beta"], 8);
+        claim.claim = true;
+        claim.remaining = Duration::from_millis(2_000);
+        key.observe(Some(claim.clone()), at(t, 2_500), at(t, 2_501));
+        let lapsed = key.observe(None, at(t, 4_600), at(t, 4_601));
+        assert_eq!(lapsed, [Change::Expired(claim)]);
+        assert!(
+            describe("order:42", &lapsed[0]).starts_with("claim expired: beta"),
+            "{lapsed:?}"
         );
     }
 }

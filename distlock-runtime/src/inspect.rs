@@ -65,17 +65,28 @@ pub struct LockInfo {
     /// The fair waiters queued for it, in arrival order: who is served next, and after whom
     /// (the live ones among the queue's first 100 entries; unfair waiters do not queue).
     pub queued: Vec<Owner>,
-    /// Whether the lock is in a fair hand-off's claim: a release handed it to the fair waiter
-    /// shown as its holder, which has not taken it up yet. [`remaining`](Self::remaining) is
-    /// then what is left of the claim ([`HANDOFF_CLAIM`](crate::HANDOFF_CLAIM)), not of the
-    /// recipient's ttl: its renewal extends the lock to its ttl a third of the claim later, and
-    /// a recipient that is gone lets the claim lapse (`docs/fair.md`, "Claim").
+    /// Whether the lock reads as in a fair hand-off's claim: a release handed it to the fair
+    /// waiter shown as its holder, which has not renewed it yet. That recipient holds the lock
+    /// and runs its body from the hand-off on; [`remaining`](Self::remaining) is what is left of
+    /// the claim ([`HANDOFF_CLAIM`](crate::HANDOFF_CLAIM)), not of its ttl. Its first renewal, a
+    /// third of the claim in, extends the lock to its ttl; a body done sooner releases it
+    /// without one, and a recipient gone or paused lets the claim expire (`docs/fair.md`,
+    /// "Claim"). A claim shorter than `HANDOFF_CLAIM` (a recipient whose ttl is shorter) is its
+    /// whole ttl, and reads as a lease.
     ///
-    /// Read from the lock's expiry: a hand-off sets it to the claim from the moment it draws its
-    /// fencing token. So a lease whose ttl is `HANDOFF_CLAIM` (2 s), that a fair waiter waits
-    /// on, reads as a claim too until its first renewal (for its whole life without renewal);
-    /// a claim shorter than `HANDOFF_CLAIM` (a recipient whose ttl is shorter) is its whole
-    /// ttl, and reads as a lease. Of a key held shared or as permits, always `false`.
+    /// Read from the lock's expiry, which a hand-off sets to `HANDOFF_CLAIM` after the moment
+    /// it draws its fencing token, and from the key's mark. So it is also `true` for a lease
+    /// that is no claim, whenever its expiry is exactly 2 s (within 2 ms) after its own fencing
+    /// token was drawn while its key is marked, which any waiting attempt does (fair or not):
+    /// - a 2 s ttl, from its acquire until its first renewal (all its life without renewal);
+    /// - a 1.5 s ttl right after its first renewal (renewals come a third of the ttl apart:
+    ///   likewise any ttl with `ttl * (1 + k / 3)` = 2 s, after its k-th);
+    /// - `hold_at_least` of 2 s, once its body has ended.
+    ///
+    /// Such a lease keeps its owner, where a hand-off gives the lock to another owner with no
+    /// free moment between: `distlock watch` and `top` show a claim only then
+    /// (`docs/operations.md`). Always `false` on a quorum (it refuses fair requests) and of a
+    /// key held shared or as permits.
     pub handoff_claim: bool,
 }
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use distlock_runtime::LockMode;
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
-use crate::reading::Lock;
+use crate::reading::{judge_claim, Before, Lock};
 
 /// How long a row stays marked after its holder changed.
 pub(crate) const MARKED_FOR: Duration = Duration::from_secs(3);
@@ -117,7 +117,8 @@ impl Model {
     }
 
     /// A reading answered at `now`: the locks held, or why Redis could not be read (the last
-    /// rows stay).
+    /// rows stay). A lock's claim is believed as [`judge_claim`] says, against the last
+    /// reading.
     pub(crate) fn refreshed(&mut self, read: Result<Vec<Lock>, String>, now: Instant) {
         let locks = match read {
             Ok(locks) => locks,
@@ -131,6 +132,17 @@ impl Model {
             }
         };
         let first = self.read_at.is_none();
+        let locks: Vec<Lock> = locks
+            .into_iter()
+            .map(|lock| {
+                let before = match self.locks.iter().find(|l| l.key == lock.key) {
+                    _ if first => Before::Unread,
+                    Some(before) => Before::Held(before),
+                    None => Before::Free,
+                };
+                judge_claim(before, lock)
+            })
+            .collect();
         for lock in &locks {
             let before = self.locks.iter().find(|l| l.key == lock.key);
             let same = before.is_some_and(|b| {
@@ -452,5 +464,36 @@ mod tests {
         model.refreshed(Ok(Vec::new()), down + Duration::from_secs(2));
         assert_eq!(model.status(), &Status::Live);
         assert!(model.locks().is_empty());
+    }
+
+    #[test]
+    fn a_claim_shows_after_a_new_owner_or_at_the_first_refresh_not_for_the_same_owner() {
+        let start = Instant::now();
+        let later = |s| start + Duration::from_secs(s);
+        let claimed = |owner: &str, token| {
+            let mut read = lock("order:1", LockMode::Exclusive, &[owner], token);
+            read.claim = true;
+            read
+        };
+        let claim = |model: &Model| model.locks()[0].claim;
+        // At the first refresh, as read.
+        let mut model = Model::new();
+        model.refreshed(Ok(vec![claimed("bbbb2222:beta", 8)]), start);
+        assert!(claim(&model));
+        // Alpha's lease, then read as a claim (its expiry 2 s after its token): a lease.
+        let mut model = Model::new();
+        let alpha = lock("order:1", LockMode::Exclusive, &["aaaa1111:alpha"], 7);
+        model.refreshed(Ok(vec![alpha]), start);
+        model.refreshed(Ok(vec![claimed("aaaa1111:alpha", 7)]), later(1));
+        assert!(!claim(&model));
+        // Handed to beta while held: its claim, for as long as it reads so.
+        model.refreshed(Ok(vec![claimed("bbbb2222:beta", 8)]), later(2));
+        assert!(claim(&model));
+        model.refreshed(Ok(vec![claimed("bbbb2222:beta", 8)]), later(3));
+        assert!(claim(&model));
+        // Free, then taken with an expiry that reads as a claim: a lease.
+        model.refreshed(Ok(Vec::new()), later(4));
+        model.refreshed(Ok(vec![claimed("cccc3333:gamma", 9)]), later(5));
+        assert!(!claim(&model));
     }
 }

@@ -95,8 +95,8 @@ fn render_locks(frame: &mut Frame<'_>, area: Rect, model: &Model, now: Instant) 
     frame.render_widget(table(" locks ", header, rows, widths), area);
 }
 
-/// The TTL cell: what is left, counting down; `claim 1.5s` while a hand-off's recipient has
-/// not taken the lock up (its own ttl shows once it has).
+/// The TTL cell: what is left, counting down; `claim 1.5s` in a hand-off's claim (the
+/// recipient's own ttl shows from its first renewal).
 fn remaining(model: &Model, lock: &Lock, now: Instant) -> String {
     let left = secs(model.remaining(lock, now));
     if lock.claim {
@@ -106,10 +106,11 @@ fn remaining(model: &Model, lock: &Lock, now: Instant) -> String {
     }
 }
 
-/// The HOLDER cell: the holders, or `handing over to beta (…)` in a hand-off's claim.
+/// The HOLDER cell: the holders, or `handed to beta (…)` in a hand-off's claim (beta holds it
+/// and runs: only its ttl is not known yet).
 fn holder(lock: &Lock) -> String {
     if lock.claim {
-        format!("handing over to {}", names(&lock.owners))
+        format!("handed to {}", names(&lock.owners))
     } else {
         names(&lock.owners)
     }
@@ -300,14 +301,14 @@ mod tests {
         model.refreshed(Ok(vec![plain, handed, leader]), start);
         let text = screen(&model, start + Duration::from_millis(500));
         let row = text.lines().find(|l| l.contains("order:2")).unwrap();
-        for part in ["claim 1.5s", "handing over to beta (bbbb2222)"] {
+        for part in ["claim 1.5s", "handed to beta (bbbb2222)"] {
             assert!(row.contains(part), "{part} in {row}");
         }
         let row = text.lines().find(|l| l.contains("order:1")).unwrap();
         assert!(row.contains(" 9.5s "), "{row}");
-        assert!(!row.contains("claim") && !row.contains("handing"), "{row}");
+        assert!(!row.contains("claim") && !row.contains("handed"), "{row}");
         let row = text.lines().find(|l| l.contains("cron")).unwrap();
-        for part in ["claim 9.5s", "handing over to boss (cccc3333)"] {
+        for part in ["claim 9.5s", "handed to boss (cccc3333)"] {
             assert!(row.contains(part), "{part} in {row}");
         }
     }

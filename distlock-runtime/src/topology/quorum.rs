@@ -473,7 +473,9 @@ fn settled(answers: &[Option<Answer>], majority: usize) -> bool {
 /// The lock as a quorum holds it, from the inspect answers of a majority (`majority`) of its
 /// nodes or more: a lease holds only where a majority of nodes granted it, so the holders that
 /// a majority list, held for as long as a majority still hold them, with the greatest fencing
-/// counter any node has; `None` when no holder is listed by a majority.
+/// counter any node has; `None` when no holder is listed by a majority. Never in a hand-off's
+/// claim: a quorum refuses fair requests, so a node that reads one has a lease whose expiry
+/// happens to match (`LockInfo::handoff_claim`).
 fn view(readings: &[Option<Inspected>], majority: usize) -> Option<Inspected> {
     let listed: Vec<&[String]> = readings.iter().map(Inspected::members_of).collect();
     let agreed = |holder: &String| listed.iter().filter(|l| l.contains(holder)).count() >= majority;
@@ -507,7 +509,12 @@ fn view(readings: &[Option<Inspected>], majority: usize) -> Option<Inspected> {
         .filter_map(|r| r.counter.parse::<u64>().ok())
         .max()
         .map_or_else(String::new, |c| c.to_string());
+    let kind = match base.kind.as_str() {
+        "h" => "x".to_owned(),
+        kind => kind.to_owned(),
+    };
     Some(Inspected {
+        kind,
         pttl: if pttl == i64::MAX { -1 } else { pttl },
         counter,
         holders: i64::try_from(holders.len()).unwrap_or(i64::MAX),
@@ -556,11 +563,16 @@ mod tests {
 
     /// An inspect answer listing `holders` (none: free).
     fn held_by(holders: &[&str]) -> Option<Answer> {
+        held_as("x", holders)
+    }
+
+    /// An inspect answer listing `holders` (none: free), of kind `kind` (`x`, `h`, `s`).
+    fn held_as(kind: &str, holders: &[&str]) -> Option<Answer> {
         if holders.is_empty() {
             return Some(Ok(Value::Nil));
         }
         let mut fields = vec![
-            Value::BulkString(b"x".to_vec()),
+            Value::BulkString(kind.as_bytes().to_vec()),
             Value::Int(1000),
             Value::BulkString(b"7".to_vec()),
             Value::Int(0),
@@ -619,5 +631,12 @@ mod tests {
         let seen = view(&[held_by(&[]), held_by(&["a"]), held_by(&["a", "b"])]).unwrap();
         assert_eq!(seen.members, ["a"]);
         assert_eq!(seen.holders, 1);
+        // A lease whose expiry reads as a hand-off's claim on every node is a lease: a quorum
+        // hands nothing off.
+        let claimed = || held_as("h", &["a"]);
+        let seen = view(&[claimed(), claimed(), claimed()]).unwrap();
+        assert_eq!(seen.kind, "x");
+        let shared = view(&[held_as("s", &["a"]), held_as("s", &["a"])]).unwrap();
+        assert_eq!(shared.kind, "s");
     }
 }
