@@ -33,7 +33,7 @@ mod tests {
         ("fair_acquire", "0b24aa81a8da6fa61a953e1923cccb6f4240c409"),
         ("fair_refresh", "52bcf57a5866b9e1142b4fb17819257ead8545a5"),
         ("raise", "0eeb3641f21e578ad69c5fd93e1758f55dc94200"),
-        ("inspect", "15fc501e606933253d6ed5887e7c30f21ba05f71"),
+        ("inspect", "74c9f72088f5af6354d0e575d9a1bc8c656986c8"),
         ("force_release", "9b81daa53c394d62e641c2950592d99072b9e939"),
         ("check", "472451a2c531efc537fb8fd91d724b6bd2f8a04b"),
         ("key_types", "0f78f49b3902f1c2da6260e309797d0462609281"),

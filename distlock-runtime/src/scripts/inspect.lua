@@ -59,8 +59,8 @@ end
 -- is in a hand-off's claim: fair/hand.lua sets the key marked for ARGV[1] ms at the moment it
 -- draws the fencing token from Redis's clock (microseconds, draw.lua), and the recipient's first
 -- renewal moves the expiry on; so the expiry is the token's time plus the claim (within 2 ms:
--- Redis 7.0 reads the clock anew for each command of a script). A lease whose ttl is the claim,
--- marked and not renewed since its acquire, reads the same.
+-- Redis 7.0 reads the clock anew for each command of a script). A marked lease whose expiry
+-- falls there too reads the same (LockInfo::handoff_claim lists when).
 local function claimed(value, pttl, counter)
   local claim = tonumber(ARGV[1])
   if not claim or not is_marked(value) or pttl < 0 or #counter < 7 then return false end
