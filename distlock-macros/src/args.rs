@@ -1,6 +1,6 @@
 //! The attribute's arguments as a spanned model: `KEYS, read = .., permits = .., ttl = ..,
-//! wait = .., renew = .., fair = .., hold_at_least = .., lease = .., manager = .., crate = ".."`, each option
-//! set at most once. `KEYS` may be left out when `read` names keys.
+//! wait = .., renew = .., fair = .., hold_at_least = .., lease = .., manager = ..,
+//! crate = ".."`, each option set at most once. `KEYS` may be left out when `read` names keys.
 
 use proc_macro2::Span;
 use syn::parse::{Parse, ParseStream};

@@ -254,7 +254,10 @@
 //! /// Books a seat, once across every instance of the service; a seat being booked by another
 //! /// instance answers 409 at once.
 //! #[distributed_lock("seat:{seat}", manager = &locks, wait = 0)]
-//! async fn book(State(locks): State<LockManager>, Path(seat): Path<u32>) -> Result<String, LockError> {
+//! async fn book(
+//!     State(locks): State<LockManager>,
+//!     Path(seat): Path<u32>,
+//! ) -> Result<String, LockError> {
 //!     Ok(format!("seat {seat} booked"))
 //! }
 //!

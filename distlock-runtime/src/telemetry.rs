@@ -126,7 +126,6 @@ pub(crate) fn lock_order_inversion() {
 /// Rate-limits a warning that may repeat for every lock while Redis is away: the first is let
 /// through at once, later ones at most once a [`Throttle::EVERY`], each with how many were held
 /// back since the last.
-#[derive(Default)]
 pub(crate) struct Throttle {
     /// When the last one was let through.
     last: Option<tokio::time::Instant>,
@@ -134,11 +133,16 @@ pub(crate) struct Throttle {
     held_back: u64,
 }
 
+impl Default for Throttle {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Throttle {
     pub(crate) const EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
-    /// None let through yet (for a `static`).
-    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    /// None let through yet (`const`, for a `static`).
     pub(crate) const fn new() -> Self {
         Self {
             last: None,

@@ -20,8 +20,8 @@
 //! runs again, which can be after the write went out: renewal and lease-loss detection make the
 //! window short, only the storage can close it. So every access of the `lock` strategy to a
 //! product carries the lease's fencing token (`lease = lease` in the attribute gives the body
-//! its lease; every later holder of the key has a greater token), and the product keeps the newest token
-//! that touched it (its `fence` field). One script
+//! its lease; every later holder of the key has a greater token), and the product keeps the
+//! newest token that touched it (its `fence` field). One script
 //! (`FENCED_READ`) reads the product and records the token there, refusing a token older than
 //! the recorded one; another (`FENCED_WRITE`) writes only if no newer token has touched the
 //! product since. The read is fenced too, not only the write: fencing the write alone still lets
