@@ -27,14 +27,14 @@ mod tests {
     /// The SHA1 of every composed script, as `EVALSHA` names it: a change to a script's text
     /// shows here, and is made on purpose.
     const PINNED: [(&str, &str); 10] = [
-        ("acquire", "2c48479e6c0ad9118fb81b0e1e6baaac7b5ed7e2"),
-        ("release", "c02aade73473a6b12f54ecc7d74f07718da3e80a"),
-        ("extend", "3d0eda834f99d3d3fc1a5331c946741ab2b53d95"),
-        ("fair_acquire", "0b24aa81a8da6fa61a953e1923cccb6f4240c409"),
+        ("acquire", "9b64a22538230132b6e786c779779de2f489520f"),
+        ("release", "04c6a389cd5921eed7075314d1ca21fb4f43c4c1"),
+        ("extend", "ce3ad8f30eb9dcf27b98740aa36d21848559c431"),
+        ("fair_acquire", "7880228a8bcec6a30dd58a4860805712f5b9afa0"),
         ("fair_refresh", "52bcf57a5866b9e1142b4fb17819257ead8545a5"),
         ("raise", "0eeb3641f21e578ad69c5fd93e1758f55dc94200"),
-        ("inspect", "74c9f72088f5af6354d0e575d9a1bc8c656986c8"),
-        ("force_release", "9b81daa53c394d62e641c2950592d99072b9e939"),
+        ("inspect", "ab038af48ba26813a32db2c2f33cf2c319da909b"),
+        ("force_release", "f416e1a41d9720aad25f1a1ed511407e825ef0aa"),
         ("check", "472451a2c531efc537fb8fd91d724b6bd2f8a04b"),
         ("key_types", "0f78f49b3902f1c2da6260e309797d0462609281"),
     ];

@@ -128,7 +128,10 @@ impl Owner {
 /// Reads a lock without changing it: `scripts/inspect.lua`.
 pub(crate) static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
-        lua!("#!lua flags=no-writes"; "scripts/mark.lua", "fair/entry.lua", "scripts/inspect.lua"),
+        lua!(
+            "#!lua flags=no-writes";
+            "scripts/shared.lua", "scripts/mark.lua", "fair/entry.lua", "scripts/inspect.lua"
+        ),
     )
 });
 
@@ -138,7 +141,7 @@ pub(crate) static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
 pub(crate) static FORCE_RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(lua_spliced!(
         "#!lua flags=allow-oom";
-        "scripts/force_release.lua" at "--[[ queue functions ]]";
+        "scripts/shared.lua", "scripts/force_release.lua" at "--[[ queue functions ]]";
         crate::scripts::queue_functions!()
     ))
 });

@@ -4,7 +4,7 @@
 //!
 //! | Redis key | what it holds | lives |
 //! |---|---|---|
-//! | `distlock:lock:{order:42}` | the owner's token, `~`-prefixed once someone waits for it (also the release notification channel) | the lease's ttl |
+//! | `distlock:lock:{order:42}` | the owner's token, `~`-prefixed once someone waits for it; `holders` while it is held shared or as permits (also the release notification channel) | the lease's ttl; with holders, until the last one's expiry |
 //! | `distlock:fence:{order:42}` | the last fencing token drawn for it | the ttl after the last draw or renewal |
 //! | `distlock:queue:{order:42}` | fair waiters' tokens, in arrival order | until the last waiter's wait ends, or its presence passes unkept (`fair/`) |
 //! | `distlock:waiters:{order:42}` | each fair waiter's deadline, claim time, secret and mode | likewise |

@@ -32,7 +32,7 @@ use crate::error::LockError;
 use crate::forced::Notice;
 use crate::keys::LockKeys;
 use crate::lease::Holding;
-use crate::mode::Words;
+use crate::mode::{LockMode, Words};
 use crate::notify::Forced;
 use crate::retry::Retry;
 use crate::scripts;
@@ -602,12 +602,21 @@ async fn extend_calls(
     }
     // One call per shard: every entry's keys, then every entry's arguments.
     let calls = shards.into_values().map(|entries| {
-        let key_count = entries.iter().map(|(_, group)| 2 * group.len()).sum();
+        // Per key: what its lease holds and its fencing counter; the lock key too when held
+        // shared or as a permit (its SHARED covers the member: `scripts/extend.lua`).
+        let names = |keys: &LockKeys| 2 + usize::from(keys.mode() != LockMode::Exclusive);
+        let key_count = entries
+            .iter()
+            .flat_map(|(i, group)| group.iter().map(|&k| names(&leases[*i].0[k])))
+            .sum();
         let mut call = ScriptCall::new(op, &scripts::EXTEND, Confirm::Write, key_count);
         for (i, group) in &entries {
             for &k in group {
                 let keys = &leases[*i].0[k];
                 call.key(keys.lease_key()).key(keys.fence());
+                if keys.mode() != LockMode::Exclusive {
+                    call.key(keys.lock());
+                }
             }
         }
         for (i, group) in &entries {

@@ -205,6 +205,40 @@ async fn a_crashed_readers_share_frees_at_its_own_ttl_while_another_reader_renew
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// A reader that renews keeps writers out for as long as it holds the key, long past its first
+/// ttl: its renewal moves the lock key's `holders` on with its member, so a writer's `SET NX`
+/// keeps failing; and at its release the writer gets in at once.
+#[tokio::test]
+async fn a_renewing_reader_keeps_writers_out_past_its_ttl_and_lets_one_in_at_its_release() {
+    let _load = distlock_tests::timed().await;
+    let server = RedisServer::start();
+    let locks = server.manager();
+    let mut conn = server.client().await;
+    let ttl = Duration::from_millis(600);
+    let reader = locks.read_lock("kept").ttl(ttl).acquire().await.unwrap();
+    let until = Instant::now() + ttl * 4;
+    while Instant::now() < until {
+        let writer = locks.try_lock("kept").acquire().await;
+        assert!(
+            matches!(writer, Err(LockError::NotAcquired { .. })),
+            "a writer got in beside a live reader: {writer:?}"
+        );
+        let value: Option<String> = redis::AsyncCommands::get(&mut conn, "distlock:lock:{kept}")
+            .await
+            .unwrap();
+        assert_eq!(value.as_deref(), Some("holders"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!reader.is_lost());
+    reader.release().await.unwrap();
+    let writer = locks
+        .try_lock("kept")
+        .acquire()
+        .await
+        .expect("free at the reader's release");
+    writer.release().await.unwrap();
+}
+
 /// A crashed reader's expired member no longer counts as a holder: a writer already waiting
 /// behind it and a live reader is handed the key at the live reader's release, not when the
 /// holders key itself expires (the live reader's 5 s ttl keeps it that long).

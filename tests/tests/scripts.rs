@@ -115,6 +115,16 @@ impl Keys {
         }
     }
 
+    /// The keys EXTEND takes for this lock: the one its lease holds, the fencing counter, and
+    /// the lock key when held by a member (its `holders` covers the member).
+    fn extended(&self) -> Vec<&str> {
+        let mut keys = vec![self.lease(), &*self.fence];
+        if self.mode != EXCLUSIVE {
+            keys.push(&self.lock);
+        }
+        keys
+    }
+
     /// `token`'s member among the holders: its token when shared, `N token` as a permit.
     fn member(&self, token: &str) -> String {
         if self.mode == SHARED {
@@ -169,13 +179,15 @@ async fn try_acquire(
     (token, ttl, waiting): Taking<'_>,
     floor: Option<u64>,
 ) -> RedisResult<Value> {
+    // The holders and queues only when some key is not taken exclusively.
+    let exclusive = locks.iter().all(|k| k.mode == EXCLUSIVE);
     let keys: Vec<&str> = locks
         .iter()
         .map(|k| k.lock.as_str())
         .chain(locks.iter().map(|k| k.fence.as_str()))
-        .chain(locks.iter().map(|k| k.holders.as_str()))
-        .chain(locks.iter().map(|k| k.queue.as_str()))
-        .chain(locks.iter().map(|k| k.waiters.as_str()))
+        .chain(locks.iter().filter(|_| !exclusive).map(|k| k.holders.as_str()))
+        .chain(locks.iter().filter(|_| !exclusive).map(|k| k.queue.as_str()))
+        .chain(locks.iter().filter(|_| !exclusive).map(|k| k.waiters.as_str()))
         .collect();
     let args = (token, ttl, waiting, modes(locks), floor);
     run(conn, "acquire", &keys, args).await
@@ -219,7 +231,7 @@ async fn extend(
 ) -> Vec<i64> {
     let keys: Vec<&str> = leases
         .iter()
-        .flat_map(|(_, locks)| locks.iter().flat_map(|k| [k.lease(), &*k.fence]))
+        .flat_map(|(_, locks)| locks.iter().flat_map(|k| k.extended()))
         .collect();
     let args: Vec<(&str, u64, String)> = leases
         .iter()
@@ -312,10 +324,29 @@ async fn key_type(conn: &mut MultiplexedConnection, key: &str) -> String {
     redis::cmd("TYPE").arg(key).query_async(conn).await.unwrap()
 }
 
-/// Makes `token` a holder of `k` in its mode by hand: its member, scored by its expiry `at`
-/// (Redis time, ms).
+/// Makes `token` a holder of `k` in its mode by hand, as the scripts do: its member, scored by
+/// its expiry `at` (Redis time, ms), and the lock key holding `holders` until then, unless that
+/// has passed.
 async fn hold(conn: &mut MultiplexedConnection, k: &Keys, token: &str, at: u64) {
     let _: usize = conn.zadd(&k.holders, k.member(token), at).await.unwrap();
+    if at > now(conn).await.1 {
+        let _: Option<String> = redis::cmd("SET")
+            .arg(&k.lock)
+            .arg("holders")
+            .arg("NX")
+            .arg("PXAT")
+            .arg(at)
+            .query_async(conn)
+            .await
+            .unwrap();
+        let _: i64 = redis::cmd("PEXPIREAT")
+            .arg(&k.lock)
+            .arg(at)
+            .arg("GT")
+            .query_async(conn)
+            .await
+            .unwrap();
+    }
 }
 
 /// The expiry (score, Redis ms) of `token`'s member among `k`'s holders, in `k`'s mode.
@@ -714,8 +745,8 @@ async fn a_shared_acquire_joins_the_holders_scored_by_its_expiry_and_keeps_them_
     // The holders key lives as long as its last member.
     let kept = pttl(&mut conn, &k.holders).await;
     assert!((29_000..=30_000).contains(&kept), "{kept}");
-    // Readers take no lock key; each lease draws its fencing token.
-    assert_eq!(get(&mut conn, &k.lock).await, None);
+    // The lock key holds `holders` while they live; each lease draws its fencing token.
+    assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some("holders"));
     assert_eq!(get(&mut conn, &k.fence).await, Some(token.to_string()));
     // A reader with a shorter ttl never shortens the holders key's life.
     let _: bool = conn.pexpire(&k.holders, 90_000).await.unwrap();
@@ -740,22 +771,24 @@ async fn an_exclusive_acquire_waits_for_live_members_and_takes_the_key_once_ever
     // Free once the last of them expires.
     assert!((7_000..=8_000).contains(&remaining), "{remaining}");
     // Nothing taken, marked or drawn.
-    assert_eq!(get(&mut conn, &k.lock).await, None);
+    assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some("holders"));
     assert_eq!(get(&mut conn, &k.fence).await, None);
     assert_eq!(
         members(&mut conn, &k).await,
         [k.held(SHARED).member(THEIRS), k.held("3").member(FIRST)]
     );
 
-    // Both expired (their owners crashed): dropped, and the key taken.
+    // Both expired (their owners crashed), and the lock key's `holders` with the last of them:
+    // the key taken, by its `SET NX` alone (the expired members are left to the holders key's
+    // own expiry).
     hold(&mut conn, &k.held(SHARED), THEIRS, ms - 1).await;
     hold(&mut conn, &k.held("3"), FIRST, ms - 10).await;
+    let _: i64 = conn.del(&k.lock).await.unwrap();
     let reply = acquire(&mut conn, &[&k], (OURS, 30_000, NOT_YET)).await;
     let token = token_of(&reply);
     assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some(OURS));
     assert!(pttl(&mut conn, &k.lock).await > 29_000);
     assert_eq!(get(&mut conn, &k.fence).await, Some(token.to_string()));
-    assert!(!exists(&mut conn, &k.holders).await);
 }
 
 #[tokio::test]
@@ -791,7 +824,7 @@ async fn a_shared_acquire_is_refused_while_written_or_while_a_fair_waiter_is_que
     assert!((4_000..=5_000).contains(&remaining), "{remaining}");
     assert_eq!(expiry(&mut conn, &k, OURS).await, None);
     // Nobody holds it, the waiter alone is in the way: no time to tell.
-    let _: i64 = conn.del(&k.holders).await.unwrap();
+    let _: i64 = conn.del(&[&k.holders, &k.lock]).await.unwrap();
     let reply = acquire(&mut conn, &[&k], taking).await;
     assert_eq!(held(&reply), Some((1, -1)));
     assert!(!exists(&mut conn, &k.holders).await);
@@ -856,10 +889,10 @@ async fn a_request_with_an_exclusive_and_a_shared_key_takes_both_or_neither() {
     hold(&mut conn, &a.held(SHARED), THEIRS, ms + 5_000).await;
     let reply = acquire(&mut conn, &[&a, &b], taking).await;
     assert_eq!(held(&reply).map(|h| h.0), Some(1));
-    assert_eq!(get(&mut conn, &a.lock).await, None);
+    assert_eq!(get(&mut conn, &a.lock).await.as_deref(), Some("holders"));
     assert!(!exists(&mut conn, &b.holders).await);
     // b is written by another owner: a (free) is not taken either; b is the key marked.
-    let _: i64 = conn.del(&a.holders).await.unwrap();
+    let _: i64 = conn.del(&[&a.holders, &a.lock]).await.unwrap();
     set_px(&mut conn, &b.lock, THEIRS, 5_000).await;
     let reply = acquire(&mut conn, &[&a, &b], taking).await;
     assert_eq!(held(&reply).map(|h| h.0), Some(2));
@@ -878,7 +911,7 @@ async fn a_request_with_an_exclusive_and_a_shared_key_takes_both_or_neither() {
     assert_eq!(get(&mut conn, &a.lock).await.as_deref(), Some(OURS));
     assert!(pttl(&mut conn, &a.lock).await > 29_000);
     assert!(!exists(&mut conn, &a.holders).await);
-    assert_eq!(get(&mut conn, &b.lock).await, None);
+    assert_eq!(get(&mut conn, &b.lock).await.as_deref(), Some("holders"));
     let ours = expiry(&mut conn, &b, OURS).await.expect("a member");
     assert!((before + 30_000..=after + 30_000).contains(&ours), "{ours}");
     for key in [&a, &b] {
@@ -1335,7 +1368,7 @@ async fn the_last_readers_release_hands_the_key_to_the_queued_writer() {
     // Another reader still holds it: the writer waits, and nothing is said.
     let released = release(&mut conn, &[&k], (THIRD, NOT_QUEUED, WAITED_ON)).await;
     assert_eq!(released, 1);
-    assert_eq!(get(&mut conn, &k.lock).await, None);
+    assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some("holders"));
     assert_eq!(queue(&mut conn, &k).await.0, [FIRST, SECOND]);
     assert_eq!(channel.published(&mut conn).await, Vec::<String>::new());
 
@@ -1402,7 +1435,7 @@ async fn a_writers_release_hands_the_key_to_every_reader_at_the_head_up_to_the_n
     let (_, after) = now(&mut conn).await;
     assert_eq!(released, 1);
     // Read by both readers now, each for its own claim; written by nobody.
-    assert_eq!(get(&mut conn, &k.lock).await, None);
+    assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some("holders"));
     assert_eq!(members(&mut conn, &readers).await, [FIRST, SECOND]);
     let first = expiry(&mut conn, &readers, FIRST).await.unwrap();
     assert!((before + 1_500..=after + 1_500).contains(&first), "{first}");
@@ -1461,7 +1494,7 @@ async fn a_permits_release_hands_it_to_the_queued_permit_waiter_and_no_further()
     assert_eq!(handoff(&published[0], "aa").token, FIRST);
     // Both permits are held again: the second waiter waits.
     assert_eq!(queue(&mut conn, &k).await.0, [SECOND]);
-    assert_eq!(get(&mut conn, &k.lock).await, None);
+    assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some("holders"));
 }
 
 #[tokio::test]
@@ -1580,7 +1613,47 @@ async fn extend_prolongs_a_live_shared_or_permit_member_and_its_holders_key() {
         // Only its own member: the other lease's expiry stays.
         assert_eq!(expiry(&mut conn, k, THEIRS).await, Some(ms + 5_000));
         assert!(pttl(&mut conn, &k.holders).await > 59_000, "{}", k.mode);
+        // The lock key's `holders` covers it: no writer gets in before its new expiry.
+        assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some("holders"));
+        assert!(pttl(&mut conn, &k.lock).await > 59_000, "{}", k.mode);
     }
+}
+
+/// The lock key of a key held by members holds `holders` for as long as the last live member:
+/// a release of the longest-lived member shortens it to the next, and the release of the last
+/// deletes it (and the holders with it), so a writer is kept out exactly while a member lives.
+#[tokio::test]
+async fn the_lock_key_of_a_shared_key_lives_as_long_as_its_last_live_member() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    let k = keys("covered").held(SHARED);
+    let writer = keys("covered");
+    // Two readers, by the acquire script: for 30 s and for 5 s.
+    let _ = token_of(&acquire(&mut conn, &[&k], (OURS, 30_000, NOT_YET)).await);
+    let _ = token_of(&acquire(&mut conn, &[&k], (THEIRS, 5_000, NOT_YET)).await);
+    assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some("holders"));
+    assert!(pttl(&mut conn, &k.lock).await > 29_000);
+    // A writer is refused by its `SET NX` alone, nothing marked, until the last one's expiry.
+    let reply = acquire(&mut conn, &[&writer], (FIRST, 30_000, NOT_YET)).await;
+    let (_, remaining) = held(&reply).expect("refused while members live");
+    assert!((29_000..=30_000).contains(&remaining), "{remaining}");
+    assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some("holders"));
+    // The 30 s reader leaves: the key is kept for the 5 s one only.
+    let leave = (OURS, NOT_QUEUED, WAITED_ON);
+    assert_eq!(release(&mut conn, &[&k], leave).await, 1);
+    assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some("holders"));
+    let kept = pttl(&mut conn, &k.lock).await;
+    assert!((4_000..=5_000).contains(&kept), "{kept}");
+    // The last leaves: the lock key goes with it, and a writer takes the key at once.
+    assert_eq!(release(&mut conn, &[&k], (THEIRS, NOT_QUEUED, WAITED_ON)).await, 1);
+    assert!(!exists(&mut conn, &k.lock).await);
+    assert!(!exists(&mut conn, &k.holders).await);
+    let _ = token_of(&acquire(&mut conn, &[&writer], (FIRST, 30_000, NOT_YET)).await);
+    // And a reader is refused while the writer holds it, nothing set.
+    let reply = acquire(&mut conn, &[&k], (SECOND, 30_000, NEVER)).await;
+    assert_eq!(held(&reply).map(|h| h.0), Some(1));
+    assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some(FIRST));
+    assert!(!exists(&mut conn, &k.holders).await);
 }
 
 #[tokio::test]
@@ -1680,9 +1753,9 @@ async fn a_fair_acquire_of_a_held_key_queues_once_and_marks_the_holder() {
     assert_eq!(list, [OURS]);
     // Its entry: deadline, claim, secret, and the mode it waits for.
     assert_eq!(entries[OURS], format!("{} 2000 aa x", server_ms + 10_000));
-    // The queue lives as long as the wait and a claim.
+    // The queue lives as long as the wait and a claim, and a quarter of that more.
     for key in [&k.queue, &k.waiters] {
-        assert!((11_000..=12_000).contains(&pttl(&mut conn, key).await));
+        assert!((14_000..=15_000).contains(&pttl(&mut conn, key).await));
     }
     // A later attempt keeps its place, with its new secret, and does not mark twice.
     set_px(&mut conn, &k.lock, &format!("~{THEIRS}"), 5_000).await;
@@ -1857,7 +1930,7 @@ async fn a_fair_reader_joins_the_readers_when_nobody_is_queued() {
     assert!((before + 30_000..=after + 30_000).contains(&ours), "{ours}");
     assert!(pttl(&mut conn, &k.holders).await > 29_000);
     assert_eq!(get(&mut conn, &k.fence).await, Some(token.to_string()));
-    assert_eq!(get(&mut conn, &k.lock).await, None);
+    assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some("holders"));
     assert!(!exists(&mut conn, &k.queue).await);
 }
 
@@ -1880,7 +1953,7 @@ async fn a_fair_reader_queues_behind_a_queued_writer_though_only_readers_hold_th
     // It can read once the writer has had the key: after the reader's expiry at the earliest.
     assert!((4_000..=5_000).contains(&remaining), "{remaining}");
     assert_eq!(members(&mut conn, &k).await, [THEIRS]);
-    assert_eq!(get(&mut conn, &k.lock).await, None);
+    assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some("holders"));
     let (list, entries) = queue(&mut conn, &k).await;
     assert_eq!(list, [FIRST, OURS]);
     // Its entry carries its mode, for the release that will serve it.
@@ -1954,7 +2027,7 @@ async fn a_fair_reader_first_in_line_takes_the_key_and_the_readers_behind_it_are
     assert_eq!(get(&mut conn, &k.fence).await, Some(token.to_string()));
     // The writer behind them waits for them.
     assert_eq!(queue(&mut conn, &k).await.0, [THIRD]);
-    assert_eq!(get(&mut conn, &k.lock).await, None);
+    assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some("holders"));
 }
 
 #[tokio::test]

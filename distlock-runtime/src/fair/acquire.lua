@@ -47,8 +47,12 @@ if ours then
   hold(L, H, mode, token, ttl, now, owner ~= token)
   return draw(KEYS, 4, 4, ttl, t)
 end
-local queued = redis.call('EXISTS', Q) == 1
-if not owner and not queued and fits(mode, H, now) then
+-- Held by a writer: L holds its token. SHARED (scripts/shared.lua) is no writer's.
+local writer = owner and owner ~= SHARED
+-- Whether fair waiters are queued: nobody overtakes them (a writer's holder is waited for anyway).
+local queued = not writer and redis.call('EXISTS', Q) == 1
+-- A writer fits a free L at once: no member lives without SHARED.
+if not owner and not queued or (owner == SHARED and not queued and fits(mode, H, now)) then
   -- Free for this mode, and nobody queued: taken.
   hold(L, H, mode, token, ttl, now, waited)
   return draw(KEYS, 4, 4, ttl, t)
@@ -56,19 +60,21 @@ end
 -- The functions that serve the queue and queue this caller, put here by the composition
 -- (lua_spliced! in scripts/mod.rs): the paths above spend nothing on them.
 --[[ queue functions ]]
-if not owner and queued then
+if queued then
   -- Free of a writer, with waiters queued: they go first, in order, as far as they fit (this
   -- caller among them, if its turn came); then it is taken as above if that left nobody queued.
-  local admitted = admit(publish, L, Q, W, F, H, t, now, token, ttl)
+  local admitted = admit(publish, L, Q, W, F, H, t, now, token, ttl, owner and 'shared' or 'free')
   if admitted then return draw(KEYS, 4, 4, ttl, t) end
   owner = redis.call('GET', L)
-  if not owner and redis.call('EXISTS', Q) == 0 and fits(mode, H, now) then
+  writer = owner and owner ~= SHARED
+  if not writer and redis.call('EXISTS', Q) == 0
+    and (not owner or fits(mode, H, now)) then
     hold(L, H, mode, token, ttl, now, waited)
     return draw(KEYS, 4, 4, ttl, t)
   end
 end
 local pttl
-if owner then
+if writer then
   if not is_marked(owner) and wait > 0 then
     -- Held exclusively, and this caller will wait: marked as waited on, so its release hands
     -- over.
@@ -82,11 +88,24 @@ if wait <= 0 then return {0, pttl, now} end
 local entry = write_entry(now + wait, claim, secret, mode)
 -- The queue keys live until this waiter's wait and a claim are over; a later attempt keeps the
 -- waiter's place and moves its deadline on (ARGV[4] is at most the waiter's presence, see
--- fair/request.rs: a waiter that stops trying drops out).
-local keep_ms = string.format('%.0f', wait + tonumber(claim))
-if redis.call('HSET', W, token, entry) == 1 and redis.call('RPUSH', Q, token) == 1 then
-  redis.call('PEXPIRE', Q, keep_ms)
-  redis.call('PEXPIRE', W, keep_ms)
+-- fair/request.rs: a waiter that stops trying drops out). A waiter that joins sets them to
+-- live a quarter longer than that when they would live less than that, so that waiters joining
+-- one after the other read the queue's expiry (PTTL) and set the two about once per quarter
+-- wait, not each: the keys outlive the last wait by a claim and at most a quarter of the wait
+-- and claim more.
+local keep = wait + tonumber(claim)
+local keep_ms = string.format('%.0f', keep)
+if redis.call('HSET', W, token, entry) == 1 then
+  local first = redis.call('RPUSH', Q, token) == 1
+  local longer = string.format('%.0f', keep * 1.25)
+  if first then
+    -- A new queue (and its entries with it: the two are emptied together).
+    redis.call('PEXPIRE', Q, longer)
+    redis.call('PEXPIRE', W, longer)
+  elseif redis.call('PTTL', Q) < keep then
+    redis.call('PEXPIRE', Q, longer, 'GT')
+    redis.call('PEXPIRE', W, longer, 'GT')
+  end
 else
   redis.call('PEXPIRE', Q, keep_ms, 'GT')
   redis.call('PEXPIRE', W, keep_ms, 'GT')

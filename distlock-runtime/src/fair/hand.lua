@@ -1,7 +1,7 @@
 -- hand(publish, L, F, H, head, claim, secret, mode, t, now): gives the lock key L to the fair
 -- waiter `head` in its mode (scripts/holders.lua), at Redis time t, for its claim time: L (free)
 -- set to its token, marked as waited on (more waiters may be queued behind it), when exclusive;
--- its member added to L's holders H when shared or a permit. take_head took it off the queue.
+-- its member added to L's holders H when shared or a permit. The caller took it off the queue.
 --   publish: the command that announces it (PUBLISH, or SPUBLISH on a cluster).
 --   F: L's fencing counter, which the hand-off draws a fencing token from (draw.lua).
 --   claim, secret: the waiter's claim time (ms) and secret, from its queue entry.

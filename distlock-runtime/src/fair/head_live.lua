@@ -19,3 +19,18 @@ local function take_head(Q, W, head)
   redis.call('LPOP', Q)
   redis.pcall('HDEL', W, head)
 end
+-- take_live(Q, W, now, head): the first live waiter of a fair queue, taken off it (its entry is
+-- left for the caller, who takes the waiter: HDEL), for a caller that knows whoever is first
+-- fits; waiters before it whose wait has passed are dropped on the way. `head` (optional): the
+-- first token, taken off already (LPOP).
+-- Returns what head_live returns.
+local function take_live(Q, W, now, head)
+  while true do
+    head = head or redis.pcall('LPOP', Q)
+    if type(head) ~= 'string' then return nil end
+    local claim, secret, mode = read_entry(redis.pcall('HGET', W, head), now)
+    if claim then return head, claim, secret, mode end
+    redis.pcall('HDEL', W, head)
+    head = nil
+  end
+end

@@ -1,9 +1,10 @@
 -- ACQUIRE: takes every lock key at once, each in its mode, or none: the acquire of every
 -- request that is not fair, for one key or several.
 -- KEYS: the lock keys L1..Ln (sorted, de-duplicated), then their fencing counters F1..Fn (see
---   draw.lua) and their holders H1..Hn (scripts/holders.lua), then, unless every key is taken
---   exclusively, their fair queues Q1..Qn and the queues' entries W1..Wn (see
---   fair/entry.lua), in the same order.
+--   draw.lua), then, unless every key is taken exclusively, their holders H1..Hn
+--   (scripts/holders.lua), their fair queues Q1..Qn and the queues' entries W1..Wn (see
+--   fair/entry.lua), in the same order. An exclusive request needs no more: a key held shared
+--   or as permits holds SHARED (scripts/shared.lua).
 -- ARGV[1]: the owner token.
 -- ARGV[2]: the ttl in ms.
 -- ARGV[3]: whether this request waits (`Waiting` in scripts/mod.rs): WAITED ('1') when it has
@@ -14,8 +15,8 @@
 --   one of N permits, or 'N/i' for slot i of N permits, as a quorum holds them
 --   (scripts/holders.lua).
 -- ARGV[5] (optional): a proposed fencing token, the least one drawn (draw's floor).
--- A key is free for an exclusive lease when no other owner holds it exclusively and no live
--- member holds it shared or as a permit; for a shared one when no other owner holds it
+-- A key is free for an exclusive lease when its lock key does not exist (no other owner holds
+-- it exclusively, and it does not hold SHARED: no live member holds it shared or as a permit); for a shared one when no other owner holds it
 -- exclusively and no live fair waiter is queued (readers that are not fair do not overtake a
 -- queued writer; waiters whose wait has passed are dropped from the queue); for one of N
 -- permits when, besides, fewer than N live members hold it; for slot i of N permits when, besides,
@@ -24,7 +25,7 @@
 -- this token, so a retried request after a lost answer is harmless) and is now taken for the
 -- ttl; {0, i, pttl} when some key is not free, where i is the 1-based index of the first such
 -- key and pttl the longest time in ms until the keys not free make room (-1 when one has no
--- expiry, or only fair waiters are in the way). No key is taken then; the first key not free
+-- expiry, or only fair waiters are in the way; SHARED expires with the last member). No key is taken then; the first key not free
 -- is marked as waited on (see scripts/mod.rs, "Waited on") when another owner holds it
 -- exclusively, since that is the key a waiter waits for (a release of shared holders or
 -- permits announces itself anyway, and fair waiters are handed the key by message). A retried request that finds its own token takes the key as it is, with a
@@ -37,46 +38,72 @@ local WAITED, NEVER, EXCLUSIVE = '1', '-', 'x'
 local token = ARGV[1]
 -- What a free key is set to.
 local value = ARGV[3] == WAITED and '~' .. token or token
--- The value the one-key exclusive path below found (another owner's, or ours: a retried request).
+-- The value the one-key exclusive path below found (another owner's, SHARED, or ours: a
+-- retried request); false when it took the key and draw must draw its token.
 local owner = nil
-if ARGV[4] == EXCLUSIVE and redis.call('EXISTS', KEYS[3]) == 0 then
-  -- One key, exclusive, with no shared holder: take it if free, in one command.
+if ARGV[4] == EXCLUSIVE then
+  -- One key, exclusive: taken if its lock key does not exist, in one command (no member holds
+  -- it then, see scripts/shared.lua).
   owner = redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2], 'GET')
-  if not owner then return draw(KEYS, 2, 2, ARGV[2], redis.call('TIME'), ARGV[5]) end
-end
-local permits = tonumber(ARGV[4])
-if (ARGV[4] == 'r' or permits) and redis.call('EXISTS', KEYS[1]) == 0
-  and redis.call('EXISTS', KEYS[4]) == 0 then
-  -- One key, shared or a permit, with no writer and nobody queued: a reader joins the holders
-  -- at once, a permit holder if fewer than N live members hold it (expired ones are dropped).
-  -- A retried request finds its own member, whose expiry counts from now (a permit's retry
-  -- that finds N held, itself among them, goes on below).
-  -- fits and hold (scripts/holders.lua) written out: defining the holders' functions before
-  -- this path cost a one-key shared acquire 12% more server time (0.99 µs of 8.2 µs, the median
-  -- of 800 paired batches of 300 calls, by `INFO commandstats`).
-  local t = redis.call('TIME')
-  local now = t[1] * 1000 + math.floor(t[2] / 1000)
-  local fit = true
-  if permits then
-    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-    fit = redis.call('ZCARD', KEYS[3]) < permits
-  end
-  if fit then
-    local member = permits and ARGV[4] .. ' ' .. token or token
-    redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), member)
-    if redis.call('PEXPIRE', KEYS[3], ARGV[2], 'NX') == 0 then
-      redis.call('PEXPIRE', KEYS[3], ARGV[2], 'GT')
+  if not owner and not ARGV[5] then
+    -- The fencing draw's common case (draw.lua) written out: the clock is ahead of the
+    -- counter, which is set to it and answers its last value, compared as digits (exceeds).
+    -- Defining draw's functions before this path cost it server time it does not need.
+    local t = redis.call('TIME')
+    local us = t[2]
+    local now = t[1] .. string.rep('0', 6 - #us) .. us
+    local last = redis.pcall('SET', KEYS[2], now, 'PX', ARGV[2], 'GET')
+    if not last or (type(last) == 'string' and (#now > #last or (#now == #last and now > last)))
+    then
+      return now
     end
-    return draw(KEYS, 2, 2, ARGV[2], t, ARGV[5])
+    -- The counter is ahead of the clock (or of another type): it holds what it held again,
+    -- and draw below draws above it.
+    if type(last) == 'string' then redis.call('SET', KEYS[2], last, 'PX', ARGV[2]) end
   end
 end
--- The owner check and the mark, put here by the composition (lua_spliced! in scripts/mod.rs):
--- a free key's acquire above spends nothing on them.
+-- The fencing draw's functions (counter.lua, draw.lua), put here by the composition
+-- (lua_spliced! in scripts/mod.rs): the exclusive acquire above spends nothing on them.
+--[[ draw ]]
+if owner == false then return draw(KEYS, 2, 2, ARGV[2], redis.call('TIME'), ARGV[5]) end
+local permits = tonumber(ARGV[4])
+if (ARGV[4] == 'r' or permits) and redis.call('EXISTS', KEYS[4]) == 0 then
+  -- One key, shared or a permit, with nobody queued: SHARED set unless a writer holds it (its
+  -- answer says which); then a reader joins the holders at once, a permit holder if fewer than
+  -- N live members hold it (expired ones are dropped; none lives where SHARED was not set). A
+  -- retried request finds its own member, whose expiry counts from now (a permit's retry that
+  -- finds N held, itself among them, goes on below).
+  -- fits, hold and cover (scripts/holders.lua) written out: defining the holders' functions
+  -- before this path cost a one-key shared acquire 12% more server time (0.99 µs of 8.2 µs, the
+  -- median of 800 paired batches of 300 calls, by `INFO commandstats`).
+  local found = redis.call('SET', KEYS[1], SHARED, 'NX', 'PX', ARGV[2], 'GET')
+  if not found or found == SHARED then
+    local t = redis.call('TIME')
+    local now = t[1] * 1000 + math.floor(t[2] / 1000)
+    local fit = true
+    if permits and found then
+      redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+      fit = redis.call('ZCARD', KEYS[3]) < permits
+    end
+    if fit then
+      local member = permits and ARGV[4] .. ' ' .. token or token
+      redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), member)
+      if redis.call('PEXPIRE', KEYS[3], ARGV[2], 'NX') == 0 then
+        redis.call('PEXPIRE', KEYS[3], ARGV[2], 'GT')
+      end
+      if found then redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT') end
+      return draw(KEYS, 2, 2, ARGV[2], t, ARGV[5])
+    end
+  end
+end
+-- The owner check and the mark, put here by the composition: a free key's acquire above spends
+-- nothing on them.
 --[[ owner ]]
--- Marks a key held by another owner as waited on (see scripts/mod.rs): its release will
--- announce itself. A try-lock does not wait, and marks nothing.
+-- Marks a key held by another owner exclusively as waited on (see scripts/mod.rs): its release
+-- will announce itself. A try-lock does not wait, and marks nothing; a key holding SHARED is
+-- announced by its last member's release anyway.
 local function mark(key, holder)
-  if ARGV[3] ~= NEVER and not is_marked(holder) then
+  if ARGV[3] ~= NEVER and holder ~= SHARED and not is_marked(holder) then
     redis.call('SET', key, '~' .. holder, 'KEEPTTL')
   end
 end
@@ -98,21 +125,24 @@ local modes = {}
 for word in string.gmatch(ARGV[4], '%S+') do modes[#modes + 1] = word end
 local n = #modes
 -- Whether key i is ours already, and else how long until it is free (ms, -1 for no expiry),
--- or nil when it is free now; and its exclusive owner, if another.
+-- or nil when it is free now; and its exclusive owner, if another. Only a request with a key
+-- not taken exclusively sends holders and queues (H, Q, W).
 local function blocked(i)
-  local L, H, Q, W, mode = KEYS[i], KEYS[2 * n + i], KEYS[3 * n + i], KEYS[4 * n + i], modes[i]
+  local L, mode = KEYS[i], modes[i]
   local holder = redis.call('GET', L)
   if mode == EXCLUSIVE then
     if is_owner(holder, token) then return nil end
+    -- Held by a writer, or by members until SHARED expires.
     if holder then return redis.call('PTTL', L), holder end
-  else
-    if holder then return redis.call('PTTL', L), holder end
-    local score = redis.call('ZSCORE', H, member(mode, token))
-    if score and tonumber(score) > now then return nil end
-    if redis.call('EXISTS', Q) == 1 and head_live(Q, W, now) then
-      local left = until_free(mode, H, now)
-      return left > 0 and left or -1
-    end
+    return nil
+  end
+  if holder and holder ~= SHARED then return redis.call('PTTL', L), holder end
+  local H, Q, W = KEYS[2 * n + i], KEYS[3 * n + i], KEYS[4 * n + i]
+  local score = redis.call('ZSCORE', H, member(mode, token))
+  if score and tonumber(score) > now then return nil end
+  if redis.call('EXISTS', Q) == 1 and head_live(Q, W, now) then
+    local left = until_free(mode, H, now)
+    return left > 0 and left or -1
   end
   if not fits(mode, H, now) then return until_free(mode, H, now) end
   return nil
@@ -130,10 +160,10 @@ for i = 1, n do
 end
 if first > 0 then return {0, first, longest} end
 for i = 1, n do
-  local L, H, mode = KEYS[i], KEYS[2 * n + i], modes[i]
+  local L, mode = KEYS[i], modes[i]
   -- A key of ours already marked as waited on stays marked.
   local waited_on = ARGV[3] == WAITED
     or (mode == EXCLUSIVE and redis.call('GET', L) == '~' .. token)
-  hold(L, H, mode, token, ARGV[2], now, waited_on)
+  hold(L, KEYS[2 * n + i], mode, token, ARGV[2], now, waited_on)
 end
 return draw(KEYS, n + 1, 2 * n, ARGV[2], t, ARGV[5])

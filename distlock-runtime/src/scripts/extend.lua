@@ -1,9 +1,10 @@
 -- EXTEND: extends several leases in one call, each only if its owner still holds every one of
 -- its keys.
--- KEYS: the keys of every lease in the batch, lease after lease: for each of its keys, two:
---   the lock key when held exclusively, its holders (scripts/holders.lua) when shared or a
---   permit; then its fencing counter (scripts/draw.lua), which lives as long as the leases
---   whose token it holds, so that inspecting a lock held for long still shows its token.
+-- KEYS: the keys of every lease in the batch, lease after lease: for each of its keys, the
+--   lock key when held exclusively, its holders (scripts/holders.lua) when shared or a permit;
+--   then its fencing counter (scripts/draw.lua), which lives as long as the leases whose token
+--   it holds, so that inspecting a lock held for long still shows its token; then, when shared
+--   or a permit, the lock key, whose SHARED (scripts/shared.lua) covers the member (cover).
 -- ARGV: for each lease, three values: owner token, new ttl in ms, and its keys' modes, one word
 --   per key, space-separated ('x', 'r', N or 'N/*', scripts/holders.lua).
 -- Returns one integer per lease: 1 when every key was held by the token (an exclusive one
@@ -24,8 +25,15 @@ for a = 1, #ARGV, 3 do
   local owned = 1
   -- Each key's live members of the lease (holders.lua's leased), when held by members.
   local members = {}
+  -- Where each key's names start among KEYS: two for an exclusive key, three for the others.
+  local at = {}
+  local next_at = k
   for j, mode in ipairs(modes) do
-    local key = KEYS[k + 2 * (j - 1)]
+    at[j] = next_at
+    next_at = next_at + (mode == EXCLUSIVE and 2 or 3)
+  end
+  for j, mode in ipairs(modes) do
+    local key = KEYS[at[j]]
     if mode == EXCLUSIVE then
       if not is_owner(redis.pcall('GET', key), token) then owned = 0 break end
     else
@@ -39,7 +47,7 @@ for a = 1, #ARGV, 3 do
   end
   if owned == 1 then
     for j, mode in ipairs(modes) do
-      local key = KEYS[k + 2 * (j - 1)]
+      local key = KEYS[at[j]]
       if mode == EXCLUSIVE then
         redis.call('PEXPIRE', key, ttl)
       else
@@ -47,11 +55,12 @@ for a = 1, #ARGV, 3 do
           redis.call('ZADD', key, 'XX', now + tonumber(ttl), m)
         end
         keep(key, ttl)
+        cover(KEYS[at[j] + 2], ttl)
       end
-      redis.call('PEXPIRE', KEYS[k + 2 * (j - 1) + 1], ttl, 'GT')
+      redis.call('PEXPIRE', KEYS[at[j] + 1], ttl, 'GT')
     end
   end
   results[#results + 1] = owned
-  k = k + 2 * #modes
+  k = next_at
 end
 return results

@@ -21,7 +21,7 @@ if not held then return 0 end
 -- pcall: a key of another type holds no lease of ours.
 local tokens = {}
 local owner = redis.pcall('GET', L)
-if type(owner) == 'string' then tokens[1] = string.gsub(owner, '^~', '') end
+if type(owner) == 'string' and owner ~= SHARED then tokens[1] = string.gsub(owner, '^~', '') end
 local members = redis.pcall('ZRANGE', H, '(' .. now, '+inf', 'BYSCORE')
 if type(members) == 'table' then
   for _, member in ipairs(members) do tokens[#tokens + 1] = string.match(member, '(%S+)$') end
@@ -33,15 +33,15 @@ if #tokens > 0 then
 end
 -- The fair queue's functions, put here by the composition, as in release.lua.
 --[[ queue functions ]]
-local served = false
+local served, writer = false, false
 local waiting = redis.pcall('LLEN', Q)
 if type(waiting) == 'number' and waiting > 0 then
   local _
-  _, served = admit(publish, L, Q, W, F, H, t, now)
+  _, served, writer = admit(publish, L, Q, W, F, H, t, now, nil, nil, 'free')
 end
 -- Announced unless handed to a writer or to readers or permits with fair waiters still queued:
 -- waiters that are not fair may fit beside those the queue was served to once nobody is queued.
-if not served or (redis.call('EXISTS', L) == 0 and redis.call('EXISTS', Q) == 0) then
+if not served or (not writer and redis.call('EXISTS', Q) == 0) then
   redis.pcall(publish, L, '')
 end
 return 1

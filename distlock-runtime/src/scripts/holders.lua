@@ -2,7 +2,9 @@
 -- member per lease, scored by the lease's expiry (Redis time, ms). A member lives while its
 -- score is after now; an expired one is dropped by the next script that counts (a crashed
 -- holder's share frees itself at its own expiry, whatever the others renew). H itself expires
--- no earlier than its last member (keep), so no key lives forever.
+-- no earlier than its last member (keep), so no key lives forever; the lock key holds SHARED
+-- (shared.lua) no shorter than any live member (cover), and a release that leaves no live
+-- member deletes it.
 -- A lease's mode, as the Rust side sends it (`LockMode` in mode.rs): 'x' exclusive (the lock
 -- key's value, not a member), 'r' shared, or the decimal digits of N for one of N permits.
 -- On a quorum a permit is held in a slot (docs/modes.md, "Semaphores on a quorum"): N slots per
@@ -66,19 +68,30 @@ end
 local function keep(H, ms)
   if redis.call('PEXPIRE', H, ms, 'NX') == 0 then redis.call('PEXPIRE', H, ms, 'GT') end
 end
+-- cover(L, ms): the lock key L, free of a writer, holds SHARED (scripts/shared.lua) at least ms
+-- more: set if it is free, its expiry raised if it holds SHARED already (a writer's token is
+-- left as it is: callers hold L only where no writer does).
+local function cover(L, ms)
+  if redis.call('SET', L, SHARED, 'NX', 'PX', ms, 'GET') == SHARED then
+    redis.call('PEXPIRE', L, ms, 'GT')
+  end
+end
 -- hold(L, H, mode, token, ms, now, marked): the lease `token` holds the lock key L in `mode`
 -- for ms from now (Redis time, ms): L set to the token (with the mark of a key waited on when
--- `marked`, see scripts/mod.rs) when exclusive, else its member added to L's holders H.
+-- `marked`, see scripts/mod.rs) when exclusive, else its member added to L's holders H, and L
+-- covering it (cover).
 local function hold(L, H, mode, token, ms, now, marked)
   if mode == 'x' then
     redis.call('SET', L, marked and '~' .. token or token, 'PX', ms)
   else
     redis.call('ZADD', H, now + tonumber(ms), member(mode, token))
     keep(H, ms)
+    cover(L, ms)
   end
 end
 -- fits(mode, H, now): whether a lease in mode fits beside L's live holders H, where no writer
--- holds L: an exclusive lease when no member is live, a reader always, one of N permits when
+-- holds L: an exclusive lease when no member is live (callers that know L is free of SHARED
+-- know that without asking), a reader always, one of N permits when
 -- fewer than N members are live, one in slot i when the slot is free (slot_taken).
 local function fits(mode, H, now)
   if mode == 'x' then return redis.call('EXISTS', H) == 0 or live(H, now) == 0 end

@@ -69,7 +69,8 @@ local function claimed(value, pttl, counter)
 end
 local owner = redis.pcall('GET', L)
 if refused(owner) then redis.call('GET', L) end
-if type(owner) == 'string' then
+-- SHARED (scripts/shared.lua): held by members, read below.
+if type(owner) == 'string' and owner ~= SHARED then
   local counter, waiters = counter_and_waiters()
   local pttl = redis.call('PTTL', L)
   local kind = claimed(owner, pttl, counter) and 'h' or 'x'

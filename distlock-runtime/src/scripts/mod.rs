@@ -64,7 +64,8 @@ pub(crate) use lua::{lua, lua_spliced, Lua};
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(lua_spliced!(
         "#!lua";
-        "scripts/counter.lua", "scripts/draw.lua", "scripts/acquire.lua"
+        "scripts/shared.lua", "scripts/acquire.lua"
+        at "--[[ draw ]]"; lua!("scripts/counter.lua", "scripts/draw.lua"),
         at "--[[ owner ]]"; lua!("scripts/mark.lua", "scripts/owner.lua"),
         at "--[[ holders ]]"; lua!("scripts/holders.lua", "fair/entry.lua", "fair/head_live.lua")
     ))
@@ -78,7 +79,7 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(lua_spliced!(
         "#!lua flags=allow-oom";
-        "scripts/release.lua"
+        "scripts/shared.lua", "scripts/release.lua"
         at "--[[ owner ]]"; lua!("scripts/owner.lua"),
         at "--[[ queue functions ]]"; queue_functions!()
     ))
@@ -118,6 +119,7 @@ pub(crate) use serving;
 /// keys: `extend.lua`.
 pub(crate) static EXTEND: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(lua!(
+        "scripts/shared.lua",
         "scripts/owner.lua",
         "scripts/holders.lua",
         "scripts/extend.lua"
@@ -133,10 +135,11 @@ impl Taking {
         waiting: Waiting,
     ) -> ScriptCall {
         let keys = || self.indices.iter().map(|&i| &self.keys[i]);
-        // The queue keys only when some key is shared: an exclusive request never looks at them.
+        // The holders and queue keys only when some key is not taken exclusively: an exclusive
+        // request never looks at them (a key held shared holds SHARED, `scripts/shared.lua`).
         let exclusive = keys().all(|k| k.mode() == LockMode::Exclusive);
         let kinds: &[fn(&LockKeys) -> &str] = if exclusive {
-            &[LockKeys::lock, LockKeys::fence, LockKeys::holders]
+            &[LockKeys::lock, LockKeys::fence]
         } else {
             &[
                 LockKeys::lock,

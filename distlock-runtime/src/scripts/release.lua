@@ -14,10 +14,12 @@
 --   'N/*' (scripts/holders.lua: 'N/*' releases every slot the token holds); every key is held
 --   exclusively when it is absent.
 -- Returns the number of lock keys this owner held. An exclusive one that nobody waited on
--- (unmarked, see scripts/mod.rs, "Waited on") is deleted. A marked one is deleted and its fair
--- queue served (admit: `h ...` messages on the key's channel). A shared or permit lease's
--- member leaves the holders, and the queue is served if nobody holds the key exclusively; so
--- is it when a fair waiter leaves the queue (it may have been the head others waited behind).
+-- (unmarked, see scripts/mod.rs, "Waited on") is deleted. A marked one is handed to its fair
+-- queue's head (admit: `h ...` messages on the key's channel; a writer at the head takes the
+-- key in place), or deleted. A shared or permit lease's member leaves the holders, the lock
+-- key's SHARED (scripts/shared.lua) is deleted with the last live member or else expires with
+-- the last, and the queue is served; so is it when a fair waiter leaves the queue (it may have
+-- been the head others waited behind) and nobody holds the key exclusively.
 -- Unless the key was then handed to a writer, the release is announced with an empty message
 -- on the key's channel, for waiters that are not fair, when it served the whole queue to
 -- readers or permits (others may fit beside them), or served nobody and made room: a marked
@@ -27,21 +29,40 @@
 -- keep the others from being released; a queue key of another type holds no waiter.
 local QUEUED, ALWAYS, EXCLUSIVE = '1', '1', 'x'
 local token, queued, publish, always = ARGV[1], ARGV[2] == QUEUED, ARGV[3], ARGV[4] == ALWAYS
+-- One exclusive key that nobody waited on, released by an owner that is not queued: the common
+-- case, decided before anything below is defined (a plain `GET` and `DEL`, as the cheapest
+-- hand-written lock). `first` keeps what it read for the loop below.
+local first = nil
+if #KEYS == 5 and not ARGV[5] and not queued and not always then
+  first = redis.pcall('GET', KEYS[1])
+  if first == token then
+    redis.call('DEL', KEYS[1])
+    return 1
+  end
+end
 local modes = {}
 for word in string.gmatch(ARGV[5] or '', '%S+') do modes[#modes + 1] = word end
--- Serves L's fair queue after a release (admit); returns whether it handed the key to anyone.
--- The fair queue's and the holders' functions are defined in it once a queue is found, so that
--- a release that serves no queue spends nothing on them: the composition (lua_spliced! in
--- scripts/mod.rs) puts them in place of the marker below.
-local function serve(L, Q, W, F, H)
-  -- pcall: a queue key of another type holds no waiter.
-  local waiting = redis.pcall('LLEN', Q)
-  if type(waiting) ~= 'number' or waiting == 0 then return false end
+-- Serves L's fair queue after a release that made room (admit); returns whether it handed the
+-- key to anyone, and whether to a writer. `state` is what L holds, as admit takes it: 'ours'
+-- (this owner's exclusive lease, deleted here unless a writer at the head takes it in place),
+-- 'free' or 'shared'. The fair queue's and the holders' functions are defined in it once a
+-- queue is found, so that a release that serves no queue spends nothing on them: the
+-- composition (lua_spliced! in scripts/mod.rs) puts them in place of the marker below.
+local function serve(L, Q, W, F, H, state)
+  -- The head, taken at once when the key was ours (exclusive: whoever is first fits), else
+  -- looked at. pcall: a queue key of another type holds no waiter.
+  local head
+  if state == 'ours' then head = redis.pcall('LPOP', Q) else head = redis.pcall('LINDEX', Q, 0) end
+  if type(head) ~= 'string' then
+    if state == 'ours' then redis.call('DEL', L) end
+    return false, false
+  end
+  if state ~= 'ours' then head = nil end
   --[[ queue functions ]]
   local t = redis.call('TIME')
   local now = t[1] * 1000 + math.floor(t[2] / 1000)
-  local _, any = admit(publish, L, Q, W, F, H, t, now)
-  return any
+  local _, any, writer = admit(publish, L, Q, W, F, H, t, now, nil, nil, state, head)
+  return any, writer
 end
 local released = 0
 for i = 1, #KEYS, 5 do
@@ -53,21 +74,30 @@ for i = 1, #KEYS, 5 do
   -- Whether this release may have made room: then the queue is served, and it is announced
   -- when `announce` (someone may wait) and nobody was handed the key exclusively.
   local room, announce = left, left and redis.call('EXISTS', Q) == 0
-  -- Whether the key is free of a writer, when known.
-  local free = nil
+  -- What L holds, when known ('ours', 'free', 'shared': see serve), and whether a writer holds
+  -- it (then nothing is served).
+  local state, writer = nil, false
   if mode == EXCLUSIVE then
-    local owner = redis.pcall('GET', L)
+    local owner = first
+    if i > 1 or first == nil then owner = redis.pcall('GET', L) end
     if owner == token and not always then
       -- Nobody waited on this lease (see scripts/mod.rs): nothing to hand over or announce.
       released = released + 1
       redis.call('DEL', L)
+      state = 'free'
     else
       -- The owner check, put here by the composition: the release above spends nothing on it.
       --[[ owner ]]
       if is_owner(owner, token) then
         released = released + 1
-        redis.call('DEL', L)
-        room, announce, free = true, true, true
+        room, announce, state = true, true, 'ours'
+      elseif owner == SHARED then
+        state = 'shared'
+      elseif not owner then
+        state = 'free'
+      else
+        -- Another owner's, or of another type (pcall): nothing to serve.
+        writer = true
       end
     end
   else
@@ -100,21 +130,37 @@ for i = 1, #KEYS, 5 do
     end
     if held then
       released = released + 1
-      -- Room for a writer (the last reader left) or a permit.
+      -- Room for a writer (the last member left) or a permit. A live member is covered by L's
+      -- SHARED (holders.lua): it is deleted with the last one, else it expires with the last.
       room = true
-      announce = announce or always or mode ~= 'r'
-        or redis.call('ZCOUNT', H, '(' .. now, '+inf') == 0
+      local last = redis.call('ZRANGE', H, '+inf', '(' .. now, 'BYSCORE', 'REV', 'LIMIT', 0, 1,
+        'WITHSCORES')
+      if last[2] then
+        redis.call('PEXPIRE', L, tonumber(last[2]) - now)
+        state = 'shared'
+      else
+        redis.call('DEL', L, H)
+        state = 'free'
+      end
+      announce = announce or always or mode ~= 'r' or state == 'free'
     end
   end
-  if room and (free or redis.call('EXISTS', L) == 0) then
-    local served = serve(L, Q, W, F, H)
-    -- Not handed to a writer: waiters that are not fair may fit now, in the room this release
-    -- made, or beside the readers or permits the queue was served to once nobody is left
-    -- queued (while a fair waiter is, they wait for it). pcall: a user without channel rights
-    -- still releases; its waiters poll.
-    if redis.call('EXISTS', L) == 0
-      and ((served and redis.call('EXISTS', Q) == 0) or (announce and not served)) then
-      redis.pcall(publish, L, '')
+  if room and not writer then
+    if not state then
+      local holder = redis.call('GET', L)
+      writer = holder and holder ~= SHARED
+      state = holder and 'shared' or 'free'
+    end
+    if not writer then
+      local served, to_writer = serve(L, Q, W, F, H, state)
+      -- Not handed to a writer: waiters that are not fair may fit now, in the room this
+      -- release made, or beside the readers or permits the queue was served to once nobody is
+      -- left queued (while a fair waiter is, they wait for it). pcall: a user without channel
+      -- rights still releases; its waiters poll.
+      if not to_writer
+        and ((served and redis.call('EXISTS', Q) == 0) or (announce and not served)) then
+        redis.pcall(publish, L, '')
+      end
     end
   end
 end
