@@ -35,6 +35,15 @@
 //!   reported (the machine's speed drifts between phases). Every mode reports Redis commands
 //!   per acquisition (all, scripts' own included; and the lock's, less the bench's checks) and
 //!   client requests (EVALSHA + EVAL) per acquisition.
+//!
+//!   `--topology cluster|quorum` starts that topology locally (3 primaries with a replica each;
+//!   5 servers) and puts the workers' locks on it, the bench's checks staying on its own Redis;
+//!   commands are then summed over that Redis and every primary (every server of a quorum), the
+//!   replicas' (the writes their primaries streamed) reported apart. `--keys K` (1): every
+//!   request locks K keys together (`lock_all`, `--mode exclusive` only), on a cluster each in a
+//!   slot of its own, dealt over the primaries in turn; the exclusion check is on the first key.
+//!   A fair request takes one key, and a quorum refuses fair requests: `--fair` with either runs
+//!   unfair, and says so.
 //! - `held`: K leases held (and renewed) at once for a while.
 //! - `growth`: how the cost grows with keys per request and leases held.
 //! - `election`: what waiting election candidates cost Redis. `--candidates N` (100) in
@@ -64,6 +73,13 @@
 //! cargo run --release --example bench -- contended --mode shared --workers 64 --procs 3 --seconds 5
 //! cargo run --release --example bench -- contended --mode permits --permits 8 --workers 64 --procs 3 --body-ms 10 --seconds 5
 //! cargo run --release --example bench -- contended --mode shared --writers 4 --workers 64 --procs 3 --body-ms 5 --fair --seconds 5
+//! ```
+//!
+//! The topology figures:
+//! ```text
+//! cargo run --release --example bench -- contended --fair --procs 3 --topology cluster --seconds 2 --rounds 3
+//! cargo run --release --example bench -- contended --fair --procs 3 --topology cluster --keys 8 --seconds 2 --rounds 3
+//! cargo run --release --example bench -- contended --fair --procs 3 --topology quorum --seconds 2 --rounds 3
 //! ```
 //!
 //! The election figures:
@@ -123,10 +139,14 @@ struct Cli {
     /// Seconds of contention (contended, per round), of holding (held) or of waiting (election).
     #[arg(long, default_value_t = 5)]
     seconds: u64,
-    /// Rounds (contended): each runs the baseline phase (if the mode has one) and then the
-    /// contended one, and the median of the per-round ratios is reported.
+    /// Rounds (contended: 1 by default; scale: 10): each runs the baseline phase (if the mode
+    /// has one) and then the contended one, or each condition of scale, and the median of the
+    /// per-round ratios is reported.
+    #[arg(long)]
+    rounds: Option<u32>,
+    /// Keys each contended request locks together (`lock_all`; --mode exclusive).
     #[arg(long, default_value_t = 1)]
-    rounds: u32,
+    keys: u32,
     /// How the contended workers hold the key.
     #[arg(long, value_enum, default_value_t = Mode::Exclusive)]
     mode: Mode,
@@ -148,9 +168,16 @@ struct Cli {
     /// Redis URL.
     #[arg(long)]
     redis_url: Option<String>,
-    /// With --compare: start this topology locally and compare it with one Redis.
+    /// With --compare: start this topology locally and compare it with one Redis; with
+    /// contended (cluster or quorum): start it and put the workers' locks on it.
     #[arg(long, value_enum, default_value_t = Topology::Standalone)]
     topology: Topology,
+    /// Internal: the URLs a contended worker's manager is built on (--topology's seeds or nodes).
+    #[arg(long, hide = true, value_delimiter = ',')]
+    node_urls: Vec<String>,
+    /// Internal: the keys each contended request takes (the main process chooses them).
+    #[arg(long, hide = true, value_delimiter = ',')]
+    lock_keys: Vec<String>,
     /// Internal: run contended workers in this process and print their records as JSON.
     #[arg(long, hide = true)]
     worker_base: Option<u32>,
@@ -1016,15 +1043,34 @@ fn wall_us() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
+/// A manager builder on the servers `contended` puts its locks on: `url`, or the nodes
+/// (`--node-urls`) of the `--topology` the main process started.
+fn contended_builder(cli: &Cli, url: &str) -> Fallible<LockManagerBuilder> {
+    let builder = LockManager::builder();
+    Ok(match cli.topology {
+        Topology::Standalone => builder.url(url),
+        Topology::Cluster => builder.cluster(cli.node_urls.clone()),
+        Topology::Quorum => builder.quorum(cli.node_urls.clone()),
+        Topology::Sentinel => {
+            return Err("contended runs on one Redis, a cluster or a quorum".into())
+        }
+    })
+}
+
 /// Runs `cli.workers` workers in this process until `cli.seconds` pass.
 async fn run_workers(cli: &Cli, url: &str, base: u32, prefix: &str) -> Fallible<WorkerReport> {
-    let locks = LockManager::builder()
-        .url(url)
+    let locks = contended_builder(cli, url)?
         .prefix(prefix)
         .default_wait(Duration::from_secs(10))
         .build()
         .map_err(|e| e.to_string())?;
+    // The bench's checks stay on `url` whatever the locks are on: one server sees them all.
     let conn = connection(url).await?;
+    let lock_keys: std::sync::Arc<[String]> = if cli.lock_keys.is_empty() {
+        [CONTENDED_KEY.to_owned()].into()
+    } else {
+        cli.lock_keys.clone().into()
+    };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(cli.seconds.min(86_400));
     let keys = std::sync::Arc::new(ProbeKeys::new(prefix));
     let (fair, arrivals) = (cli.fair, cli.arrivals);
@@ -1033,6 +1079,7 @@ async fn run_workers(cli: &Cli, url: &str, base: u32, prefix: &str) -> Fallible<
     for w in 0..cli.workers {
         let role = role_of(cli, w);
         let (locks, keys) = (locks.clone(), std::sync::Arc::clone(&keys));
+        let lock_keys = std::sync::Arc::clone(&lock_keys);
         let mut probe = Probe {
             conn: conn.clone(),
             commands: 0,
@@ -1047,12 +1094,12 @@ async fn run_workers(cli: &Cli, url: &str, base: u32, prefix: &str) -> Fallible<
                 };
                 let arrived_us = wall_us();
                 let t = Instant::now();
-                let lease = match role
-                    .request(&locks, CONTENDED_KEY)
-                    .fair(fair)
-                    .acquire()
-                    .await
-                {
+                let request = match &lock_keys[..] {
+                    [key] => role.request(&locks, key),
+                    // Several keys are exclusive only (checked in `contended`).
+                    all => locks.lock_all(all.iter().cloned()),
+                };
+                let lease = match request.fair(fair).acquire().await {
                     Ok(lease) => lease,
                     Err(e) if e.is_contention() => {
                         report.timeouts += 1;
@@ -1061,6 +1108,8 @@ async fn run_workers(cli: &Cli, url: &str, base: u32, prefix: &str) -> Fallible<
                     Err(e) => return Err(e.to_string()),
                 };
                 let entered_at = Instant::now();
+                // A request holds all its keys or none, and every request asks for the same
+                // ones: the check is on the first key, whose holder the marker stands for.
                 let entered = critical_section(role, &mut probe, &keys, w, body).await?;
                 let hold = entered_at.elapsed();
                 let fencing_token = lease.fencing_token();
@@ -1130,14 +1179,17 @@ async fn command_calls(conn: &mut MultiplexedConnection, command: &str) -> Falli
     Ok(commandstats(conn).await?.get(command).copied().unwrap_or(0))
 }
 
-/// One phase of `contended`: the workers on one key for `cli.seconds`.
+/// One phase of `contended`: the workers on the key(s) for `cli.seconds`.
 struct Phase {
     report: WorkerReport,
     elapsed: Duration,
-    /// Redis commands run in the phase: the lock's, its scripts' own and the bench's probes.
+    /// Redis commands run in the phase: the lock's, its scripts' own and the bench's probes
+    /// (on every primary counted).
     commands: u64,
     /// Client requests for the lock: EVALSHA and EVAL calls.
     script_calls: u64,
+    /// Commands the counted replicas ran: the writes their primaries streamed to them.
+    replicated: u64,
 }
 
 impl Phase {
@@ -1146,9 +1198,75 @@ impl Phase {
     }
 }
 
-async fn contended_phase(cli: &Cli, url: &str, prefix: &str) -> Fallible<Phase> {
+/// What the servers a phase counts have run so far, from each one's `INFO replication
+/// commandstats` (its own INFO call not yet counted in its reply).
+#[derive(Default)]
+struct Tally {
+    /// Every call on the primaries (and a standalone or quorum server), scripts' own included.
+    commands: u64,
+    /// EVALSHA and EVAL calls on the primaries.
+    script_calls: u64,
+    /// Every call on the replicas.
+    replicated: u64,
+    /// The servers read: each read adds one INFO to the next.
+    primaries: u64,
+    replicas: u64,
+}
+
+impl Tally {
+    async fn read(conns: &mut [MultiplexedConnection]) -> Fallible<Self> {
+        let mut tally = Tally::default();
+        for conn in conns {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .arg("commandstats")
+                .query_async(conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            let calls = command_calls_in(&info);
+            let all: u64 = calls.values().sum();
+            if info.lines().any(|l| l.trim() == "role:slave") {
+                tally.replicated += all;
+                tally.replicas += 1;
+            } else {
+                tally.commands += all;
+                tally.script_calls += ["evalsha", "eval"]
+                    .iter()
+                    .filter_map(|name| calls.get(*name))
+                    .sum::<u64>();
+                tally.primaries += 1;
+            }
+        }
+        Ok(tally)
+    }
+
+    /// What ran from `before` to `self`, less the INFO calls that read `before`.
+    fn since(&self, before: &Tally) -> Tally {
+        Tally {
+            commands: (self.commands.saturating_sub(before.commands))
+                .saturating_sub(before.primaries),
+            script_calls: self.script_calls.saturating_sub(before.script_calls),
+            replicated: (self.replicated.saturating_sub(before.replicated))
+                .saturating_sub(before.replicas),
+            ..Tally::default()
+        }
+    }
+}
+
+/// One phase of `contended`. `counted`: the servers whose commands it sums (the bench's own
+/// Redis, with the probes, and every node of a topology started for the run).
+async fn contended_phase(
+    cli: &Cli,
+    url: &str,
+    counted: &[String],
+    prefix: &str,
+) -> Fallible<Phase> {
     let mut conn = connection(url).await?;
-    let before = commandstats(&mut conn).await?;
+    let mut counted_conns = Vec::new();
+    for server in counted {
+        counted_conns.push(connection(server).await?);
+    }
+    let before = Tally::read(&mut counted_conns).await?;
     let started = Instant::now();
     let mut report = WorkerReport::default();
     if cli.procs <= 1 {
@@ -1171,6 +1289,15 @@ async fn contended_phase(cli: &Cli, url: &str, prefix: &str) -> Fallible<Phase> 
                     .args(["--writers", &share(cli.writers, p).to_string()])
                     .args(["--body-ms", &cli.body_ms.to_string()])
                     .args(["--redis-url", url])
+                    .args(["--topology", &format!("{:?}", cli.topology).to_lowercase()])
+                    .args(
+                        (!cli.node_urls.is_empty())
+                            .then(|| format!("--node-urls={}", cli.node_urls.join(","))),
+                    )
+                    .args(
+                        (!cli.lock_keys.is_empty())
+                            .then(|| format!("--lock-keys={}", cli.lock_keys.join(","))),
+                    )
                     .args(["--worker-base", &base.to_string()])
                     .args(cli.fair.then_some("--fair"))
                     .args(cli.arrivals.then_some("--arrivals"))
@@ -1193,31 +1320,23 @@ async fn contended_phase(cli: &Cli, url: &str, prefix: &str) -> Fallible<Phase> 
         }
     }
     let elapsed = started.elapsed();
-    let after = commandstats(&mut conn).await?;
-    let calls = |stats: &HashMap<String, u64>, scripts_only: bool| -> u64 {
-        stats
-            .iter()
-            .filter(|(name, _)| !scripts_only || matches!(name.as_str(), "evalsha" | "eval"))
-            .map(|(_, calls)| calls)
-            .sum()
-    };
-    // Less the INFO call that read the counts before.
-    let commands = calls(&after, false)
-        .saturating_sub(calls(&before, false))
-        .saturating_sub(1);
-    let script_calls = calls(&after, true).saturating_sub(calls(&before, true));
+    let ran = Tally::read(&mut counted_conns).await?.since(&before);
     let keys = ProbeKeys::new(prefix);
-    let _: () = redis::cmd("DEL")
-        .arg(&keys.all()[..])
-        .arg(format!("{prefix}fence:{{{CONTENDED_KEY}}}"))
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut del = redis::cmd("DEL");
+    del.arg(&keys.all()[..]);
+    // The fencing counters on one Redis; a topology's servers are thrown away after the run.
+    if cli.topology == Topology::Standalone {
+        for key in &cli.lock_keys {
+            del.arg(format!("{prefix}fence:{{{key}}}"));
+        }
+    }
+    del.exec_async(&mut conn).await.map_err(|e| e.to_string())?;
     Ok(Phase {
         report,
         elapsed,
-        commands,
-        script_calls,
+        commands: ran.commands,
+        script_calls: ran.script_calls,
+        replicated: ran.replicated,
     })
 }
 
@@ -1260,13 +1379,15 @@ struct Round {
     writer_waits: Vec<WriterWait>,
 }
 
-async fn contended_round(cli: &Cli, url: &str, round: u32) -> Fallible<Round> {
+async fn contended_round(cli: &Cli, url: &str, counted: &[String], round: u32) -> Fallible<Round> {
     let prefix = format!("distlock-bench:{}:{round}:", std::process::id());
     let baseline = match baseline_of(cli) {
-        Some((base, name)) => Some(contended_phase(&base, url, &format!("{prefix}{name}:")).await?),
+        Some((base, name)) => {
+            Some(contended_phase(&base, url, counted, &format!("{prefix}{name}:")).await?)
+        }
         None => None,
     };
-    let mut phase = contended_phase(cli, url, &prefix).await?;
+    let mut phase = contended_phase(cli, url, counted, &prefix).await?;
     let by_entry = &mut phase.report.acquisitions;
     by_entry.sort_by_key(|a| a.seq);
     let fence_inversions = match cli.mode {
@@ -1446,6 +1567,41 @@ fn mode_name(mode: Mode) -> &'static str {
     }
 }
 
+/// The keys each `contended` request takes: `contended` alone; with `--keys K`, K keys, and on a
+/// cluster each in a slot of its own, dealt over the primaries in turn (the runtime wraps a key
+/// in braces, so its name is its hash tag). The second value, on a cluster: how many keys each
+/// primary serves.
+fn contended_keys(
+    keys: u32,
+    servers: Option<&Servers>,
+) -> Fallible<(Vec<String>, Option<Vec<usize>>)> {
+    if keys == 1 {
+        return Ok((vec![CONTENDED_KEY.to_owned()], None));
+    }
+    let name = |n: u32| format!("{CONTENDED_KEY}-{n}");
+    let Some(Servers::Cluster(cluster)) = servers else {
+        return Ok(((0..keys).map(name).collect(), None));
+    };
+    let primary_of = |slot: u16| cluster.primary_of_slot(slot).map_err(|e| e.to_string());
+    // The first, middle and last slots: one on each of the 3 primaries.
+    let mut primaries = vec![primary_of(0)?, primary_of(8_192)?, primary_of(16_383)?];
+    primaries.dedup();
+    let (mut chosen, mut slots, mut per_primary) =
+        (Vec::new(), Vec::new(), vec![0; primaries.len()]);
+    let mut n = 0;
+    while chosen.len() < keys as usize {
+        let want = chosen.len() % primaries.len();
+        let slot = cluster.slot_of(&format!("lock:{{{}}}", name(n)));
+        if !slots.contains(&slot) && primary_of(slot)? == primaries[want] {
+            chosen.push(name(n));
+            slots.push(slot);
+            per_primary[want] += 1;
+        }
+        n += 1;
+    }
+    Ok((chosen, Some(per_primary)))
+}
+
 /// `contended`: `cli.rounds` rounds, each the baseline phase (if the mode has one) and then the
 /// contended one; the ratio of their rates is taken per round (the machine's speed drifts) and
 /// its median reported.
@@ -1462,11 +1618,50 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
     if cli.mode == Mode::Permits && cli.permits == 0 {
         return Err("--permits must be at least 1".into());
     }
+    if cli.keys == 0 || (cli.keys > 1 && cli.mode != Mode::Exclusive) {
+        return Err("--keys takes 1, or more with --mode exclusive".into());
+    }
+    let servers = match cli.topology {
+        Topology::Standalone => None,
+        Topology::Sentinel => {
+            return Err("contended runs on one Redis, a cluster or a quorum".into())
+        }
+        Topology::Cluster | Topology::Quorum => Servers::start(cli.topology)
+            .await
+            .map_err(|e| e.to_string())?,
+    };
+    // The probes' server (the locks' too on one Redis), then every node started.
+    let mut counted = vec![url.to_owned()];
+    let node_urls = match &servers {
+        Some(Servers::Cluster(cluster)) => {
+            counted.extend((0..cluster.node_count()).map(|i| cluster.node(i).url()));
+            cluster.seed_urls()
+        }
+        Some(Servers::Quorum(quorum)) => {
+            counted.extend(quorum.urls());
+            quorum.urls()
+        }
+        Some(Servers::Sentinel(_)) | None => Vec::new(),
+    };
+    if let Some(servers) = &servers {
+        eprintln!("bench: started {}", servers.describe());
+    }
+    let (lock_keys, spread) = contended_keys(cli.keys, servers.as_ref())?;
+    let unfair_because = match (cli.fair, cli.topology) {
+        (false, _) => None,
+        (true, Topology::Quorum) => Some("a quorum refuses fair requests"),
+        (true, _) if cli.keys > 1 => Some("a fair request takes one key"),
+        (true, _) => None,
+    };
     let mixed = cli.mode == Mode::Shared && cli.writers > 0;
     let cli = &Cli {
         arrivals: mixed,
+        fair: cli.fair && unfair_because.is_none(),
+        node_urls,
+        lock_keys,
         ..cli.clone()
     };
+    let rounds = cli.rounds.unwrap_or(1).max(1);
     let mut report = WorkerReport::default();
     let (mut elapsed, mut commands, mut script_calls, mut handoffs) =
         (Duration::ZERO, 0u64, 0u64, 0usize);
@@ -1476,8 +1671,9 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
     let (mut base_commands, mut base_script_calls) = (0u64, 0u64);
     let (mut baseline_rates, mut ratios, mut tails) = (Vec::new(), Vec::new(), Vec::new());
     let mut writer_waits = Vec::new();
-    for round in 0..cli.rounds.max(1) {
-        let r = contended_round(cli, url, round).await?;
+    let mut replicated = 0u64;
+    for round in 0..rounds {
+        let r = contended_round(cli, url, &counted, round).await?;
         if let Some(b) = r.baseline {
             ratios.push(r.phase.per_second() / b.per_second().max(1e-9));
             baseline_rates.push(b.per_second());
@@ -1489,6 +1685,7 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         elapsed += r.phase.elapsed;
         commands += r.phase.commands;
         script_calls += r.phase.script_calls;
+        replicated += r.phase.replicated;
         handoffs += r.handoffs;
         held += r.held;
         window += r.window;
@@ -1538,7 +1735,11 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         "workers": cli.workers,
         "procs": cli.procs.max(1),
         "seconds": cli.seconds,
-        "rounds": cli.rounds.max(1),
+        "rounds": rounds,
+        "topology": format!("{:?}", cli.topology).to_lowercase(),
+        "keys": cli.keys,
+        "slots_per_primary": spread,
+        "fair_requested_but_unfair_because": unfair_because,
         "body_ms": cli.body_ms,
         "acquisitions": n,
         "acquisitions_per_s": acquisitions_per_s.round(),
@@ -1561,6 +1762,12 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         "timeouts": report.timeouts,
     });
     let fields = row.as_object_mut().ok_or("a row is an object")?;
+    if cli.topology == Topology::Cluster {
+        fields.insert(
+            "replicated_commands_per_acquisition".into(),
+            json!(per_acquisition(replicated, n)),
+        );
+    }
     match cli.mode {
         Mode::Exclusive => {
             fields.insert("sequential_per_s".into(), json!(baseline_per_s.round()));
@@ -1597,7 +1804,7 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         return Ok(());
     }
     println!(
-        "contended{}, {}{}: {} workers in {} process(es), {} round(s) of {} s on one key, body {} ms",
+        "contended{}, {}{}: {} workers in {} process(es), {} round(s) of {} s on {}{}, body {} ms",
         if cli.fair { " (fair)" } else { "" },
         mode_name(cli.mode),
         match cli.mode {
@@ -1607,10 +1814,27 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         },
         cli.workers,
         cli.procs.max(1),
-        cli.rounds.max(1),
+        rounds,
         cli.seconds,
+        match cli.keys {
+            1 => "one key".to_owned(),
+            k => format!("{k} keys per request"),
+        },
+        match &servers {
+            Some(servers) => format!(" of {}", servers.describe()),
+            None => String::new(),
+        },
         cli.body_ms
     );
+    if let Some(reason) = unfair_because {
+        println!("  fairness                asked fair, ran unfair: {reason}");
+    }
+    if let Some(spread) = &spread {
+        println!(
+            "  keys' slots             {} slots; per primary {spread:?}",
+            cli.keys
+        );
+    }
     println!("  acquisitions            {n} ({acquisitions_per_s:.0}/s)");
     match cli.mode {
         Mode::Exclusive => println!(
@@ -1657,6 +1881,12 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         "  Redis commands/acq.     {commands_per_acquisition:.1}  (scripts' own and the bench's checks included)"
     );
     println!("  lock's commands/acq.    {lock_commands:.1}  (scripts' own included)");
+    if cli.topology == Topology::Cluster {
+        println!(
+            "  replicated/acq.         {:.1}  (the replicas' commands, not in the counts above)",
+            per_acquisition(replicated, n)
+        );
+    }
     println!("  client requests/acq.    {client_requests:.2}  (EVALSHA + EVAL)");
     println!("  by hand-off             {}", report.handed_over);
     println!("  hand-off share          {handoff_share:.3}");
