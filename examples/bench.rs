@@ -46,6 +46,16 @@
 //!   unfair, and says so.
 //! - `held`: K leases held (and renewed) at once for a while.
 //! - `growth`: how the cost grows with keys per request and leases held.
+//! - `scale`: the uncontended exclusive cycle, fair then unfair, as other work grows, in four
+//!   conditions interleaved round by round (`--rounds R`, 10 by default, of `--cycles`/R cycles
+//!   each): on an otherwise idle server (the baseline); while another process holds 100,000
+//!   keys (ttl 1 h, not renewed); while another holds 10 keys with 100 fair waiters queued
+//!   behind each (waits of 1 h); and in 8 processes at once, each on a key of its own, for as
+//!   long as the baseline's cycles took in the round. Each condition reports its p50 and the
+//!   median of its per-round throughput ratios to the baseline (the 8 processes: each one's
+//!   rate, median over processes and rounds). The two loads are set up once, each on a
+//!   throwaway Redis of its own, so that the rounds can alternate; the baseline and the 8
+//!   processes share the bench's own Redis (a throwaway one unless `--redis-url`).
 //! - `election`: what waiting election candidates cost Redis. `--candidates N` (100) in
 //!   `--procs P` processes, each process's share tasks of one manager calling `Election::run`
 //!   (ttl `--ttl-ms`); once one leads and the rest are queued, and one ttl later, it counts for
@@ -80,6 +90,11 @@
 //! cargo run --release --example bench -- contended --fair --procs 3 --topology cluster --seconds 2 --rounds 3
 //! cargo run --release --example bench -- contended --fair --procs 3 --topology cluster --keys 8 --seconds 2 --rounds 3
 //! cargo run --release --example bench -- contended --fair --procs 3 --topology quorum --seconds 2 --rounds 3
+//! ```
+//!
+//! The cost as work grows:
+//! ```text
+//! cargo run --release --example bench -- scale --rounds 10
 //! ```
 //!
 //! The election figures:
@@ -220,6 +235,18 @@ enum Scenario {
     /// Internal: one process's candidates of `election` (polling with `--poll-ms`).
     #[value(hide = true)]
     ElectionWorker,
+    /// The uncontended cycle's cost as work grows: keys held and waiters queued by other
+    /// processes, and processes cycling at once.
+    Scale,
+    /// Internal: `scale`'s process that holds its many keys.
+    #[value(hide = true)]
+    ScaleHolder,
+    /// Internal: `scale`'s process that holds a few keys and queues fair waiters behind them.
+    #[value(hide = true)]
+    ScaleWaiters,
+    /// Internal: one of `scale`'s processes that run the cycle at once, on command.
+    #[value(hide = true)]
+    ScaleCycler,
 }
 
 /// How the contended workers hold the key (`--mode`).
@@ -239,7 +266,9 @@ async fn main() -> ExitCode {
     let redis = match (&cli.redis_url, cli.scenario) {
         (Some(url), _) => Ok((url.clone(), None)),
         // It counts every command the server runs: a shared Redis's other clients would count.
-        (None, Some(Scenario::Election)) => LocalRedis::start().map(|r| (r.url.clone(), Some(r))),
+        (None, Some(Scenario::Election | Scenario::Scale)) => {
+            LocalRedis::start().map(|r| (r.url.clone(), Some(r)))
+        }
         (None, _) => LocalRedis::from_env_or_start().map(|r| (r.url.clone(), Some(r))),
     };
     let (url, _server) = match redis {
@@ -261,9 +290,13 @@ async fn main() -> ExitCode {
         (None, false, Some(Scenario::Growth)) => growth(&cli, &url).await,
         (None, false, Some(Scenario::Election)) => election(&cli, &url).await,
         (None, false, Some(Scenario::ElectionWorker)) => election_worker(&cli, &url).await,
+        (None, false, Some(Scenario::Scale)) => scale(&cli, &url).await,
+        (None, false, Some(Scenario::ScaleHolder)) => scale_holder(&url).await,
+        (None, false, Some(Scenario::ScaleWaiters)) => scale_waiters(&url).await,
+        (None, false, Some(Scenario::ScaleCycler)) => scale_cycler(&url).await,
         (None, false, Some(scenario)) => single(&cli, &url, scenario).await,
         (None, false, None) => Err(
-            "name a scenario (raw, uncontended, shared, permit, macro, contended, held, growth, election) or pass --compare".into(),
+            "name a scenario (raw, uncontended, shared, permit, macro, contended, held, growth, election, scale) or pass --compare".into(),
         ),
     };
     match outcome {
@@ -485,7 +518,11 @@ async fn run_scenario(
         | Scenario::Held
         | Scenario::Growth
         | Scenario::Election
-        | Scenario::ElectionWorker => Err("not a cycle scenario".into()),
+        | Scenario::ElectionWorker
+        | Scenario::Scale
+        | Scenario::ScaleHolder
+        | Scenario::ScaleWaiters
+        | Scenario::ScaleCycler => Err("not a cycle scenario".into()),
     }
 }
 
@@ -507,6 +544,10 @@ fn scenario_name(s: Scenario) -> &'static str {
         Scenario::Growth => "growth",
         Scenario::Election => "election",
         Scenario::ElectionWorker => "election-worker",
+        Scenario::Scale => "scale",
+        Scenario::ScaleHolder => "scale-holder",
+        Scenario::ScaleWaiters => "scale-waiters",
+        Scenario::ScaleCycler => "scale-cycler",
     }
 }
 
@@ -2001,33 +2042,47 @@ struct Held {
     rss_growth: Option<f64>,
 }
 
-async fn measure_held(url: &str, leases: u32, ttl: Duration, hold: Duration) -> Fallible<Held> {
-    let locks = manager(url)?;
-    let mut conn = connection(url).await?;
-    let rss_before = rss_mib();
-    let acquire_started = Instant::now();
-    let mut held = Vec::with_capacity(leases as usize);
+/// Leases on `held:0` .. `held:{n-1}` with `ttl`, renewed or not, 256 requests out at a time.
+async fn hold_many(
+    locks: &LockManager,
+    n: u32,
+    ttl: Duration,
+    renew: bool,
+) -> Fallible<Vec<distlock_runtime::Lease>> {
+    let mut held = Vec::with_capacity(n as usize);
     let mut pending = tokio::task::JoinSet::new();
-    for i in 0..leases {
-        let locks = locks.clone();
-        pending.spawn(async move { locks.lock(format!("held:{i}")).ttl(ttl).acquire().await });
-        if pending.len() >= 256 {
-            if let Some(joined) = pending.join_next().await {
-                held.push(
-                    joined
-                        .map_err(|e| e.to_string())?
-                        .map_err(|e| e.to_string())?,
-                );
-            }
-        }
-    }
-    while let Some(joined) = pending.join_next().await {
+    let mut collect = |joined: Result<Result<_, LockError>, tokio::task::JoinError>| {
         held.push(
             joined
                 .map_err(|e| e.to_string())?
                 .map_err(|e| e.to_string())?,
         );
+        Fallible::Ok(())
+    };
+    for i in 0..n {
+        let locks = locks.clone();
+        pending.spawn(async move {
+            let request = locks.lock(format!("held:{i}")).ttl(ttl).renew(renew);
+            request.acquire().await
+        });
+        if pending.len() >= 256 {
+            if let Some(joined) = pending.join_next().await {
+                collect(joined)?;
+            }
+        }
     }
+    while let Some(joined) = pending.join_next().await {
+        collect(joined)?;
+    }
+    Ok(held)
+}
+
+async fn measure_held(url: &str, leases: u32, ttl: Duration, hold: Duration) -> Fallible<Held> {
+    let locks = manager(url)?;
+    let mut conn = connection(url).await?;
+    let rss_before = rss_mib();
+    let acquire_started = Instant::now();
+    let held = hold_many(&locks, leases, ttl, true).await?;
     let acquired_in = acquire_started.elapsed();
 
     let evalsha_before = command_calls(&mut conn, "evalsha").await?;
@@ -2603,5 +2658,357 @@ async fn growth(cli: &Cli, url: &str) -> Fallible<()> {
             m.lost
         );
     }
+    Ok(())
+}
+
+/// `scale`'s loads, each on a server of its own: keys held by another process; fair waiters
+/// another process queues behind a few keys it holds; processes running the cycle at once.
+const SCALE_HELD_KEYS: u32 = 100_000;
+const SCALE_WAITED_KEYS: u32 = 10;
+const SCALE_WAITERS_PER_KEY: u32 = 100;
+const SCALE_PROCS: usize = 8;
+/// How long `scale`'s loads hold and wait: longer than any run, so that none expires, is
+/// renewed or gives up while it runs (the loads cost nothing but what they leave in Redis).
+const SCALE_HOLD: Duration = Duration::from_secs(3_600);
+
+/// A manager on `url` under the prefix of the process that started this one.
+fn child_manager(url: &str) -> Fallible<LockManager> {
+    let prefix =
+        std::env::var("DISTLOCK_BENCH_PREFIX").map_err(|_| "missing DISTLOCK_BENCH_PREFIX")?;
+    LockManager::builder()
+        .url(url)
+        .prefix(prefix)
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+/// A process of this program running `scenario` (a hidden one) on `url` under `prefix`, once
+/// it printed `ready` (within `within`), and the lines it prints after.
+async fn spawn_ready(
+    scenario: Scenario,
+    url: &str,
+    prefix: &str,
+    within: Duration,
+) -> Fallible<(
+    tokio::process::Child,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+)> {
+    use tokio::io::AsyncBufReadExt;
+    let mut child =
+        tokio::process::Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
+            .arg(scenario_name(scenario))
+            .args(["--redis-url", url])
+            .env("DISTLOCK_BENCH_PREFIX", prefix)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| e.to_string())?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    match tokio::time::timeout(within, lines.next_line()).await {
+        Ok(Ok(Some(line))) if line == "ready" => Ok((child, lines)),
+        _ => Err(format!(
+            "the {} process was not ready within {} s",
+            scenario_name(scenario),
+            within.as_secs()
+        )),
+    }
+}
+
+/// `scale-holder`: holds `SCALE_HELD_KEYS` keys (not renewed: their ttl outlasts the run) until
+/// it is killed.
+async fn scale_holder(url: &str) -> Fallible<()> {
+    let locks = child_manager(url)?;
+    let held = hold_many(&locks, SCALE_HELD_KEYS, SCALE_HOLD, false).await?;
+    println!("ready");
+    std::future::pending::<()>().await;
+    drop(held);
+    Ok(())
+}
+
+/// The key of waited-for key `k` in `scale`, and its queue's Redis key under `prefix`.
+fn waited_key(k: u32) -> String {
+    format!("busy:{k}")
+}
+
+/// `scale-waiters`: holds `SCALE_WAITED_KEYS` keys and queues `SCALE_WAITERS_PER_KEY` fair
+/// waiters behind each until it is killed; `ready` once all are queued.
+async fn scale_waiters(url: &str) -> Fallible<()> {
+    let locks = child_manager(url)?;
+    let mut holders = Vec::new();
+    for k in 0..SCALE_WAITED_KEYS {
+        let request = locks.lock(waited_key(k)).ttl(SCALE_HOLD).renew(false);
+        holders.push(request.acquire().await.map_err(|e| e.to_string())?);
+    }
+    let mut waiters = tokio::task::JoinSet::new();
+    for k in 0..SCALE_WAITED_KEYS {
+        for _ in 0..SCALE_WAITERS_PER_KEY {
+            let request = locks.lock(waited_key(k)).fair(true).wait(SCALE_HOLD);
+            waiters.spawn(request.acquire());
+        }
+    }
+    let mut conn = connection(url).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while queued(&mut conn, locks.prefix()).await? < SCALE_WAITED_KEYS * SCALE_WAITERS_PER_KEY {
+        if let Some(stopped) = waiters.try_join_next() {
+            return Err(format!("a waiter stopped: {stopped:?}"));
+        }
+        if Instant::now() > deadline {
+            return Err("the waiters did not all queue within 60 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("ready");
+    let stopped = waiters.join_next().await;
+    drop(holders);
+    Err(format!("a waiter stopped: {stopped:?}"))
+}
+
+/// The fair waiters queued on `scale`'s waited-for keys under `prefix`.
+async fn queued(conn: &mut MultiplexedConnection, prefix: &str) -> Fallible<u32> {
+    let mut pipe = redis::pipe();
+    for k in 0..SCALE_WAITED_KEYS {
+        pipe.llen(format!("{prefix}queue:{{{}}}", waited_key(k)));
+    }
+    let lengths: Vec<u32> = pipe.query_async(conn).await.map_err(|e| e.to_string())?;
+    Ok(lengths.iter().sum())
+}
+
+/// Cycles on `key` until `run` has passed (a few cycles over it).
+async fn cycles_for(locks: &LockManager, key: &str, fair: bool, run: Duration) -> Fallible<Cycles> {
+    let mut cycles = Cycles::default();
+    while cycles.total < run {
+        let batch = uncontended_cycles(locks, key, Role::Exclusive, 20, fair).await?;
+        cycles.latencies.extend(batch.latencies);
+        cycles.total += batch.total;
+    }
+    Ok(cycles)
+}
+
+/// What one `scale-cycler` run reports.
+#[derive(Serialize, Deserialize)]
+struct CyclerRun {
+    per_s: f64,
+    p50_us: f64,
+}
+
+/// `scale-cycler`: the cycle on a key of its own, for each line `fair MS` or `unfair MS` read,
+/// for MS milliseconds, printing a [`CyclerRun`]; until its input ends.
+async fn scale_cycler(url: &str) -> Fallible<()> {
+    let locks = child_manager(url)?;
+    let key = format!("scale:{}", std::process::id());
+    for fair in [true, false] {
+        uncontended_cycles(&locks, &key, Role::Exclusive, 200, fair).await?;
+    }
+    println!("ready");
+    // A blocking read on its own thread: the process has nothing else to do meanwhile.
+    let next_line = || {
+        tokio::task::spawn_blocking(|| {
+            let mut line = String::new();
+            let read = std::io::stdin().read_line(&mut line);
+            read.map(|n| (n > 0).then(|| line.trim_end().to_owned()))
+        })
+    };
+    while let Some(line) = next_line()
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?
+    {
+        let (fair, ms) = match line.split_once(' ') {
+            Some(("fair", ms)) => (true, ms),
+            Some(("unfair", ms)) => (false, ms),
+            _ => return Err(format!("scale-cycler: unknown command {line:?}")),
+        };
+        let run = Duration::from_millis(ms.parse().map_err(|_| format!("bad duration {ms:?}"))?);
+        let cycles = cycles_for(&locks, &key, fair, run).await?;
+        let report = CyclerRun {
+            per_s: cycles.per_second(),
+            p50_us: us(cycles.quantile(0.5)),
+        };
+        println!(
+            "{}",
+            serde_json::to_string(&report).map_err(|e| e.to_string())?
+        );
+    }
+    Ok(())
+}
+
+/// One condition of `scale`, for one fairness: its cycles (one process), or its processes'
+/// rates and p50s, and the ratios to the baseline of the same round.
+#[derive(Default)]
+struct ScaleRow {
+    cycles: Cycles,
+    p50s_us: Vec<f64>,
+    ratios: Vec<f64>,
+}
+
+impl ScaleRow {
+    fn add_round(&mut self, round: Cycles, baseline_per_s: f64) {
+        self.ratios.push(round.per_second() / baseline_per_s);
+        self.cycles.add_round(round);
+    }
+
+    /// cycles/s (the median process's for several), p50 in µs, and the median ratio.
+    fn figures(&self) -> (f64, f64, f64) {
+        let median = |v: &[f64]| {
+            let mut v = v.to_vec();
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+        };
+        if self.p50s_us.is_empty() {
+            let p50 = us(self.cycles.quantile(0.5));
+            (self.cycles.per_second(), p50, median(&self.ratios))
+        } else {
+            let rates = &self.cycles.round_rates;
+            (median(rates), median(&self.p50s_us), median(&self.ratios))
+        }
+    }
+}
+
+/// `scale`: the uncontended exclusive cycle (fair, then unfair) in four conditions, interleaved
+/// round by round: on an idle server (the baseline); on a server where another process holds
+/// `SCALE_HELD_KEYS` keys; on one where another queues fair waiters behind a few keys; and in
+/// `SCALE_PROCS` processes at once on the baseline's server, each on a key of its own for as
+/// long as the baseline's cycles took. Each condition's rate is a ratio of the baseline's in
+/// the same round (per process, for the processes), and the median reported.
+async fn scale(cli: &Cli, url: &str) -> Fallible<()> {
+    let rounds = cli.rounds.unwrap_or(10).max(1);
+    let per_round = (cli.cycles / rounds).max(1);
+    let prefix = format!("distlock-bench:{}:scale:", std::process::id());
+    let (held_redis, waited_redis) = (LocalRedis::start()?, LocalRedis::start()?);
+    eprintln!("bench: {SCALE_HELD_KEYS} keys being taken, and fair waiters queued");
+    let (_holder, _) = spawn_ready(
+        Scenario::ScaleHolder,
+        &held_redis.url,
+        &prefix,
+        Duration::from_secs(600),
+    )
+    .await?;
+    let (_waiters, _) = spawn_ready(
+        Scenario::ScaleWaiters,
+        &waited_redis.url,
+        &prefix,
+        Duration::from_secs(120),
+    )
+    .await?;
+    let mut cyclers = Vec::new();
+    for _ in 0..SCALE_PROCS {
+        let (mut child, lines) =
+            spawn_ready(Scenario::ScaleCycler, url, &prefix, Duration::from_secs(60)).await?;
+        let stdin = child.stdin.take().ok_or("no stdin")?;
+        cyclers.push((child, stdin, lines));
+    }
+    let managers = [
+        manager(url)?,
+        manager(&held_redis.url)?,
+        manager(&waited_redis.url)?,
+    ];
+    for locks in &managers {
+        for fair in [true, false] {
+            uncontended_cycles(locks, "scale", Role::Exclusive, 500.min(per_round), fair).await?;
+        }
+    }
+    // By fairness (fair, unfair), the conditions: baseline, held keys, waiters, processes.
+    let mut rows: [[ScaleRow; 4]; 2] = Default::default();
+    for _ in 0..rounds {
+        for (fair, rows) in [true, false].into_iter().zip(&mut rows) {
+            let baseline =
+                uncontended_cycles(&managers[0], "scale", Role::Exclusive, per_round, fair).await?;
+            let (base_per_s, took) = (baseline.per_second(), baseline.total);
+            rows[0].add_round(baseline, base_per_s);
+            for (locks, row) in managers[1..].iter().zip(&mut rows[1..3]) {
+                let round =
+                    uncontended_cycles(locks, "scale", Role::Exclusive, per_round, fair).await?;
+                row.add_round(round, base_per_s);
+            }
+            let command = format!(
+                "{} {}\n",
+                if fair { "fair" } else { "unfair" },
+                took.as_millis().max(1)
+            );
+            for (_, stdin, _) in &mut cyclers {
+                use tokio::io::AsyncWriteExt;
+                stdin
+                    .write_all(command.as_bytes())
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            for (_, _, lines) in &mut cyclers {
+                let line = lines.next_line().await.map_err(|e| e.to_string())?;
+                let run: CyclerRun = serde_json::from_str(&line.ok_or("a cycler stopped")?)
+                    .map_err(|e| format!("cycler output: {e}"))?;
+                rows[3].ratios.push(run.per_s / base_per_s);
+                rows[3].cycles.round_rates.push(run.per_s);
+                rows[3].p50s_us.push(run.p50_us);
+            }
+        }
+    }
+    // The loads must still be there at the end, or the figures measured less.
+    let mut waited = connection(&waited_redis.url).await?;
+    let still_queued = queued(&mut waited, &prefix).await?;
+    let held_keys: u64 = redis::cmd("DBSIZE")
+        .query_async(&mut connection(&held_redis.url).await?)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut conn = connection(url).await?;
+    remove_counters(&mut conn, managers[0].prefix(), ["scale"]).await?;
+    let conditions = [
+        "baseline: idle server".to_owned(),
+        format!("{SCALE_HELD_KEYS} keys held by another process"),
+        format!(
+            "{} fair waiters on {SCALE_WAITED_KEYS} other keys",
+            SCALE_WAITED_KEYS * SCALE_WAITERS_PER_KEY
+        ),
+        format!("{SCALE_PROCS} processes at once (each)"),
+    ];
+    if cli.json {
+        let mut table = Vec::new();
+        for (fair, rows) in [true, false].into_iter().zip(&rows) {
+            for (name, row) in conditions.iter().zip(rows) {
+                let (per_s, p50, ratio) = row.figures();
+                table.push(json!({
+                    "condition": name,
+                    "fair": fair,
+                    "cycles_per_s": per_s.round(),
+                    "p50_us": p50.round(),
+                    "vs_baseline": ratio,
+                }));
+            }
+        }
+        println!(
+            "{}",
+            json!({
+                "scenario": "scale",
+                "rounds": rounds,
+                "cycles_per_round": per_round,
+                "rows": table,
+                "held_server_keys_at_end": held_keys,
+                "waiters_queued_at_end": still_queued,
+            })
+        );
+        return Ok(());
+    }
+    println!(
+        "scale: the uncontended exclusive cycle, {rounds} round(s) of {per_round} cycles per condition, interleaved"
+    );
+    println!(
+        "{:<44} {:>6} {:>10} {:>10} {:>12}",
+        "condition", "fair", "cycles/s", "p50", "vs baseline"
+    );
+    for (fair, rows) in [true, false].into_iter().zip(&rows) {
+        for (name, row) in conditions.iter().zip(rows) {
+            let (per_s, p50, ratio) = row.figures();
+            println!(
+                "{name:<44} {:>6} {per_s:>10.0} {p50:>8.1}us {ratio:>12.3}",
+                if fair { "yes" } else { "no" }
+            );
+        }
+    }
+    println!();
+    println!("vs baseline: median of per-round throughput ratios (for the processes: over processes and rounds); cycles/s and p50 of the processes: the median process's");
+    println!(
+        "at the end: {held_keys} keys on the held keys' server (the held locks' and their fencing counters), {still_queued} waiters queued"
+    );
     Ok(())
 }
