@@ -35,8 +35,27 @@
 //!   reported (the machine's speed drifts between phases). Every mode reports Redis commands
 //!   per acquisition (all, scripts' own included; and the lock's, less the bench's checks) and
 //!   client requests (EVALSHA + EVAL) per acquisition.
+//!
+//!   `--topology cluster|quorum` starts that topology locally (3 primaries with a replica each;
+//!   5 servers) and puts the workers' locks on it, the bench's checks staying on its own Redis;
+//!   commands are then summed over that Redis and every primary (every server of a quorum), the
+//!   replicas' (the writes their primaries streamed) reported apart. `--keys K` (1): every
+//!   request locks K keys together (`lock_all`, `--mode exclusive` only), on a cluster each in a
+//!   slot of its own, dealt over the primaries in turn; the exclusion check is on the first key.
+//!   A fair request takes one key, and a quorum refuses fair requests: `--fair` with either runs
+//!   unfair, and says so.
 //! - `held`: K leases held (and renewed) at once for a while.
 //! - `growth`: how the cost grows with keys per request and leases held.
+//! - `scale`: the uncontended exclusive cycle, fair then unfair, as other work grows, in four
+//!   conditions interleaved round by round (`--rounds R`, 10 by default, of `--cycles`/R cycles
+//!   each): on an otherwise idle server (the baseline); while another process holds 100,000
+//!   keys (ttl 1 h, not renewed); while another holds 10 keys with 100 fair waiters queued
+//!   behind each (waits of 1 h); and in 8 processes at once, each on a key of its own, for as
+//!   long as the baseline's cycles took in the round. Each condition reports its p50 and the
+//!   median of its per-round throughput ratios to the baseline (the 8 processes: each one's
+//!   rate, median over processes and rounds). The two loads are set up once, each on a
+//!   throwaway Redis of its own, so that the rounds can alternate; the baseline and the 8
+//!   processes share the bench's own Redis (a throwaway one unless `--redis-url`).
 //! - `election`: what waiting election candidates cost Redis. `--candidates N` (100) in
 //!   `--procs P` processes, each process's share tasks of one manager calling `Election::run`
 //!   (ttl `--ttl-ms`); once one leads and the rest are queued, and one ttl later, it counts for
@@ -64,6 +83,18 @@
 //! cargo run --release --example bench -- contended --mode shared --workers 64 --procs 3 --seconds 5
 //! cargo run --release --example bench -- contended --mode permits --permits 8 --workers 64 --procs 3 --body-ms 10 --seconds 5
 //! cargo run --release --example bench -- contended --mode shared --writers 4 --workers 64 --procs 3 --body-ms 5 --fair --seconds 5
+//! ```
+//!
+//! The topology figures:
+//! ```text
+//! cargo run --release --example bench -- contended --fair --procs 3 --topology cluster --seconds 2 --rounds 3
+//! cargo run --release --example bench -- contended --fair --procs 3 --topology cluster --keys 8 --seconds 2 --rounds 3
+//! cargo run --release --example bench -- contended --fair --procs 3 --topology quorum --seconds 2 --rounds 3
+//! ```
+//!
+//! The cost as work grows:
+//! ```text
+//! cargo run --release --example bench -- scale --rounds 10
 //! ```
 //!
 //! The election figures:
@@ -123,10 +154,14 @@ struct Cli {
     /// Seconds of contention (contended, per round), of holding (held) or of waiting (election).
     #[arg(long, default_value_t = 5)]
     seconds: u64,
-    /// Rounds (contended): each runs the baseline phase (if the mode has one) and then the
-    /// contended one, and the median of the per-round ratios is reported.
+    /// Rounds (contended: 1 by default; scale: 10): each runs the baseline phase (if the mode
+    /// has one) and then the contended one, or each condition of scale, and the median of the
+    /// per-round ratios is reported.
+    #[arg(long)]
+    rounds: Option<u32>,
+    /// Keys each contended request locks together (`lock_all`; --mode exclusive).
     #[arg(long, default_value_t = 1)]
-    rounds: u32,
+    keys: u32,
     /// How the contended workers hold the key.
     #[arg(long, value_enum, default_value_t = Mode::Exclusive)]
     mode: Mode,
@@ -148,9 +183,16 @@ struct Cli {
     /// Redis URL.
     #[arg(long)]
     redis_url: Option<String>,
-    /// With --compare: start this topology locally and compare it with one Redis.
+    /// With --compare: start this topology locally and compare it with one Redis; with
+    /// contended (cluster or quorum): start it and put the workers' locks on it.
     #[arg(long, value_enum, default_value_t = Topology::Standalone)]
     topology: Topology,
+    /// Internal: the URLs a contended worker's manager is built on (--topology's seeds or nodes).
+    #[arg(long, hide = true, value_delimiter = ',')]
+    node_urls: Vec<String>,
+    /// Internal: the keys each contended request takes (the main process chooses them).
+    #[arg(long, hide = true, value_delimiter = ',')]
+    lock_keys: Vec<String>,
     /// Internal: run contended workers in this process and print their records as JSON.
     #[arg(long, hide = true)]
     worker_base: Option<u32>,
@@ -193,6 +235,18 @@ enum Scenario {
     /// Internal: one process's candidates of `election` (polling with `--poll-ms`).
     #[value(hide = true)]
     ElectionWorker,
+    /// The uncontended cycle's cost as work grows: keys held and waiters queued by other
+    /// processes, and processes cycling at once.
+    Scale,
+    /// Internal: `scale`'s process that holds its many keys.
+    #[value(hide = true)]
+    ScaleHolder,
+    /// Internal: `scale`'s process that holds a few keys and queues fair waiters behind them.
+    #[value(hide = true)]
+    ScaleWaiters,
+    /// Internal: one of `scale`'s processes that run the cycle at once, on command.
+    #[value(hide = true)]
+    ScaleCycler,
 }
 
 /// How the contended workers hold the key (`--mode`).
@@ -212,7 +266,9 @@ async fn main() -> ExitCode {
     let redis = match (&cli.redis_url, cli.scenario) {
         (Some(url), _) => Ok((url.clone(), None)),
         // It counts every command the server runs: a shared Redis's other clients would count.
-        (None, Some(Scenario::Election)) => LocalRedis::start().map(|r| (r.url.clone(), Some(r))),
+        (None, Some(Scenario::Election | Scenario::Scale)) => {
+            LocalRedis::start().map(|r| (r.url.clone(), Some(r)))
+        }
         (None, _) => LocalRedis::from_env_or_start().map(|r| (r.url.clone(), Some(r))),
     };
     let (url, _server) = match redis {
@@ -234,9 +290,13 @@ async fn main() -> ExitCode {
         (None, false, Some(Scenario::Growth)) => growth(&cli, &url).await,
         (None, false, Some(Scenario::Election)) => election(&cli, &url).await,
         (None, false, Some(Scenario::ElectionWorker)) => election_worker(&cli, &url).await,
+        (None, false, Some(Scenario::Scale)) => scale(&cli, &url).await,
+        (None, false, Some(Scenario::ScaleHolder)) => scale_holder(&url).await,
+        (None, false, Some(Scenario::ScaleWaiters)) => scale_waiters(&url).await,
+        (None, false, Some(Scenario::ScaleCycler)) => scale_cycler(&url).await,
         (None, false, Some(scenario)) => single(&cli, &url, scenario).await,
         (None, false, None) => Err(
-            "name a scenario (raw, uncontended, shared, permit, macro, contended, held, growth, election) or pass --compare".into(),
+            "name a scenario (raw, uncontended, shared, permit, macro, contended, held, growth, election, scale) or pass --compare".into(),
         ),
     };
     match outcome {
@@ -458,7 +518,11 @@ async fn run_scenario(
         | Scenario::Held
         | Scenario::Growth
         | Scenario::Election
-        | Scenario::ElectionWorker => Err("not a cycle scenario".into()),
+        | Scenario::ElectionWorker
+        | Scenario::Scale
+        | Scenario::ScaleHolder
+        | Scenario::ScaleWaiters
+        | Scenario::ScaleCycler => Err("not a cycle scenario".into()),
     }
 }
 
@@ -480,6 +544,10 @@ fn scenario_name(s: Scenario) -> &'static str {
         Scenario::Growth => "growth",
         Scenario::Election => "election",
         Scenario::ElectionWorker => "election-worker",
+        Scenario::Scale => "scale",
+        Scenario::ScaleHolder => "scale-holder",
+        Scenario::ScaleWaiters => "scale-waiters",
+        Scenario::ScaleCycler => "scale-cycler",
     }
 }
 
@@ -1016,15 +1084,34 @@ fn wall_us() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
+/// A manager builder on the servers `contended` puts its locks on: `url`, or the nodes
+/// (`--node-urls`) of the `--topology` the main process started.
+fn contended_builder(cli: &Cli, url: &str) -> Fallible<LockManagerBuilder> {
+    let builder = LockManager::builder();
+    Ok(match cli.topology {
+        Topology::Standalone => builder.url(url),
+        Topology::Cluster => builder.cluster(cli.node_urls.clone()),
+        Topology::Quorum => builder.quorum(cli.node_urls.clone()),
+        Topology::Sentinel => {
+            return Err("contended runs on one Redis, a cluster or a quorum".into())
+        }
+    })
+}
+
 /// Runs `cli.workers` workers in this process until `cli.seconds` pass.
 async fn run_workers(cli: &Cli, url: &str, base: u32, prefix: &str) -> Fallible<WorkerReport> {
-    let locks = LockManager::builder()
-        .url(url)
+    let locks = contended_builder(cli, url)?
         .prefix(prefix)
         .default_wait(Duration::from_secs(10))
         .build()
         .map_err(|e| e.to_string())?;
+    // The bench's checks stay on `url` whatever the locks are on: one server sees them all.
     let conn = connection(url).await?;
+    let lock_keys: std::sync::Arc<[String]> = if cli.lock_keys.is_empty() {
+        [CONTENDED_KEY.to_owned()].into()
+    } else {
+        cli.lock_keys.clone().into()
+    };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(cli.seconds.min(86_400));
     let keys = std::sync::Arc::new(ProbeKeys::new(prefix));
     let (fair, arrivals) = (cli.fair, cli.arrivals);
@@ -1033,6 +1120,7 @@ async fn run_workers(cli: &Cli, url: &str, base: u32, prefix: &str) -> Fallible<
     for w in 0..cli.workers {
         let role = role_of(cli, w);
         let (locks, keys) = (locks.clone(), std::sync::Arc::clone(&keys));
+        let lock_keys = std::sync::Arc::clone(&lock_keys);
         let mut probe = Probe {
             conn: conn.clone(),
             commands: 0,
@@ -1047,12 +1135,12 @@ async fn run_workers(cli: &Cli, url: &str, base: u32, prefix: &str) -> Fallible<
                 };
                 let arrived_us = wall_us();
                 let t = Instant::now();
-                let lease = match role
-                    .request(&locks, CONTENDED_KEY)
-                    .fair(fair)
-                    .acquire()
-                    .await
-                {
+                let request = match &lock_keys[..] {
+                    [key] => role.request(&locks, key),
+                    // Several keys are exclusive only (checked in `contended`).
+                    all => locks.lock_all(all.iter().cloned()),
+                };
+                let lease = match request.fair(fair).acquire().await {
                     Ok(lease) => lease,
                     Err(e) if e.is_contention() => {
                         report.timeouts += 1;
@@ -1061,6 +1149,8 @@ async fn run_workers(cli: &Cli, url: &str, base: u32, prefix: &str) -> Fallible<
                     Err(e) => return Err(e.to_string()),
                 };
                 let entered_at = Instant::now();
+                // A request holds all its keys or none, and every request asks for the same
+                // ones: the check is on the first key, whose holder the marker stands for.
                 let entered = critical_section(role, &mut probe, &keys, w, body).await?;
                 let hold = entered_at.elapsed();
                 let fencing_token = lease.fencing_token();
@@ -1130,14 +1220,17 @@ async fn command_calls(conn: &mut MultiplexedConnection, command: &str) -> Falli
     Ok(commandstats(conn).await?.get(command).copied().unwrap_or(0))
 }
 
-/// One phase of `contended`: the workers on one key for `cli.seconds`.
+/// One phase of `contended`: the workers on the key(s) for `cli.seconds`.
 struct Phase {
     report: WorkerReport,
     elapsed: Duration,
-    /// Redis commands run in the phase: the lock's, its scripts' own and the bench's probes.
+    /// Redis commands run in the phase: the lock's, its scripts' own and the bench's probes
+    /// (on every primary counted).
     commands: u64,
     /// Client requests for the lock: EVALSHA and EVAL calls.
     script_calls: u64,
+    /// Commands the counted replicas ran: the writes their primaries streamed to them.
+    replicated: u64,
 }
 
 impl Phase {
@@ -1146,9 +1239,75 @@ impl Phase {
     }
 }
 
-async fn contended_phase(cli: &Cli, url: &str, prefix: &str) -> Fallible<Phase> {
+/// What the servers a phase counts have run so far, from each one's `INFO replication
+/// commandstats` (its own INFO call not yet counted in its reply).
+#[derive(Default)]
+struct Tally {
+    /// Every call on the primaries (and a standalone or quorum server), scripts' own included.
+    commands: u64,
+    /// EVALSHA and EVAL calls on the primaries.
+    script_calls: u64,
+    /// Every call on the replicas.
+    replicated: u64,
+    /// The servers read: each read adds one INFO to the next.
+    primaries: u64,
+    replicas: u64,
+}
+
+impl Tally {
+    async fn read(conns: &mut [MultiplexedConnection]) -> Fallible<Self> {
+        let mut tally = Tally::default();
+        for conn in conns {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .arg("commandstats")
+                .query_async(conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            let calls = command_calls_in(&info);
+            let all: u64 = calls.values().sum();
+            if info.lines().any(|l| l.trim() == "role:slave") {
+                tally.replicated += all;
+                tally.replicas += 1;
+            } else {
+                tally.commands += all;
+                tally.script_calls += ["evalsha", "eval"]
+                    .iter()
+                    .filter_map(|name| calls.get(*name))
+                    .sum::<u64>();
+                tally.primaries += 1;
+            }
+        }
+        Ok(tally)
+    }
+
+    /// What ran from `before` to `self`, less the INFO calls that read `before`.
+    fn since(&self, before: &Tally) -> Tally {
+        Tally {
+            commands: (self.commands.saturating_sub(before.commands))
+                .saturating_sub(before.primaries),
+            script_calls: self.script_calls.saturating_sub(before.script_calls),
+            replicated: (self.replicated.saturating_sub(before.replicated))
+                .saturating_sub(before.replicas),
+            ..Tally::default()
+        }
+    }
+}
+
+/// One phase of `contended`. `counted`: the servers whose commands it sums (the bench's own
+/// Redis, with the probes, and every node of a topology started for the run).
+async fn contended_phase(
+    cli: &Cli,
+    url: &str,
+    counted: &[String],
+    prefix: &str,
+) -> Fallible<Phase> {
     let mut conn = connection(url).await?;
-    let before = commandstats(&mut conn).await?;
+    let mut counted_conns = Vec::new();
+    for server in counted {
+        counted_conns.push(connection(server).await?);
+    }
+    let before = Tally::read(&mut counted_conns).await?;
     let started = Instant::now();
     let mut report = WorkerReport::default();
     if cli.procs <= 1 {
@@ -1171,6 +1330,15 @@ async fn contended_phase(cli: &Cli, url: &str, prefix: &str) -> Fallible<Phase> 
                     .args(["--writers", &share(cli.writers, p).to_string()])
                     .args(["--body-ms", &cli.body_ms.to_string()])
                     .args(["--redis-url", url])
+                    .args(["--topology", &format!("{:?}", cli.topology).to_lowercase()])
+                    .args(
+                        (!cli.node_urls.is_empty())
+                            .then(|| format!("--node-urls={}", cli.node_urls.join(","))),
+                    )
+                    .args(
+                        (!cli.lock_keys.is_empty())
+                            .then(|| format!("--lock-keys={}", cli.lock_keys.join(","))),
+                    )
                     .args(["--worker-base", &base.to_string()])
                     .args(cli.fair.then_some("--fair"))
                     .args(cli.arrivals.then_some("--arrivals"))
@@ -1193,31 +1361,23 @@ async fn contended_phase(cli: &Cli, url: &str, prefix: &str) -> Fallible<Phase> 
         }
     }
     let elapsed = started.elapsed();
-    let after = commandstats(&mut conn).await?;
-    let calls = |stats: &HashMap<String, u64>, scripts_only: bool| -> u64 {
-        stats
-            .iter()
-            .filter(|(name, _)| !scripts_only || matches!(name.as_str(), "evalsha" | "eval"))
-            .map(|(_, calls)| calls)
-            .sum()
-    };
-    // Less the INFO call that read the counts before.
-    let commands = calls(&after, false)
-        .saturating_sub(calls(&before, false))
-        .saturating_sub(1);
-    let script_calls = calls(&after, true).saturating_sub(calls(&before, true));
+    let ran = Tally::read(&mut counted_conns).await?.since(&before);
     let keys = ProbeKeys::new(prefix);
-    let _: () = redis::cmd("DEL")
-        .arg(&keys.all()[..])
-        .arg(format!("{prefix}fence:{{{CONTENDED_KEY}}}"))
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut del = redis::cmd("DEL");
+    del.arg(&keys.all()[..]);
+    // The fencing counters on one Redis; a topology's servers are thrown away after the run.
+    if cli.topology == Topology::Standalone {
+        for key in &cli.lock_keys {
+            del.arg(format!("{prefix}fence:{{{key}}}"));
+        }
+    }
+    del.exec_async(&mut conn).await.map_err(|e| e.to_string())?;
     Ok(Phase {
         report,
         elapsed,
-        commands,
-        script_calls,
+        commands: ran.commands,
+        script_calls: ran.script_calls,
+        replicated: ran.replicated,
     })
 }
 
@@ -1260,13 +1420,15 @@ struct Round {
     writer_waits: Vec<WriterWait>,
 }
 
-async fn contended_round(cli: &Cli, url: &str, round: u32) -> Fallible<Round> {
+async fn contended_round(cli: &Cli, url: &str, counted: &[String], round: u32) -> Fallible<Round> {
     let prefix = format!("distlock-bench:{}:{round}:", std::process::id());
     let baseline = match baseline_of(cli) {
-        Some((base, name)) => Some(contended_phase(&base, url, &format!("{prefix}{name}:")).await?),
+        Some((base, name)) => {
+            Some(contended_phase(&base, url, counted, &format!("{prefix}{name}:")).await?)
+        }
         None => None,
     };
-    let mut phase = contended_phase(cli, url, &prefix).await?;
+    let mut phase = contended_phase(cli, url, counted, &prefix).await?;
     let by_entry = &mut phase.report.acquisitions;
     by_entry.sort_by_key(|a| a.seq);
     let fence_inversions = match cli.mode {
@@ -1446,6 +1608,41 @@ fn mode_name(mode: Mode) -> &'static str {
     }
 }
 
+/// The keys each `contended` request takes: `contended` alone; with `--keys K`, K keys, and on a
+/// cluster each in a slot of its own, dealt over the primaries in turn (the runtime wraps a key
+/// in braces, so its name is its hash tag). The second value, on a cluster: how many keys each
+/// primary serves.
+fn contended_keys(
+    keys: u32,
+    servers: Option<&Servers>,
+) -> Fallible<(Vec<String>, Option<Vec<usize>>)> {
+    if keys == 1 {
+        return Ok((vec![CONTENDED_KEY.to_owned()], None));
+    }
+    let name = |n: u32| format!("{CONTENDED_KEY}-{n}");
+    let Some(Servers::Cluster(cluster)) = servers else {
+        return Ok(((0..keys).map(name).collect(), None));
+    };
+    let primary_of = |slot: u16| cluster.primary_of_slot(slot).map_err(|e| e.to_string());
+    // The first, middle and last slots: one on each of the 3 primaries.
+    let mut primaries = vec![primary_of(0)?, primary_of(8_192)?, primary_of(16_383)?];
+    primaries.dedup();
+    let (mut chosen, mut slots, mut per_primary) =
+        (Vec::new(), Vec::new(), vec![0; primaries.len()]);
+    let mut n = 0;
+    while chosen.len() < keys as usize {
+        let want = chosen.len() % primaries.len();
+        let slot = cluster.slot_of(&format!("lock:{{{}}}", name(n)));
+        if !slots.contains(&slot) && primary_of(slot)? == primaries[want] {
+            chosen.push(name(n));
+            slots.push(slot);
+            per_primary[want] += 1;
+        }
+        n += 1;
+    }
+    Ok((chosen, Some(per_primary)))
+}
+
 /// `contended`: `cli.rounds` rounds, each the baseline phase (if the mode has one) and then the
 /// contended one; the ratio of their rates is taken per round (the machine's speed drifts) and
 /// its median reported.
@@ -1462,11 +1659,50 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
     if cli.mode == Mode::Permits && cli.permits == 0 {
         return Err("--permits must be at least 1".into());
     }
+    if cli.keys == 0 || (cli.keys > 1 && cli.mode != Mode::Exclusive) {
+        return Err("--keys takes 1, or more with --mode exclusive".into());
+    }
+    let servers = match cli.topology {
+        Topology::Standalone => None,
+        Topology::Sentinel => {
+            return Err("contended runs on one Redis, a cluster or a quorum".into())
+        }
+        Topology::Cluster | Topology::Quorum => Servers::start(cli.topology)
+            .await
+            .map_err(|e| e.to_string())?,
+    };
+    // The probes' server (the locks' too on one Redis), then every node started.
+    let mut counted = vec![url.to_owned()];
+    let node_urls = match &servers {
+        Some(Servers::Cluster(cluster)) => {
+            counted.extend((0..cluster.node_count()).map(|i| cluster.node(i).url()));
+            cluster.seed_urls()
+        }
+        Some(Servers::Quorum(quorum)) => {
+            counted.extend(quorum.urls());
+            quorum.urls()
+        }
+        Some(Servers::Sentinel(_)) | None => Vec::new(),
+    };
+    if let Some(servers) = &servers {
+        eprintln!("bench: started {}", servers.describe());
+    }
+    let (lock_keys, spread) = contended_keys(cli.keys, servers.as_ref())?;
+    let unfair_because = match (cli.fair, cli.topology) {
+        (false, _) => None,
+        (true, Topology::Quorum) => Some("a quorum refuses fair requests"),
+        (true, _) if cli.keys > 1 => Some("a fair request takes one key"),
+        (true, _) => None,
+    };
     let mixed = cli.mode == Mode::Shared && cli.writers > 0;
     let cli = &Cli {
         arrivals: mixed,
+        fair: cli.fair && unfair_because.is_none(),
+        node_urls,
+        lock_keys,
         ..cli.clone()
     };
+    let rounds = cli.rounds.unwrap_or(1).max(1);
     let mut report = WorkerReport::default();
     let (mut elapsed, mut commands, mut script_calls, mut handoffs) =
         (Duration::ZERO, 0u64, 0u64, 0usize);
@@ -1476,8 +1712,9 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
     let (mut base_commands, mut base_script_calls) = (0u64, 0u64);
     let (mut baseline_rates, mut ratios, mut tails) = (Vec::new(), Vec::new(), Vec::new());
     let mut writer_waits = Vec::new();
-    for round in 0..cli.rounds.max(1) {
-        let r = contended_round(cli, url, round).await?;
+    let mut replicated = 0u64;
+    for round in 0..rounds {
+        let r = contended_round(cli, url, &counted, round).await?;
         if let Some(b) = r.baseline {
             ratios.push(r.phase.per_second() / b.per_second().max(1e-9));
             baseline_rates.push(b.per_second());
@@ -1489,6 +1726,7 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         elapsed += r.phase.elapsed;
         commands += r.phase.commands;
         script_calls += r.phase.script_calls;
+        replicated += r.phase.replicated;
         handoffs += r.handoffs;
         held += r.held;
         window += r.window;
@@ -1538,7 +1776,11 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         "workers": cli.workers,
         "procs": cli.procs.max(1),
         "seconds": cli.seconds,
-        "rounds": cli.rounds.max(1),
+        "rounds": rounds,
+        "topology": format!("{:?}", cli.topology).to_lowercase(),
+        "keys": cli.keys,
+        "slots_per_primary": spread,
+        "fair_requested_but_unfair_because": unfair_because,
         "body_ms": cli.body_ms,
         "acquisitions": n,
         "acquisitions_per_s": acquisitions_per_s.round(),
@@ -1561,6 +1803,12 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         "timeouts": report.timeouts,
     });
     let fields = row.as_object_mut().ok_or("a row is an object")?;
+    if cli.topology == Topology::Cluster {
+        fields.insert(
+            "replicated_commands_per_acquisition".into(),
+            json!(per_acquisition(replicated, n)),
+        );
+    }
     match cli.mode {
         Mode::Exclusive => {
             fields.insert("sequential_per_s".into(), json!(baseline_per_s.round()));
@@ -1597,7 +1845,7 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         return Ok(());
     }
     println!(
-        "contended{}, {}{}: {} workers in {} process(es), {} round(s) of {} s on one key, body {} ms",
+        "contended{}, {}{}: {} workers in {} process(es), {} round(s) of {} s on {}{}, body {} ms",
         if cli.fair { " (fair)" } else { "" },
         mode_name(cli.mode),
         match cli.mode {
@@ -1607,10 +1855,27 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         },
         cli.workers,
         cli.procs.max(1),
-        cli.rounds.max(1),
+        rounds,
         cli.seconds,
+        match cli.keys {
+            1 => "one key".to_owned(),
+            k => format!("{k} keys per request"),
+        },
+        match &servers {
+            Some(servers) => format!(" of {}", servers.describe()),
+            None => String::new(),
+        },
         cli.body_ms
     );
+    if let Some(reason) = unfair_because {
+        println!("  fairness                asked fair, ran unfair: {reason}");
+    }
+    if let Some(spread) = &spread {
+        println!(
+            "  keys' slots             {} slots; per primary {spread:?}",
+            cli.keys
+        );
+    }
     println!("  acquisitions            {n} ({acquisitions_per_s:.0}/s)");
     match cli.mode {
         Mode::Exclusive => println!(
@@ -1657,6 +1922,12 @@ async fn contended(cli: &Cli, url: &str) -> Fallible<()> {
         "  Redis commands/acq.     {commands_per_acquisition:.1}  (scripts' own and the bench's checks included)"
     );
     println!("  lock's commands/acq.    {lock_commands:.1}  (scripts' own included)");
+    if cli.topology == Topology::Cluster {
+        println!(
+            "  replicated/acq.         {:.1}  (the replicas' commands, not in the counts above)",
+            per_acquisition(replicated, n)
+        );
+    }
     println!("  client requests/acq.    {client_requests:.2}  (EVALSHA + EVAL)");
     println!("  by hand-off             {}", report.handed_over);
     println!("  hand-off share          {handoff_share:.3}");
@@ -1771,33 +2042,47 @@ struct Held {
     rss_growth: Option<f64>,
 }
 
-async fn measure_held(url: &str, leases: u32, ttl: Duration, hold: Duration) -> Fallible<Held> {
-    let locks = manager(url)?;
-    let mut conn = connection(url).await?;
-    let rss_before = rss_mib();
-    let acquire_started = Instant::now();
-    let mut held = Vec::with_capacity(leases as usize);
+/// Leases on `held:0` .. `held:{n-1}` with `ttl`, renewed or not, 256 requests out at a time.
+async fn hold_many(
+    locks: &LockManager,
+    n: u32,
+    ttl: Duration,
+    renew: bool,
+) -> Fallible<Vec<distlock_runtime::Lease>> {
+    let mut held = Vec::with_capacity(n as usize);
     let mut pending = tokio::task::JoinSet::new();
-    for i in 0..leases {
-        let locks = locks.clone();
-        pending.spawn(async move { locks.lock(format!("held:{i}")).ttl(ttl).acquire().await });
-        if pending.len() >= 256 {
-            if let Some(joined) = pending.join_next().await {
-                held.push(
-                    joined
-                        .map_err(|e| e.to_string())?
-                        .map_err(|e| e.to_string())?,
-                );
-            }
-        }
-    }
-    while let Some(joined) = pending.join_next().await {
+    let mut collect = |joined: Result<Result<_, LockError>, tokio::task::JoinError>| {
         held.push(
             joined
                 .map_err(|e| e.to_string())?
                 .map_err(|e| e.to_string())?,
         );
+        Fallible::Ok(())
+    };
+    for i in 0..n {
+        let locks = locks.clone();
+        pending.spawn(async move {
+            let request = locks.lock(format!("held:{i}")).ttl(ttl).renew(renew);
+            request.acquire().await
+        });
+        if pending.len() >= 256 {
+            if let Some(joined) = pending.join_next().await {
+                collect(joined)?;
+            }
+        }
     }
+    while let Some(joined) = pending.join_next().await {
+        collect(joined)?;
+    }
+    Ok(held)
+}
+
+async fn measure_held(url: &str, leases: u32, ttl: Duration, hold: Duration) -> Fallible<Held> {
+    let locks = manager(url)?;
+    let mut conn = connection(url).await?;
+    let rss_before = rss_mib();
+    let acquire_started = Instant::now();
+    let held = hold_many(&locks, leases, ttl, true).await?;
     let acquired_in = acquire_started.elapsed();
 
     let evalsha_before = command_calls(&mut conn, "evalsha").await?;
@@ -2373,5 +2658,357 @@ async fn growth(cli: &Cli, url: &str) -> Fallible<()> {
             m.lost
         );
     }
+    Ok(())
+}
+
+/// `scale`'s loads, each on a server of its own: keys held by another process; fair waiters
+/// another process queues behind a few keys it holds; processes running the cycle at once.
+const SCALE_HELD_KEYS: u32 = 100_000;
+const SCALE_WAITED_KEYS: u32 = 10;
+const SCALE_WAITERS_PER_KEY: u32 = 100;
+const SCALE_PROCS: usize = 8;
+/// How long `scale`'s loads hold and wait: longer than any run, so that none expires, is
+/// renewed or gives up while it runs (the loads cost nothing but what they leave in Redis).
+const SCALE_HOLD: Duration = Duration::from_secs(3_600);
+
+/// A manager on `url` under the prefix of the process that started this one.
+fn child_manager(url: &str) -> Fallible<LockManager> {
+    let prefix =
+        std::env::var("DISTLOCK_BENCH_PREFIX").map_err(|_| "missing DISTLOCK_BENCH_PREFIX")?;
+    LockManager::builder()
+        .url(url)
+        .prefix(prefix)
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+/// A process of this program running `scenario` (a hidden one) on `url` under `prefix`, once
+/// it printed `ready` (within `within`), and the lines it prints after.
+async fn spawn_ready(
+    scenario: Scenario,
+    url: &str,
+    prefix: &str,
+    within: Duration,
+) -> Fallible<(
+    tokio::process::Child,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+)> {
+    use tokio::io::AsyncBufReadExt;
+    let mut child =
+        tokio::process::Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
+            .arg(scenario_name(scenario))
+            .args(["--redis-url", url])
+            .env("DISTLOCK_BENCH_PREFIX", prefix)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| e.to_string())?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    match tokio::time::timeout(within, lines.next_line()).await {
+        Ok(Ok(Some(line))) if line == "ready" => Ok((child, lines)),
+        _ => Err(format!(
+            "the {} process was not ready within {} s",
+            scenario_name(scenario),
+            within.as_secs()
+        )),
+    }
+}
+
+/// `scale-holder`: holds `SCALE_HELD_KEYS` keys (not renewed: their ttl outlasts the run) until
+/// it is killed.
+async fn scale_holder(url: &str) -> Fallible<()> {
+    let locks = child_manager(url)?;
+    let held = hold_many(&locks, SCALE_HELD_KEYS, SCALE_HOLD, false).await?;
+    println!("ready");
+    std::future::pending::<()>().await;
+    drop(held);
+    Ok(())
+}
+
+/// The key of waited-for key `k` in `scale`, and its queue's Redis key under `prefix`.
+fn waited_key(k: u32) -> String {
+    format!("busy:{k}")
+}
+
+/// `scale-waiters`: holds `SCALE_WAITED_KEYS` keys and queues `SCALE_WAITERS_PER_KEY` fair
+/// waiters behind each until it is killed; `ready` once all are queued.
+async fn scale_waiters(url: &str) -> Fallible<()> {
+    let locks = child_manager(url)?;
+    let mut holders = Vec::new();
+    for k in 0..SCALE_WAITED_KEYS {
+        let request = locks.lock(waited_key(k)).ttl(SCALE_HOLD).renew(false);
+        holders.push(request.acquire().await.map_err(|e| e.to_string())?);
+    }
+    let mut waiters = tokio::task::JoinSet::new();
+    for k in 0..SCALE_WAITED_KEYS {
+        for _ in 0..SCALE_WAITERS_PER_KEY {
+            let request = locks.lock(waited_key(k)).fair(true).wait(SCALE_HOLD);
+            waiters.spawn(request.acquire());
+        }
+    }
+    let mut conn = connection(url).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while queued(&mut conn, locks.prefix()).await? < SCALE_WAITED_KEYS * SCALE_WAITERS_PER_KEY {
+        if let Some(stopped) = waiters.try_join_next() {
+            return Err(format!("a waiter stopped: {stopped:?}"));
+        }
+        if Instant::now() > deadline {
+            return Err("the waiters did not all queue within 60 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("ready");
+    let stopped = waiters.join_next().await;
+    drop(holders);
+    Err(format!("a waiter stopped: {stopped:?}"))
+}
+
+/// The fair waiters queued on `scale`'s waited-for keys under `prefix`.
+async fn queued(conn: &mut MultiplexedConnection, prefix: &str) -> Fallible<u32> {
+    let mut pipe = redis::pipe();
+    for k in 0..SCALE_WAITED_KEYS {
+        pipe.llen(format!("{prefix}queue:{{{}}}", waited_key(k)));
+    }
+    let lengths: Vec<u32> = pipe.query_async(conn).await.map_err(|e| e.to_string())?;
+    Ok(lengths.iter().sum())
+}
+
+/// Cycles on `key` until `run` has passed (a few cycles over it).
+async fn cycles_for(locks: &LockManager, key: &str, fair: bool, run: Duration) -> Fallible<Cycles> {
+    let mut cycles = Cycles::default();
+    while cycles.total < run {
+        let batch = uncontended_cycles(locks, key, Role::Exclusive, 20, fair).await?;
+        cycles.latencies.extend(batch.latencies);
+        cycles.total += batch.total;
+    }
+    Ok(cycles)
+}
+
+/// What one `scale-cycler` run reports.
+#[derive(Serialize, Deserialize)]
+struct CyclerRun {
+    per_s: f64,
+    p50_us: f64,
+}
+
+/// `scale-cycler`: the cycle on a key of its own, for each line `fair MS` or `unfair MS` read,
+/// for MS milliseconds, printing a [`CyclerRun`]; until its input ends.
+async fn scale_cycler(url: &str) -> Fallible<()> {
+    let locks = child_manager(url)?;
+    let key = format!("scale:{}", std::process::id());
+    for fair in [true, false] {
+        uncontended_cycles(&locks, &key, Role::Exclusive, 200, fair).await?;
+    }
+    println!("ready");
+    // A blocking read on its own thread: the process has nothing else to do meanwhile.
+    let next_line = || {
+        tokio::task::spawn_blocking(|| {
+            let mut line = String::new();
+            let read = std::io::stdin().read_line(&mut line);
+            read.map(|n| (n > 0).then(|| line.trim_end().to_owned()))
+        })
+    };
+    while let Some(line) = next_line()
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?
+    {
+        let (fair, ms) = match line.split_once(' ') {
+            Some(("fair", ms)) => (true, ms),
+            Some(("unfair", ms)) => (false, ms),
+            _ => return Err(format!("scale-cycler: unknown command {line:?}")),
+        };
+        let run = Duration::from_millis(ms.parse().map_err(|_| format!("bad duration {ms:?}"))?);
+        let cycles = cycles_for(&locks, &key, fair, run).await?;
+        let report = CyclerRun {
+            per_s: cycles.per_second(),
+            p50_us: us(cycles.quantile(0.5)),
+        };
+        println!(
+            "{}",
+            serde_json::to_string(&report).map_err(|e| e.to_string())?
+        );
+    }
+    Ok(())
+}
+
+/// One condition of `scale`, for one fairness: its cycles (one process), or its processes'
+/// rates and p50s, and the ratios to the baseline of the same round.
+#[derive(Default)]
+struct ScaleRow {
+    cycles: Cycles,
+    p50s_us: Vec<f64>,
+    ratios: Vec<f64>,
+}
+
+impl ScaleRow {
+    fn add_round(&mut self, round: Cycles, baseline_per_s: f64) {
+        self.ratios.push(round.per_second() / baseline_per_s);
+        self.cycles.add_round(round);
+    }
+
+    /// cycles/s (the median process's for several), p50 in µs, and the median ratio.
+    fn figures(&self) -> (f64, f64, f64) {
+        let median = |v: &[f64]| {
+            let mut v = v.to_vec();
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+        };
+        if self.p50s_us.is_empty() {
+            let p50 = us(self.cycles.quantile(0.5));
+            (self.cycles.per_second(), p50, median(&self.ratios))
+        } else {
+            let rates = &self.cycles.round_rates;
+            (median(rates), median(&self.p50s_us), median(&self.ratios))
+        }
+    }
+}
+
+/// `scale`: the uncontended exclusive cycle (fair, then unfair) in four conditions, interleaved
+/// round by round: on an idle server (the baseline); on a server where another process holds
+/// `SCALE_HELD_KEYS` keys; on one where another queues fair waiters behind a few keys; and in
+/// `SCALE_PROCS` processes at once on the baseline's server, each on a key of its own for as
+/// long as the baseline's cycles took. Each condition's rate is a ratio of the baseline's in
+/// the same round (per process, for the processes), and the median reported.
+async fn scale(cli: &Cli, url: &str) -> Fallible<()> {
+    let rounds = cli.rounds.unwrap_or(10).max(1);
+    let per_round = (cli.cycles / rounds).max(1);
+    let prefix = format!("distlock-bench:{}:scale:", std::process::id());
+    let (held_redis, waited_redis) = (LocalRedis::start()?, LocalRedis::start()?);
+    eprintln!("bench: {SCALE_HELD_KEYS} keys being taken, and fair waiters queued");
+    let (_holder, _) = spawn_ready(
+        Scenario::ScaleHolder,
+        &held_redis.url,
+        &prefix,
+        Duration::from_secs(600),
+    )
+    .await?;
+    let (_waiters, _) = spawn_ready(
+        Scenario::ScaleWaiters,
+        &waited_redis.url,
+        &prefix,
+        Duration::from_secs(120),
+    )
+    .await?;
+    let mut cyclers = Vec::new();
+    for _ in 0..SCALE_PROCS {
+        let (mut child, lines) =
+            spawn_ready(Scenario::ScaleCycler, url, &prefix, Duration::from_secs(60)).await?;
+        let stdin = child.stdin.take().ok_or("no stdin")?;
+        cyclers.push((child, stdin, lines));
+    }
+    let managers = [
+        manager(url)?,
+        manager(&held_redis.url)?,
+        manager(&waited_redis.url)?,
+    ];
+    for locks in &managers {
+        for fair in [true, false] {
+            uncontended_cycles(locks, "scale", Role::Exclusive, 500.min(per_round), fair).await?;
+        }
+    }
+    // By fairness (fair, unfair), the conditions: baseline, held keys, waiters, processes.
+    let mut rows: [[ScaleRow; 4]; 2] = Default::default();
+    for _ in 0..rounds {
+        for (fair, rows) in [true, false].into_iter().zip(&mut rows) {
+            let baseline =
+                uncontended_cycles(&managers[0], "scale", Role::Exclusive, per_round, fair).await?;
+            let (base_per_s, took) = (baseline.per_second(), baseline.total);
+            rows[0].add_round(baseline, base_per_s);
+            for (locks, row) in managers[1..].iter().zip(&mut rows[1..3]) {
+                let round =
+                    uncontended_cycles(locks, "scale", Role::Exclusive, per_round, fair).await?;
+                row.add_round(round, base_per_s);
+            }
+            let command = format!(
+                "{} {}\n",
+                if fair { "fair" } else { "unfair" },
+                took.as_millis().max(1)
+            );
+            for (_, stdin, _) in &mut cyclers {
+                use tokio::io::AsyncWriteExt;
+                stdin
+                    .write_all(command.as_bytes())
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            for (_, _, lines) in &mut cyclers {
+                let line = lines.next_line().await.map_err(|e| e.to_string())?;
+                let run: CyclerRun = serde_json::from_str(&line.ok_or("a cycler stopped")?)
+                    .map_err(|e| format!("cycler output: {e}"))?;
+                rows[3].ratios.push(run.per_s / base_per_s);
+                rows[3].cycles.round_rates.push(run.per_s);
+                rows[3].p50s_us.push(run.p50_us);
+            }
+        }
+    }
+    // The loads must still be there at the end, or the figures measured less.
+    let mut waited = connection(&waited_redis.url).await?;
+    let still_queued = queued(&mut waited, &prefix).await?;
+    let held_keys: u64 = redis::cmd("DBSIZE")
+        .query_async(&mut connection(&held_redis.url).await?)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut conn = connection(url).await?;
+    remove_counters(&mut conn, managers[0].prefix(), ["scale"]).await?;
+    let conditions = [
+        "baseline: idle server".to_owned(),
+        format!("{SCALE_HELD_KEYS} keys held by another process"),
+        format!(
+            "{} fair waiters on {SCALE_WAITED_KEYS} other keys",
+            SCALE_WAITED_KEYS * SCALE_WAITERS_PER_KEY
+        ),
+        format!("{SCALE_PROCS} processes at once (each)"),
+    ];
+    if cli.json {
+        let mut table = Vec::new();
+        for (fair, rows) in [true, false].into_iter().zip(&rows) {
+            for (name, row) in conditions.iter().zip(rows) {
+                let (per_s, p50, ratio) = row.figures();
+                table.push(json!({
+                    "condition": name,
+                    "fair": fair,
+                    "cycles_per_s": per_s.round(),
+                    "p50_us": p50.round(),
+                    "vs_baseline": ratio,
+                }));
+            }
+        }
+        println!(
+            "{}",
+            json!({
+                "scenario": "scale",
+                "rounds": rounds,
+                "cycles_per_round": per_round,
+                "rows": table,
+                "held_server_keys_at_end": held_keys,
+                "waiters_queued_at_end": still_queued,
+            })
+        );
+        return Ok(());
+    }
+    println!(
+        "scale: the uncontended exclusive cycle, {rounds} round(s) of {per_round} cycles per condition, interleaved"
+    );
+    println!(
+        "{:<44} {:>6} {:>10} {:>10} {:>12}",
+        "condition", "fair", "cycles/s", "p50", "vs baseline"
+    );
+    for (fair, rows) in [true, false].into_iter().zip(&rows) {
+        for (name, row) in conditions.iter().zip(rows) {
+            let (per_s, p50, ratio) = row.figures();
+            println!(
+                "{name:<44} {:>6} {per_s:>10.0} {p50:>8.1}us {ratio:>12.3}",
+                if fair { "yes" } else { "no" }
+            );
+        }
+    }
+    println!();
+    println!("vs baseline: median of per-round throughput ratios (for the processes: over processes and rounds); cycles/s and p50 of the processes: the median process's");
+    println!(
+        "at the end: {held_keys} keys on the held keys' server (the held locks' and their fencing counters), {still_queued} waiters queued"
+    );
     Ok(())
 }
