@@ -38,34 +38,39 @@ local WAITED, NEVER, EXCLUSIVE = '1', '-', 'x'
 local token = ARGV[1]
 -- What a free key is set to.
 local value = ARGV[3] == WAITED and '~' .. token or token
+-- The fencing draw's common case (draw.lua) written out for the one-key paths below, at Redis
+-- time t: the clock is ahead of the counter F, which is set to it for ms and answers its last
+-- value, compared as digits (exceeds). Returns the token's digits; nil when the counter is
+-- ahead of the clock or of another type (it holds what it held again, and draw below draws
+-- above it), or a token is proposed (ARGV[5]). Defining draw's functions before these paths
+-- cost them server time they do not need.
+local function drawn_now(t, F, ms)
+  if ARGV[5] then return nil end
+  local us = t[2]
+  local now = t[1] .. string.rep('0', 6 - #us) .. us
+  local last = redis.pcall('SET', F, now, 'PX', ms, 'GET')
+  if not last or (type(last) == 'string' and (#now > #last or (#now == #last and now > last)))
+  then
+    return now
+  end
+  if type(last) == 'string' then redis.call('SET', F, last, 'PX', ms) end
+  return nil
+end
 -- The value the one-key exclusive path below found (another owner's, SHARED, or ours: a
 -- retried request); false when it took the key and draw must draw its token.
 local owner = nil
+-- The Redis time of a one-key path that took its key and left its token to draw.
+local taken_at = nil
 if ARGV[4] == EXCLUSIVE then
   -- One key, exclusive: taken if its lock key does not exist, in one command (no member holds
   -- it then, see scripts/shared.lua).
   owner = redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2], 'GET')
-  if not owner and not ARGV[5] then
-    -- The fencing draw's common case (draw.lua) written out: the clock is ahead of the
-    -- counter, which is set to it and answers its last value, compared as digits (exceeds).
-    -- Defining draw's functions before this path cost it server time it does not need.
-    local t = redis.call('TIME')
-    local us = t[2]
-    local now = t[1] .. string.rep('0', 6 - #us) .. us
-    local last = redis.pcall('SET', KEYS[2], now, 'PX', ARGV[2], 'GET')
-    if not last or (type(last) == 'string' and (#now > #last or (#now == #last and now > last)))
-    then
-      return now
-    end
-    -- The counter is ahead of the clock (or of another type): it holds what it held again,
-    -- and draw below draws above it.
-    if type(last) == 'string' then redis.call('SET', KEYS[2], last, 'PX', ARGV[2]) end
+  if not owner then
+    taken_at = redis.call('TIME')
+    local drawn = drawn_now(taken_at, KEYS[2], ARGV[2])
+    if drawn then return drawn end
   end
 end
--- The fencing draw's functions (counter.lua, draw.lua), put here by the composition
--- (lua_spliced! in scripts/mod.rs): the exclusive acquire above spends nothing on them.
---[[ draw ]]
-if owner == false then return draw(KEYS, 2, 2, ARGV[2], redis.call('TIME'), ARGV[5]) end
 local permits = tonumber(ARGV[4])
 if (ARGV[4] == 'r' or permits) and redis.call('EXISTS', KEYS[4]) == 0 then
   -- One key, shared or a permit, with nobody queued: SHARED set unless a writer holds it (its
@@ -92,10 +97,16 @@ if (ARGV[4] == 'r' or permits) and redis.call('EXISTS', KEYS[4]) == 0 then
         redis.call('PEXPIRE', KEYS[3], ARGV[2], 'GT')
       end
       if found then redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT') end
-      return draw(KEYS, 2, 2, ARGV[2], t, ARGV[5])
+      local drawn = drawn_now(t, KEYS[2], ARGV[2])
+      if drawn then return drawn end
+      taken_at = t
     end
   end
 end
+-- The fencing draw's functions (counter.lua, draw.lua), put here by the composition
+-- (lua_spliced! in scripts/mod.rs): the one-key paths above spend nothing on them.
+--[[ draw ]]
+if taken_at then return draw(KEYS, 2, 2, ARGV[2], taken_at, ARGV[5]) end
 -- The owner check and the mark, put here by the composition: a free key's acquire above spends
 -- nothing on them.
 --[[ owner ]]

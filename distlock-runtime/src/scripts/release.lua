@@ -40,6 +40,35 @@ if #KEYS == 5 and not ARGV[5] and not queued and not always then
     return 1
   end
 end
+-- One key held shared or as one of N permits, with nobody queued, released by an owner that
+-- is not queued: the common case of those modes, written out likewise (the loop below does the
+-- same): the member leaves, the lock key's SHARED goes with the last live member or else
+-- expires with the last, and the release is announced when the last member left or a permit
+-- was freed.
+if #KEYS == 5 and (ARGV[5] == 'r' or tonumber(ARGV[5])) and not queued and not always
+  and redis.call('EXISTS', KEYS[2]) == 0 then
+  local L, H = KEYS[1], KEYS[5]
+  local member = ARGV[5] == 'r' and token or ARGV[5] .. ' ' .. token
+  -- pcall: holders of another type hold no member of ours.
+  local score = redis.pcall('ZSCORE', H, member)
+  if type(score) ~= 'string' then return 0 end
+  redis.call('ZREM', H, member)
+  local t = redis.call('TIME')
+  local now = t[1] * 1000 + math.floor(t[2] / 1000)
+  if tonumber(score) <= now then return 0 end
+  local last = nil
+  if redis.call('ZCARD', H) > 0 then
+    last = redis.call('ZRANGE', H, '+inf', '(' .. now, 'BYSCORE', 'REV', 'LIMIT', 0, 1,
+      'WITHSCORES')[2]
+  end
+  if last then
+    redis.call('PEXPIRE', L, tonumber(last) - now)
+  else
+    redis.call('DEL', L, H)
+  end
+  if not last or ARGV[5] ~= 'r' then redis.pcall(publish, L, '') end
+  return 1
+end
 local modes = {}
 for word in string.gmatch(ARGV[5] or '', '%S+') do modes[#modes + 1] = word end
 -- Serves L's fair queue after a release that made room (admit); returns whether it handed the
