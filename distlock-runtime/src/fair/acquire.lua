@@ -33,8 +33,22 @@ local L, Q, W, F, H = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local token, ttl, claim, wait, secret = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local publish, waited, mode = ARGV[6], ARGV[7] == WAITED, ARGV[8]
 local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local owner = redis.call('GET', L)
+-- Whether the path below took the key and left its token to draw.
+local taken = false
+if mode == EXCLUSIVE and not owner and redis.call('EXISTS', Q) == 0 then
+  -- Exclusive, free (no member holds it: scripts/shared.lua) and nobody queued: taken, before
+  -- the functions below are defined (hold written out).
+  redis.call('SET', L, waited and '~' .. token or token, 'PX', ttl)
+  local drawn = draw_now(t, F, ttl)
+  if drawn then return drawn end
+  taken = true
+end
+-- The functions the paths below call, put here by the composition (lua_spliced! in
+-- scripts/mod.rs): the path above spends nothing on them.
+--[[ functions ]]
+if taken then return draw(KEYS, 4, 4, ttl, t) end
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 -- Ours already (a hand-off, or a retried request): the ttl counts from now, and a mark stays.
 local ours
 if mode == EXCLUSIVE then

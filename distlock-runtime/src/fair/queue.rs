@@ -18,9 +18,11 @@ use crate::topology::Serial;
 pub(crate) static ACQUIRE_FAIR: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(lua_spliced!(
         "#!lua";
-        "scripts/shared.lua", "scripts/owner.lua", "scripts/counter.lua", "scripts/draw.lua",
-        "scripts/holders.lua", "fair/acquire.lua" at "--[[ queue functions ]]";
-        concat!(lua!("scripts/mark.lua"), crate::scripts::serving!())
+        "scripts/shared.lua", "scripts/draw_now.lua", "fair/acquire.lua"
+        at "--[[ functions ]]"; lua!(
+            "scripts/owner.lua", "scripts/counter.lua", "scripts/draw.lua", "scripts/holders.lua"
+        ),
+        at "--[[ queue functions ]]"; concat!(lua!("scripts/mark.lua"), crate::scripts::serving!())
     ))
 });
 

@@ -38,24 +38,6 @@ local WAITED, NEVER, EXCLUSIVE = '1', '-', 'x'
 local token = ARGV[1]
 -- What a free key is set to.
 local value = ARGV[3] == WAITED and '~' .. token or token
--- The fencing draw's common case (draw.lua) written out for the one-key paths below, at Redis
--- time t: the clock is ahead of the counter F, which is set to it for ms and answers its last
--- value, compared as digits (exceeds). Returns the token's digits; nil when the counter is
--- ahead of the clock or of another type (it holds what it held again, and draw below draws
--- above it), or a token is proposed (ARGV[5]). Defining draw's functions before these paths
--- cost them server time they do not need.
-local function drawn_now(t, F, ms)
-  if ARGV[5] then return nil end
-  local us = t[2]
-  local now = t[1] .. string.rep('0', 6 - #us) .. us
-  local last = redis.pcall('SET', F, now, 'PX', ms, 'GET')
-  if not last or (type(last) == 'string' and (#now > #last or (#now == #last and now > last)))
-  then
-    return now
-  end
-  if type(last) == 'string' then redis.call('SET', F, last, 'PX', ms) end
-  return nil
-end
 -- The value the one-key exclusive path below found (another owner's, SHARED, or ours: a
 -- retried request); false when it took the key and draw must draw its token.
 local owner = nil
@@ -67,7 +49,7 @@ if ARGV[4] == EXCLUSIVE then
   owner = redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2], 'GET')
   if not owner then
     taken_at = redis.call('TIME')
-    local drawn = drawn_now(taken_at, KEYS[2], ARGV[2])
+    local drawn = not ARGV[5] and draw_now(taken_at, KEYS[2], ARGV[2])
     if drawn then return drawn end
   end
 end
@@ -97,7 +79,7 @@ if (ARGV[4] == 'r' or permits) and redis.call('EXISTS', KEYS[4]) == 0 then
         redis.call('PEXPIRE', KEYS[3], ARGV[2], 'GT')
       end
       if found then redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT') end
-      local drawn = drawn_now(t, KEYS[2], ARGV[2])
+      local drawn = not ARGV[5] and draw_now(t, KEYS[2], ARGV[2])
       if drawn then return drawn end
       taken_at = t
     end
