@@ -34,21 +34,34 @@ local token, ttl, claim, wait, secret = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV
 local publish, waited, mode = ARGV[6], ARGV[7] == WAITED, ARGV[8]
 local t = redis.call('TIME')
 local owner = redis.call('GET', L)
--- Whether the path below took the key and left its token to draw.
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+-- Whether fair waiters are queued, once read.
+local queued = nil
+-- Whether the paths below took the key and left its token to draw.
 local taken = false
-if mode == EXCLUSIVE and not owner and redis.call('EXISTS', Q) == 0 then
-  -- Exclusive, free (no member holds it: scripts/shared.lua) and nobody queued: taken, before
-  -- the functions below are defined (hold written out).
-  redis.call('SET', L, waited and '~' .. token or token, 'PX', ttl)
-  local drawn = draw_now(t, F, ttl)
-  if drawn then return drawn end
-  taken = true
+if (not owner or (owner == SHARED and mode ~= EXCLUSIVE))
+  and (mode == EXCLUSIVE or mode == 'r' or tonumber(mode)) then
+  queued = redis.call('EXISTS', Q) == 1
+  if queued then
+    -- Served in order below.
+  elseif mode == EXCLUSIVE then
+    -- Free (no member holds it: scripts/shared.lua) and nobody queued: taken, before the
+    -- functions below are defined (hold written out).
+    redis.call('SET', L, waited and '~' .. token or token, 'PX', ttl)
+    taken = true
+  else
+    -- No writer, nobody queued: a reader joins, a permit if it fits (join.lua).
+    taken = join(L, H, mode, token, ttl, now, owner and 'shared' or 'free')
+  end
+  if taken then
+    local drawn = draw_now(t, F, ttl)
+    if drawn then return drawn end
+  end
 end
 -- The functions the paths below call, put here by the composition (lua_spliced! in
--- scripts/mod.rs): the path above spends nothing on them.
+-- scripts/mod.rs): the paths above spend nothing on them.
 --[[ functions ]]
 if taken then return draw(KEYS, 4, 4, ttl, t) end
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
 -- Ours already (a hand-off, or a retried request): the ttl counts from now, and a mark stays.
 local ours
 if mode == EXCLUSIVE then
@@ -64,7 +77,7 @@ end
 -- Held by a writer: L holds its token. SHARED (scripts/shared.lua) is no writer's.
 local writer = owner and owner ~= SHARED
 -- Whether fair waiters are queued: nobody overtakes them (a writer's holder is waited for anyway).
-local queued = not writer and redis.call('EXISTS', Q) == 1
+if queued == nil then queued = not writer and redis.call('EXISTS', Q) == 1 end
 -- A writer fits a free L at once: no member lives without SHARED.
 if not owner and not queued or (owner == SHARED and not queued and fits(mode, H, now)) then
   -- Free for this mode, and nobody queued: taken.

@@ -18,7 +18,7 @@ use crate::topology::Serial;
 pub(crate) static ACQUIRE_FAIR: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(lua_spliced!(
         "#!lua";
-        "scripts/shared.lua", "scripts/draw_now.lua", "fair/acquire.lua"
+        "scripts/shared.lua", "scripts/draw_now.lua", "scripts/join.lua", "fair/acquire.lua"
         at "--[[ functions ]]"; lua!(
             "scripts/owner.lua", "scripts/counter.lua", "scripts/draw.lua", "scripts/holders.lua"
         ),

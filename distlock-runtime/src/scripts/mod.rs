@@ -64,7 +64,7 @@ pub(crate) use lua::{lua, lua_spliced, Lua};
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(lua_spliced!(
         "#!lua";
-        "scripts/shared.lua", "scripts/draw_now.lua", "scripts/acquire.lua"
+        "scripts/shared.lua", "scripts/draw_now.lua", "scripts/join.lua", "scripts/acquire.lua"
         at "--[[ draw ]]"; lua!("scripts/counter.lua", "scripts/draw.lua"),
         at "--[[ owner ]]"; lua!("scripts/mark.lua", "scripts/owner.lua"),
         at "--[[ holders ]]"; lua!("scripts/holders.lua", "fair/entry.lua", "fair/head_live.lua")
