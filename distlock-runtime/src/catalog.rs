@@ -27,15 +27,15 @@ mod tests {
     /// The SHA1 of every composed script, as `EVALSHA` names it: a change to a script's text
     /// shows here, and is made on purpose.
     const PINNED: [(&str, &str); 10] = [
-        ("acquire", "a1e17ec5bdcab9b933b06d29ca510672d6c5b0c1"),
-        ("release", "237b4f95dff1e07d79cfcf5723a13f408a094e65"),
-        ("extend", "ce3ad8f30eb9dcf27b98740aa36d21848559c431"),
-        ("fair_acquire", "ef38c9c7cfeb3a4a69080578ea6f74e3affde275"),
+        ("acquire", "b8c1afe79167407b6b20d6467798a8b1721368da"),
+        ("release", "c3d473178334b652b03cfc580e89f6890cabbfa2"),
+        ("extend", "53a844b9e73e436033869a4f02ef7505547f0b13"),
+        ("fair_acquire", "80b8491f2db84fd2a1c62080befa288398c6fe6d"),
         ("fair_refresh", "52bcf57a5866b9e1142b4fb17819257ead8545a5"),
         ("raise", "0eeb3641f21e578ad69c5fd93e1758f55dc94200"),
         ("inspect", "ab038af48ba26813a32db2c2f33cf2c319da909b"),
-        ("force_release", "f416e1a41d9720aad25f1a1ed511407e825ef0aa"),
-        ("check", "472451a2c531efc537fb8fd91d724b6bd2f8a04b"),
+        ("force_release", "8ae4ebbfcecbbf65fd2893969464bad5edcfb508"),
+        ("check", "1f2d89f62c1b0804840a95f8ce2a196067926960"),
         ("key_types", "0f78f49b3902f1c2da6260e309797d0462609281"),
     ];
 

@@ -127,12 +127,10 @@ impl Owner {
 
 /// Reads a lock without changing it: `scripts/inspect.lua`.
 pub(crate) static INSPECT: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        lua!(
-            "#!lua flags=no-writes";
-            "scripts/shared.lua", "scripts/mark.lua", "fair/entry.lua", "scripts/inspect.lua"
-        ),
-    )
+    Lua::new(lua!(
+        "#!lua flags=no-writes";
+        "scripts/shared.lua", "scripts/mark.lua", "fair/entry.lua", "scripts/inspect.lua"
+    ))
 });
 
 /// Deletes a lock whoever holds it, as a release would: `scripts/force_release.lua`.

@@ -370,7 +370,7 @@
 //! scripts, `SUBSCRIBE` on a connection of their own) are optional. With the default prefix:
 //!
 //! ```text
-//! ACL SETUSER distlock on >CHANGE-ME resetkeys ~distlock:* resetchannels -@all +evalsha +eval +select +del +exists +get +hdel +hget +hlen +hset +lindex +llen +lpop +lrem +pexpire +pttl +rpush +set +time +zadd +zcard +zcount +zrange +zrem +zremrangebyscore +zscore
+//! ACL SETUSER distlock on >CHANGE-ME resetkeys ~distlock:* resetchannels -@all +evalsha +eval +select +del +exists +get +hdel +hget +hlen +hset +lindex +llen +lpop +lrem +pexpire +pexpireat +pttl +rpush +set +time +zadd +zcard +zcount +zrange +zrem +zremrangebyscore +zscore
 //! ACL SETUSER distlock &distlock:* +publish +subscribe +unsubscribe
 //! ```
 //!

@@ -23,12 +23,13 @@ use ref_cast::RefCast;
 /// The commands distlock's scripts run inside them, and `INFO`: [`RedisServer::requests`]
 /// counts every other command of `INFO commandstats` as a client request, so each distlock
 /// request counts once (the benchmark program counts the same way).
-pub const NOT_REQUESTS: [&str; 25] = [
+pub const NOT_REQUESTS: [&str; 26] = [
     "get",
     "set",
     "pttl",
     "del",
     "pexpire",
+    "pexpireat",
     "publish",
     "info",
     "exists",

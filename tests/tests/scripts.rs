@@ -185,9 +185,24 @@ async fn try_acquire(
         .iter()
         .map(|k| k.lock.as_str())
         .chain(locks.iter().map(|k| k.fence.as_str()))
-        .chain(locks.iter().filter(|_| !exclusive).map(|k| k.holders.as_str()))
-        .chain(locks.iter().filter(|_| !exclusive).map(|k| k.queue.as_str()))
-        .chain(locks.iter().filter(|_| !exclusive).map(|k| k.waiters.as_str()))
+        .chain(
+            locks
+                .iter()
+                .filter(|_| !exclusive)
+                .map(|k| k.holders.as_str()),
+        )
+        .chain(
+            locks
+                .iter()
+                .filter(|_| !exclusive)
+                .map(|k| k.queue.as_str()),
+        )
+        .chain(
+            locks
+                .iter()
+                .filter(|_| !exclusive)
+                .map(|k| k.waiters.as_str()),
+        )
         .collect();
     let args = (token, ttl, waiting, modes(locks), floor);
     run(conn, "acquire", &keys, args).await
@@ -1619,6 +1634,34 @@ async fn extend_prolongs_a_live_shared_or_permit_member_and_its_holders_key() {
     }
 }
 
+/// A renewal for less than before (`hold_at_least`, a manual extend) shortens the lock key's
+/// `holders` with the member: a writer gets in once the member expired, not at the first ttl.
+/// And a member whose lock key holds a writer's token is not renewed.
+#[tokio::test]
+async fn a_shorter_renewal_of_a_member_shortens_its_lock_key_and_a_writer_beside_it_ends_it() {
+    let server = RedisServer::start();
+    let mut conn = server.client().await;
+    for mode in [SHARED, "3"] {
+        let k = keys(&format!("shortened-{mode}")).held(mode);
+        let writer = keys(&format!("shortened-{mode}"));
+        let _ = token_of(&acquire(&mut conn, &[&k], (OURS, 30_000, NOT_YET)).await);
+        assert_eq!(extend(&mut conn, 300, &[(OURS, vec![&k])]).await, [1]);
+        let left = pttl(&mut conn, &k.lock).await;
+        assert!((250..=300).contains(&left), "{mode}: {left}");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let _ = token_of(&acquire(&mut conn, &[&writer], (FIRST, 30_000, NOT_YET)).await);
+        // The writer holds it; the member, live again by hand, is not renewed beside it.
+        let (_, ms) = now(&mut conn).await;
+        let _: usize = conn
+            .zadd(&k.holders, k.member(OURS), ms + 5_000)
+            .await
+            .unwrap();
+        assert_eq!(extend(&mut conn, 30_000, &[(OURS, vec![&k])]).await, [0]);
+        assert_eq!(get(&mut conn, &k.lock).await.as_deref(), Some(FIRST));
+        assert_eq!(expiry(&mut conn, &k, OURS).await, Some(ms + 5_000));
+    }
+}
+
 /// The lock key of a key held by members holds `holders` for as long as the last live member:
 /// a release of the longest-lived member shortens it to the next, and the release of the last
 /// deletes it (and the holders with it), so a writer is kept out exactly while a member lives.
@@ -1645,7 +1688,10 @@ async fn the_lock_key_of_a_shared_key_lives_as_long_as_its_last_live_member() {
     let kept = pttl(&mut conn, &k.lock).await;
     assert!((4_000..=5_000).contains(&kept), "{kept}");
     // The last leaves: the lock key goes with it, and a writer takes the key at once.
-    assert_eq!(release(&mut conn, &[&k], (THEIRS, NOT_QUEUED, WAITED_ON)).await, 1);
+    assert_eq!(
+        release(&mut conn, &[&k], (THEIRS, NOT_QUEUED, WAITED_ON)).await,
+        1
+    );
     assert!(!exists(&mut conn, &k.lock).await);
     assert!(!exists(&mut conn, &k.holders).await);
     let _ = token_of(&acquire(&mut conn, &[&writer], (FIRST, 30_000, NOT_YET)).await);

@@ -57,10 +57,10 @@ if (ARGV[4] == 'r' or tonumber(ARGV[4])) and redis.call('EXISTS', KEYS[4]) == 0 
   -- One key, shared or a permit, with nobody queued: SHARED set unless a writer holds it (its
   -- answer says which, and a writer's answer comes first); then the lease joins the holders
   -- (join.lua), or, a permit that does not fit, goes on below.
-  local found = redis.call('SET', KEYS[1], SHARED, 'NX', 'PX', ARGV[2], 'GET')
+  local t = redis.call('TIME')
+  local now = t[1] * 1000 + math.floor(t[2] / 1000)
+  local found = redis.call('SET', KEYS[1], SHARED, 'NX', 'PXAT', now + tonumber(ARGV[2]), 'GET')
   if not found or found == SHARED then
-    local t = redis.call('TIME')
-    local now = t[1] * 1000 + math.floor(t[2] / 1000)
     if join(KEYS[1], KEYS[3], ARGV[4], token, ARGV[2], now, found and 'shared' or 'set') then
       local drawn = not ARGV[5] and draw_now(t, KEYS[2], ARGV[2])
       if drawn then return drawn end

@@ -18,6 +18,7 @@ local L, F, Q, W, H = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local checks = {
   {'EVAL', 'return 1', '0'},
   {'GET', L}, {'SET', L, 'x'}, {'DEL', L}, {'EXISTS', L}, {'PTTL', L}, {'PEXPIRE', L, '1'},
+  {'PEXPIREAT', L, '1'},
   {'GET', F}, {'SET', F, '1'}, {'PEXPIRE', F, '1'},
   {'EXISTS', Q}, {'LPOP', Q}, {'LREM', Q, '0', 'x'}, {'RPUSH', Q, 'x'}, {'PEXPIRE', Q, '1'},
   {'LINDEX', Q, '0'}, {'LLEN', Q},

@@ -4,15 +4,18 @@
 --   lock key when held exclusively, its holders (scripts/holders.lua) when shared or a permit;
 --   then its fencing counter (scripts/draw.lua), which lives as long as the leases whose token
 --   it holds, so that inspecting a lock held for long still shows its token; then, when shared
---   or a permit, the lock key, whose SHARED (scripts/shared.lua) covers the member (cover).
+--   or a permit, the lock key, which holds SHARED (scripts/shared.lua) until the last live
+--   member's expiry: set to it anew, so a renewal for less than before (`hold_at_least`, a
+--   manual extend) shortens it too.
 -- ARGV: for each lease, three values: owner token, new ttl in ms, and its keys' modes, one word
 --   per key, space-separated ('x', 'r', N or 'N/*', scripts/holders.lua).
 -- Returns one integer per lease: 1 when every key was held by the token (an exclusive one
 -- marked as waited on or not; a member whose expiry has not passed, for 'N/*' any slot the
 -- token holds) and now lives ttl more;
 -- 0 when some key is gone, owned by another token or no longer of its type (pcall: one broken
--- lease never fails the batch), in which case none of that lease's keys is touched (a lost
--- lock is never re-created or prolonged). Calls is_owner (scripts/owner.lua), leased and keep
+-- lease never fails the batch), or held shared while a writer's token is in its lock key, in
+-- which case none of that lease's keys is touched (a lost lock is never re-created or
+-- prolonged). Calls is_owner (scripts/owner.lua), leased and keep
 -- (scripts/holders.lua).
 local EXCLUSIVE = 'x'
 local now = nil
@@ -43,6 +46,9 @@ for a = 1, #ARGV, 3 do
       end
       members[j] = leased(key, mode, token, now)
       if #members[j] == 0 then owned = 0 break end
+      -- A writer in the lock key beside a live member: the member's lease is not one any more.
+      local held = redis.pcall('GET', KEYS[at[j] + 2])
+      if held and held ~= SHARED then owned = 0 break end
     end
   end
   if owned == 1 then
@@ -55,7 +61,10 @@ for a = 1, #ARGV, 3 do
           redis.call('ZADD', key, 'XX', now + tonumber(ttl), m)
         end
         keep(key, ttl)
-        cover(KEYS[at[j] + 2], ttl)
+        -- SHARED until the last live member's expiry (this lease's, or a longer one's).
+        local last = redis.call('ZRANGE', key, '+inf', '(' .. now, 'BYSCORE', 'REV', 'LIMIT', 0,
+          1, 'WITHSCORES')
+        redis.call('SET', KEYS[at[j] + 2], SHARED, 'PXAT', last[2])
       end
       redis.call('PEXPIRE', KEYS[at[j] + 1], ttl, 'GT')
     end

@@ -3,8 +3,9 @@
 -- score is after now; an expired one is dropped by the next script that counts (a crashed
 -- holder's share frees itself at its own expiry, whatever the others renew). H itself expires
 -- no earlier than its last member (keep), so no key lives forever; the lock key holds SHARED
--- (shared.lua) no shorter than any live member (cover), and a release that leaves no live
--- member deletes it.
+-- (shared.lua) no shorter than any live member (cover: until the same Redis time as the member's
+-- score, PXAT, so the two clocks of a script, its commands' and TIME's, cannot part them), and a
+-- release that leaves no live member deletes it.
 -- A lease's mode, as the Rust side sends it (`LockMode` in mode.rs): 'x' exclusive (the lock
 -- key's value, not a member), 'r' shared, or the decimal digits of N for one of N permits.
 -- On a quorum a permit is held in a slot (docs/modes.md, "Semaphores on a quorum"): N slots per
@@ -68,12 +69,12 @@ end
 local function keep(H, ms)
   if redis.call('PEXPIRE', H, ms, 'NX') == 0 then redis.call('PEXPIRE', H, ms, 'GT') end
 end
--- cover(L, ms): the lock key L, free of a writer, holds SHARED (scripts/shared.lua) at least ms
--- more: set if it is free, its expiry raised if it holds SHARED already (a writer's token is
--- left as it is: callers hold L only where no writer does).
-local function cover(L, ms)
-  if redis.call('SET', L, SHARED, 'NX', 'PX', ms, 'GET') == SHARED then
-    redis.call('PEXPIRE', L, ms, 'GT')
+-- cover(L, at): the lock key L, free of a writer, holds SHARED (scripts/shared.lua) at least
+-- until Redis time `at` (ms, a member's score): set if it is free, its expiry raised if it holds
+-- SHARED already (a writer's token is left as it is: callers hold L only where no writer does).
+local function cover(L, at)
+  if redis.call('SET', L, SHARED, 'NX', 'PXAT', at, 'GET') == SHARED then
+    redis.call('PEXPIREAT', L, at, 'GT')
   end
 end
 -- hold(L, H, mode, token, ms, now, marked): the lease `token` holds the lock key L in `mode`
@@ -84,9 +85,10 @@ local function hold(L, H, mode, token, ms, now, marked)
   if mode == 'x' then
     redis.call('SET', L, marked and '~' .. token or token, 'PX', ms)
   else
-    redis.call('ZADD', H, now + tonumber(ms), member(mode, token))
+    local at = now + tonumber(ms)
+    redis.call('ZADD', H, at, member(mode, token))
     keep(H, ms)
-    cover(L, ms)
+    cover(L, at)
   end
 end
 -- fits(mode, H, now): whether a lease in mode fits beside L's live holders H, where no writer

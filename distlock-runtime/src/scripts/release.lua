@@ -62,7 +62,7 @@ if #KEYS == 5 and (ARGV[5] == 'r' or tonumber(ARGV[5])) and not queued and not a
       'WITHSCORES')[2]
   end
   if last then
-    redis.call('PEXPIRE', L, tonumber(last) - now)
+    redis.call('PEXPIREAT', L, last)
   else
     redis.call('DEL', L, H)
   end
@@ -165,7 +165,7 @@ for i = 1, #KEYS, 5 do
       local last = redis.call('ZRANGE', H, '+inf', '(' .. now, 'BYSCORE', 'REV', 'LIMIT', 0, 1,
         'WITHSCORES')
       if last[2] then
-        redis.call('PEXPIRE', L, tonumber(last[2]) - now)
+        redis.call('PEXPIREAT', L, last[2])
         state = 'shared'
       else
         redis.call('DEL', L, H)
@@ -176,7 +176,8 @@ for i = 1, #KEYS, 5 do
   end
   if room and not writer then
     if not state then
-      local holder = redis.call('GET', L)
+      -- pcall: a lock key of another type is nobody's to serve.
+      local holder = redis.pcall('GET', L)
       writer = holder and holder ~= SHARED
       state = holder and 'shared' or 'free'
     end
