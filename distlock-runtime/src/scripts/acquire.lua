@@ -15,21 +15,22 @@
 --   one of N permits, or 'N/i' for slot i of N permits, as a quorum holds them
 --   (scripts/holders.lua).
 -- ARGV[5] (optional): a proposed fencing token, the least one drawn (draw's floor).
--- A key is free for an exclusive lease when its lock key does not exist (no other owner holds
--- it exclusively, and it does not hold SHARED: no live member holds it shared or as a permit); for a shared one when no other owner holds it
--- exclusively and no live fair waiter is queued (readers that are not fair do not overtake a
--- queued writer; waiters whose wait has passed are dropped from the queue); for one of N
--- permits when, besides, fewer than N live members hold it; for slot i of N permits when, besides,
--- no live member holds slot i, and none holds the key outside slots (slot_taken).
--- Returns the fencing token (its decimal digits) when every key was free (or already held by
--- this token, so a retried request after a lost answer is harmless) and is now taken for the
--- ttl; {0, i, pttl} when some key is not free, where i is the 1-based index of the first such
--- key and pttl the longest time in ms until the keys not free make room (-1 when one has no
--- expiry, or only fair waiters are in the way; SHARED expires with the last member). No key is taken then; the first key not free
--- is marked as waited on (see scripts/mod.rs, "Waited on") when another owner holds it
--- exclusively, since that is the key a waiter waits for (a release of shared holders or
--- permits announces itself anyway, and fair waiters are handed the key by message). A retried request that finds its own token takes the key as it is, with a
--- new fencing token.
+-- A key is free for an exclusive lease when its lock key does not exist (no other owner holds it
+-- exclusively, and it does not hold SHARED: no live member holds it shared or as a permit); for a
+-- shared one when no other owner holds it exclusively and no live fair waiter is queued (readers
+-- that are not fair do not overtake a queued writer; waiters whose wait has passed are dropped
+-- from the queue); for one of N permits when, besides, fewer than N live members hold it; for slot
+-- i of N permits when, besides, no live member holds slot i, and none holds the key outside slots
+-- (slot_taken).
+-- Returns the fencing token (its decimal digits) when every key was free (or already held by this
+-- token, so a retried request after a lost answer is harmless) and is now taken for the ttl; {0,
+-- i, pttl} when some key is not free, where i is the 1-based index of the first such key and pttl
+-- the longest time in ms until the keys not free make room (-1 when one has no expiry, or only
+-- fair waiters are in the way; SHARED expires with the last member). No key is taken then; the
+-- first key not free is marked as waited on (see scripts/mod.rs, "Waited on") when another owner
+-- holds it exclusively, since that is the key a waiter waits for (a release of shared holders or
+-- permits announces itself anyway, and fair waiters are handed the key by message). A retried
+-- request that finds its own token takes the key as it is, with a new fencing token.
 -- A lock key of another type (another program's) fails the script with WRONGTYPE, no key
 -- taken (a held key before it may have been marked); a counter of another type is overwritten
 -- (draw.lua).

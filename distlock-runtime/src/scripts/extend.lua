@@ -15,7 +15,7 @@
 -- 0 when some key is gone, owned by another token or no longer of its type (pcall: one broken
 -- lease never fails the batch), or held shared while a writer's token is in its lock key, in
 -- which case none of that lease's keys is touched (a lost lock is never re-created or
--- prolonged). Calls is_owner (scripts/owner.lua), leased and keep
+-- prolonged). Calls is_owner (scripts/owner.lua), leased, keep and last_expiry
 -- (scripts/holders.lua).
 local EXCLUSIVE = 'x'
 local now = nil
@@ -62,9 +62,7 @@ for a = 1, #ARGV, 3 do
         end
         keep(key, ttl)
         -- SHARED until the last live member's expiry (this lease's, or a longer one's).
-        local last = redis.call('ZRANGE', key, '+inf', '(' .. now, 'BYSCORE', 'REV', 'LIMIT', 0,
-          1, 'WITHSCORES')
-        redis.call('SET', KEYS[at[j] + 2], SHARED, 'PXAT', last[2])
+        redis.call('SET', KEYS[at[j] + 2], SHARED, 'PXAT', last_expiry(key, now))
       end
       redis.call('PEXPIRE', KEYS[at[j] + 1], ttl, 'GT')
     end

@@ -103,6 +103,12 @@ local function fits(mode, H, now)
   if i then return slot_taken(H, i, now) == nil end
   return count < tonumber(mode)
 end
+-- last_expiry(H, now): the expiry (Redis ms, digits) of the live member of H that expires last;
+-- nil when none lives.
+local function last_expiry(H, now)
+  return redis.call('ZRANGE', H, '+inf', '(' .. now, 'BYSCORE', 'REV', 'LIMIT', 0, 1,
+    'WITHSCORES')[2]
+end
 -- until_free(mode, H, now): how long until live holders make room for a lease in mode, in ms
 -- (-1 when none holds): the last one's expiry for an exclusive lease or a reader (queued
 -- behind a writer that waits for them), the first one's for a permit, slot_taken's for a slot.
@@ -111,10 +117,10 @@ local function until_free(mode, H, now)
   if i then return slot_taken(H, i, now) or -1 end
   local at
   if mode == 'x' or mode == 'r' then
-    at = redis.call('ZRANGE', H, '+inf', '(' .. now, 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')
+    at = last_expiry(H, now)
   else
-    at = redis.call('ZRANGE', H, '(' .. now, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+    at = redis.call('ZRANGE', H, '(' .. now, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')[2]
   end
-  if not at[2] then return -1 end
-  return tonumber(at[2]) - now
+  if not at then return -1 end
+  return tonumber(at) - now
 end

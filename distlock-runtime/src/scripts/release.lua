@@ -40,11 +40,23 @@ if #KEYS == 5 and not ARGV[5] and not queued and not always then
     return 1
   end
 end
+-- settle(L, H, now): after a member left the holders H, the lock key L's SHARED
+-- (scripts/shared.lua) follows those left: it expires at the last live one's expiry, or goes,
+-- with H, when none lives. Returns what L holds then, 'shared' or 'free' (see serve below).
+local function settle(L, H, now)
+  local last = redis.call('ZRANGE', H, '+inf', '(' .. now, 'BYSCORE', 'REV', 'LIMIT', 0, 1,
+    'WITHSCORES')[2]
+  if last then
+    redis.call('PEXPIREAT', L, last)
+    return 'shared'
+  end
+  redis.call('DEL', L, H)
+  return 'free'
+end
 -- One key held shared or as one of N permits, with nobody queued, released by an owner that
 -- is not queued: the common case of those modes, written out likewise (the loop below does the
--- same): the member leaves, the lock key's SHARED goes with the last live member or else
--- expires with the last, and the release is announced when the last member left or a permit
--- was freed.
+-- same): the member leaves, L settles, and the release is announced when the last member left
+-- or a permit was freed.
 if #KEYS == 5 and (ARGV[5] == 'r' or tonumber(ARGV[5])) and not queued and not always
   and redis.call('EXISTS', KEYS[2]) == 0 then
   local L, H = KEYS[1], KEYS[5]
@@ -56,17 +68,7 @@ if #KEYS == 5 and (ARGV[5] == 'r' or tonumber(ARGV[5])) and not queued and not a
   local t = redis.call('TIME')
   local now = t[1] * 1000 + math.floor(t[2] / 1000)
   if tonumber(score) <= now then return 0 end
-  local last = nil
-  if redis.call('ZCARD', H) > 0 then
-    last = redis.call('ZRANGE', H, '+inf', '(' .. now, 'BYSCORE', 'REV', 'LIMIT', 0, 1,
-      'WITHSCORES')[2]
-  end
-  if last then
-    redis.call('PEXPIREAT', L, last)
-  else
-    redis.call('DEL', L, H)
-  end
-  if not last or ARGV[5] ~= 'r' then redis.pcall(publish, L, '') end
+  if settle(L, H, now) == 'free' or ARGV[5] ~= 'r' then redis.pcall(publish, L, '') end
   return 1
 end
 local modes = {}
@@ -159,18 +161,9 @@ for i = 1, #KEYS, 5 do
     end
     if held then
       released = released + 1
-      -- Room for a writer (the last member left) or a permit. A live member is covered by L's
-      -- SHARED (holders.lua): it is deleted with the last one, else it expires with the last.
+      -- Room for a writer (the last member left) or a permit.
       room = true
-      local last = redis.call('ZRANGE', H, '+inf', '(' .. now, 'BYSCORE', 'REV', 'LIMIT', 0, 1,
-        'WITHSCORES')
-      if last[2] then
-        redis.call('PEXPIREAT', L, last[2])
-        state = 'shared'
-      else
-        redis.call('DEL', L, H)
-        state = 'free'
-      end
+      state = settle(L, H, now)
       announce = announce or always or mode ~= 'r' or state == 'free'
     end
   end
