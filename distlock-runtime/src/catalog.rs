@@ -28,7 +28,7 @@ mod tests {
     /// shows here, and is made on purpose.
     const PINNED: [(&str, &str); 10] = [
         ("acquire", "81d33536d24f7bbcc6d689c4d6b8d68652226502"),
-        ("release", "01d68e5307e137a11a3c93ca8bd31614548a8045"),
+        ("release", "2e80991ea65a0db1e61b7d9056ebb01e558b719b"),
         ("extend", "0122c43ed467ca9f37d4176f62b943d3ccd0ebfc"),
         ("fair_acquire", "bbf9cb08315c9fa8ae76308ed5f105df81c18102"),
         ("fair_refresh", "52bcf57a5866b9e1142b4fb17819257ead8545a5"),

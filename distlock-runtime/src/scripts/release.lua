@@ -44,8 +44,9 @@ end
 -- (scripts/shared.lua) follows those left: it expires at the last live one's expiry, or goes,
 -- with H, when none lives. Returns what L holds then, 'shared' or 'free' (see serve below).
 local function settle(L, H, now)
-  local last = redis.call('ZRANGE', H, '+inf', '(' .. now, 'BYSCORE', 'REV', 'LIMIT', 0, 1,
-    'WITHSCORES')[2]
+  -- ZCARD first: the last member's release, the common case, finds H gone and needs no range.
+  local last = redis.call('ZCARD', H) > 0 and redis.call('ZRANGE', H, '+inf', '(' .. now,
+    'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')[2]
   if last then
     redis.call('PEXPIREAT', L, last)
     return 'shared'
